@@ -1,0 +1,3 @@
+"""localspec: local speculative decoding that shows its work."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,128 @@
+"""Chat on top of the engine: messages → prompt ids (with a stated truncation policy), ids → text per token."""
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Iterator, Optional
+
+from .config import ConfigError, SamplingParams, SpecConfig
+from .engine import Engine
+from .events import StepEvent
+from .loading import LoadedPair
+from .proposers import DraftModelProposer, NgramProposer
+from .proposers.base import Proposer
+
+TRUNCATION_POLICY = (
+    "When a conversation no longer fits the model's context, the oldest turns are left out first (the system "
+    "prompt and your latest message are kept); a single message longer than the context keeps only its end."
+)
+MAX_MESSAGE_CHARS = 200_000
+
+
+class IncrementalDetokenizer:
+    """Turns token ids into text piece by piece, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""  # wait for the rest of a multi-byte character
+        piece = text[len(self.text):] if text.startswith(self.text) else text
+        self.text = text
+        return piece
+
+
+class ChatSession:
+    """One loaded model pair, ready to answer chats. Builds proposers on demand."""
+
+    def __init__(self, loaded: LoadedPair) -> None:
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        stop_ids = {i for i in [self.tokenizer.eos_token_id] if i is not None}
+        for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"):
+            token_id = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(token_id, int) and token_id != self.tokenizer.unk_token_id:
+                stop_ids.add(token_id)
+        self.engine = Engine(loaded.target, stop_ids)
+        self._head = None
+
+    @property
+    def proposers(self) -> tuple[str, ...]:
+        return self.loaded.spec.proposers
+
+    def make_proposer(self, spec: SpecConfig) -> Optional[Proposer]:
+        pair = self.loaded.spec
+        if spec.proposer == "none":
+            return None
+        if spec.proposer not in pair.proposers:
+            raise ConfigError(f"model pair {pair.name!r} has no {spec.proposer!r} proposer; "
+                              f"it has: {', '.join(pair.proposers)}")
+        if spec.proposer == "ngram":
+            return NgramProposer(spec.ngram_min, spec.ngram_max)
+        if spec.proposer == "draft":
+            if self.loaded.draft is None:
+                raise ConfigError(f"model pair {pair.name!r}: the draft model is not loaded")
+            return DraftModelProposer(self.loaded.draft)
+        if spec.proposer == "head":
+            from .proposers.head import load_head_proposer  # arrives with the distillation work
+
+            return load_head_proposer(pair.head, self.loaded.target, self.loaded.device)
+        raise ConfigError(f"unknown proposer {spec.proposer!r}")
+
+    def default_spec(self, **overrides) -> SpecConfig:
+        pair = self.loaded.spec
+        ngram = pair.ngram
+        base = SpecConfig(proposer=pair.default_proposer, k=pair.k,
+                          ngram_min=ngram.min_n if ngram else 1, ngram_max=ngram.max_n if ngram else 4)
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+    def prompt_ids(self, messages: list[dict], max_new_tokens: int) -> tuple[list[int], Optional[str]]:
+        """Apply the chat template; drop the oldest turns (then cut the last message) to fit. Returns (ids, notice)."""
+        if not messages or not str(messages[-1].get("content", "")).strip():
+            raise ConfigError("the message is empty; type something to send")
+        budget = self.engine.max_context - min(max_new_tokens, self.engine.max_context // 2)
+        messages = [{"role": m["role"], "content": str(m["content"])[-MAX_MESSAGE_CHARS:]} for m in messages]
+        system = [m for m in messages if m["role"] == "system"][:1]
+        turns = [m for m in messages if m["role"] != "system"]
+        notice = None
+        while True:
+            ids = self._template(system + turns)
+            if len(ids) <= budget:
+                return ids, notice
+            if len(turns) > 1:
+                turns = turns[1:]
+                notice = "Older turns were left out to fit the context. " + TRUNCATION_POLICY
+                continue
+            last = turns[-1]
+            content_ids = self.tokenizer.encode(last["content"], add_special_tokens=False)
+            overflow = len(ids) - budget
+            if overflow >= len(content_ids):
+                raise ConfigError("the conversation's fixed parts do not fit this model's context")
+            kept = self.tokenizer.decode(content_ids[overflow + 8:])
+            turns = [{"role": last["role"], "content": kept}]
+            notice = "Your message was longer than the context; only its end was kept. " + TRUNCATION_POLICY
+
+    def _template(self, messages: list[dict]) -> list[int]:
+        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "input_ids"):
+            out = out["input_ids"]
+        return list(out)
+
+    def stream(self, messages: list[dict], sampling: SamplingParams, spec: SpecConfig,
+               cancel: Optional[threading.Event] = None) -> Iterator[StepEvent]:
+        """Yield the engine's step events with each token's text filled in."""
+        ids, _notice = self.prompt_ids(messages, sampling.max_new_tokens)
+        yield from self.stream_ids(ids, sampling, spec, cancel)
+
+    def stream_ids(self, ids: list[int], sampling: SamplingParams, spec: SpecConfig,
+                   cancel: Optional[threading.Event] = None) -> Iterator[StepEvent]:
+        proposer = self.make_proposer(spec)
+        detok = IncrementalDetokenizer(self.tokenizer)
+        for event in self.engine.generate(ids, sampling, spec, proposer, cancel):
+            tokens = tuple(replace(tok, text=detok.push(tok.token_id)) for tok in event.tokens)
+            yield replace(event, tokens=tokens)

@@ -1,0 +1,43 @@
+"""Options shared by the subcommands that load a model pair."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..config import PROPOSERS, QUANTS, SAMPLERS
+
+DEFAULT_MODELS_YAML = Path(__file__).resolve().parents[2] / "models.yaml"
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", default=str(DEFAULT_MODELS_YAML), help="models.yaml to read (default: %(default)s)")
+    parser.add_argument("--model", default=None, help="model pair name from models.yaml (default: the first entry)")
+    parser.add_argument("--quant", choices=QUANTS, default=None, help="override the entry's target quantization")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def add_spec_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--proposer", choices=PROPOSERS, default=None, help="default: the entry's default_proposer")
+    parser.add_argument("--k", type=int, default=None, help="draft tokens per step (default: the entry's k)")
+    parser.add_argument("--sampler", choices=SAMPLERS, default="auto", help="rejection sampler implementation")
+
+
+def add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+
+
+def load_session(args, load_draft: bool = True):
+    """Load the pair named by --model (progress on stderr) and return a ChatSession."""
+    from ..chat import ChatSession
+    from ..loading import load_pair
+    from ..registry import find_pair, load_registry
+
+    pair = find_pair(load_registry(args.models), args.model)
+    loaded = load_pair(pair, quant=args.quant, device=args.device, load_draft=load_draft,
+                       progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    return ChatSession(loaded)

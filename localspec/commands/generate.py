@@ -1,0 +1,58 @@
+"""`localspec generate`: one answer, printed as it streams, or as one JSON object."""
+from __future__ import annotations
+
+import json
+import sys
+
+from ..config import SamplingParams
+from .common import add_model_options, add_sampling_options, add_spec_options, load_session
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("generate", help="answer one prompt with speculative decoding")
+    parser.add_argument("--prompt", required=True, help="the user message")
+    parser.add_argument("--system", default=None, help="optional system prompt")
+    parser.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, events, stats")
+    add_model_options(parser)
+    add_spec_options(parser)
+    add_sampling_options(parser)
+
+
+def run(args) -> int:
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              max_new_tokens=args.max_new_tokens, seed=args.seed).validate()
+    session = load_session(args, load_draft=args.proposer in (None, "draft"))
+    spec = session.default_spec(proposer=args.proposer, k=args.k, sampler=args.sampler).validate()
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}]
+    tokens, last = [], None
+    for event in session.stream(messages, sampling, spec):
+        tokens.extend(event.tokens)
+        last = event
+        if not args.json:
+            sys.stdout.write("".join(t.text for t in event.tokens))
+            sys.stdout.flush()
+    stats = last.stats if last else None
+    if args.json:
+        print(json.dumps({
+            "model": session.loaded.spec.name,
+            "proposer": spec.proposer,
+            "k": spec.k,
+            "quant": session.loaded.quant,
+            "text": "".join(t.text for t in tokens),
+            "token_ids": [t.token_id for t in tokens],
+            "events": [t.to_dict() for t in tokens],
+            "finish_reason": last.finish_reason if last else None,
+            "error": last.error if last else None,
+            "stats": stats.to_dict() if stats else {},
+        }, ensure_ascii=False))
+    else:
+        print()
+        if stats:
+            print(f"[{spec.proposer} K={spec.k}] {stats.emitted} tokens, {stats.tokens_per_s:.1f} tok/s, "
+                  f"accepted {stats.accepted}/{stats.drafted} draft tokens ({stats.acceptance_rate:.0%}), "
+                  f"{stats.mean_acceptance_length:.2f} tokens per target forward", file=sys.stderr)
+    if last is not None and last.finish_reason == "error":
+        print(f"localspec: {last.error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,68 @@
+"""A causal LM with its own KV cache: extend by some tokens, crop back to a length. Used for target and draft."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    logits: torch.Tensor  # [T, V] float, next-token logits at each new position
+    hidden: torch.Tensor | None  # [T, H] last-layer hidden states (after the final norm), when asked for
+
+
+class ModelRunner:
+    """Wraps a transformers causal LM and a DynamicCache. Knows only token ids.
+
+    tokens holds exactly the ids whose keys/values are in the cache, so a caller can find the common prefix
+    with a new context and crop to it (transformers' candidate generators roll back the same way).
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
+        self._backbone = model.base_model
+        self._lm_head = model.get_output_embeddings()
+        self.cache = None
+        self.tokens: list[int] = []
+        # transformers ≥ 5.2x names the argument `cache` (past_key_values is deprecated); older models keep the old name
+        params = inspect.signature(self._backbone.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        self.tokens = []
+
+    @torch.inference_mode()
+    def extend(self, token_ids: list[int], want_hidden: bool = False) -> ForwardOutput:
+        """Run the new tokens through the model on top of the cache; return logits for each new position."""
+        if self.cache is None:
+            self.reset()
+        input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        out = self._backbone(input_ids=input_ids, use_cache=True, **{self._cache_kwarg: self.cache})
+        hidden = out.last_hidden_state[0]  # [T, H]
+        logits = self._lm_head(hidden)  # [T, V]
+        self.tokens.extend(token_ids)
+        return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None)
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` cached positions, dropping the rest (rollback after a rejection)."""
+        drop = len(self.tokens) - max(length, 0)
+        if drop > 0:
+            self.cache.crop(-drop)  # transformers 5: a negative value drops that many trailing positions
+            del self.tokens[len(self.tokens) - drop:]
+
+    def common_prefix(self, context: list[int]) -> int:
+        n = min(len(self.tokens), len(context))
+        if self.tokens[:n] == context[:n]:  # the usual case, compared at C speed
+            return n
+        i = 0
+        while i < n and self.tokens[i] == context[i]:
+            i += 1
+        return i

@@ -1,0 +1,42 @@
+"""The proposer interface: anything that drafts tokens for the target to verify."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol, runtime_checkable
+
+import torch
+
+from ..config import SamplingParams
+
+
+@dataclass(frozen=True)
+class Draft:
+    """K proposed tokens, with the proposer's distribution at each position when it has one."""
+
+    token_ids: list[int]  # K ids (may be fewer than asked, or empty: then the step is a plain target step)
+    probs: Optional[torch.Tensor] = None  # [K, V] float32 under the shared logits_to_probs; None = one-hot (n-gram)
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Drafts tokens; is told after each step what the target kept.
+
+    wants_hidden: when True, the engine passes the target's last-layer hidden states (from the same verify forward,
+    no extra pass) to begin() and on_verified(), so feature-level heads (EAGLE / MTP) plug in unchanged.
+    """
+
+    name: str
+    wants_hidden: bool
+
+    def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
+        """A new answer starts. prompt_hidden: [len(prompt_ids) - 1, H] for the prefilled prompt, or None."""
+
+    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams,
+                generator: torch.Generator) -> Draft:
+        """Draft up to k tokens that follow context_ids (the prompt plus everything emitted so far)."""
+
+    def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:
+        """The target kept num_accepted draft tokens; emitted_ids = those plus the resampled / bonus token.
+
+        target_hidden: [num_accepted + 1, H], the hidden states at the positions whose predictions were emitted.
+        """

@@ -1,0 +1,52 @@
+"""A standalone draft model with the target's tokenizer: K autoregressive steps on its own KV cache."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..config import SamplingParams
+from ..model_runner import ModelRunner
+from ..sampling import logits_to_probs, sample_with_noise
+from .base import Draft
+
+
+class DraftModelProposer:
+    """Drafts with a small causal LM. Its cache always holds a prefix of the context: before each proposal it is
+    cropped to the longest common prefix with the new context (the rollback after a rejection) and the missing
+    tokens are fed (one token normally; two, the catch-up, after all K were accepted)."""
+
+    name = "draft"
+    wants_hidden = False
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.runner = ModelRunner(model)
+
+    def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
+        self.runner.reset()
+
+    @torch.inference_mode()
+    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams,
+                generator: torch.Generator) -> Draft:
+        runner = self.runner
+        keep = min(runner.common_prefix(context_ids), len(context_ids) - 1)
+        runner.crop(keep)
+        logits = runner.extend(context_ids[keep:]).logits[-1]  # [V]
+        token_ids: list[int] = []
+        probs_rows: list[torch.Tensor] = []
+        for step in range(k):
+            probs = logits_to_probs(logits, sampling)  # [V]
+            if sampling.greedy:
+                token = torch.argmax(logits, dim=-1)
+            else:
+                noise = torch.empty_like(probs).exponential_(generator=generator)
+                token = sample_with_noise(probs, noise)
+            probs_rows.append(probs)
+            token_ids.append(token)
+            if step < k - 1:
+                logits = runner.extend([int(token)]).logits[-1]
+        ids = torch.stack(token_ids).tolist() if token_ids else []
+        return Draft(token_ids=ids, probs=torch.stack(probs_rows) if probs_rows else None)
+
+    def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:
+        pass  # the next propose() crops to the common prefix

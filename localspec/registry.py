@@ -1,0 +1,145 @@
+"""models.yaml → PairSpec list, with errors that name the entry and the field."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import DTYPES, QUANTS, ConfigError, ModelSpec, NgramSpec, PairSpec
+
+PAIR_KEYS = {"name", "target", "proposers", "default_proposer", "k", "description"}
+MODEL_KEYS = {"source", "quant", "dtype", "trust_remote_code"}
+DRAFT_KEYS = {"source", "dtype", "trust_remote_code"}
+NGRAM_KEYS = {"min_n", "max_n"}
+PROPOSER_KEYS = {"ngram", "draft", "head"}
+GGUF_PREFIX = "gguf-package:"
+
+
+def _where(index: int, name: str | None) -> str:
+    return f"models.yaml entry {index + 1}" + (f" ({name!r})" if name else "")
+
+
+def _check_keys(mapping: Any, allowed: set[str], where: str, field: str) -> dict:
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{where}: field '{field}' must be a mapping, got {type(mapping).__name__}")
+    unknown = sorted(set(mapping) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} in '{field}'; "
+                          f"allowed: {', '.join(sorted(allowed))}")
+    return mapping
+
+
+def _resolve_source(source: Any, base_dir: Path, where: str, field: str) -> str:
+    if not isinstance(source, str) or not source.strip():
+        raise ConfigError(f"{where}: field '{field}.source' must be a non-empty string (a local path, a hub id, "
+                          f"or {GGUF_PREFIX}<package>/<file.gguf>)")
+    source = source.strip()
+    if source.startswith(GGUF_PREFIX):
+        return source
+    path = Path(source).expanduser()
+    if not path.is_absolute():
+        candidate = (base_dir / path)
+        if candidate.exists() or source.startswith((".", "/", "~")) or looks_like_path(source):
+            return str(candidate.resolve())
+    return str(path) if path.is_absolute() else source
+
+
+def looks_like_path(source: str) -> bool:
+    """A hub id is 'owner/name'; anything else with a slash, or starting with . / ~, is a path."""
+    if source.startswith((".", "/", "~")):
+        return True
+    return source.count("/") != 1
+
+
+def _model(raw: Any, base_dir: Path, where: str, field: str, allowed: set[str], default_dtype: str) -> ModelSpec:
+    raw = _check_keys(raw, allowed, where, field)
+    if "source" not in raw:
+        raise ConfigError(f"{where}: field '{field}.source' is missing")
+    quant = raw.get("quant", "none")
+    if quant not in QUANTS:
+        raise ConfigError(f"{where}: field '{field}.quant' is {quant!r}; choose one of {', '.join(QUANTS)}")
+    dtype = raw.get("dtype", default_dtype)
+    if dtype not in DTYPES:
+        raise ConfigError(f"{where}: field '{field}.dtype' is {dtype!r}; choose one of {', '.join(DTYPES)}")
+    trust = raw.get("trust_remote_code", False)
+    if not isinstance(trust, bool):
+        raise ConfigError(f"{where}: field '{field}.trust_remote_code' must be true or false")
+    return ModelSpec(source=_resolve_source(raw["source"], base_dir, where, field), quant=quant, dtype=dtype,
+                     trust_remote_code=trust)
+
+
+def _int(raw: Any, where: str, field: str, low: int, high: int) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
+        raise ConfigError(f"{where}: field '{field}' must be a whole number from {low} to {high} (got {raw!r})")
+    return raw
+
+
+def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{_where(index, None)}: each entry must be a mapping with at least 'name' and 'target'")
+    name = raw.get("name")
+    where = _where(index, name if isinstance(name, str) else None)
+    _check_keys(raw, PAIR_KEYS, where, "entry")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where}: field 'name' is missing or empty")
+    if "target" not in raw:
+        raise ConfigError(f"{where}: field 'target' is missing")
+    target = _model(raw["target"], base_dir, where, "target", MODEL_KEYS, "float32")
+    proposers = _check_keys(raw.get("proposers") or {}, PROPOSER_KEYS, where, "proposers")
+    ngram = None
+    if "ngram" in proposers:
+        ngram_raw = _check_keys(proposers["ngram"] or {}, NGRAM_KEYS, where, "proposers.ngram")
+        min_n = _int(ngram_raw.get("min_n", 1), where, "proposers.ngram.min_n", 1, 16)
+        max_n = _int(ngram_raw.get("max_n", 4), where, "proposers.ngram.max_n", 1, 16)
+        if min_n > max_n:
+            raise ConfigError(f"{where}: field 'proposers.ngram' needs min_n ≤ max_n (got {min_n} > {max_n})")
+        ngram = NgramSpec(min_n=min_n, max_n=max_n)
+    draft = None
+    if proposers.get("draft") is not None:
+        draft = _model(proposers["draft"], base_dir, where, "proposers.draft", DRAFT_KEYS, "float32")
+    head = None
+    if proposers.get("head") is not None:
+        head = _resolve_source(proposers["head"] if isinstance(proposers["head"], str) else None, base_dir, where,
+                               "proposers.head")
+    pair = PairSpec(name=name.strip(), target=target, k=_int(raw.get("k", 4), where, "k", 1, 16),
+                    ngram=ngram, draft=draft, head=head, description=str(raw.get("description", "")),
+                    default_proposer=raw.get("default_proposer", "ngram" if ngram else "none"))
+    if pair.default_proposer not in pair.proposers:
+        raise ConfigError(f"{where}: field 'default_proposer' is {pair.default_proposer!r}, but this entry only "
+                          f"has {', '.join(pair.proposers)}")
+    return pair
+
+
+def parse_registry(text: str, base_dir: Path, origin: str = "models.yaml") -> list[PairSpec]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{origin} is not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(data, list) or not data:
+        raise ConfigError(f"{origin} must be a non-empty list of model pairs (entries starting with '- name:')")
+    pairs = [parse_pair(raw, i, base_dir) for i, raw in enumerate(data)]
+    seen: set[str] = set()
+    for pair in pairs:
+        if pair.name in seen:
+            raise ConfigError(f"{origin}: two entries are named {pair.name!r}; names must be unique")
+        seen.add(pair.name)
+    return pairs
+
+
+def load_registry(path: str | Path) -> list[PairSpec]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"model list {path} not found")
+    return parse_registry(path.read_text(encoding="utf-8", errors="replace"), path.parent.resolve(), str(path))
+
+
+def find_pair(pairs: list[PairSpec], name: str | None) -> PairSpec:
+    if name is None:
+        return pairs[0]
+    for pair in pairs:
+        if pair.name == name:
+            return pair
+    raise ConfigError(f"no model pair named {name!r}; models.yaml has: {', '.join(p.name for p in pairs)}")

@@ -1,0 +1,45 @@
+"""Logits → probabilities, shared by every proposer and the target so both see the same distribution."""
+from __future__ import annotations
+
+import torch
+
+from .config import SamplingParams
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Mask (set to -inf) the tokens outside top-k / top-p. logits: [..., V], already temperature-scaled.
+
+    top-p keeps the smallest set of tokens whose probability reaches top_p (the most likely token always stays).
+    """
+    if top_k and 0 < top_k < logits.shape[-1]:
+        kth_value = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_value, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = mass_before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k / top-p masking. Greedy (temperature 0) keeps temperature 1 for display probabilities."""
+    logits = logits.float()
+    if not params.greedy:
+        logits = logits / params.temperature
+    return filter_logits(logits, params.top_k, params.top_p)
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [..., V] → probabilities [..., V] (float32) under the sampling parameters."""
+    return torch.softmax(process_logits(logits, params), dim=-1)
+
+
+def sample_with_noise(probs: torch.Tensor, exponential_noise: torch.Tensor) -> torch.Tensor:
+    """Draw one token per row: argmax(probs / E) with E ~ Exp(1) is an exact sample from probs, with no host sync.
+
+    probs may be unnormalised (any non-negative weights). probs, exponential_noise: [..., V] → [...] int64.
+    """
+    return torch.argmax(probs / exponential_noise, dim=-1)
