@@ -1,7 +1,90 @@
-"""localspec chat window. Placeholder until the UI lands: `python app.py` checks the default model loads."""
-import sys
+"""localspec chat window: `python app.py` opens the local chat app on the first models.yaml entry.
 
-from localspec.cli import main
+Options: --models PATH, --model NAME, --host, --port, --no-browser, --device, --password / LOCALSPEC_PASSWORD,
+--no-auth. Binds 127.0.0.1 unless --host says otherwise; another host needs a password (or --no-auth on purpose).
+There is never a public share link.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from pathlib import Path
+
+# before gradio (or anything that imports it) is loaded
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parent
+LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="app.py", description="localspec: a local speculative-decoding chat app")
+    parser.add_argument("--models", default=str(REPO / "models.yaml"), help="models.yaml to read (default: %(default)s)")
+    parser.add_argument("--model", default=None, help="pair to load first (default: the first entry)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
+    parser.add_argument("--port", type=int, default=None, help="port (default: the first free one from 7860)")
+    parser.add_argument("--no-browser", action="store_true", help="do not open the default web browser")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--password", default=None,
+                        help="password asked for when binding to a non-loopback --host (or set LOCALSPEC_PASSWORD)")
+    parser.add_argument("--no-auth", action="store_true",
+                        help="bind a non-loopback --host without a password (anyone who can reach it can use it)")
+    return parser.parse_args(argv)
+
+
+def auth_for(args: argparse.Namespace):
+    """None on loopback; otherwise a password check, unless --no-auth. Raises ConfigError when none is given."""
+    from localspec.config import ConfigError
+
+    if is_loopback(args.host) or args.no_auth:
+        return None
+    password = args.password or os.environ.get("LOCALSPEC_PASSWORD")
+    if not password:
+        raise ConfigError(f"binding to {args.host} makes the app reachable from other machines; give a password with "
+                          f"--password or LOCALSPEC_PASSWORD (or pass --no-auth on purpose)")
+    return lambda _user, given: given == password
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from localspec.config import ConfigError
+    from localspec.registry import find_pair, load_registry
+
+    try:
+        auth = auth_for(args)
+        pairs = load_registry(args.models)
+        first = find_pair(pairs, args.model)
+    except ConfigError as exc:
+        print(f"localspec: {exc}", file=sys.stderr)
+        return 2
+    from localspec.ui import ModelManager, build_app, default_session_factory, launch_options
+
+    manager = ModelManager(pairs, default_session_factory(args.device))
+    try:
+        seconds = manager.load(first.name, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        print(f"Loaded {first.name} in {seconds:.1f} s", file=sys.stderr, flush=True)
+    except ConfigError as exc:  # the app still opens: the window shows why and offers the other pairs
+        print(f"localspec: could not load {first.name}: {exc}", file=sys.stderr, flush=True)
+    demo = build_app(manager)
+    demo.queue(default_concurrency_limit=None)
+    demo.launch(server_name=args.host, server_port=args.port, inbrowser=not args.no_browser, share=False, auth=auth,
+                auth_message="localspec: enter the password (any user name)" if auth else None,
+                show_error=True, **launch_options())
+    return 0
+
 
 if __name__ == "__main__":
-    sys.exit(main(["generate", "--prompt", "Say hello in one short sentence.", "--max-new-tokens", "32"]))
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Events → HTML. Token spans coloured by kind, the legend, the stats panel and the per-position acceptance chart.
+
+Everything here is a pure function of records the engine produced (TokenEvent / StatsSnapshot, or their dict
+forms as stored with a conversation). Model text and titles are always escaped: an answer holding `<script>` shows
+as text. Braces and dollar signs are escaped too, so no template engine downstream can read model text as a template.
+"""
+from __future__ import annotations
+
+import html
+from typing import Any, Callable, Iterable, Optional
+
+from .events import TOKEN_KINDS, StatsSnapshot, TokenEvent
+
+KIND_LABELS = {
+    "accepted": "accepted draft token",
+    "resampled": "resampled by the target (draft token rejected)",
+    "bonus": "bonus token (all drafts accepted)",
+    "target": "target token (speculation off)",
+}
+_TEMPLATE_CHARS = str.maketrans({"{": "&#123;", "}": "&#125;", "$": "&#36;", "`": "&#96;", "@": "&#64;"})
+
+
+def escape(text: Any) -> str:
+    """HTML-escape any text (quotes included) and neutralise template syntax ({ } $ ` @)."""
+    return html.escape(str(text), quote=True).translate(_TEMPLATE_CHARS)
+
+
+def token_record(token: TokenEvent, decode: Optional[Callable[[list[int]], str]] = None) -> dict:
+    """A TokenEvent as a plain dict (what the UI state and the store keep), with the rejected draft token's text."""
+    record = token.to_dict()
+    record["acceptance_prob"] = token.acceptance_prob
+    record["rejected_text"] = None
+    if token.rejected_token_id is not None and decode is not None:
+        try:
+            record["rejected_text"] = decode([token.rejected_token_id])
+        except Exception:  # a tokenizer that cannot decode one id alone: the id is still shown
+            record["rejected_text"] = None
+    return record
+
+
+def _prob(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def token_title(record: dict) -> str:
+    """The hover text of one token (plain text; escaped by the caller)."""
+    kind = record.get("kind", "target")
+    lines = [KIND_LABELS.get(kind, kind), f"p_target = {_prob(record.get('p_target'))}"]
+    if kind == "accepted":
+        lines.append(f"p_draft = {_prob(record.get('p_draft'))}")
+        lines.append(f"acceptance min(1, p_target/p_draft) = {_prob(record.get('acceptance_prob'))}")
+    elif kind == "resampled":
+        rejected = record.get("rejected_text")
+        shown = repr(rejected) if rejected is not None else f"id {record.get('rejected_id')}"
+        lines.append(f"rejected draft token {shown}: p_target = {_prob(record.get('rejected_p_target'))}, "
+                     f"p_draft = {_prob(record.get('rejected_p_draft'))}")
+        lines.append(f"acceptance min(1, p_target/p_draft) = {_prob(record.get('acceptance_prob'))}")
+    return "\n".join(lines)
+
+
+def token_span(record: dict, colour: bool = True) -> str:
+    kind = record.get("kind") if record.get("kind") in TOKEN_KINDS else "target"
+    classes = f"tok tok-{kind}" + ("" if colour else " tok-plain")
+    return f'<span class="{classes}" title="{escape(token_title(record))}">{escape(record.get("text", ""))}</span>'
+
+
+def tokens_html(records: Iterable[dict], colour: bool = True) -> str:
+    return "".join(token_span(r, colour) for r in records if r.get("text"))
+
+
+def legend_html() -> str:
+    items = "".join(f'<span class="tok tok-{kind}" title="{escape(KIND_LABELS[kind])}">{kind}</span>'
+                    for kind in TOKEN_KINDS)
+    return f'<div class="ls-legend">{items}<span class="ls-legend-hint">hover a token for its probabilities</span></div>'
+
+
+def _message_html(turn: dict, colour: bool) -> str:
+    role = turn.get("role", "user")
+    if role == "assistant":
+        tokens = turn.get("tokens")
+        body = tokens_html(tokens, colour) if tokens else escape(turn.get("content", ""))
+        note = ""
+        reason = turn.get("finish_reason")
+        if turn.get("pending"):
+            body += '<span class="ls-cursor">▍</span>'
+        elif reason == "cancelled":
+            note = '<div class="ls-note">stopped — partial answer kept</div>'
+        elif reason == "error":
+            note = f'<div class="ls-note ls-error">{escape(turn.get("error") or "the answer failed")}</div>'
+        elif reason == "incomplete":
+            note = '<div class="ls-note">incomplete — the app stopped during this answer</div>'
+        meta = turn.get("label")
+        head = f'<div class="ls-meta">{escape(meta)}</div>' if meta else ""
+        return f'<div class="ls-msg ls-assistant">{head}<div class="ls-body">{body}</div>{note}</div>'
+    return f'<div class="ls-msg ls-{escape(role)}"><div class="ls-body">{escape(turn.get("content", ""))}</div></div>'
+
+
+def transcript_html(turns: list[dict], colour: bool = True, notice: Optional[str] = None) -> str:
+    """The whole conversation: user text escaped, assistant answers as token spans."""
+    if not turns:
+        inner = '<div class="ls-empty">Type a message below. Tokens are coloured by how they were made.</div>'
+    else:
+        inner = "".join(_message_html(t, colour) for t in turns if t.get("role") != "system")
+    notice_html = f'<div class="ls-notice">{escape(notice)}</div>' if notice else ""
+    return f'<div class="ls-transcript{"" if colour else " ls-nocolour"}">{inner}{notice_html}</div>'
+
+
+def _stats_dict(stats: StatsSnapshot | dict | None) -> dict:
+    if stats is None:
+        return {}
+    return stats.to_dict() if isinstance(stats, StatsSnapshot) else dict(stats)
+
+
+def acceptance_chart_html(stats: StatsSnapshot | dict | None) -> str:
+    """Per-position acceptance P(accepted at draft position i) as horizontal bars."""
+    data = _stats_dict(stats)
+    rates = data.get("per_position_acceptance") or []
+    drafted = data.get("per_position_drafted") or [0] * len(rates)
+    if not rates or not any(drafted):
+        return '<div class="ls-chart ls-chart-empty">per-position acceptance: no drafts yet</div>'
+    rows = []
+    for i, (rate, n) in enumerate(zip(rates, drafted)):
+        width = max(0.0, min(1.0, rate)) * 100
+        rows.append(
+            f'<div class="ls-bar-row" title="position {i + 1}: {rate:.0%} of {n} drafts accepted">'
+            f'<span class="ls-bar-label">{i + 1}</span><span class="ls-bar-track">'
+            f'<span class="ls-bar" style="width:{width:.1f}%"></span></span>'
+            f'<span class="ls-bar-value">{rate:.0%}</span></div>')
+    return f'<div class="ls-chart"><div class="ls-chart-title">acceptance by draft position</div>{"".join(rows)}</div>'
+
+
+def stats_html(stats: StatsSnapshot | dict | None, proposer: Optional[str] = None, k: Optional[int] = None,
+               finish_reason: Optional[str] = None) -> str:
+    """The live stats panel for the current answer."""
+    data = _stats_dict(stats)
+    if not data:
+        return '<div class="ls-stats ls-stats-empty">Stats of the current answer appear here while it streams.</div>'
+    drafted, accepted = data.get("drafted", 0), data.get("accepted", 0)
+    rate = data.get("acceptance_rate", 0.0)
+    head = f'<div class="ls-stats-head">{escape(proposer or "")}{f" · K={k}" if k else ""}' \
+           f'{f" · {escape(finish_reason)}" if finish_reason else " · streaming…"}</div>'
+    rows = [
+        ("accepted", f"Accepted {accepted}/{drafted} draft tokens ({rate:.0%})"),
+        ("mean acceptance length", f"{data.get('mean_acceptance_length', 0.0):.2f} tokens / target forward"),
+        ("tokens/s", f"{data.get('tokens_per_s', 0.0):.1f}"),
+        ("tokens", f"{data.get('emitted', 0)}"),
+        ("target forwards", f"{data.get('target_forwards', 0)}"),
+    ]
+    if data.get("predicted_speedup") is not None:
+        rows.append(("predicted speedup", f"{data['predicted_speedup']:.2f}×"))
+    table = "".join(f'<tr><th>{escape(name)}</th><td class="ls-stat-{i}">{escape(value)}</td></tr>'
+                    for i, (name, value) in enumerate(rows))
+    return (f'<div class="ls-stats">{head}<table class="ls-stats-table">{table}</table>'
+            f'{timing_html(data)}{acceptance_chart_html(data)}</div>')
+
+
+def timing_html(data: dict) -> str:
+    """Step time split: propose / score (target forward) / sample, as a stacked bar with seconds."""
+    parts = [("propose", data.get("propose_s", 0.0)), ("score", data.get("score_s", 0.0)),
+             ("sample", data.get("sampler_s", 0.0))]
+    total = sum(v for _, v in parts)
+    if total <= 0:
+        return ""
+    bar = "".join(f'<span class="ls-time ls-time-{name}" style="width:{v / total * 100:.1f}%" '
+                  f'title="{name}: {v * 1000:.0f} ms"></span>' for name, v in parts)
+    text = " · ".join(f'{name} {v * 1000:.0f} ms ({v / total:.0%})' for name, v in parts)
+    prefill = data.get("prefill_s", 0.0)
+    return (f'<div class="ls-timing"><div class="ls-chart-title">time per part of the step</div>'
+            f'<div class="ls-time-bar">{bar}</div><div class="ls-time-text">{escape(text)}'
+            f'{f" · prefill {prefill * 1000:.0f} ms" if prefill else ""}</div></div>')
+
+
+def compare_html(spec_stats: dict | None, base_stats: dict | None, proposer: str = "", greedy: bool = True,
+                 identical: Optional[bool] = None, first_difference: Optional[int] = None) -> str:
+    """Speculative vs baseline (proposer off) for the same prompt: both tokens/s, the speedup, same output?"""
+    if not spec_stats or not base_stats:
+        return ""
+    spec_tps, base_tps = spec_stats.get("tokens_per_s", 0.0), base_stats.get("tokens_per_s", 0.0)
+    speedup = f"{spec_tps / base_tps:.2f}×" if base_tps > 0 else "—"
+    if not greedy:
+        same = "sampled (temperature > 0): outputs follow the same distribution but need not be identical"
+    elif identical:
+        same = "greedy outputs are identical"
+    elif first_difference is not None:
+        same = f"greedy outputs differ from token {first_difference + 1} (floating-point ties can flip an argmax)"
+    else:
+        same = "greedy outputs differ"
+    return (f'<div class="ls-compare"><div class="ls-chart-title">compare with baseline</div>'
+            f'<table class="ls-stats-table"><tr><th>{escape(proposer or "speculative")}</th>'
+            f'<td class="ls-compare-spec">{spec_tps:.1f} tok/s</td></tr>'
+            f'<tr><th>baseline (off)</th><td class="ls-compare-base">{base_tps:.1f} tok/s</td></tr>'
+            f'<tr><th>speedup</th><td class="ls-compare-speedup">{speedup}</td></tr></table>'
+            f'<div class="ls-compare-same">{escape(same)}</div></div>')
+
+
+def status_html(message: str = "", level: str = "info") -> str:
+    if not message:
+        return '<div class="ls-status"></div>'
+    return f'<div class="ls-status ls-status-{escape(level)}">{escape(message)}</div>'

@@ -1,0 +1,102 @@
+"""The chat window: controls on the left, the coloured transcript in the middle, live stats on the right."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import gradio as gr
+
+from ..chat import TRUNCATION_POLICY
+from ..render import legend_html, stats_html, status_html, transcript_html
+from .handlers import Handlers
+from .manager import ModelManager
+from .settings import proposer_choices
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+TITLE = "localspec"
+INTRO = ("Local chat with speculative decoding. Each token of an answer is coloured by how it was made; "
+         "hover one for its probabilities.")
+
+
+def stylesheet() -> str:
+    path = ASSETS / "style.css"
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def build_app(manager: ModelManager, recorder: Any = None, extra: Optional[callable] = None) -> gr.Blocks:
+    """Build the Blocks for a ModelManager (which holds the registry and the session factory).
+
+    extra(blocks_context) may add panels (e.g. saved conversations); it receives the handlers and components.
+    """
+    handlers = Handlers(manager, recorder)
+    session = manager.session
+    available = tuple(session.proposers) if session is not None else ("none",)
+    spec = session.default_spec() if session is not None else None
+
+    with gr.Blocks(title=TITLE, fill_width=True) as demo:
+        turns = gr.State([])
+        with gr.Row(elem_id="ls-header"):
+            gr.HTML(f'<div class="ls-title"><b>localspec</b> <span>{INTRO}</span></div>', js_on_load=None)
+        with gr.Row(equal_height=False, elem_id="ls-main"):
+            with gr.Column(scale=2, min_width=250, elem_id="ls-controls"):
+                model = gr.Dropdown(manager.choices(), value=manager.name, label="Model pair", interactive=True,
+                                    elem_id="ls-model")
+                status = gr.HTML(status_html(f"{manager.name} is ready." if manager.name else
+                                             f"Model load failed: {manager.load_error}"), js_on_load=None,
+                                 elem_id="ls-status")
+                proposer = gr.Radio(proposer_choices(available), value=spec.proposer if spec else "none",
+                                    label="Proposer", elem_id="ls-proposer")
+                k = gr.Slider(1, 16, value=spec.k if spec else 4, step=1, label="K (draft tokens per step)",
+                              elem_id="ls-k")
+                with gr.Accordion("Sampling", open=True):
+                    temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
+                                            elem_id="ls-temperature")
+                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="ls-top-p")
+                    with gr.Row():
+                        top_k = gr.Number(0, label="Top-k (0 = off)", precision=0, minimum=0, elem_id="ls-top-k")
+                        max_new = gr.Number(256, label="Max new tokens", precision=0, elem_id="ls-max-new")
+                        seed = gr.Number(0, label="Seed", precision=0, elem_id="ls-seed")
+                colour = gr.Checkbox(True, label="Colour tokens by kind", elem_id="ls-colour")
+            with gr.Column(scale=5, min_width=420, elem_id="ls-chat"):
+                transcript = gr.HTML(transcript_html([]), js_on_load=None, autoscroll=True, max_height=500,
+                                     min_height=500, elem_id="ls-transcript", padding=False)
+                gr.HTML(legend_html(), js_on_load=None)
+                with gr.Row(equal_height=True):
+                    message = gr.Textbox(placeholder="Message (Enter sends, Shift+Enter for a new line)",
+                                         show_label=False, lines=2, max_lines=8, scale=6, elem_id="ls-message",
+                                         autofocus=True)
+                    with gr.Column(scale=1, min_width=90):
+                        send = gr.Button("Send", variant="primary", elem_id="ls-send")
+                        stop = gr.Button("Stop", variant="stop", elem_id="ls-stop")
+                with gr.Row():
+                    clear = gr.Button("Clear", size="sm", elem_id="ls-clear")
+                    compare = gr.Button("Compare with baseline", size="sm", elem_id="ls-compare")
+                gr.HTML(f'<div class="ls-policy">Long conversations: {TRUNCATION_POLICY}</div>', js_on_load=None)
+            with gr.Column(scale=3, min_width=300, elem_id="ls-side"):
+                stats = gr.HTML(stats_html(None), js_on_load=None, elem_id="ls-stats")
+                compare_panel = gr.HTML("", js_on_load=None, elem_id="ls-compare-panel")
+                with gr.Accordion("Events of the last answer (JSON)", open=False):
+                    events = gr.JSON(None, elem_id="ls-events")
+
+        sampling_inputs = [proposer, k, temperature, top_p, top_k, max_new, seed, colour]
+        send_outputs = [transcript, stats, status, events, message, turns]
+        gr.on([send.click, message.submit], handlers.send, [message, turns, *sampling_inputs], send_outputs,
+              api_name="send", concurrency_limit=None, show_progress="hidden")
+        stop.click(handlers.stop, None, [status], api_name="stop", concurrency_limit=None, queue=False)
+        clear.click(handlers.clear, None, [transcript, stats, status, events, compare_panel, turns],
+                    api_name="clear", concurrency_limit=None)
+        compare.click(handlers.compare, [turns], [compare_panel, status], api_name="compare",
+                      concurrency_limit=None, show_progress="hidden")
+        colour.change(handlers.recolour, [colour, turns], [transcript], api_name=False, show_progress="hidden")
+        model.input(handlers.switch, [model], [status, model, proposer, k], api_name="switch_model",
+                    concurrency_limit=None, show_progress="hidden")
+        demo.load(handlers.on_load, None, [model, proposer, k, status], api_name=False)
+        if extra is not None:
+            extra(demo, handlers, {"turns": turns, "transcript": transcript, "stats": stats, "status": status,
+                                   "events": events, "colour": colour, "model": model})
+    return demo
+
+
+def launch_options() -> dict:
+    """Keyword arguments for Blocks.launch() that belong to the look (Gradio 6 takes css there)."""
+    return {"css": stylesheet()}

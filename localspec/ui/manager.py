@@ -1,0 +1,177 @@
+"""The one loaded model pair, shared by every browser tab: loads pairs and runs answers one at a time.
+
+An answer runs in its own worker thread that holds the model lock and pushes messages onto a queue, so a closed
+browser tab never leaves the lock held, and two tabs sending at once are served in turn, each into its own queue.
+Loading a pair takes the same lock: a switch while an answer streams is refused with a message.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
+
+from ..config import ConfigError, PairSpec, SamplingParams, SpecConfig
+from ..registry import find_pair
+from ..render import token_record
+
+Progress = Callable[[str], None]
+SessionFactory = Callable[[PairSpec, Progress], object]  # (pair, progress) -> ChatSession
+
+
+class Busy(ConfigError):
+    """The model is answering (or loading); the request was refused, nothing changed."""
+
+
+def default_session_factory(device: Optional[str] = None) -> SessionFactory:
+    def factory(pair: PairSpec, progress: Progress):
+        from ..chat import ChatSession
+        from ..loading import load_pair
+
+        return ChatSession(load_pair(pair, device=device, progress=progress))
+
+    return factory
+
+
+def trust_marker(pair: PairSpec) -> bool:
+    return bool(pair.target.trust_remote_code or (pair.draft is not None and pair.draft.trust_remote_code))
+
+
+@dataclass
+class Message:
+    """What an answer's worker sends to the handler streaming it."""
+
+    kind: str  # 'waiting' | 'started' | 'notice' | 'event' | 'error' | 'done'
+    event: object = None  # StepEvent for 'event'
+    records: tuple = ()  # token records (dicts) of this event's tokens
+    text: str = ""  # for 'notice' / 'error' / 'started' (the pair name)
+
+
+class ModelManager:
+    def __init__(self, pairs: list[PairSpec], factory: SessionFactory) -> None:
+        if not pairs:
+            raise ConfigError("models.yaml lists no model pairs")
+        self.pairs = pairs
+        self.factory = factory
+        self.session = None
+        self.name: Optional[str] = None
+        self.load_error: Optional[str] = None
+        self.loading: Optional[str] = None
+        self.answering = 0  # answers running or queued
+        self._lock = threading.Lock()  # held while an answer streams or a pair loads
+        self._count_lock = threading.Lock()
+        self._cancels: dict[str, threading.Event] = {}
+
+    # ---- model pairs -------------------------------------------------------------------------------------
+    def pair(self, name: Optional[str]) -> PairSpec:
+        return find_pair(self.pairs, name)
+
+    def choices(self) -> list[tuple[str, str]]:
+        """Dropdown entries (label, value); entries that run the model's own code are marked."""
+        return [((f"{p.name}  ⚠ runs model code (trust_remote_code)" if trust_marker(p) else p.name), p.name)
+                for p in self.pairs]
+
+    def load(self, name: Optional[str], progress: Progress = lambda _msg: None) -> float:
+        """Load a pair and make it current. On failure the previous pair stays loaded and usable."""
+        pair = self.pair(name)
+        if not self._lock.acquire(blocking=False):
+            if self.loading:
+                raise Busy(f"{self.loading} is still loading; wait for it, then choose again")
+            raise Busy("an answer is streaming; the model was not switched. Press Stop or wait for the answer, "
+                       "then choose the model again")
+        self.loading = pair.name
+        started = time.perf_counter()
+        try:
+            session = self.factory(pair, progress)
+        except ConfigError as exc:
+            self.load_error = str(exc)
+            raise
+        except Exception as exc:  # a model that fails in an unforeseen way must not take the app down
+            self.load_error = f"could not load {pair.name!r}: {type(exc).__name__}: {exc}"
+            raise ConfigError(self.load_error) from None
+        finally:
+            self.loading = None
+            self._lock.release()
+        self.session, self.name, self.load_error = session, pair.name, None
+        return time.perf_counter() - started
+
+    # ---- cancellation per browser session -------------------------------------------------------------------
+    def new_cancel(self, owner: str) -> threading.Event:
+        event = threading.Event()
+        self._cancels[owner] = event
+        return event
+
+    def cancel(self, owner: str) -> bool:
+        event = self._cancels.get(owner)
+        if event is None or event.is_set():
+            return False
+        event.set()
+        return True
+
+    # ---- answers ---------------------------------------------------------------------------------------------
+    def answer(self, messages: list[dict], sampling: SamplingParams, spec: Callable[[object], SpecConfig],
+               cancel: threading.Event) -> "queue.Queue[Message]":
+        """Start one answer in a worker thread; read its Messages from the returned queue until 'done'.
+
+        spec is called with the session that will answer (so a proposer is checked against the pair in use).
+        """
+        out: "queue.Queue[Message]" = queue.Queue()
+        with self._count_lock:
+            self.answering += 1
+        threading.Thread(target=self._work, args=(messages, sampling, spec, cancel, out), daemon=True,
+                         name="localspec-answer").start()
+        return out
+
+    def _work(self, messages, sampling, spec_for, cancel, out) -> None:
+        try:
+            told_waiting = False
+            while not self._lock.acquire(timeout=0.1):
+                if not told_waiting:
+                    out.put(Message("waiting"))
+                    told_waiting = True
+                if cancel.is_set():
+                    out.put(Message("error", text="stopped while waiting for the model"))
+                    return
+            try:
+                self._answer_locked(messages, sampling, spec_for, cancel, out)
+            finally:
+                self._lock.release()
+        finally:
+            with self._count_lock:
+                self.answering -= 1
+            out.put(Message("done"))
+
+    def _answer_locked(self, messages, sampling, spec_for, cancel, out) -> None:
+        session = self.session
+        if session is None:
+            out.put(Message("error", text=self.load_error or "no model is loaded; choose a model pair"))
+            return
+        try:
+            spec = spec_for(session).validate()
+            sampling.validate()
+            ids, notice = session.prompt_ids(messages, sampling.max_new_tokens)
+            out.put(Message("started", text=self.name or ""))
+            if notice:
+                out.put(Message("notice", text=notice))
+            decode = session.tokenizer.decode
+            for event in session.stream_ids(ids, sampling, spec, cancel):
+                records = tuple(token_record(tok, decode) for tok in event.tokens)
+                out.put(Message("event", event=event, records=records))
+        except ConfigError as exc:
+            out.put(Message("error", text=str(exc)))
+        except Exception as exc:  # the app stays up; the user sees what went wrong
+            out.put(Message("error", text=f"the answer failed: {type(exc).__name__}: {exc}"))
+
+
+def drain(out: "queue.Queue[Message]", wait_s: float = 0.05) -> Iterator[Message]:
+    """The messages available now (waiting up to wait_s for the first one)."""
+    try:
+        yield out.get(timeout=wait_s)
+    except queue.Empty:
+        return
+    while True:
+        try:
+            yield out.get_nowait()
+        except queue.Empty:
+            return

@@ -1,0 +1,79 @@
+"""Start `python app.py` in a subprocess on a free 127.0.0.1 port, wait until it answers, stop it afterwards."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tiny_models_yaml(tiny_pair: dict, folder: Path) -> Path:
+    """The tiny pair plus an entry whose model folder does not exist (to fail a switch on purpose)."""
+    text = Path(tiny_pair["models_yaml"]).read_text()
+    root = Path(tiny_pair["root"])
+    text = text.replace("source: tiny-target", f"source: {root / 'tiny-target'}")
+    text = text.replace("source: tiny-draft", f"source: {root / 'tiny-draft'}")
+    text += ("- name: missing\n"
+             f"  target: {{source: {folder / 'no-such-model'}, quant: none, dtype: float32}}\n"
+             "  proposers:\n"
+             "    ngram: {min_n: 1, max_n: 3}\n")
+    path = folder / "models.yaml"
+    path.write_text(text)
+    return path
+
+
+class AppProcess:
+    def __init__(self, models: Path, home: Path, extra: tuple[str, ...] = (), port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.log_path = Path(home) / f"app-{self.port}.log"
+        env = dict(os.environ, LOCALSPEC_HOME=str(home), GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1",
+                   TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "app.py"), "--models", str(models), "--no-browser", "--port", str(self.port),
+             "--device", "cpu", *extra], stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+    def wait_ready(self, timeout_s: float = 180.0) -> "AppProcess":
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"app exited with {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                with urllib.request.urlopen(self.url + "config", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"app did not start in {timeout_s:.0f} s:\n{self.log_text()}")
+
+    def log_text(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def kill(self) -> None:
+        """kill -9: no chance to clean up."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.log.close()

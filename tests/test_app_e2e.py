@@ -1,0 +1,166 @@
+"""End to end: `python app.py` in a subprocess with the tiny pair, driven through gradio_client."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from .apphelpers import REPO, AppProcess, tiny_models_yaml
+
+KINDS = {"accepted", "resampled", "bonus", "target"}
+# send(message, proposer, K, temperature, top_p, top_k, max_new_tokens, seed, colour)
+# → (transcript, stats, status, events, message box)
+
+
+@pytest.fixture(scope="module")
+def app(tiny_pair, tmp_path_factory):
+    home = tmp_path_factory.mktemp("app-home")
+    process = AppProcess(tiny_models_yaml(tiny_pair, home), home).wait_ready()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def client(app):
+    from gradio_client import Client
+
+    return Client(app.url, verbose=False)
+
+
+def span_kinds(transcript: str) -> list[str]:
+    return re.findall(r'class="tok tok-(\w+)', transcript)
+
+
+def accepted_counts(stats: str) -> tuple[int, int]:
+    match = re.search(r"Accepted (\d+)/(\d+) draft tokens", stats)
+    assert match, stats
+    return int(match.group(1)), int(match.group(2))
+
+
+def send(client, message, proposer="ngram", k=3, temperature=0.0, max_new=48, seed=0):
+    return client.submit(message, proposer, k, temperature, 1.0, 0, max_new, seed, True, api_name="/send")
+
+
+def test_answer_streams_with_token_kinds_and_changing_stats(client):
+    job = send(client, "Count with me: one two three", max_new=64)
+    updates = list(job)
+    transcript, stats, status, events, box = job.result()
+    assert len(updates) >= 3, "the answer should arrive in several updates"
+    assert updates[0][4] == ""  # the box is emptied as soon as the message is taken
+    assert "Done" in status
+    kinds = span_kinds(transcript)
+    assert len(kinds) >= 10 and set(kinds) <= KINDS
+    assert len(set(kinds)) >= 2  # n-gram drafts on the tiny model's loops: some accepted, some not
+    assert {t["kind"] for t in events["tokens"]} <= KINDS
+    assert [t["kind"] for t in events["tokens"] if t["text"]] == kinds
+    streamed_stats = [u[1] for u in updates if "Accepted" in str(u[1])]
+    assert len(set(streamed_stats)) >= 2, "stats should change while the answer streams"
+    accepted, drafted = accepted_counts(stats)
+    assert drafted > 0 and accepted == events["stats"]["accepted"] and drafted == events["stats"]["drafted"]
+
+
+def test_proposer_off_gives_target_tokens(client):
+    transcript, _stats, _status, events, _box = send(client, "Say something", proposer="none", max_new=16).result()
+    assert set(span_kinds(transcript)) == {"target"}
+    assert events["stats"]["drafted"] == 0
+
+
+def test_draft_model_proposer_runs(client):
+    _transcript, _stats, _status, events, _box = send(client, "hello", proposer="draft", max_new=24).result()
+    assert events["proposer"] == "draft" and events["stats"]["drafted"] > 0
+
+
+def test_multi_turn_keeps_both_answers(client):
+    send(client, "first message", max_new=8).result()
+    transcript = send(client, "second message", max_new=8).result()[0]
+    assert transcript.count('class="ls-msg ls-user"') == 2 and transcript.count('ls-msg ls-assistant') == 2
+    assert "first message" in transcript and "second message" in transcript
+
+
+def test_stop_keeps_the_partial_answer(client):
+    job = send(client, "go on for a long time", proposer="none", max_new=4000)
+    for update in job:
+        if len(span_kinds(str(update[0]))) >= 5:
+            break
+    assert "Stopping" in client.predict(api_name="/stop")
+    transcript, _stats, status, events, _box = job.result(timeout=60)
+    assert events["finish_reason"] == "cancelled"
+    assert 5 <= len(events["tokens"]) < 4000
+    assert "partial answer is kept" in status and "stopped" in transcript
+
+
+def test_compare_with_baseline(client):
+    send(client, "Repeat after me: a b c a b c a b c", max_new=32).result()
+    panel, status = client.predict(api_name="/compare")
+    assert "Baseline done" in status
+    assert re.search(r"ls-compare-speedup\">[\d.]+×", panel)
+    assert "greedy outputs are identical" in panel or "greedy outputs differ" in panel
+
+
+def test_bad_inputs_give_messages_and_the_app_still_answers(client):
+    _t, _s, status, _e, box = send(client, "   ").result()
+    assert "message is empty" in status and box == "   "
+    status = send(client, "hi", max_new=0).result()[2]
+    assert "max new tokens" in status
+    transcript = send(client, "<script>alert(1)</script>", max_new=8).result()[0]
+    assert "<script>" not in transcript and "&lt;script&gt;" in transcript
+    assert span_kinds(transcript)
+
+
+def test_failed_switch_keeps_the_old_model(client):
+    status, model, _proposer, _k = client.predict("missing", api_name="/switch_model")
+    assert "Could not switch" in status and "does not exist" in status and "Still using tiny" in status
+    assert model == "tiny"
+    _t, _s, status, events, _b = send(client, "still there?", max_new=8).result()
+    assert events["model"] == "tiny" and "Done" in status
+
+
+def test_two_clients_at_once_get_separate_complete_answers(app):
+    from gradio_client import Client
+
+    prompts = ["alpha alpha alpha", "omega omega omega"]
+    results: dict[int, tuple] = {}
+
+    def run(i):
+        client = Client(app.url, verbose=False)
+        results[i] = send(client, prompts[i], max_new=40).result(timeout=120)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    assert set(results) == {0, 1}
+    alone = [send(Client(app.url, verbose=False), p, max_new=40).result(timeout=120) for p in prompts]
+    for i in range(2):
+        transcript, _s, _status, events, _b = results[i]
+        assert prompts[i] in transcript and prompts[1 - i] not in transcript
+        assert events["finish_reason"] in ("stop", "length")
+        # nothing interleaved: the same greedy answer as when it ran alone
+        assert [t["id"] for t in events["tokens"]] == [t["id"] for t in alone[i][3]["tokens"]]
+
+
+def test_non_loopback_host_needs_a_password(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "app.py"), "--host", "0.0.0.0", "--no-browser"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 2
+    assert "password" in result.stderr and "--no-auth" in result.stderr
+
+
+def test_broken_models_yaml_is_a_message(tmp_path):
+    broken = tmp_path / "models.yaml"
+    broken.write_text("- name: x\n  target: [unclosed\n")
+    result = subprocess.run([sys.executable, str(REPO / "app.py"), "--models", str(broken), "--no-browser"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 2 and "not valid YAML" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_loopback_detection():
+    sys.path.insert(0, str(REPO))
+    from app import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")
