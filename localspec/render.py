@@ -163,11 +163,15 @@ def timing_html(data: dict) -> str:
         return ""
     bar = "".join(f'<span class="ls-time ls-time-{name}" style="width:{v / total * 100:.1f}%" '
                   f'title="{name}: {v * 1000:.0f} ms"></span>' for name, v in parts)
-    text = " · ".join(f'{name} {v * 1000:.0f} ms ({v / total:.0%})' for name, v in parts)
+    text = " · ".join(f'{name} {seconds_text(v)} ({v / total:.0%})' for name, v in parts)
     prefill = data.get("prefill_s", 0.0)
     return (f'<div class="ls-timing"><div class="ls-chart-title">time per part of the step</div>'
             f'<div class="ls-time-bar">{bar}</div><div class="ls-time-text">{escape(text)}'
-            f'{f" · prefill {prefill * 1000:.0f} ms" if prefill else ""}</div></div>')
+            f'{f" · prefill {seconds_text(prefill)}" if prefill else ""}</div></div>')
+
+
+def seconds_text(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
 def compare_html(spec_stats: dict | None, base_stats: dict | None, proposer: str = "", greedy: bool = True,

@@ -48,18 +48,20 @@ def build_app(manager: ModelManager, recorder: Any = None, extra: Optional[calla
                                     label="Proposer", elem_id="ls-proposer")
                 k = gr.Slider(1, 16, value=spec.k if spec else 4, step=1, label="K (draft tokens per step)",
                               elem_id="ls-k")
-                with gr.Accordion("Sampling", open=True):
+                max_new = gr.Number(256, label="Max new tokens", precision=0, elem_id="ls-max-new")
+                colour = gr.Checkbox(True, label="Colour tokens by kind", elem_id="ls-colour")
+                with gr.Accordion("Sampling (temperature, top-p, top-k, seed)", open=False):
                     temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
                                             elem_id="ls-temperature")
                     top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="ls-top-p")
                     with gr.Row():
-                        top_k = gr.Number(0, label="Top-k (0 = off)", precision=0, minimum=0, elem_id="ls-top-k")
-                        max_new = gr.Number(256, label="Max new tokens", precision=0, elem_id="ls-max-new")
-                        seed = gr.Number(0, label="Seed", precision=0, elem_id="ls-seed")
-                colour = gr.Checkbox(True, label="Colour tokens by kind", elem_id="ls-colour")
+                        top_k = gr.Number(0, label="Top-k", info="0 = off", precision=0, minimum=0, min_width=70,
+                                          elem_id="ls-top-k", elem_classes="ls-compact")
+                        seed = gr.Number(0, label="Seed", precision=0, min_width=70, elem_id="ls-seed",
+                                         elem_classes="ls-compact")
             with gr.Column(scale=5, min_width=420, elem_id="ls-chat"):
-                transcript = gr.HTML(transcript_html([]), js_on_load=None, autoscroll=True, max_height=500,
-                                     min_height=500, elem_id="ls-transcript", padding=False)
+                transcript = gr.HTML(transcript_html([]), js_on_load=None, autoscroll=True, max_height=440,
+                                     min_height=440, elem_id="ls-transcript", padding=False)
                 gr.HTML(legend_html(), js_on_load=None)
                 with gr.Row(equal_height=True):
                     message = gr.Textbox(placeholder="Message (Enter sends, Shift+Enter for a new line)",

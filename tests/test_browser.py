@@ -1,0 +1,152 @@
+"""In a real browser: Playwright driving Debian's headless Chromium against `python app.py`.
+
+Skipped when /usr/bin/chromium is absent. `LOCALSPEC_WRITE_SCREENSHOT=1 pytest -m slow tests/test_browser.py -k screenshot`
+(or `python -m tests.test_browser`) rewrites assets/screenshot.png from the embedded default model.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from .apphelpers import REPO, AppProcess, tiny_models_yaml
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+VIEWPORT = {"width": 1280, "height": 800}
+SCREENSHOT_PROMPT = "Write a Python function that returns the squares of a list of numbers, and show how to call it."
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield instance
+        instance.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_app(tiny_pair, tmp_path_factory):
+    home = tmp_path_factory.mktemp("browser-home")
+    process = AppProcess(tiny_models_yaml(tiny_pair, home), home).wait_ready()
+    yield process
+    process.stop()
+
+
+def open_page(browser, url):
+    page = browser.new_page(viewport=VIEWPORT)
+    page.goto(url)
+    page.wait_for_selector("#ls-message textarea", timeout=60_000)
+    page.wait_for_function("document.querySelector('#ls-status') && "
+                           "document.querySelector('#ls-status').innerText.includes('ready')", timeout=60_000)
+    return page
+
+
+def send_and_wait(page, text: str, answers_before: int, timeout_ms: int = 120_000) -> None:
+    page.fill("#ls-message textarea", text)
+    page.click("#ls-send")
+    page.wait_for_function(
+        "([n]) => document.querySelectorAll('#ls-transcript .ls-assistant').length > n && "
+        "!document.querySelector('#ls-transcript .ls-cursor') && "
+        "/Done|Stopped/.test(document.querySelector('#ls-status').innerText)", arg=[answers_before],
+        timeout=timeout_ms)
+
+
+def kinds_in_last_answer(page) -> dict[str, int]:
+    last = page.locator("#ls-transcript .ls-assistant").last
+    return {kind: last.locator(f".tok-{kind}").count() for kind in ("accepted", "resampled", "bonus", "target")}
+
+
+def set_max_tokens(page, value: int) -> None:
+    page.fill("#ls-max-new input", str(value))
+    page.locator("#ls-max-new input").blur()
+
+
+def test_chat_in_the_browser(browser, tiny_app):
+    page = open_page(browser, tiny_app.url)
+    set_max_tokens(page, 64)
+    page.get_by_role("radio", name="n-gram", exact=True).check()
+    send_and_wait(page, "one two three one two three", 0)
+    kinds = kinds_in_last_answer(page)
+    assert sum(1 for n in kinds.values() if n) >= 2, kinds
+    stats = page.inner_text("#ls-stats")
+    match = re.search(r"Accepted (\d+)/(\d+) draft tokens", stats)
+    assert match and int(match.group(1)) > 0, stats
+    title = page.locator("#ls-transcript .tok").first.get_attribute("title")
+    assert "p_target" in title
+
+    page.get_by_role("radio", name="off", exact=True).check()
+    send_and_wait(page, "<script>window.pwned = 1</script><img src=x onerror='window.pwned=2'>", 1)
+    kinds = kinds_in_last_answer(page)
+    assert kinds["target"] > 0 and kinds["accepted"] == kinds["resampled"] == kinds["bonus"] == 0
+    assert page.evaluate("window.pwned") is None  # the message was shown, not run
+    assert "<script>window.pwned = 1</script>" in page.inner_text("#ls-transcript")
+    assert page.locator("#ls-transcript script, #ls-transcript img").count() == 0
+
+    page.get_by_label("Colour tokens by kind").uncheck()
+    page.wait_for_selector("#ls-transcript .ls-nocolour", timeout=30_000)
+    background = page.locator("#ls-transcript .tok").first.evaluate("e => getComputedStyle(e).backgroundColor")
+    assert background in ("rgba(0, 0, 0, 0)", "transparent")
+    page.close()
+
+
+def test_failed_switch_in_the_browser(browser, tiny_app):
+    page = open_page(browser, tiny_app.url)
+    page.locator("#ls-model input").click()
+    page.get_by_role("option", name="missing").click()
+    page.wait_for_function("document.querySelector('#ls-status').innerText.includes('Could not switch')",
+                           timeout=60_000)
+    assert page.locator("#ls-model input").input_value() == "tiny"
+    set_max_tokens(page, 8)
+    send_and_wait(page, "are you still there", 0)
+    assert sum(kinds_in_last_answer(page).values()) > 0
+    page.close()
+
+
+def take_screenshot(browser, out: Path) -> Path:
+    """A finished chat on the embedded default with n-gram colouring, at 1280×800."""
+    home = Path(os.environ.get("LOCALSPEC_HOME", REPO / ".localspec-home"))
+    home.mkdir(parents=True, exist_ok=True)
+    app = AppProcess(REPO / "models.yaml", home).wait_ready(timeout_s=600)
+    try:
+        page = open_page(browser, app.url)
+        set_max_tokens(page, 160)
+        page.get_by_role("radio", name="n-gram", exact=True).check()
+        send_and_wait(page, SCREENSHOT_PROMPT, 0, timeout_ms=300_000)
+        page.click("#ls-compare")
+        page.wait_for_function("document.querySelector('#ls-status').innerText.includes('Baseline done')",
+                               timeout=300_000)
+        page.locator("#ls-transcript .tok-accepted").first.hover()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(out))
+        kinds = kinds_in_last_answer(page)
+        page.close()
+        return out if kinds["accepted"] else None
+    finally:
+        app.stop()
+
+
+@pytest.mark.slow
+def test_screenshot_of_the_embedded_default(browser, tmp_path):
+    write = os.environ.get("LOCALSPEC_WRITE_SCREENSHOT") == "1"
+    out = REPO / "assets" / "screenshot.png" if write else tmp_path / "screenshot.png"
+    assert take_screenshot(browser, out) is not None, "the embedded model's n-gram answer had no accepted tokens"
+    assert out.stat().st_size > 10_000
+
+
+if __name__ == "__main__":
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        print(take_screenshot(chromium, REPO / "assets" / "screenshot.png"))
+        chromium.close()
