@@ -351,9 +351,12 @@ def test_system_prompt_longer_than_the_context(tiny_session):
     [{"content": "no role"}],
     ["just a string"],
     [{"role": "user", "content": "half a surrogate \ud800 here"}],
+    [None, {"role": "user", "content": "after a hole"}],
+    ["a string first", {"role": "user", "content": "then a message"}],
+    True,
 ])
 def test_malformed_message_list(tiny_session, messages):
-    with pytest.raises(ConfigError, match="message 1"):
+    with pytest.raises(ConfigError, match="message 1|list of messages"):
         tiny_session.prompt_ids(messages, 16)
 
 
