@@ -1,7 +1,7 @@
 """localspec chat window: `python app.py` opens the local chat app on the first models.yaml entry.
 
 Options: --models PATH, --model NAME, --host, --port, --no-browser, --device, --password / LOCALSPEC_PASSWORD,
---no-auth. Binds 127.0.0.1 unless --host says otherwise; another host needs a password (or --no-auth on purpose).
+--no-auth, --no-save. Conversations are saved in $LOCALSPEC_HOME/conversations.db (or the user data folder). Binds 127.0.0.1 unless --host says otherwise; another host needs a password (or --no-auth on purpose).
 There is never a public share link.
 """
 from __future__ import annotations
@@ -40,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--password", default=None,
                         help="password asked for when binding to a non-loopback --host (or set LOCALSPEC_PASSWORD)")
+    parser.add_argument("--no-save", action="store_true", help="do not save conversations")
     parser.add_argument("--no-auth", action="store_true",
                         help="bind a non-loopback --host without a password (anyone who can reach it can use it)")
     return parser.parse_args(argv)
@@ -56,6 +57,28 @@ def auth_for(args: argparse.Namespace):
         raise ConfigError(f"binding to {args.host} makes the app reachable from other machines; give a password with "
                           f"--password or LOCALSPEC_PASSWORD (or pass --no-auth on purpose)")
     return lambda _user, given: given == password
+
+
+def open_store(args: argparse.Namespace):
+    """The conversation store (None with --no-save or when it cannot be opened) and a notice for the user."""
+    if args.no_save:
+        return None, "Conversations are not saved (--no-save)."
+    try:
+        from localspec.store import ConversationStore, StoreError
+    except ImportError:  # the store is not part of this checkout
+        return None, None
+    try:
+        store = ConversationStore()
+    except StoreError as exc:
+        print(f"localspec: conversations will not be saved: {exc}", file=sys.stderr, flush=True)
+        return None, f"Conversations will not be saved: {exc}"
+    print(f"Saving conversations to {store.path}", file=sys.stderr, flush=True)
+    if store.recovered_from is not None:
+        notice = (f"The conversation database was damaged; it was moved to {store.recovered_from} and a fresh one "
+                  f"was started.")
+        print(f"localspec: {notice}", file=sys.stderr, flush=True)
+        return store, notice
+    return store, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Loaded {first.name} in {seconds:.1f} s", file=sys.stderr, flush=True)
     except ConfigError as exc:  # the app still opens: the window shows why and offers the other pairs
         print(f"localspec: could not load {first.name}: {exc}", file=sys.stderr, flush=True)
-    demo = build_app(manager)
+    store, notice = open_store(args)
+    demo = build_app(manager, store, notice)
     demo.queue(default_concurrency_limit=None)
     demo.launch(server_name=args.host, server_port=args.port, inbrowser=not args.no_browser, share=False, auth=auth,
                 auth_message="localspec: enter the password (any user name)" if auth else None,

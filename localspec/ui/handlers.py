@@ -41,12 +41,13 @@ def events_json(turn: Optional[dict]) -> Optional[dict]:
 
 
 class Handlers:
-    def __init__(self, manager: ModelManager, recorder: Any = None) -> None:
+    def __init__(self, manager: ModelManager, recorder: Any = None, notice: Optional[str] = None) -> None:
         self.manager = manager
-        self.recorder = recorder  # optional: saves answers as they stream (ConversationStore adapter)
+        self.notice = notice
+        self.recorder = recorder  # optional Recorder: saves answers into the ConversationStore as they stream
 
     # ---- one answer ------------------------------------------------------------------------------------------
-    def _run(self, owner: str, history: list[dict], sampling, proposer: str, k: int, answer: dict):
+    def _run(self, owner: str, history: list[dict], sampling, proposer: str, k: int, answer: dict, sink=None):
         """Stream one answer into `answer` (a turn dict); yields (answer, status) as it changes."""
         chosen: dict = {}
 
@@ -57,7 +58,7 @@ class Handlers:
             return spec
 
         cancel = self.manager.new_cancel(owner)
-        out = self.manager.answer(history, sampling, spec_for, cancel)
+        out = self.manager.answer(history, sampling, spec_for, cancel, sink)
         status, last_yield, finished = "Thinking…", 0.0, False
         while not finished:
             changed = False
@@ -88,8 +89,6 @@ class Handlers:
                 answer.pop("pending", None)
                 if answer.get("finish_reason") is None:
                     answer["finish_reason"] = "stop"
-            if self.recorder is not None and changed:
-                self.recorder.update(owner, answer)
             now = time.monotonic()
             if finished or (changed and now - last_yield >= YIELD_EVERY_S):
                 last_yield = now
@@ -115,14 +114,11 @@ class Handlers:
                   "finish_reason": None, "error": None, "proposer": proposer, "k": k_value,
                   "sampling": sampling_dict(sampling)}
         turns = turns + [{"role": "user", "content": text}, answer]
-        if self.recorder is not None:
-            self.recorder.begin(owner, turns)
         yield (transcript_html(turns, colour), stats_html(None), status_html("Thinking…"), gr.skip(), "", turns)
-        for answer, status in self._run(owner, history, sampling, proposer, k_value, answer):
+        sink = self.recorder.sink(owner, text) if self.recorder is not None else None
+        for answer, status in self._run(owner, history, sampling, proposer, k_value, answer, sink):
             if answer.get("finish_reason") == "error" and not answer["tokens"]:
                 turns = turns[:-2]  # nothing was said: take the message back into the box
-                if self.recorder is not None:
-                    self.recorder.drop_last(owner, turns)
                 yield (transcript_html(turns, colour), gr.skip(), status_html(answer["error"], "error"), gr.skip(),
                        text, turns)
                 return
@@ -157,7 +153,7 @@ class Handlers:
         """Outputs: transcript, stats, status, events, compare, state."""
         self.manager.cancel(owner_of(request))
         if self.recorder is not None:
-            self.recorder.clear(owner_of(request))
+            self.recorder.set_conversation(owner_of(request), None)  # the next message starts a new conversation
         return transcript_html([]), stats_html(None), status_html("Cleared."), None, "", []
 
     def recolour(self, colour, turns):
@@ -251,6 +247,9 @@ class Handlers:
     def on_load(self):
         """Page (re)load: show the pair in use. Outputs: model dropdown, proposer, K, status."""
         manager = self.manager
-        status = status_html(f"Model load failed: {manager.load_error}", "error") if manager.load_error else \
-            status_html(f"{manager.name} is ready." if manager.name else "No model loaded; choose a model pair.")
+        if manager.load_error:
+            status = status_html(f"Model load failed: {manager.load_error}", "error")
+        else:
+            ready = f"{manager.name} is ready." if manager.name else "No model loaded; choose a model pair."
+            status = status_html(f"{ready} {self.notice}" if self.notice else ready, "error" if self.notice else "info")
         return (manager.name, *self.proposer_updates(), status)

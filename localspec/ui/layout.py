@@ -8,8 +8,10 @@ import gradio as gr
 
 from ..chat import TRUNCATION_POLICY
 from ..render import legend_html, stats_html, status_html, transcript_html
+from .conversations import conversations_panel
 from .handlers import Handlers
 from .manager import ModelManager
+from .recorder import Recorder
 from .settings import proposer_choices
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -23,12 +25,14 @@ def stylesheet() -> str:
     return path.read_text(encoding="utf-8") if path.exists() else ""
 
 
-def build_app(manager: ModelManager, recorder: Any = None, extra: Optional[callable] = None) -> gr.Blocks:
+def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = None) -> gr.Blocks:
     """Build the Blocks for a ModelManager (which holds the registry and the session factory).
 
-    extra(blocks_context) may add panels (e.g. saved conversations); it receives the handlers and components.
+    store: a ConversationStore; with it every answer is saved as it streams and the saved-conversations panel shows.
+    notice: a startup message for the status line (e.g. where a damaged database was moved).
     """
-    handlers = Handlers(manager, recorder)
+    recorder = Recorder(store) if store is not None else None
+    handlers = Handlers(manager, recorder, notice)
     session = manager.session
     available = tuple(session.proposers) if session is not None else ("none",)
     spec = session.default_spec() if session is not None else None
@@ -79,11 +83,19 @@ def build_app(manager: ModelManager, recorder: Any = None, extra: Optional[calla
                 compare_panel = gr.HTML("", js_on_load=None, elem_id="ls-compare-panel")
                 with gr.Accordion("Events of the last answer (JSON)", open=False):
                     events = gr.JSON(None, elem_id="ls-events")
+                parts = {"turns": turns, "transcript": transcript, "stats": stats, "status": status,
+                         "events": events, "colour": colour}
+                if store is not None:
+                    conversations_panel(store, recorder, manager, parts)
 
         sampling_inputs = [proposer, k, temperature, top_p, top_k, max_new, seed, colour]
         send_outputs = [transcript, stats, status, events, message, turns]
-        gr.on([send.click, message.submit], handlers.send, [message, turns, *sampling_inputs], send_outputs,
-              api_name="send", concurrency_limit=None, show_progress="hidden")
+        sent = gr.on([send.click, message.submit], handlers.send, [message, turns, *sampling_inputs], send_outputs,
+                     api_name="send", concurrency_limit=None, show_progress="hidden")
+        if "refresh_list" in parts:  # a new or longer conversation moves to the top of the saved list
+            refresh_list, chooser = parts["refresh_list"]
+            sent.then(refresh_list, None, [chooser], api_name=False, show_progress="hidden")
+            demo.load(refresh_list, None, [chooser], api_name=False)
         stop.click(handlers.stop, None, [status], api_name="stop", concurrency_limit=None, queue=False)
         clear.click(handlers.clear, None, [transcript, stats, status, events, compare_panel, turns],
                     api_name="clear", concurrency_limit=None)
@@ -93,9 +105,6 @@ def build_app(manager: ModelManager, recorder: Any = None, extra: Optional[calla
         model.input(handlers.switch, [model], [status, model, proposer, k], api_name="switch_model",
                     concurrency_limit=None, show_progress="hidden")
         demo.load(handlers.on_load, None, [model, proposer, k, status], api_name=False)
-        if extra is not None:
-            extra(demo, handlers, {"turns": turns, "transcript": transcript, "stats": stats, "status": status,
-                                   "events": events, "colour": colour, "model": model})
     return demo
 
 

@@ -46,6 +46,27 @@ class Message:
     event: object = None  # StepEvent for 'event'
     records: tuple = ()  # token records (dicts) of this event's tokens
     text: str = ""  # for 'notice' / 'error' / 'started' (the pair name)
+    spec: object = None  # for 'started': the SpecConfig the answer runs with
+
+
+Sink = Callable[[Message], None]  # sees every Message in the worker thread (saving answers), even with no browser
+
+
+class _Out:
+    """The queue a handler reads, plus an optional sink that sees each message first (and may not break it)."""
+
+    def __init__(self, sink: Optional[Sink]) -> None:
+        self.queue: "queue.Queue[Message]" = queue.Queue()
+        self.sink = sink
+
+    def put(self, message: Message) -> None:
+        if self.sink is not None:
+            try:
+                self.sink(message)
+            except Exception as exc:  # saving failed: say so, keep answering
+                self.sink = None
+                self.queue.put(Message("notice", text=f"saving this answer failed: {type(exc).__name__}: {exc}"))
+        self.queue.put(message)
 
 
 class ModelManager:
@@ -111,17 +132,19 @@ class ModelManager:
 
     # ---- answers ---------------------------------------------------------------------------------------------
     def answer(self, messages: list[dict], sampling: SamplingParams, spec: Callable[[object], SpecConfig],
-               cancel: threading.Event) -> "queue.Queue[Message]":
+               cancel: threading.Event, sink: Optional[Sink] = None) -> "queue.Queue[Message]":
         """Start one answer in a worker thread; read its Messages from the returned queue until 'done'.
 
         spec is called with the session that will answer (so a proposer is checked against the pair in use).
+        sink, when given, sees every message in the worker thread, so an answer is saved even when the browser tab
+        that asked for it is gone.
         """
-        out: "queue.Queue[Message]" = queue.Queue()
+        out = _Out(sink)
         with self._count_lock:
             self.answering += 1
         threading.Thread(target=self._work, args=(messages, sampling, spec, cancel, out), daemon=True,
                          name="localspec-answer").start()
-        return out
+        return out.queue
 
     def _work(self, messages, sampling, spec_for, cancel, out) -> None:
         try:
@@ -151,7 +174,7 @@ class ModelManager:
             spec = spec_for(session).validate()
             sampling.validate()
             ids, notice = session.prompt_ids(messages, sampling.max_new_tokens)
-            out.put(Message("started", text=self.name or ""))
+            out.put(Message("started", text=self.name or "", spec=spec))
             if notice:
                 out.put(Message("notice", text=notice))
             decode = session.tokenizer.decode

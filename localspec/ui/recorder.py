@@ -1,0 +1,100 @@
+"""Saves answers into the ConversationStore as they stream, from the answer's worker thread.
+
+Each browser tab (owner) has a current conversation. An answer is written when the model starts on it: the user
+message, then an incomplete assistant message, then every step's token records, then finish_answer. A killed
+app leaves the answer marked incomplete, with every step that was written.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+from .manager import Message
+
+TITLE_CHARS = 60
+
+
+def title_from(text: str) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
+
+
+def turns_from_conversation(conversation) -> list[dict]:
+    """A stored Conversation → the UI's turns (token records and stats included, so highlighting comes back)."""
+    turns = []
+    for m in conversation.messages:
+        if m.role != "assistant":
+            turns.append({"role": m.role, "content": m.content})
+            continue
+        reason = m.finish_reason if m.complete else "incomplete"
+        label = " · ".join(x for x in (m.model, m.proposer, f"K={m.k}" if m.k and m.proposer != "none" else None)
+                           if x)
+        turns.append({"role": "assistant", "content": m.content, "tokens": list(m.tokens), "stats": m.stats,
+                      "finish_reason": reason, "error": m.error, "model": m.model, "proposer": m.proposer,
+                      "k": m.k, "label": label, "sampling": None})
+    return turns
+
+
+class Recorder:
+    def __init__(self, store) -> None:
+        self.store = store
+        self._current: dict[str, int] = {}  # owner → conversation id
+        self._lock = threading.Lock()
+
+    def conversation_of(self, owner: str) -> Optional[int]:
+        return self._current.get(owner)
+
+    def set_conversation(self, owner: str, conversation_id: Optional[int]) -> None:
+        with self._lock:
+            if conversation_id is None:
+                self._current.pop(owner, None)
+            else:
+                self._current[owner] = conversation_id
+
+    def forget(self, conversation_id: int) -> None:
+        """A conversation was deleted: no tab appends to it any more."""
+        with self._lock:
+            for owner in [o for o, c in self._current.items() if c == conversation_id]:
+                del self._current[owner]
+
+    def sink(self, owner: str, user_text: str):
+        """A Message sink for one answer of this owner (see ModelManager.answer)."""
+        state: dict = {"message_id": None, "finished": False}
+
+        def on_message(message: Message) -> None:
+            if message.kind == "started":
+                self._start(owner, user_text, message, state)
+            elif state["message_id"] is None or state["finished"]:
+                return
+            elif message.kind == "event":
+                if message.records:
+                    self.store.append_tokens(state["message_id"], list(message.records))
+                event = message.event
+                if event.finished:
+                    self.store.finish_answer(state["message_id"], event.finish_reason or "stop",
+                                             event.stats.to_dict(), event.error)
+                    state["finished"] = True
+            elif message.kind in ("error", "done"):
+                error = message.text if message.kind == "error" else "the answer ended without a reason"
+                self.store.finish_answer(state["message_id"], "error", None, error)
+                state["finished"] = True
+
+        return on_message
+
+    def _start(self, owner: str, user_text: str, message: Message, state: dict) -> None:
+        from ..store import StoreError
+
+        spec = message.spec
+        with self._lock:
+            conversation_id = self._current.get(owner)
+            if conversation_id is not None:
+                try:
+                    self.store.add_message(conversation_id, "user", user_text)
+                except StoreError:  # deleted in another tab: start a new one
+                    conversation_id = None
+            if conversation_id is None:
+                conversation_id = self.store.create_conversation(title_from(user_text), message.text)
+                self.store.add_message(conversation_id, "user", user_text)
+                self._current[owner] = conversation_id
+        state["message_id"] = self.store.start_answer(conversation_id, message.text,
+                                                      getattr(spec, "proposer", "none"), getattr(spec, "k", 0))
