@@ -14,7 +14,8 @@ from pathlib import Path
 
 # before gradio (or anything that imports it) is loaded
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if os.environ.get("LOCALSPEC_ALLOW_DOWNLOAD") != "1":  # local first: no hub traffic unless asked for
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parent

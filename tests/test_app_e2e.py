@@ -164,3 +164,14 @@ def test_loopback_detection():
 
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")
+
+
+def test_switch_during_an_answer_is_refused(client):
+    job = send(client, "a long answer", proposer="none", max_new=4000)
+    for update in job:
+        if len(span_kinds(str(update[0]))) >= 3:
+            break
+    status, model, _proposer, _k = client.predict("missing", api_name="/switch_model")
+    assert "answer is streaming" in status and "was not switched" in status and model == "tiny"
+    client.predict(api_name="/stop")
+    assert job.result(timeout=60)[3]["finish_reason"] == "cancelled"

@@ -17,7 +17,9 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1280, "height": 800}
-SCREENSHOT_PROMPT = "Write a Python function that returns the squares of a list of numbers, and show how to call it."
+SCREENSHOT_PROMPT = ("Add a docstring and type hints to this function, and show the whole function:\n\n"
+                     "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n"
+                     "    return total / len(values)")
 
 pytestmark = [
     pytest.mark.browser,
@@ -45,10 +47,20 @@ def tiny_app(tiny_pair, tmp_path_factory):
 def open_page(browser, url):
     page = browser.new_page(viewport=VIEWPORT)
     page.goto(url)
-    page.wait_for_selector("#ls-message textarea", timeout=60_000)
-    page.wait_for_function("document.querySelector('#ls-status') && "
-                           "document.querySelector('#ls-status').innerText.includes('ready')", timeout=60_000)
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    wait_status(page, "ready")
     return page
+
+
+def wait_status(page, text: str, timeout_ms: int = 90_000) -> None:
+    """Wait until the status line contains text; on a timeout say what it showed instead."""
+    try:
+        page.wait_for_function("([t]) => document.querySelector('#ls-status') && "
+                               "document.querySelector('#ls-status').innerText.includes(t)", arg=[text],
+                               timeout=timeout_ms)
+    except Exception as exc:
+        shown = page.inner_text("#ls-status") if page.locator("#ls-status").count() else "(no status line)"
+        raise AssertionError(f"status never showed {text!r}; it shows {shown!r} ({type(exc).__name__})") from None
 
 
 def send_and_wait(page, text: str, answers_before: int, timeout_ms: int = 120_000) -> None:
@@ -103,8 +115,7 @@ def test_failed_switch_in_the_browser(browser, tiny_app):
     page = open_page(browser, tiny_app.url)
     page.locator("#ls-model input").click()
     page.get_by_role("option", name="missing").click()
-    page.wait_for_function("document.querySelector('#ls-status').innerText.includes('Could not switch')",
-                           timeout=60_000)
+    wait_status(page, "Could not switch")
     assert page.locator("#ls-model input").input_value() == "tiny"
     set_max_tokens(page, 8)
     send_and_wait(page, "are you still there", 0)
@@ -119,12 +130,11 @@ def take_screenshot(browser, out: Path) -> Path:
     app = AppProcess(REPO / "models.yaml", home).wait_ready(timeout_s=600)
     try:
         page = open_page(browser, app.url)
-        set_max_tokens(page, 160)
+        set_max_tokens(page, 120)
         page.get_by_role("radio", name="n-gram", exact=True).check()
         send_and_wait(page, SCREENSHOT_PROMPT, 0, timeout_ms=300_000)
         page.click("#ls-compare")
-        page.wait_for_function("document.querySelector('#ls-status').innerText.includes('Baseline done')",
-                               timeout=300_000)
+        wait_status(page, "Baseline done", timeout_ms=600_000)
         page.locator("#ls-transcript .tok-accepted").first.hover()
         out.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(out))

@@ -172,6 +172,9 @@ class ModelManager:
             return
         try:
             spec = spec_for(session).validate()
+            if spec.proposer not in session.proposers:
+                raise ConfigError(f"model pair {self.name!r} has no {spec.proposer!r} proposer; it has: "
+                                  f"{', '.join(session.proposers)}")
             sampling.validate()
             ids, notice = session.prompt_ids(messages, sampling.max_new_tokens)
             out.put(Message("started", text=self.name or "", spec=spec))

@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 from ..config import ConfigError, SamplingParams
 
+MAX_SEED = 2**63  # torch.Generator.manual_seed takes a signed 64-bit value
 PROPOSER_LABELS = {"draft": "draft model", "ngram": "n-gram", "head": "trained head", "none": "off"}
 
 
@@ -16,8 +17,8 @@ def _number(value: Any, name: str) -> float:
         raise ConfigError(f"{name} must be a number (got {value!r})")
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a number (got {value!r})") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{name} must be a number that fits (got {str(value)[:40]!r})") from None
     if not math.isfinite(number):
         raise ConfigError(f"{name} must be a finite number (got {value!r})")
     return number
@@ -32,12 +33,15 @@ def whole(value: Any, name: str) -> int:
 
 def read_sampling(temperature: Any, top_p: Any, top_k: Any, max_new_tokens: Any, seed: Any) -> SamplingParams:
     """Raises ConfigError with a message for the user on any bad value."""
+    seed_value = whole(seed, "seed")
+    if not 0 <= seed_value < MAX_SEED:
+        raise ConfigError(f"seed must be a whole number from 0 to {MAX_SEED - 1} (got {seed_value})")
     return SamplingParams(
         temperature=_number(temperature, "temperature"),
         top_p=_number(top_p, "top-p"),
         top_k=whole(top_k, "top-k"),
         max_new_tokens=whole(max_new_tokens, "max new tokens"),
-        seed=whole(seed, "seed"),
+        seed=seed_value,
     ).validate()
 
 

@@ -1,0 +1,195 @@
+"""The UI's parts without a server: control parsing, the model manager (switching, refusals, queueing), the recorder."""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from localspec.config import ConfigError, ModelSpec, SamplingParams
+from localspec.ui.manager import Busy, ModelManager, drain
+from localspec.ui.settings import first_difference, read_k, read_proposer, read_sampling
+
+GOOD = dict(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=16, seed=0)
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("max_new_tokens", 0, "max new tokens"), ("max_new_tokens", -3, "max new tokens"),
+    ("max_new_tokens", None, "empty"), ("max_new_tokens", 2.5, "whole number"), ("temperature", 9.0, "temperature"),
+    ("temperature", math.nan, "finite"), ("top_p", 0.0, "top-p"), ("top_p", 1.5, "top-p"), ("top_k", -1, "top-k"),
+    ("seed", 2**70, "seed"), ("seed", -1, "seed"), ("temperature", "hot", "number"), ("seed", 10**400, "seed"),
+])
+def test_bad_controls_are_messages(field, value, words):
+    with pytest.raises(ConfigError, match=words):
+        read_sampling(**{**GOOD, field: value})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(GOOD)), st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8))))
+def test_any_control_values_give_params_or_our_error(values):
+    try:
+        params = read_sampling(**{**GOOD, **values})
+    except ConfigError:
+        return
+    assert isinstance(params, SamplingParams) and params.max_new_tokens >= 1
+
+
+def test_k_and_proposer_checks():
+    assert read_k(4.0) == 4
+    with pytest.raises(ConfigError, match="between 1 and 16"):
+        read_k(17)
+    assert read_proposer("ngram", ("none", "ngram")) == "ngram"
+    with pytest.raises(ConfigError, match="not available"):
+        read_proposer("draft", ("none", "ngram"))
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+# ---- the manager ----------------------------------------------------------------------------------------------
+
+def _factory(tiny_session, fail_for=("broken",)):
+    def factory(pair, progress):
+        progress(f"loading {pair.name}")
+        if pair.name in fail_for:
+            raise ConfigError(f"model pair {pair.name!r} target: local model path /nowhere does not exist")
+        return tiny_session
+
+    return factory
+
+
+@pytest.fixture
+def manager(tiny_session):
+    pair = tiny_session.loaded.spec
+    broken = replace(pair, name="broken")
+    trusted = replace(pair, name="remote", target=ModelSpec("some/model", trust_remote_code=True))
+    manager = ModelManager([pair, broken, trusted], _factory(tiny_session))
+    manager.load(pair.name)
+    return manager
+
+
+def run_answer(manager, max_new=16, proposer="ngram", cancel=None, messages=None, sink=None):
+    cancel = cancel or threading.Event()
+    sampling = SamplingParams(max_new_tokens=max_new)
+    out = manager.answer(messages or [{"role": "user", "content": "hello hello"}], sampling,
+                         lambda s: s.default_spec(proposer=proposer), cancel, sink)
+    return out, cancel
+
+
+def collect(out):
+    messages = []
+    while not messages or messages[-1].kind != "done":
+        messages.extend(drain(out, 1.0))
+    return messages
+
+
+def test_failed_load_keeps_the_previous_pair(manager, tiny_session):
+    progress = []
+    with pytest.raises(ConfigError, match="does not exist"):
+        manager.load("broken", progress.append)
+    assert progress == ["loading broken"]
+    assert manager.name == tiny_session.loaded.spec.name and manager.session is tiny_session
+    messages = collect(run_answer(manager)[0])
+    assert any(m.kind == "event" for m in messages) and not any(m.kind == "error" for m in messages)
+
+
+def test_switch_during_an_answer_is_refused(manager):
+    out, cancel = run_answer(manager, max_new=1000, proposer="none")
+    first = next(m for m in iter(lambda: out.get(timeout=30), None) if m.kind == "event")
+    assert first.records
+    with pytest.raises(Busy, match="answer is streaming"):
+        manager.load("broken")
+    cancel.set()
+    messages = collect(out)
+    finished = [m.event for m in messages if m.kind == "event" and m.event.finished]
+    assert finished and finished[-1].finish_reason == "cancelled"
+    with pytest.raises(ConfigError, match="does not exist"):  # once free, the switch is tried (and fails here)
+        manager.load("broken")
+
+
+def test_answers_are_served_one_at_a_time(manager):
+    first, cancel_first = run_answer(manager, max_new=1000, proposer="none")
+    next(m for m in iter(lambda: first.get(timeout=30), None) if m.kind == "event")
+    second, _ = run_answer(manager, max_new=8)
+    waiting = list(drain(second, 0.5))
+    assert [m.kind for m in waiting] == ["waiting"]  # queued behind the first answer, nothing interleaved
+    cancel_first.set()
+    collect(first)
+    messages = collect(second)
+    assert [m.kind for m in messages][0] == "started" and messages[-1].kind == "done"
+
+
+def test_stop_while_waiting_ends_the_queued_request(manager):
+    first, cancel_first = run_answer(manager, max_new=1000, proposer="none")
+    next(m for m in iter(lambda: first.get(timeout=30), None) if m.kind == "event")
+    second, cancel_second = run_answer(manager, max_new=8)
+    cancel_second.set()
+    messages = collect(second)
+    assert [m.kind for m in messages if m.kind != "waiting"] == ["error", "done"]
+    cancel_first.set()
+    collect(first)
+
+
+def test_errors_in_the_answer_are_messages(manager):
+    messages = collect(run_answer(manager, messages=[{"role": "user", "content": "   "}])[0])
+    assert [m.kind for m in messages] == ["error", "done"] and "empty" in messages[0].text
+    messages = collect(run_answer(manager, proposer="head")[0])
+    assert messages[0].kind == "error" and "head" in messages[0].text
+
+
+def test_a_failing_sink_does_not_stop_the_answer(manager):
+    def sink(message):
+        raise RuntimeError("disk full")
+
+    messages = collect(run_answer(manager, sink=sink)[0])
+    assert any(m.kind == "notice" and "disk full" in m.text for m in messages)
+    assert any(m.kind == "event" and m.event.finished for m in messages)
+
+
+def test_trust_remote_code_entries_are_marked(manager):
+    labels = dict((value, label) for label, value in manager.choices())
+    assert "trust_remote_code" in labels["remote"] and "trust_remote_code" not in labels["broken"]
+
+
+# ---- the recorder ---------------------------------------------------------------------------------------------
+
+def test_recorder_saves_every_step_and_the_end(manager, tmp_path):
+    store_module = pytest.importorskip("localspec.store")
+    from localspec.ui.recorder import Recorder, turns_from_conversation
+
+    store = store_module.ConversationStore(tmp_path / "c.db")
+    recorder = Recorder(store)
+    messages = collect(run_answer(manager, max_new=24, sink=recorder.sink("tab", "hello hello"))[0])
+    events = [m for m in messages if m.kind == "event"]
+    (summary,) = store.list_conversations()
+    conversation = store.get_conversation(summary.id)
+    user, answer = conversation.messages
+    assert user.content == "hello hello" and answer.complete and answer.proposer == "ngram"
+    assert [t["id"] for t in answer.tokens] == [r["id"] for m in events for r in m.records]
+    assert answer.stats["emitted"] == events[-1].event.stats.emitted
+    turns = turns_from_conversation(conversation)
+    assert turns[1]["tokens"][0]["kind"] == answer.tokens[0]["kind"]
+    # the same tab continues the same conversation; after set_conversation(None) a new one starts
+    collect(run_answer(manager, max_new=4, sink=recorder.sink("tab", "again"))[0])
+    assert len(store.list_conversations()) == 1
+    recorder.set_conversation("tab", None)
+    collect(run_answer(manager, max_new=4, sink=recorder.sink("tab", "new one"))[0])
+    assert len(store.list_conversations()) == 2
+    store.close()
+
+
+def test_a_message_longer_than_the_context_is_cut_with_a_notice(manager):
+    from localspec.chat import TRUNCATION_POLICY
+
+    long_message = "word " * 3000  # the tiny model's context holds 1024 tokens (one per byte)
+    messages = collect(run_answer(manager, max_new=4, messages=[{"role": "user", "content": long_message}])[0])
+    notices = [m.text for m in messages if m.kind == "notice"]
+    assert notices and TRUNCATION_POLICY in notices[0] and "only its end was kept" in notices[0]
+    assert any(m.kind == "event" for m in messages)
