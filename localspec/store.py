@@ -1,0 +1,481 @@
+"""Saved conversations in a local SQLite database, written as the answer streams.
+
+- One file, `localspec.paths.home() / "conversations.db"` (LOCALSPEC_HOME moves it), in WAL mode.
+- Every append_tokens call is its own transaction, so a killed process loses at most the step in flight and
+  never half a step; an answer that was never finished stays marked incomplete (complete = 0).
+- Thread-safe: one connection, every operation under one lock (a Gradio app answers from worker threads; the GPU
+  serialises answers anyway, and each write is a few rows).
+- A file that is not a readable database is moved aside to `conversations.db.corrupt-<timestamp>` (with its -wal
+  and -shm files) and a fresh one is started; `recovered_from` then names the moved file so the UI can say so.
+- Titles and content are stored exactly as given (lone surrogates, which cannot be UTF-8, become U+FFFD);
+  escaping is the renderer's job.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+from .config import ConfigError
+from .store_schema import SCHEMA_VERSION, migrate, user_version
+from .validation import ROLES, clean_text
+
+DB_NAME = "conversations.db"
+EXPORT_FORMAT = "localspec-conversation"
+TOKEN_FIELDS = ("id", "text", "kind", "p_target", "p_draft", "rejected_id", "rejected_p_target", "rejected_p_draft")
+UNTITLED = "Untitled conversation"
+
+
+class StoreError(ConfigError):
+    """A conversation-store problem with a message meant for the user (a missing conversation, an unusable file)."""
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    """One row of the conversation list. Times are seconds since the epoch (UTC)."""
+
+    id: int
+    title: str
+    model: str
+    created_at: float
+    updated_at: float
+    incomplete: bool  # some answer in it was never finished (the app stopped mid-answer)
+
+
+@dataclass(frozen=True)
+class Message:
+    id: int
+    role: str  # system | user | assistant
+    content: str
+    complete: bool
+    created_at: float
+    model: Optional[str] = None  # assistant messages: the target that answered
+    proposer: Optional[str] = None
+    k: Optional[int] = None
+    finish_reason: Optional[str] = None  # stop | length | cancelled | error; None while streaming / interrupted
+    stats: Optional[dict] = field(default=None, hash=False, compare=False)  # StatsSnapshot.to_dict() at the end
+    error: Optional[str] = None
+    tokens: tuple[dict, ...] = ()  # TokenEvent.to_dict() rows, in order
+
+    @property
+    def token_kinds(self) -> list[str]:
+        return [tok["kind"] for tok in self.tokens]
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: int
+    title: str
+    model: str
+    created_at: float
+    updated_at: float
+    messages: tuple[Message, ...]
+
+    @property
+    def incomplete(self) -> bool:
+        return any(not m.complete for m in self.messages)
+
+    def chat_messages(self) -> list[dict]:
+        """The history as {'role', 'content'} dicts, ready for ChatSession.prompt_ids."""
+        return [{"role": m.role, "content": m.content} for m in self.messages]
+
+
+def default_path() -> Path:
+    from .paths import home
+
+    return home() / DB_NAME
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON (no NaN/inf: they become null), whatever numeric types the caller passed."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    try:
+        return _jsonable(float(value))  # numpy / torch scalars
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _real(value: Any) -> Optional[float]:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _int_or_none(value: Any) -> Optional[int]:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
+    """Only a damaged or foreign-format file counts: a locked file, a full disk or a bug must never move the user's
+    conversations aside."""
+    name = getattr(exc, "sqlite_errorname", "") or ""  # Python ≥ 3.11
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        return True
+    text = str(exc).lower()
+    return any(s in text for s in ("file is not a database", "disk image is malformed", "file is encrypted"))
+
+
+class ConversationStore:
+    """Conversations, messages and per-token records in one SQLite file. See the module docstring."""
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        self.recovered_from: Optional[Path] = None  # where a corrupt file was moved, when one was
+        self._lock = threading.RLock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the folder for saved conversations {self.path.parent}: {exc}") from None
+        if self.path.is_dir():
+            raise StoreError(f"{self.path} is a folder, not a conversation database; move it or set LOCALSPEC_HOME")
+        try:
+            self._conn = self._open()
+        except sqlite3.DatabaseError as exc:
+            if not _is_corruption(exc):
+                raise StoreError(f"cannot open the conversation database {self.path}: {exc}") from None
+            self.recovered_from = self._move_aside()
+            self._conn = self._open()
+
+    # -- opening -------------------------------------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA busy_timeout = 10000")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"the conversation database {self.path} could not switch to WAL mode ({mode})")
+            conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a killed process loses nothing committed
+            conn.execute("PRAGMA foreign_keys = ON")
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"database disk image is malformed: {check}")
+            version = user_version(conn)
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"the conversation database {self.path} was written by a newer localspec (schema "
+                                 f"{version}; this version reads up to {SCHEMA_VERSION}). Update localspec, or "
+                                 f"set LOCALSPEC_HOME to use another folder.")
+            migrate(conn)
+            return conn
+        except BaseException:
+            conn.close()
+            raise
+
+    def _move_aside(self) -> Path:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        n = 1
+        while target.exists():
+            n += 1
+            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
+        try:
+            self.path.rename(target)
+            for suffix in ("-wal", "-shm"):  # a stale WAL must never be replayed into the fresh file
+                side = self.path.with_name(self.path.name + suffix)
+                if side.exists():
+                    side.rename(target.with_name(target.name + suffix))
+        except OSError as exc:
+            raise StoreError(f"the conversation database {self.path} is damaged and could not be moved aside "
+                             f"({exc}); move it yourself or set LOCALSPEC_HOME") from None
+        return target
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> "ConversationStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def journal_mode(self) -> str:
+        with self._lock:
+            return str(self._conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return user_version(self._conn)
+
+    # -- writing -------------------------------------------------------------------------------------------------
+
+    def _write(self, fn):
+        """Run fn(conn) in one IMMEDIATE transaction under the lock; commit, or roll back and re-raise."""
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+    def _require_conversation(self, conn: sqlite3.Connection, conversation_id: Any) -> int:
+        cid = _int_or_none(conversation_id)
+        if cid is None or conn.execute("SELECT 1 FROM conversations WHERE id = ?", (cid,)).fetchone() is None:
+            raise StoreError(f"conversation {conversation_id!r} does not exist (it may have been deleted)")
+        return cid
+
+    @staticmethod
+    def _title(title: Any) -> str:
+        title = clean_text(title, "the title")
+        return title if title.strip() else UNTITLED
+
+    def create_conversation(self, title: str, model: str) -> int:
+        title, model = self._title(title), clean_text(model, "the model name")
+        now = time.time()
+
+        def insert(conn):
+            cur = conn.execute("INSERT INTO conversations (title, model, created_at, updated_at) VALUES (?, ?, ?, ?)",
+                               (title, model, now, now))
+            return int(cur.lastrowid)
+
+        return self._write(insert)
+
+    def _insert_message(self, conversation_id: Any, role: str, content: str, complete: bool, model=None,
+                        proposer=None, k=None) -> int:
+        if role not in ROLES:
+            raise StoreError(f"unknown message role {role!r}; choose one of {', '.join(ROLES)}")
+        content = clean_text(content, "the message")
+        now = time.time()
+
+        def insert(conn):
+            cid = self._require_conversation(conn, conversation_id)
+            cur = conn.execute(
+                "INSERT INTO messages (conversation_id, role, content, complete, model, proposer, k, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (cid, role, content, int(bool(complete)), model, proposer, k, now))
+            conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, cid))
+            return int(cur.lastrowid)
+
+        return self._write(insert)
+
+    def add_message(self, conversation_id: int, role: str, content: str, complete: bool = True) -> int:
+        """A user or system message, or an assistant message that is already whole. Returns the message id."""
+        return self._insert_message(conversation_id, role, content, complete)
+
+    def start_answer(self, conversation_id: int, model: str, proposer: str, k: int) -> int:
+        """An empty assistant message, marked incomplete until finish_answer. Returns its id for append_tokens."""
+        return self._insert_message(conversation_id, "assistant", "", False,
+                                    clean_text(str(model), "the model name"), clean_text(str(proposer), "proposer"),
+                                    _int_or_none(k))
+
+    def _open_answer(self, conn: sqlite3.Connection, message_id: Any) -> Optional[sqlite3.Row]:
+        """The message row, or None when it no longer exists (its conversation was deleted mid-answer)."""
+        mid = _int_or_none(message_id)
+        if mid is None:
+            return None
+        return conn.execute("SELECT id, conversation_id, role, complete FROM messages WHERE id = ?",
+                            (mid,)).fetchone()
+
+    def append_tokens(self, message_id: int, tokens: list[dict]) -> bool:
+        """Record one step's tokens (TokenEvent.to_dict() rows) and extend the message text, in one transaction.
+
+        Returns False, writing nothing, when the message is gone (its conversation was deleted in another tab while
+        the answer streamed): the caller may keep streaming. Raises StoreError for a message that is already
+        finished or is not an answer.
+        """
+        rows = []
+        for tok in tokens:
+            if not isinstance(tok, dict):
+                raise StoreError(f"a token record must be a dict (TokenEvent.to_dict()), got {type(tok).__name__}")
+            token_id = _int_or_none(tok.get("id"))
+            if token_id is None:
+                raise StoreError(f"a token record has no integer 'id': {tok!r}")
+            extra = {k: v for k, v in tok.items() if k not in TOKEN_FIELDS}
+            rows.append((token_id, clean_text(str(tok.get("text") or ""), "token text"), str(tok.get("kind") or ""),
+                         _real(tok.get("p_target")), _real(tok.get("p_draft")), _int_or_none(tok.get("rejected_id")),
+                         _real(tok.get("rejected_p_target")), _real(tok.get("rejected_p_draft")),
+                         json.dumps(_jsonable(extra), allow_nan=False) if extra else None))
+        text = "".join(row[1] for row in rows)
+        now = time.time()
+
+        def append(conn):
+            message = self._open_answer(conn, message_id)
+            if message is None:
+                return False
+            if message["role"] != "assistant" or message["complete"]:
+                raise StoreError(f"message {message_id} is not an answer in progress; start one with start_answer")
+            start = conn.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM tokens WHERE message_id = ?",
+                                 (message["id"],)).fetchone()[0]
+            conn.executemany(
+                "INSERT INTO tokens (message_id, seq, token_id, text, kind, p_target, p_draft, rejected_id, "
+                "rejected_p_target, rejected_p_draft, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(message["id"], start + i) + row for i, row in enumerate(rows)])
+            if text:
+                conn.execute("UPDATE messages SET content = content || ? WHERE id = ?", (text, message["id"]))
+            conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, message["conversation_id"]))
+            return True
+
+        return self._write(append)
+
+    def finish_answer(self, message_id: int, finish_reason: str, stats: dict | None = None,
+                      error: str | None = None) -> bool:
+        """Mark the answer complete with why it ended ('stop', 'length', 'cancelled', 'error') and its final stats.
+        Returns False when the message is gone (see append_tokens)."""
+        stats_json = json.dumps(_jsonable(stats), allow_nan=False) if stats is not None else None
+        reason = clean_text(str(finish_reason), "finish reason")
+        error = clean_text(str(error), "error") if error is not None else None
+        now = time.time()
+
+        def finish(conn):
+            message = self._open_answer(conn, message_id)
+            if message is None:
+                return False
+            if message["role"] != "assistant":
+                raise StoreError(f"message {message_id} is not an answer")
+            conn.execute("UPDATE messages SET complete = 1, finish_reason = ?, stats = ?, error = ? WHERE id = ?",
+                         (reason, stats_json, error, message["id"]))
+            conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, message["conversation_id"]))
+            return True
+
+        return self._write(finish)
+
+    def record_step(self, message_id: int, event: Any) -> bool:
+        """Convenience for the streaming loop: store one StepEvent's tokens and, when it is the last event, finish
+        the answer with its finish_reason, stats and error. Returns False when the message is gone."""
+        alive = True
+        if event.tokens:
+            alive = self.append_tokens(message_id, [tok.to_dict() for tok in event.tokens])
+        if alive and event.finished:
+            alive = self.finish_answer(message_id, event.finish_reason or "stop", event.stats.to_dict(), event.error)
+        return alive
+
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        title = self._title(title)
+
+        def rename(conn):
+            cid = self._require_conversation(conn, conversation_id)
+            conn.execute("UPDATE conversations SET title = ?, updated_at = ? WHERE id = ?", (title, time.time(), cid))
+
+        self._write(rename)
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        """Delete the conversation, its messages and their tokens. Deleting one that is already gone is a no-op."""
+        cid = _int_or_none(conversation_id)
+        if cid is None:
+            return
+        self._write(lambda conn: conn.execute("DELETE FROM conversations WHERE id = ?", (cid,)))
+
+    # -- reading -------------------------------------------------------------------------------------------------
+
+    def list_conversations(self) -> list[ConversationSummary]:
+        """Newest activity first."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT c.id, c.title, c.model, c.created_at, c.updated_at, "
+                "EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.complete = 0) AS incomplete "
+                "FROM conversations c ORDER BY c.updated_at DESC, c.id DESC").fetchall()
+        return [ConversationSummary(r["id"], r["title"], r["model"], r["created_at"], r["updated_at"],
+                                    bool(r["incomplete"])) for r in rows]
+
+    def get_conversation(self, conversation_id: int) -> Conversation:
+        with self._lock:
+            conn = self._conn
+            cid = _int_or_none(conversation_id)
+            row = conn.execute("SELECT * FROM conversations WHERE id = ?", (cid,)).fetchone() if cid is not None \
+                else None
+            if row is None:
+                raise StoreError(f"conversation {conversation_id!r} does not exist (it may have been deleted)")
+            message_rows = conn.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id",
+                                        (cid,)).fetchall()
+            token_rows = conn.execute(
+                "SELECT t.* FROM tokens t JOIN messages m ON m.id = t.message_id WHERE m.conversation_id = ? "
+                "ORDER BY t.message_id, t.seq", (cid,)).fetchall()
+        tokens: dict[int, list[dict]] = {}
+        for t in token_rows:
+            record = {"id": t["token_id"], "text": t["text"], "kind": t["kind"], "p_target": t["p_target"],
+                      "p_draft": t["p_draft"], "rejected_id": t["rejected_id"],
+                      "rejected_p_target": t["rejected_p_target"], "rejected_p_draft": t["rejected_p_draft"]}
+            if t["extra"]:
+                record.update(json.loads(t["extra"]))
+            tokens.setdefault(t["message_id"], []).append(record)
+        messages = tuple(
+            Message(id=m["id"], role=m["role"], content=m["content"], complete=bool(m["complete"]),
+                    created_at=m["created_at"], model=m["model"], proposer=m["proposer"], k=m["k"],
+                    finish_reason=m["finish_reason"], stats=json.loads(m["stats"]) if m["stats"] else None,
+                    error=m["error"], tokens=tuple(tokens.get(m["id"], ())))
+            for m in message_rows)
+        return Conversation(row["id"], row["title"], row["model"], row["created_at"], row["updated_at"], messages)
+
+    # -- export --------------------------------------------------------------------------------------------------
+
+    def export_dict(self, conversation_id: int) -> dict:
+        conv = self.get_conversation(conversation_id)
+        return {
+            "format": EXPORT_FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "id": conv.id,
+            "title": conv.title,
+            "model": conv.model,
+            "created_at": _iso(conv.created_at),
+            "updated_at": _iso(conv.updated_at),
+            "messages": [
+                {"role": m.role, "content": m.content, "complete": m.complete, "created_at": _iso(m.created_at),
+                 **({"model": m.model, "proposer": m.proposer, "k": m.k, "finish_reason": m.finish_reason,
+                     "error": m.error, "stats": m.stats, "tokens": list(m.tokens)} if m.role == "assistant" else {})}
+                for m in conv.messages
+            ],
+        }
+
+    def export_json(self, conversation_id: int) -> str:
+        """The whole conversation, token records included, as a JSON document (UTF-8 text, no NaN)."""
+        return json.dumps(_jsonable(self.export_dict(conversation_id)), ensure_ascii=False, indent=2,
+                          allow_nan=False)
+
+    def export_markdown(self, conversation_id: int) -> str:
+        """A readable Markdown transcript. Plain text: titles and messages appear exactly as stored."""
+        conv = self.get_conversation(conversation_id)
+        lines = [f"# {conv.title}", "", f"*Model: {conv.model} · started {_iso(conv.created_at)} · "
+                                        f"last change {_iso(conv.updated_at)}*", ""]
+        for m in conv.messages:
+            heading = m.role.capitalize()
+            notes = []
+            if m.role == "assistant":
+                if m.model:
+                    notes.append(m.model)
+                if m.proposer:
+                    notes.append(f"proposer {m.proposer}" + (f", K={m.k}" if m.k else ""))
+                if not m.complete:
+                    notes.append("incomplete: the app stopped before this answer finished")
+                elif m.finish_reason and m.finish_reason not in ("stop", "length"):
+                    notes.append(m.finish_reason)
+                if m.error:
+                    notes.append(f"error: {m.error}")
+            lines.append(f"## {heading}" + (f" ({'; '.join(notes)})" if notes else ""))
+            lines.append("")
+            lines.append(m.content)
+            lines.append("")
+        return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""The conversation database's schema, versioned with PRAGMA user_version, and the steps from one version to the next.
+
+Version 1 (the first released schema): conversations, messages, tokens (one row per emitted token).
+Version 2: messages.error (why an answer stopped with finish_reason 'error'), tokens.rejected_p_target /
+tokens.rejected_p_draft / tokens.extra (any further TokenEvent fields, as JSON), and the indexes the
+conversation list and the reopen path read through.
+
+A migration is a list of SQL statements run in one transaction together with the user_version bump, so a
+crash during an upgrade leaves the file at the old version, never half-way.
+"""
+from __future__ import annotations
+
+import sqlite3
+
+V1 = [
+    """CREATE TABLE conversations (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        title TEXT NOT NULL,
+        model TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    )""",
+    """CREATE TABLE messages (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        role TEXT NOT NULL,
+        content TEXT NOT NULL,
+        complete INTEGER NOT NULL,
+        model TEXT,
+        proposer TEXT,
+        k INTEGER,
+        finish_reason TEXT,
+        stats TEXT,
+        created_at REAL NOT NULL
+    )""",
+    """CREATE TABLE tokens (
+        message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        token_id INTEGER NOT NULL,
+        text TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        p_target REAL,
+        p_draft REAL,
+        rejected_id INTEGER,
+        PRIMARY KEY (message_id, seq)
+    )""",
+]
+
+V2 = [
+    "ALTER TABLE messages ADD COLUMN error TEXT",
+    "ALTER TABLE tokens ADD COLUMN rejected_p_target REAL",
+    "ALTER TABLE tokens ADD COLUMN rejected_p_draft REAL",
+    "ALTER TABLE tokens ADD COLUMN extra TEXT",
+    "CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id)",
+    "CREATE INDEX IF NOT EXISTS conversations_by_update ON conversations(updated_at DESC, id DESC)",
+]
+
+# MIGRATIONS[n] takes a database from version n to version n + 1 (version 0 = an empty file).
+MIGRATIONS: list[list[str]] = [V1, V2]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def user_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(conn: sqlite3.Connection, target_version: int = SCHEMA_VERSION) -> int:
+    """Bring the database up to target_version, one transaction per step. Returns the version found at the start.
+
+    conn must be in autocommit mode (isolation_level=None), so BEGIN/COMMIT here are the only transaction bounds.
+    """
+    found = user_version(conn)
+    for version in range(found, target_version):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if user_version(conn) != version:  # another process migrated while we waited for the lock
+                conn.execute("ROLLBACK")
+                continue
+            for statement in MIGRATIONS[version]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return found
