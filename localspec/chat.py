@@ -83,6 +83,11 @@ class ChatSession:
 
     def prompt_ids(self, messages: list[dict], max_new_tokens: int) -> tuple[list[int], Optional[str]]:
         """Apply the chat template; drop the oldest turns (then cut the last message) to fit. Returns (ids, notice)."""
+        from .validation import validate_messages
+
+        messages = validate_messages(messages)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ConfigError(f"max new tokens must be a whole number ≥ 1 (got {max_new_tokens!r})")
         if not messages or not str(messages[-1].get("content", "")).strip():
             raise ConfigError("the message is empty; type something to send")
         budget = self.engine.max_context - min(max_new_tokens, self.engine.max_context // 2)
@@ -94,6 +99,8 @@ class ChatSession:
             ids = self._template(system + turns)
             if len(ids) <= budget:
                 return ids, notice
+            if not turns:
+                raise ConfigError("the system prompt is longer than this model's context; shorten it")
             if len(turns) > 1:
                 turns = turns[1:]
                 notice = "Older turns were left out to fit the context. " + TRUNCATION_POLICY
@@ -116,6 +123,7 @@ class ChatSession:
     def stream(self, messages: list[dict], sampling: SamplingParams, spec: SpecConfig,
                cancel: Optional[threading.Event] = None) -> Iterator[StepEvent]:
         """Yield the engine's step events with each token's text filled in."""
+        sampling.validate()
         ids, _notice = self.prompt_ids(messages, sampling.max_new_tokens)
         yield from self.stream_ids(ids, sampling, spec, cancel)
 

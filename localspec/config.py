@@ -35,7 +35,19 @@ class SamplingParams:
     def validate(self) -> "SamplingParams":
         import math
 
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or abs(value) > 1e300:
+                raise ConfigError(f"{name.replace('_', '-')} must be a number in range (got {value!r})")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise ConfigError(f"max new tokens must be a whole number ≥ 1 (got {self.max_new_tokens!r})")
+        for name in ("top_k", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name.replace('_', ' ')} must be a whole number (got {value!r})")
+        if not 0 <= self.seed < 2 ** 63:
+            raise ConfigError(f"seed must be between 0 and 2**63 - 1 (got {self.seed!r})")
+        if self.max_new_tokens < 1:
             raise ConfigError(f"max new tokens must be a whole number ≥ 1 (got {self.max_new_tokens!r})")
         if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 5.0:
             raise ConfigError(f"temperature must be between 0 and 5 (got {self.temperature!r}); 0 means greedy")
@@ -57,11 +69,15 @@ class SpecConfig:
     ngram_max: int = 4
 
     def validate(self) -> "SpecConfig":
+        for name in ("k", "ngram_min", "ngram_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name.replace('_', ' ')} must be a whole number (got {value!r})")
         if self.proposer not in PROPOSERS:
             raise ConfigError(f"unknown proposer {self.proposer!r}; choose one of {', '.join(PROPOSERS)}")
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"unknown sampler {self.sampler!r}; choose one of {', '.join(SAMPLERS)}")
-        if not isinstance(self.k, int) or not 1 <= self.k <= 16:
+        if not 1 <= self.k <= 16:
             raise ConfigError(f"K (draft tokens per step) must be between 1 and 16 (got {self.k!r})")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"n-gram sizes need 1 ≤ min_n ≤ max_n (got {self.ngram_min}, {self.ngram_max})")

@@ -99,7 +99,10 @@ class Engine:
                 draws = None if sampling.greedy else make_draws(generator, 1, k, target_logits.shape[-1], device)
                 draft_tensor = torch.tensor([draft_ids], dtype=torch.long, device=device).view(1, k)
                 result = verify(target_logits, draft_tensor, draft_probs, sampling, draws)
-                finite = torch.isfinite(target_logits).all().to(torch.float32).view(1)
+                finite = torch.isfinite(target_logits).all()
+                if draft_probs is not None:
+                    finite = finite & torch.isfinite(draft_probs).all()
+                finite = finite.to(torch.float32).view(1)
                 # the one host transfer of the step: ids, count, probabilities, finiteness
                 packed = torch.cat([
                     result.output_token_ids[0].to(torch.float64),
@@ -113,7 +116,7 @@ class Engine:
 
                 if packed[-1] != 1.0:
                     yield StepEvent((), 0.0, 0.0, 0.0, k, 0, stats.snapshot(), True, "error",
-                                    "the model produced NaN or infinite logits; the answer was stopped")
+                                    "the model produced NaN or infinite logits (target or draft); the answer was stopped")
                     return
                 num_accepted = int(packed[k + 1])
                 emitted = [int(t) for t in packed[: num_accepted + 1]]

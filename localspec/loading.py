@@ -120,9 +120,17 @@ def quantization_config(quant: str, compute_dtype: torch.dtype):
 
 
 def pick_device(device: str | None = None) -> torch.device:
-    if device:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not device:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"unknown device {device!r}; use cpu or cuda ({exc})") from None
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' asked for, but there is no CUDA GPU here (or torch is a CPU build); use cpu")
+    if chosen.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {device!r} is not supported; use cpu or cuda")
+    return chosen
 
 
 def load_causal_lm(spec: ModelSpec, what: str, device: torch.device, role: str,

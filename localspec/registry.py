@@ -23,7 +23,7 @@ def _where(index: int, name: str | None) -> str:
 def _check_keys(mapping: Any, allowed: set[str], where: str, field: str) -> dict:
     if not isinstance(mapping, dict):
         raise ConfigError(f"{where}: field '{field}' must be a mapping, got {type(mapping).__name__}")
-    unknown = sorted(set(mapping) - allowed)
+    unknown = sorted(set(mapping) - allowed, key=repr)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} in '{field}'; "
                           f"allowed: {', '.join(sorted(allowed))}")
@@ -37,12 +37,16 @@ def _resolve_source(source: Any, base_dir: Path, where: str, field: str) -> str:
     source = source.strip()
     if source.startswith(GGUF_PREFIX):
         return source
-    path = Path(source).expanduser()
-    if not path.is_absolute():
-        candidate = (base_dir / path)
-        if candidate.exists() or source.startswith((".", "/", "~")) or looks_like_path(source):
-            return str(candidate.resolve())
-    return str(path) if path.is_absolute() else source
+    try:
+        source.encode("utf-8")
+        path = Path(source).expanduser()
+        if not path.is_absolute():
+            candidate = (base_dir / path)
+            if candidate.exists() or looks_like_path(source):
+                return str(candidate.resolve())
+        return str(path) if path.is_absolute() else source
+    except (OSError, ValueError, RuntimeError) as exc:  # NUL bytes, surrogates, ~nosuchuser, names too long
+        raise ConfigError(f"{where}: field '{field}.source' is not a usable path or hub id ({exc})") from None
 
 
 def looks_like_path(source: str) -> bool:

@@ -134,8 +134,13 @@ def _int_or_none(value: Any) -> Optional[int]:
 
 
 def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
+    """Only a damaged or foreign-format file counts: a locked file, a full disk or a bug must never move the user's
+    conversations aside."""
+    name = getattr(exc, "sqlite_errorname", "") or ""  # Python ≥ 3.11
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        return True
     text = str(exc).lower()
-    return any(s in text for s in ("not a database", "malformed", "corrupt", "file is encrypted", "disk image"))
+    return any(s in text for s in ("file is not a database", "disk image is malformed", "file is encrypted"))
 
 
 class ConversationStore:
@@ -154,7 +159,7 @@ class ConversationStore:
         try:
             self._conn = self._open()
         except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError) and not _is_corruption(exc):
+            if not _is_corruption(exc):
                 raise StoreError(f"cannot open the conversation database {self.path}: {exc}") from None
             self.recovered_from = self._move_aside()
             self._conn = self._open()
@@ -357,6 +362,16 @@ class ConversationStore:
             return True
 
         return self._write(finish)
+
+    def record_step(self, message_id: int, event: Any) -> bool:
+        """Convenience for the streaming loop: store one StepEvent's tokens and, when it is the last event, finish
+        the answer with its finish_reason, stats and error. Returns False when the message is gone."""
+        alive = True
+        if event.tokens:
+            alive = self.append_tokens(message_id, [tok.to_dict() for tok in event.tokens])
+        if alive and event.finished:
+            alive = self.finish_answer(message_id, event.finish_reason or "stop", event.stats.to_dict(), event.error)
+        return alive
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
         title = self._title(title)

@@ -23,20 +23,6 @@ from localspec.registry import DRAFT_KEYS, MODEL_KEYS, NGRAM_KEYS, PAIR_KEYS, PR
 
 # (exception type, message pattern, the test in test_bad_input.py that pins it)
 KNOWN_BUGS: list[tuple[type, str, str]] = [
-    (TypeError, r"not supported between instances of", "test_non_string_keys_are_reported_not_crashed / "
-                                                         "test_max_tokens_none_through_the_chat_path"),
-    (ValueError, r"embedded null byte", "test_unusable_source_strings"),
-    (UnicodeEncodeError, r"surrogates not allowed", "test_unusable_source_strings"),
-    (OSError, r"File name too long", "test_unusable_source_strings"),
-    (RuntimeError, r"Could not determine home directory", "test_unusable_source_strings"),
-    (KeyError, r"role", "test_malformed_message_list"),
-    (AttributeError, r"has no attribute 'get'", "test_malformed_message_list"),
-    (TypeError, r"TextEncodeInput must be", "test_malformed_message_list"),
-    (TypeError, r"object is not subscriptable", "test_malformed_message_list"),
-    (TypeError, r"indices must be integers", "test_malformed_message_list"),
-    (IndexError, r"list index out of range", "test_system_prompt_alone_longer_than_the_context"),
-    (TypeError, r"must be real number", "test_sampling_of_the_wrong_type"),
-    (OverflowError, r"too large to convert to float", "test_sampling_of_the_wrong_type"),
 ]
 
 FAST = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

@@ -216,7 +216,11 @@ KILL_SCRIPT = textwrap.dedent("""
         step += 1
         print(step, flush=True)
         if step == int(sys.argv[2]):
-            os.kill(os.getpid(), signal.SIGKILL)  # kill -9 from the inside, mid-answer, no cleanup of any kind
+            # a step in flight: half of its rows written inside an open transaction, then kill -9, no cleanup
+            store._conn.execute("BEGIN IMMEDIATE")
+            store._conn.execute("INSERT INTO tokens (message_id, seq, token_id, text, kind) "
+                                "VALUES (?, ?, 999, 'half', 'accepted')", (mid, step * 3))
+            os.kill(os.getpid(), signal.SIGKILL)
 """)
 
 
@@ -249,7 +253,11 @@ def test_killed_process_leaves_the_partial_answer_marked_incomplete(tmp_path, ki
         assert not answer.complete and answer.finish_reason is None
         steps = len(answer.tokens) // 3
         assert len(answer.tokens) % 3 == 0  # never half a step
-        assert committed <= steps <= committed + 1  # at most the step in flight is lost
+        if killer == "self":
+            assert steps == kill_at  # every committed step is there; the one in flight is gone
+        else:
+            assert steps >= committed  # every step the child reported committed survived
+        assert 999 not in [t["id"] for t in answer.tokens]
         assert answer.token_kinds == ["accepted", "accepted", "resampled"] * steps
         assert answer.content == "".join(f"{s}.{i} " for s in range(steps) for i in range(3))
         # the answer can still be closed later (e.g. the UI marks it 'interrupted'), and the store works on
@@ -413,6 +421,45 @@ def test_corrupt_file_is_moved_aside_and_a_fresh_one_started(tmp_path, damage):
         assert again.recovered_from is None and again.list_conversations()[0].title == "fresh"
 
 
+def test_another_apps_database_is_refused_not_moved(tmp_path):
+    """A healthy SQLite file that is not ours (a clashing table) is an error to report, not corruption."""
+    path = tmp_path / "conversations.db"
+    with sqlite3.connect(path) as raw:
+        raw.execute("CREATE TABLE conversations (something_else TEXT)")
+        raw.execute("INSERT INTO conversations VALUES ('keep me')")
+    with pytest.raises(StoreError, match="cannot open the conversation database"):
+        ConversationStore(path)
+    assert not list(tmp_path.glob("*.corrupt-*"))
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("SELECT * FROM conversations").fetchall() == [("keep me",)]
+
+
+def test_many_first_opens_at_once(tmp_path):
+    """Several threads (or processes) opening a new file together: one creates the schema, none fails."""
+    path = tmp_path / "conversations.db"
+    stores, errors = [], []
+
+    def open_one():
+        try:
+            stores.append(ConversationStore(path))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        assert not errors and len(stores) == 4
+        assert all(s.schema_version == SCHEMA_VERSION and s.recovered_from is None for s in stores)
+        cid = stores[0].create_conversation("shared", "m")
+        assert stores[3].get_conversation(cid).title == "shared"
+    finally:
+        for s in stores:
+            s.close()
+
+
 def test_empty_file_is_a_fresh_database_not_corruption(tmp_path):
     path = tmp_path / "conversations.db"
     path.write_bytes(b"")
@@ -451,3 +498,36 @@ def test_streams_real_engine_events(tiny_session, tmp_path):
     assert answer.content == "".join(r["text"] for r in seen)
     assert set(answer.token_kinds) <= set(KINDS)
     assert answer.stats["emitted"] == len(seen)
+
+
+def test_record_step_stores_an_error_answer(tiny_session, tmp_path):
+    """record_step (the UI's one call per event) keeps the tokens before a NaN and the error that stopped it."""
+    import math
+
+    from localspec.config import SamplingParams
+
+    calls = {"n": 0}
+
+    def poison_after_first_step(module, inputs, output):
+        calls["n"] += 1
+        if calls["n"] > 2:  # prefill + first step are clean
+            output = output.clone()
+            output[..., 3] = math.nan
+        return output
+
+    handle = tiny_session.loaded.target.get_output_embeddings().register_forward_hook(poison_after_first_step)
+    try:
+        with ConversationStore(tmp_path / "c.db") as store:
+            cid = store.create_conversation("nan", "tiny")
+            mid = store.start_answer(cid, "tiny", "ngram", 3)
+            events = list(tiny_session.stream([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=20),
+                                              tiny_session.default_spec(proposer="ngram")))
+            for event in events:
+                assert store.record_step(mid, event)
+            answer = store.get_conversation(cid).messages[0]
+    finally:
+        handle.remove()
+    emitted = [tok.token_id for e in events for tok in e.tokens]
+    assert events[-1].finish_reason == "error" and emitted  # the clean first step emitted something
+    assert answer.complete and answer.finish_reason == "error" and "NaN" in answer.error
+    assert [t["id"] for t in answer.tokens] == emitted
