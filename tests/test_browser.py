@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -125,8 +127,11 @@ def test_failed_switch_in_the_browser(browser, tiny_app):
 
 def take_screenshot(browser, out: Path) -> Path:
     """A finished chat on the embedded default with n-gram colouring, at 1280×800."""
-    home = Path(os.environ.get("LOCALSPEC_HOME", REPO / ".localspec-home"))
-    home.mkdir(parents=True, exist_ok=True)
+    # a fresh data folder (no saved conversations, no logs left behind) sharing the converted-model cache
+    cache = Path(os.environ.get("LOCALSPEC_HOME", REPO / ".localspec-home")) / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="localspec-screenshot-"))
+    (home / "cache").symlink_to(cache.resolve(), target_is_directory=True)
     app = AppProcess(REPO / "models.yaml", home).wait_ready(timeout_s=600)
     try:
         page = open_page(browser, app.url)
@@ -143,6 +148,7 @@ def take_screenshot(browser, out: Path) -> Path:
         return out if kinds["accepted"] else None
     finally:
         app.stop()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.mark.slow
