@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -55,6 +56,8 @@ class AppProcess:
                 with urllib.request.urlopen(self.url + "config", timeout=2) as response:
                     if response.status == 200:
                         return self
+            except urllib.error.HTTPError:  # it answers (e.g. 401 behind a password): it is up
+                return self
             except OSError:
                 time.sleep(0.5)
         raise RuntimeError(f"app did not start in {timeout_s:.0f} s:\n{self.log_text()}")

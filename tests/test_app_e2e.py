@@ -175,3 +175,21 @@ def test_switch_during_an_answer_is_refused(client):
     assert "answer is streaming" in status and "was not switched" in status and model == "tiny"
     client.predict(api_name="/stop")
     assert job.result(timeout=60)[3]["finish_reason"] == "cancelled"
+
+
+def test_non_loopback_host_asks_for_the_password(tiny_pair, tmp_path):
+    from gradio_client import Client
+
+    app = AppProcess(tiny_models_yaml(tiny_pair, tmp_path), tmp_path,
+                     extra=("--host", "0.0.0.0", "--password", "s3cret")).wait_ready()
+    try:
+        from gradio_client.exceptions import AuthenticationError
+
+        with pytest.raises(AuthenticationError):
+            Client(app.url, verbose=False)
+        with pytest.raises(Exception):  # a wrong password is refused at login
+            Client(app.url, auth=("anyone", "wrong"), verbose=False)
+        client = Client(app.url, auth=("anyone", "s3cret"), verbose=False)
+        assert span_kinds(send(client, "hi", max_new=4).result()[0])
+    finally:
+        app.stop()

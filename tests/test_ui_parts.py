@@ -75,11 +75,11 @@ def manager(tiny_session):
     return manager
 
 
-def run_answer(manager, max_new=16, proposer="ngram", cancel=None, messages=None, sink=None):
+def run_answer(manager, max_new=16, proposer="ngram", cancel=None, messages=None, sink=None, owner=""):
     cancel = cancel or threading.Event()
     sampling = SamplingParams(max_new_tokens=max_new)
     out = manager.answer(messages or [{"role": "user", "content": "hello hello"}], sampling,
-                         lambda s: s.default_spec(proposer=proposer), cancel, sink)
+                         lambda s: s.default_spec(proposer=proposer), cancel, sink, owner)
     return out, cancel
 
 
@@ -193,3 +193,16 @@ def test_a_message_longer_than_the_context_is_cut_with_a_notice(manager):
     notices = [m.text for m in messages if m.kind == "notice"]
     assert notices and TRUNCATION_POLICY in notices[0] and "only its end was kept" in notices[0]
     assert any(m.kind == "event" for m in messages)
+
+
+def test_one_answer_at_a_time_per_window_and_stop_reaches_it(manager):
+    out, _cancel = run_answer(manager, max_new=1000, proposer="none", owner="tab")
+    next(m for m in iter(lambda: out.get(timeout=30), None) if m.kind == "event")
+    with pytest.raises(Busy, match="still streaming in this window"):
+        run_answer(manager, owner="tab")
+    other, _ = run_answer(manager, max_new=4, owner="other tab")  # another window queues instead
+    assert manager.is_answering("tab") and manager.cancel("tab")
+    finished = [m.event for m in collect(out) if m.kind == "event" and m.event.finished]
+    assert finished[-1].finish_reason == "cancelled"
+    collect(other)
+    assert not manager.is_answering("tab") and not manager.is_answering("other tab")

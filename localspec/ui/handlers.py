@@ -57,8 +57,13 @@ class Handlers:
             chosen.update(proposer=name, k=spec.k)
             return spec
 
-        cancel = self.manager.new_cancel(owner)
-        out = self.manager.answer(history, sampling, spec_for, cancel, sink)
+        try:
+            out = self.manager.answer(history, sampling, spec_for, threading.Event(), sink, owner)
+        except Busy as exc:
+            answer.pop("pending", None)
+            answer["finish_reason"], answer["error"] = "error", str(exc)
+            yield answer, str(exc)
+            return
         status, last_yield, finished = "Thinking…", 0.0, False
         while not finished:
             changed = False
@@ -106,6 +111,8 @@ class Handlers:
                 raise ConfigError("the message is empty; type something to send")
             sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed)
             k_value = read_k(k)
+            if self.manager.is_answering(owner):
+                raise Busy("an answer is still streaming in this window; press Stop or wait for it, then send")
         except ConfigError as exc:
             yield (gr.skip(), gr.skip(), status_html(str(exc), "error"), gr.skip(), text, turns)
             return
@@ -179,6 +186,10 @@ class Handlers:
             yield "", status_html(f"cannot repeat the last answer's settings: {exc}", "error")
             return
         history = history_of(turns[:last])
+        if self.manager.is_answering(owner_of(request)):
+            yield gr.skip(), status_html("an answer is still streaming in this window; wait for it or press Stop",
+                                         "error")
+            return
         baseline = {"role": "assistant", "content": "", "tokens": [], "pending": True, "stats": None}
         yield gr.skip(), status_html("Baseline: regenerating the last prompt with speculation off…")
         for baseline, status in self._run(owner_of(request), history, sampling, "none", spec_answer.get("k") or 1,

@@ -83,6 +83,7 @@ class ModelManager:
         self._lock = threading.Lock()  # held while an answer streams or a pair loads
         self._count_lock = threading.Lock()
         self._cancels: dict[str, threading.Event] = {}
+        self._busy_owners: set[str] = set()  # tabs with an answer running or queued
 
     # ---- model pairs -------------------------------------------------------------------------------------
     def pair(self, name: Optional[str]) -> PairSpec:
@@ -118,11 +119,6 @@ class ModelManager:
         return time.perf_counter() - started
 
     # ---- cancellation per browser session -------------------------------------------------------------------
-    def new_cancel(self, owner: str) -> threading.Event:
-        event = threading.Event()
-        self._cancels[owner] = event
-        return event
-
     def cancel(self, owner: str) -> bool:
         event = self._cancels.get(owner)
         if event is None or event.is_set():
@@ -131,8 +127,11 @@ class ModelManager:
         return True
 
     # ---- answers ---------------------------------------------------------------------------------------------
+    def is_answering(self, owner: str) -> bool:
+        return owner in self._busy_owners
+
     def answer(self, messages: list[dict], sampling: SamplingParams, spec: Callable[[object], SpecConfig],
-               cancel: threading.Event, sink: Optional[Sink] = None) -> "queue.Queue[Message]":
+               cancel: threading.Event, sink: Optional[Sink] = None, owner: str = "") -> "queue.Queue[Message]":
         """Start one answer in a worker thread; read its Messages from the returned queue until 'done'.
 
         spec is called with the session that will answer (so a proposer is checked against the pair in use).
@@ -141,12 +140,17 @@ class ModelManager:
         """
         out = _Out(sink)
         with self._count_lock:
+            if owner and owner in self._busy_owners:
+                raise Busy("an answer is still streaming in this window; press Stop or wait for it")
             self.answering += 1
-        threading.Thread(target=self._work, args=(messages, sampling, spec, cancel, out), daemon=True,
+            if owner:
+                self._busy_owners.add(owner)
+                self._cancels[owner] = cancel  # Stop in that window sets it
+        threading.Thread(target=self._work, args=(messages, sampling, spec, cancel, out, owner), daemon=True,
                          name="localspec-answer").start()
         return out.queue
 
-    def _work(self, messages, sampling, spec_for, cancel, out) -> None:
+    def _work(self, messages, sampling, spec_for, cancel, out, owner="") -> None:
         try:
             told_waiting = False
             while not self._lock.acquire(timeout=0.1):
@@ -163,6 +167,7 @@ class ModelManager:
         finally:
             with self._count_lock:
                 self.answering -= 1
+                self._busy_owners.discard(owner)
             out.put(Message("done"))
 
     def _answer_locked(self, messages, sampling, spec_for, cancel, out) -> None:
