@@ -125,6 +125,35 @@ def test_failed_switch_in_the_browser(browser, tiny_app):
     page.close()
 
 
+def test_enter_sends_and_a_saved_conversation_reopens(browser, tiny_app):
+    page = open_page(browser, tiny_app.url)
+    set_max_tokens(page, 24)
+    box = page.locator("#ls-message textarea")
+    box.fill("remember this")
+    box.press("Shift+Enter")  # a new line, not a send
+    box.type("conversation")
+    assert box.input_value() == "remember this\nconversation"
+    box.fill("remember this conversation")
+    box.press("Enter")
+    page.wait_for_function("document.querySelectorAll('#ls-transcript .ls-assistant').length > 0 && "
+                           "!document.querySelector('#ls-transcript .ls-cursor')", timeout=120_000)
+    wait_status(page, "Done")
+    kinds = kinds_in_last_answer(page)
+
+    page.reload()  # a new session: the window starts empty, the conversation is in the saved list
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    assert page.locator("#ls-transcript .tok").count() == 0
+    page.get_by_text("Saved conversations").click()
+    page.click("#ls-refresh")
+    page.locator("#ls-conversation input").click()
+    page.get_by_role("option", name=re.compile("remember this conversation")).first.click()
+    page.click("#ls-open")
+    wait_status(page, "Opened")
+    assert "remember this conversation" in page.inner_text("#ls-transcript")
+    assert kinds_in_last_answer(page) == kinds  # the highlighting came back from the database
+    page.close()
+
+
 def take_screenshot(browser, out: Path) -> Path:
     """A finished chat on the embedded default with n-gram colouring, at 1280×800."""
     # a fresh data folder (no saved conversations, no logs left behind) sharing the converted-model cache

@@ -258,7 +258,7 @@ class Handlers:
     def on_load(self):
         """Page (re)load: show the pair in use. Outputs: model dropdown, proposer, K, status."""
         manager = self.manager
-        if manager.load_error:
+        if manager.session is None and manager.load_error:  # a failed switch leaves the old pair: not shown here
             status = status_html(f"Model load failed: {manager.load_error}", "error")
         else:
             ready = f"{manager.name} is ready." if manager.name else "No model loaded; choose a model pair."

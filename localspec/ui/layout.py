@@ -69,7 +69,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                 gr.HTML(legend_html(), js_on_load=None)
                 with gr.Row(equal_height=True):
                     message = gr.Textbox(placeholder="Message (Enter sends, Shift+Enter for a new line)",
-                                         show_label=False, lines=2, max_lines=8, scale=6, elem_id="ls-message",
+                                         show_label=False, lines=1, max_lines=8, scale=6, elem_id="ls-message",
                                          autofocus=True)
                     with gr.Column(scale=1, min_width=90):
                         send = gr.Button("Send", variant="primary", elem_id="ls-send")
