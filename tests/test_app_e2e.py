@@ -193,3 +193,22 @@ def test_non_loopback_host_asks_for_the_password(tiny_pair, tmp_path):
         assert span_kinds(send(client, "hi", max_new=4).result()[0])
     finally:
         app.stop()
+
+
+def test_default_pair_that_fails_to_load_leaves_a_usable_app(tiny_pair, tmp_path):
+    from gradio_client import Client
+
+    models = tiny_models_yaml(tiny_pair, tmp_path)
+    entries = models.read_text().split("- name: ")
+    models.write_text("- name: " + entries[2] + "- name: " + entries[1])  # the missing pair comes first
+    app = AppProcess(models, tmp_path).wait_ready()
+    try:
+        assert "could not load missing" in app.log_text()
+        client = Client(app.url, verbose=False)
+        _t, _s, status, _e, box = send(client, "hello?", proposer="none").result()
+        assert "does not exist" in status and box == "hello?"  # the message stays in the box
+        status, model, proposer, _k = client.predict("tiny", api_name="/switch_model")
+        assert "Loaded tiny" in status and model == "tiny"
+        assert span_kinds(send(client, "hello?", proposer="ngram", max_new=8).result()[0])
+    finally:
+        app.stop()
