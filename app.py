@@ -40,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-browser", action="store_true", help="do not open the default web browser")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--password", default=None,
-                        help="password asked for when binding to a non-loopback --host (or set LOCALSPEC_PASSWORD)")
+                        help="password asked for when binding to a non-loopback --host (other users can see it in "
+                             "the process list: prefer LOCALSPEC_PASSWORD)")
     parser.add_argument("--no-save", action="store_true", help="do not save conversations")
     parser.add_argument("--no-auth", action="store_true",
                         help="bind a non-loopback --host without a password (anyone who can reach it can use it)")
@@ -105,9 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     store, notice = open_store(args)
     demo = build_app(manager, store, notice)
     demo.queue(default_concurrency_limit=None)
-    demo.launch(server_name=args.host, server_port=args.port, inbrowser=not args.no_browser, share=False, auth=auth,
-                auth_message="localspec: enter the password (any user name)" if auth else None,
-                show_error=True, **launch_options())
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, inbrowser=not args.no_browser, share=False,
+                    auth=auth, auth_message="localspec: enter the password (any user name)" if auth else None,
+                    show_error=True, **launch_options())
+    except OSError as exc:  # port taken, address not available
+        print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -212,3 +212,17 @@ def test_default_pair_that_fails_to_load_leaves_a_usable_app(tiny_pair, tmp_path
         assert span_kinds(send(client, "hello?", proposer="ngram", max_new=8).result()[0])
     finally:
         app.stop()
+
+
+def test_a_taken_port_is_a_message(tiny_pair, tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, str(REPO / "app.py"), "--models", str(tiny_pair["models_yaml"]),
+                                 "--no-browser", "--no-save", "--port", str(port), "--device", "cpu"],
+                                capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 2 and f"cannot serve on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
