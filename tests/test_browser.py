@@ -19,9 +19,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1280, "height": 800}
-SCREENSHOT_PROMPT = ("Add a docstring and type hints to this function, and show the whole function:\n\n"
-                     "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n"
-                     "    return total / len(values)")
+SCREENSHOT_PROMPT = "Write a Python function that returns the squares of a list of numbers, and show how to call it."
 
 pytestmark = [
     pytest.mark.browser,
