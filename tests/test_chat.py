@@ -1,0 +1,51 @@
+"""Chat layer: templates, truncation policy, detokenization, proposer choice."""
+import pytest
+
+from localspec.chat import IncrementalDetokenizer
+from localspec.config import ConfigError, SamplingParams, SpecConfig
+
+
+def test_stream_fills_text_and_kinds(tiny_session):
+    events = list(tiny_session.stream([{"role": "user", "content": "hello there"}], SamplingParams(max_new_tokens=30),
+                                      tiny_session.default_spec()))
+    tokens = [t for e in events for t in e.tokens]
+    text = "".join(t.text for t in tokens)
+    assert text == tiny_session.tokenizer.decode([t.token_id for t in tokens], skip_special_tokens=True)
+    assert tiny_session.default_spec().proposer == "draft"
+
+
+def test_empty_message_is_refused(tiny_session):
+    for messages in ([], [{"role": "user", "content": "   "}]):
+        with pytest.raises(ConfigError, match="empty"):
+            tiny_session.prompt_ids(messages, 10)
+
+
+def test_old_turns_dropped_then_long_message_cut(tiny_session):
+    max_context = tiny_session.engine.max_context
+    history = []
+    for i in range(20):
+        history += [{"role": "user", "content": f"question {i} " + "x" * 60},
+                    {"role": "assistant", "content": "answer " + "y" * 60}]
+    history.append({"role": "user", "content": "the latest question"})
+    ids, notice = tiny_session.prompt_ids(history, 100)
+    assert len(ids) <= max_context - 100 and "Older turns" in notice
+    assert tiny_session.tokenizer.decode(ids).rstrip().endswith("the latest question<|im_end|>\n<|im_start|>assistant")
+    huge = [{"role": "user", "content": "start " + "z" * 5000 + " the end"}]
+    ids, notice = tiny_session.prompt_ids(huge, 100)
+    assert len(ids) <= max_context - 100 and "only its end was kept" in notice
+    assert "the end" in tiny_session.tokenizer.decode(ids)
+    events = list(tiny_session.stream(huge, SamplingParams(max_new_tokens=5), SpecConfig(proposer="none")))
+    assert sum(len(e.tokens) for e in events) == 5
+
+
+def test_detokenizer_holds_back_partial_utf8(tiny_session):
+    tok = tiny_session.tokenizer
+    ids = tok.encode("é ok 😀!", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok)
+    pieces = [detok.push(i) for i in ids]
+    assert "".join(pieces) == "é ok 😀!" and "\ufffd" not in "".join(pieces)
+
+
+def test_proposer_not_in_pair_is_refused(tiny_session):
+    with pytest.raises(ConfigError, match="has no 'head' proposer"):
+        tiny_session.make_proposer(SpecConfig(proposer="head"))

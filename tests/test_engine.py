@@ -1,0 +1,151 @@
+"""The engine on the tiny random pair: lossless greedy output, KV rollback, seeded sampling, limits, cancel."""
+import threading
+
+import pytest
+import torch
+
+from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.engine import Engine
+from localspec.proposers import DraftModelProposer, NgramProposer
+
+PROMPT = list(range(5, 45))
+
+
+def run(engine, proposer, spec, sampling, prompt=PROMPT, cancel=None):
+    events = list(engine.generate(prompt, sampling, spec, proposer, cancel))
+    tokens = [t for e in events for t in e.tokens]
+    return [t.token_id for t in tokens], tokens, events
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models):
+    return Engine(tiny_models[0], stop_token_ids=set())
+
+
+def hf_greedy(model, prompt, n):
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                         pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 8])
+@pytest.mark.parametrize("proposer_name", ["ngram", "draft"])
+def test_greedy_speculative_equals_transformers_generate(engine, tiny_models, proposer_name, k):
+    target, draft = tiny_models
+    expected = hf_greedy(target, PROMPT, 48)
+    proposer = NgramProposer(1, 3) if proposer_name == "ngram" else DraftModelProposer(draft)
+    ids, tokens, events = run(engine, proposer, SpecConfig(proposer=proposer_name, k=k),
+                              SamplingParams(max_new_tokens=48))
+    assert ids == expected
+    assert events[-1].finish_reason == "length"
+    stats = events[-1].stats
+    assert stats.emitted == 48 and stats.target_forwards == len(events)
+    assert stats.drafted == sum(e.propose_token_num for e in events)
+    assert stats.accepted == sum(e.accept_token_num for e in events) == sum(t.kind == "accepted" for t in tokens)
+
+
+def test_baseline_is_plain_decoding(engine, tiny_models):
+    ids, tokens, events = run(engine, None, SpecConfig(proposer="none"), SamplingParams(max_new_tokens=20))
+    assert ids == hf_greedy(tiny_models[0], PROMPT, 20)
+    assert {t.kind for t in tokens} == {"target"} and len(events) == 20
+
+
+def test_kinds_follow_the_rules(engine, tiny_models):
+    _, tokens, events = run(engine, DraftModelProposer(tiny_models[1]), SpecConfig(proposer="draft", k=3),
+                            SamplingParams(max_new_tokens=60))
+    kinds = {t.kind for t in tokens}
+    assert {"accepted", "resampled"} <= kinds
+    for event in events:
+        step_kinds = [t.kind for t in event.tokens]
+        assert step_kinds[:-1] == ["accepted"] * (len(step_kinds) - 1)
+        assert len(step_kinds) == event.accept_token_num + 1
+        last = event.tokens[-1]
+        if last.kind == "resampled":
+            assert last.rejected_token_id is not None and last.rejected_token_id != last.token_id
+        if last.kind == "bonus":
+            assert event.accept_token_num == event.propose_token_num > 0
+
+
+def test_kv_rollback_matches_fresh_forward(engine, tiny_models):
+    """After many steps with rejections, the cached next-token logits equal a fresh full forward."""
+    target, draft = tiny_models
+    ids, _, events = run(engine, DraftModelProposer(draft), SpecConfig(proposer="draft", k=5),
+                         SamplingParams(max_new_tokens=70, temperature=1.0, seed=3))
+    assert sum(e.propose_token_num - e.accept_token_num for e in events) > 10  # there were rejections
+    runner = engine.target
+    context = PROMPT + ids
+    # the cache holds the context minus the last emitted token (it is the next step's first input)
+    assert runner.tokens == context[:-1]
+    cached = runner.extend([context[-1]]).logits[-1]
+    with torch.inference_mode():
+        fresh = target(torch.tensor([context])).logits[0, -1]
+    torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
+
+
+def test_sampling_is_reproducible_and_seed_dependent(engine, tiny_models):
+    spec = SpecConfig(proposer="draft", k=4)
+    a, _, _ = run(engine, DraftModelProposer(tiny_models[1]), spec, SamplingParams(temperature=1.0, seed=7))
+    b, _, _ = run(engine, DraftModelProposer(tiny_models[1]), spec, SamplingParams(temperature=1.0, seed=7))
+    c, _, _ = run(engine, DraftModelProposer(tiny_models[1]), spec, SamplingParams(temperature=1.0, seed=8))
+    assert a == b and a != c
+
+
+def test_stop_token_ends_the_answer(tiny_models):
+    target = tiny_models[0]
+    first = hf_greedy(target, PROMPT, 12)
+    stop = first[5]
+    engine = Engine(target, stop_token_ids={stop})
+    ids, _, events = run(engine, NgramProposer(1, 3), SpecConfig(proposer="ngram", k=4),
+                         SamplingParams(max_new_tokens=40))
+    assert ids == first[: first.index(stop) + 1]
+    assert events[-1].finish_reason == "stop"
+
+
+def test_cancel_stops_and_keeps_partial(engine, tiny_models):
+    cancel = threading.Event()
+    gen = engine.generate(PROMPT, SamplingParams(max_new_tokens=200), SpecConfig(proposer="none"), None, cancel)
+    got = [next(gen) for _ in range(5)]
+    cancel.set()
+    rest = list(gen)
+    assert len(got) == 5 and rest[-1].finish_reason == "cancelled" and rest[-1].finished
+
+
+def test_empty_and_overlong_prompts_are_refused(engine):
+    with pytest.raises(ConfigError, match="empty"):
+        list(engine.generate([], SamplingParams(), SpecConfig(), None))
+    with pytest.raises(ConfigError, match="context holds"):
+        list(engine.generate([5] * (engine.max_context + 1), SamplingParams(), SpecConfig(), None))
+
+
+def test_answer_budget_is_capped_by_context(engine):
+    prompt = [7] * (engine.max_context - 10)
+    ids, _, events = run(engine, NgramProposer(), SpecConfig(proposer="ngram", k=8),
+                         SamplingParams(max_new_tokens=100), prompt=prompt)
+    assert len(ids) == 10 and events[-1].finish_reason == "length"
+
+
+class RecordingProposer(NgramProposer):
+    """Checks the engine hands hidden states of the right shape to feature-level proposers."""
+
+    wants_hidden = True
+
+    def __init__(self):
+        super().__init__(1, 3)
+        self.seen = []
+
+    def begin(self, prompt_ids, prompt_hidden):
+        super().begin(prompt_ids, prompt_hidden)
+        self.seen.append(("begin", len(prompt_ids), tuple(prompt_hidden.shape)))
+
+    def on_verified(self, num_accepted, emitted_ids, target_hidden):
+        super().on_verified(num_accepted, emitted_ids, target_hidden)
+        self.seen.append(("verified", num_accepted, tuple(target_hidden.shape)))
+
+
+def test_hidden_states_reach_feature_proposers(engine, tiny_models):
+    proposer = RecordingProposer()
+    run(engine, proposer, SpecConfig(proposer="ngram", k=3), SamplingParams(max_new_tokens=30))
+    hidden = tiny_models[0].config.hidden_size
+    assert proposer.seen[0] == ("begin", len(PROMPT), (len(PROMPT) - 1, hidden))
+    for _, accepted, shape in proposer.seen[1:]:
+        assert shape == (accepted + 1, hidden)
