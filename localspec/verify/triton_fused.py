@@ -51,7 +51,16 @@ INTERPRETER_BLOCK_V = 512
 INTERPRETER_TARGET_SPLITS = 2
 
 _RUNTIME_INTS = ["K", "V", "chunk", "num_splits"]
-INT_MAX = 2147483647
+INT_MAX = tl.constexpr(2147483647)  # kernels may read module globals only as constexpr
+
+# Reductions are written tl.reduce(x, axis, combine) with Triton's own combine functions rather than tl.max / tl.min /
+# tl.sum. Compiled, this is the same thing. Interpreted, it matters twice: the interpreter maps these combine
+# functions straight to numpy (while every call of a @jit helper such as tl.max re-patches the language, ~3 ms), and
+# it keeps the kernels working when Triton was imported before TRITON_INTERPRET was set (bitsandbytes imports it), in
+# which case tl.max & co. are compiled-mode functions that an interpreted kernel cannot call.
+_MAX = tl.standard._elementwise_max
+_MIN = tl.standard._elementwise_min
+_SUM = tl.standard._sum_combine
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
@@ -76,9 +85,9 @@ def _row_stats_kernel(
     if INDEX_64:
         lanes = lanes.to(tl.int64)
     lane_max = tl.full([BLOCK_V], float("-inf"), tl.float32)
-    lane_sum = tl.zeros([BLOCK_V], tl.float32)
+    lane_sum = tl.full([BLOCK_V], 0, tl.float32)
     lane_best = tl.full([BLOCK_V], float("-inf"), tl.float32)
-    lane_best_idx = tl.zeros([BLOCK_V], lanes.dtype)
+    lane_best_idx = tl.full([BLOCK_V], 0, lanes.dtype)
     start = split * chunk
     end = tl.minimum(start + chunk, V)
     for block_start in range(start, end, BLOCK_V):
@@ -101,16 +110,16 @@ def _row_stats_kernel(
             better = a > lane_best  # strict: each lane keeps its lowest index among equal values
             lane_best_idx = tl.where(better, offs, lane_best_idx)
             lane_best = tl.where(better, a, lane_best)
-    split_max = tl.max(lane_max, axis=0)
+    split_max = tl.reduce(lane_max, 0, _MAX)
     safe_split_max = tl.where(split_max == float("-inf"), 0.0, split_max)
-    split_sum = tl.sum(lane_sum * tl.exp(lane_max - safe_split_max), axis=0)
+    split_sum = tl.reduce(lane_sum * tl.exp(lane_max - safe_split_max), 0, _SUM)
     out = row * num_splits + split
     tl.store(part_max_ptr + out, split_max)
     tl.store(part_sum_ptr + out, split_sum)
     if GREEDY:
-        best = tl.max(lane_best, axis=0)
+        best = tl.reduce(lane_best, 0, _MAX)
         tl.store(part_best_ptr + out, best)
-        tl.store(part_best_idx_ptr + out, tl.min(tl.where(lane_best == best, lane_best_idx, INT_MAX), axis=0))
+        tl.store(part_best_idx_ptr + out, tl.reduce(tl.where(lane_best == best, lane_best_idx, INT_MAX), 0, _MIN))
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
@@ -136,8 +145,8 @@ def _sample_partials_kernel(
     s = tl.arange(0, SPLITS_POW2)
     maxes = tl.load(part_max_ptr + row * num_splits + s, mask=s < num_splits, other=float("-inf"))
     sums = tl.load(part_sum_ptr + row * num_splits + s, mask=s < num_splits, other=0.0)
-    row_max = tl.max(maxes, axis=0)
-    row_sum = tl.sum(sums * tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - row_max)), axis=0)
+    row_max = tl.reduce(maxes, 0, _MAX)
+    row_sum = tl.reduce(sums * tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - row_max)), 0, _SUM)
 
     is_draft_pos = j < K
     draft_token = tl.load(draft_ids_ptr + b * stride_db + j * stride_dk, mask=is_draft_pos, other=-1)
@@ -149,10 +158,10 @@ def _sample_partials_kernel(
     if INDEX_64:
         lanes = lanes.to(tl.int64)
     res_best = tl.full([BLOCK_V], -1.0, tl.float32)
-    res_idx = tl.zeros([BLOCK_V], lanes.dtype)
+    res_idx = tl.full([BLOCK_V], 0, lanes.dtype)
     tgt_best = tl.full([BLOCK_V], -1.0, tl.float32)
-    tgt_idx = tl.zeros([BLOCK_V], lanes.dtype)
-    res_max = tl.zeros([BLOCK_V], tl.float32)
+    tgt_idx = tl.full([BLOCK_V], 0, lanes.dtype)
+    res_max = tl.full([BLOCK_V], 0, tl.float32)
     start = split * chunk
     end = tl.minimum(start + chunk, V)
     draft_end = tl.where(is_draft_pos, end, 0)  # no draft distribution at the bonus position
@@ -182,13 +191,13 @@ def _sample_partials_kernel(
         tgt_best = tl.where(better, tgt_key, tgt_best)
         res_max = tl.maximum(res_max, tl.where(mask, residual, 0.0))
     out = row * num_splits + split
-    best = tl.max(res_best, axis=0)
+    best = tl.reduce(res_best, 0, _MAX)
     tl.store(res_best_ptr + out, best)
-    tl.store(res_idx_ptr + out, tl.min(tl.where(res_best == best, res_idx, INT_MAX), axis=0))
-    best = tl.max(tgt_best, axis=0)
+    tl.store(res_idx_ptr + out, tl.reduce(tl.where(res_best == best, res_idx, INT_MAX), 0, _MIN))
+    best = tl.reduce(tgt_best, 0, _MAX)
     tl.store(tgt_best_ptr + out, best)
-    tl.store(tgt_idx_ptr + out, tl.min(tl.where(tgt_best == best, tgt_idx, INT_MAX), axis=0))
-    tl.store(res_max_ptr + out, tl.max(res_max, axis=0))
+    tl.store(tgt_idx_ptr + out, tl.reduce(tl.where(tgt_best == best, tgt_idx, INT_MAX), 0, _MIN))
+    tl.store(res_max_ptr + out, tl.reduce(res_max, 0, _MAX))
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
@@ -217,9 +226,10 @@ def _finalize_kernel(
 
     maxes = tl.load(part_max_ptr + part, mask=part_mask, other=float("-inf"))
     sums = tl.load(part_sum_ptr + part, mask=part_mask, other=0.0)
-    row_max = tl.max(maxes, axis=1)  # [P]
+    row_max = tl.reduce(maxes, 1, _MAX)  # [P]
     safe_row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
-    row_sum = tl.sum(sums * tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - safe_row_max[:, None])), axis=1)
+    scale = tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - safe_row_max[:, None]))
+    row_sum = tl.reduce(sums * scale, 1, _SUM)
     row_sum = tl.where(is_pos, row_sum, 1.0)
 
     draft_tokens = tl.load(draft_ids_ptr + b * stride_db + pos * stride_dk, mask=is_draft_pos, other=0)
@@ -239,8 +249,8 @@ def _finalize_kernel(
 
     best = tl.load(best_ptr + part, mask=part_mask, other=float("-inf"))
     best_idx = tl.load(best_idx_ptr + part, mask=part_mask, other=INT_MAX)
-    top = tl.max(best, axis=1)
-    first_token = tl.min(tl.where(part_mask & (best == top[:, None]), best_idx, INT_MAX), axis=1)  # [P]
+    top = tl.reduce(best, 1, _MAX)
+    first_token = tl.reduce(tl.where(part_mask & (best == top[:, None]), best_idx, INT_MAX), 1, _MIN)  # [P]
     if GREEDY:
         fallback = first_token  # the target's argmax
         accepted = draft_tokens == fallback
@@ -249,14 +259,14 @@ def _finalize_kernel(
         accepted = uniforms * draft_probs < target_probs
         tgt = tl.load(tgt_best_ptr + part, mask=part_mask, other=float("-inf"))
         tgt_idx = tl.load(tgt_idx_ptr + part, mask=part_mask, other=INT_MAX)
-        tgt_top = tl.max(tgt, axis=1)
-        tgt_token = tl.min(tl.where(part_mask & (tgt == tgt_top[:, None]), tgt_idx, INT_MAX), axis=1)
-        res_max = tl.max(tl.load(res_max_ptr + part, mask=part_mask, other=0.0), axis=1)
+        tgt_top = tl.reduce(tgt, 1, _MAX)
+        tgt_token = tl.reduce(tl.where(part_mask & (tgt == tgt_top[:, None]), tgt_idx, INT_MAX), 1, _MIN)
+        res_max = tl.reduce(tl.load(res_max_ptr + part, mask=part_mask, other=0.0), 1, _MAX)
         # an all-zero residual (p_target == p_draft) falls back to p_target, as in the reference
         fallback = tl.where(is_draft_pos & (res_max > 0.0), first_token, tgt_token)
     fallback = tl.where(is_pos, fallback, 0)
     accepted = accepted & is_draft_pos
-    num_accepted = tl.min(tl.where(accepted, POSITIONS_POW2, pos), axis=0)  # the first position not accepted
+    num_accepted = tl.reduce(tl.where(accepted, POSITIONS_POW2, pos), 0, _MIN)  # the first position not accepted
     tokens = tl.where(pos < num_accepted, draft_tokens, tl.where(pos == num_accepted, fallback, -1))
 
     x_last = tl.load(row_ptrs + fallback, mask=is_pos, other=float("-inf")).to(tl.float32)
@@ -265,7 +275,7 @@ def _finalize_kernel(
     else:
         z_last = tl.math.div_rn(x_last, tl.full([POSITIONS_POW2], 1.0, tl.float32) * temperature)
     last_probs = tl.exp(z_last - safe_row_max) / row_sum
-    last_prob = tl.sum(tl.where(pos == num_accepted, last_probs, 0.0), axis=0)
+    last_prob = tl.reduce(tl.where(pos == num_accepted, last_probs, 0.0), 0, _SUM)
 
     tl.store(out_target_probs_ptr + b * K + pos, target_probs, mask=is_draft_pos)
     tl.store(out_draft_probs_ptr + b * K + pos, draft_probs, mask=is_draft_pos)
@@ -318,7 +328,8 @@ def fused_rejection_sample(
     chunk = triton.cdiv(triton.cdiv(vocab, target_splits), block_v) * block_v
     num_splits = triton.cdiv(vocab, chunk)
     rows = batch * k_plus_1
-    meta = dict(MUL_INVERSE=mul_inverse)
+    # no FMA contraction: z = x / T and exp(z - max) round as torch's separate operations do
+    meta = dict(MUL_INVERSE=mul_inverse, enable_fp_fusion=False)
     runtime = (k, vocab, chunk, num_splits, temperature_arg)
 
     f32 = dict(device=device, dtype=torch.float32)
