@@ -333,10 +333,13 @@ def fused_rejection_sample(
     runtime = (k, vocab, chunk, num_splits, temperature_arg)
 
     f32 = dict(device=device, dtype=torch.float32)
-    part_max = torch.empty((rows, num_splits), **f32)
-    part_sum = torch.empty((rows, num_splits), **f32)
-    best = torch.empty((rows, num_splits), **f32)
-    best_idx = torch.empty((rows, num_splits), device=device, dtype=torch.int32)
+    # per-(row, split) partials: two allocations, sliced (each allocation costs host time on the hot path); planes
+    # padded to 32 elements so every slice stays 128-byte aligned whatever K is (Triton specialises on alignment)
+    plane = triton.cdiv(rows * num_splits, 32) * 32
+    float_parts = torch.empty((5, plane), **f32)
+    index_parts = torch.empty((2, plane), device=device, dtype=torch.int32)
+    part_max, part_sum, best, tgt_best, res_max = (p[: rows * num_splits] for p in float_parts.unbind(0))
+    best_idx, tgt_idx = (p[: rows * num_splits] for p in index_parts.unbind(0))
     out_tokens = torch.empty((batch, k_plus_1), device=device, dtype=torch.int64)
     out_accepted = torch.empty((batch,), device=device, dtype=torch.int64)
     out_target_probs = torch.empty((batch, k), **f32)
@@ -354,12 +357,8 @@ def fused_rejection_sample(
     )
     if greedy:
         uniforms = draft_ids  # placeholders, never read in greedy mode
-        tgt_best, tgt_idx, res_max = best, best_idx, part_sum
     else:
         uniforms = draws.uniforms if k > 0 else out_last_prob.view(batch, 1)
-        tgt_best = torch.empty((rows, num_splits), **f32)
-        tgt_idx = torch.empty((rows, num_splits), device=device, dtype=torch.int32)
-        res_max = torch.empty((rows, num_splits), **f32)
         _sample_partials_kernel[grid](
             logits, *logits.stride()[:2], draft_ids, *draft_ids.stride(), probs, *probs.stride()[:2],
             draws.noise, *draws.noise.stride()[:2], part_max, part_sum,
