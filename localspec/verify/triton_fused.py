@@ -10,8 +10,9 @@ launches, none of which reads anything back to the host:
    p_target(v) of the split; the residual max(0, p_target - p_draft) and, per split, the argmax of residual / noise
    and of p_target / noise (the exponential-noise sample, as `sample_with_noise`), and whether the residual is
    non-zero anywhere.
-3. `_finalize_kernel`, grid (B,): walks the K+1 positions of a row (K is a runtime loop bound): acceptance test,
-   accepted prefix, the resampled or bonus token, and the probabilities the events show.
+3. `_finalize_kernel`, grid (B,): all K+1 positions of a row at once, as a [32, splits] tile: combines the partials,
+   runs the acceptance tests, finds the accepted prefix (the first position not accepted), picks the resampled or
+   bonus token, and writes the probabilities the events show.
 
 Exactness rules mirrored from the reference: ties go to the lowest index (torch.argmax), logits are divided by the
 temperature exactly as torch divides a float32 tensor by a Python float on that device (IEEE division on the CPU, a
@@ -20,7 +21,8 @@ summation order differ from torch, so the probabilities agree to float32 roundin
 lands within a rounding error of a decision boundary (probability ~1e-7 per decision).
 
 K and every shape-dependent integer are runtime arguments that Triton must not specialise on (`do_not_specialize`),
-so changing K never recompiles; the block size and the mode flags are the only compile-time constants.
+so changing K never recompiles. Compile-time constants: the block size, the mode flags, the split count rounded up to
+a power of two (depends on V only) and the position tile (32 for every K ≤ 31).
 """
 from __future__ import annotations
 
@@ -39,18 +41,19 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from ..config import SamplingParams  # noqa: E402
+from ..config import ConfigError, SamplingParams  # noqa: E402
 from ..sampling import process_logits  # noqa: E402
 from .types import SamplerDraws, VerifyOutput  # noqa: E402
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+INTERPRETED = bool(triton.knobs.runtime.interpret)  # what @triton.jit below decides with
 
 GPU_BLOCK_V = 1024
 GPU_TARGET_SPLITS = 32
 INTERPRETER_BLOCK_V = 512
 INTERPRETER_TARGET_SPLITS = 2
 
-_RUNTIME_INTS = ["K", "V", "chunk", "num_splits"]
+# K, and the integers that change with K (the [B, K] tensors' batch strides): never specialised, so never recompiled
+_RUNTIME_INTS = ["K", "V", "chunk", "num_splits", "stride_db", "stride_ub"]
 INT_MAX = tl.constexpr(2147483647)  # kernels may read module globals only as constexpr
 
 # Reductions are written tl.reduce(x, axis, combine) with Triton's own combine functions rather than tl.max / tl.min /
@@ -65,8 +68,8 @@ _SUM = tl.standard._sum_combine
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _row_stats_kernel(
-    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V], last dim contiguous: the logits the softmax is taken of
-    argmax_ptr, stride_ab, stride_ak,  # [B, K+1, V]: the logits the greedy argmax is taken of
+    logits_ptr, stride_row,  # [B*(K+1), V] rows, last dim contiguous: the logits the softmax is taken of
+    argmax_ptr, stride_arg_row,  # [B*(K+1), V] rows: the logits the greedy argmax is taken of
     part_max_ptr, part_sum_ptr, part_best_ptr, part_best_idx_ptr,  # [B*(K+1), num_splits] each, out
     K, V, chunk, num_splits, temperature,
     GREEDY: tl.constexpr, SEPARATE_ARGMAX: tl.constexpr, MUL_INVERSE: tl.constexpr, INDEX_64: tl.constexpr,
@@ -79,8 +82,8 @@ def _row_stats_kernel(
         split = split.to(tl.int64)
     b = row // (K + 1)
     j = row % (K + 1)
-    row_ptr = logits_ptr + b * stride_lb + j * stride_lk
-    arg_ptr = argmax_ptr + b * stride_ab + j * stride_ak
+    row_ptr = logits_ptr + row * stride_row
+    arg_ptr = argmax_ptr + row * stride_arg_row
     lanes = tl.arange(0, BLOCK_V)
     if INDEX_64:
         lanes = lanes.to(tl.int64)
@@ -124,10 +127,10 @@ def _row_stats_kernel(
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _sample_partials_kernel(
-    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V]
+    logits_ptr, stride_row,  # [B*(K+1), V] rows
     draft_ids_ptr, stride_db, stride_dk,  # [B, K]
-    draft_probs_ptr, stride_pb, stride_pk,  # [B, K, V] (not read for one-hot n-gram drafts)
-    noise_ptr, stride_nb, stride_nk,  # [B, K+1, V] Exp(1)
+    draft_probs_ptr, stride_draft_row,  # [B*K, V] rows (not read for one-hot n-gram drafts)
+    noise_ptr, stride_noise_row,  # [B*(K+1), V] rows, Exp(1)
     part_max_ptr, part_sum_ptr,  # [B*(K+1), num_splits] from _row_stats_kernel
     res_best_ptr, res_idx_ptr, tgt_best_ptr, tgt_idx_ptr, res_max_ptr,  # [B*(K+1), num_splits] each, out
     K, V, chunk, num_splits, temperature,
@@ -151,9 +154,9 @@ def _sample_partials_kernel(
     is_draft_pos = j < K
     draft_token = tl.load(draft_ids_ptr + b * stride_db + j * stride_dk, mask=is_draft_pos, other=-1)
     draft_token = tl.where(is_draft_pos, tl.maximum(draft_token, 0), -1)
-    row_ptr = logits_ptr + b * stride_lb + j * stride_lk
-    noise_row = noise_ptr + b * stride_nb + j * stride_nk
-    probs_row = draft_probs_ptr + b * stride_pb + j * stride_pk
+    row_ptr = logits_ptr + row * stride_row
+    noise_row = noise_ptr + row * stride_noise_row
+    probs_row = draft_probs_ptr + (row - b) * stride_draft_row  # draft row b*K + j (only read when j < K)
     lanes = tl.arange(0, BLOCK_V)
     if INDEX_64:
         lanes = lanes.to(tl.int64)
@@ -202,9 +205,9 @@ def _sample_partials_kernel(
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _finalize_kernel(
-    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V]
+    logits_ptr, stride_row,  # [B*(K+1), V] rows
     draft_ids_ptr, stride_db, stride_dk,  # [B, K]
-    draft_probs_ptr, stride_pb, stride_pk,  # [B, K, V]
+    draft_probs_ptr, stride_draft_row,  # [B*K, V] rows
     uniforms_ptr, stride_ub, stride_uk,  # [B, K]
     part_max_ptr, part_sum_ptr,  # [B*(K+1), num_splits]
     best_ptr, best_idx_ptr,  # greedy: logit argmax partials; stochastic: residual / noise partials
@@ -234,7 +237,7 @@ def _finalize_kernel(
 
     draft_tokens = tl.load(draft_ids_ptr + b * stride_db + pos * stride_dk, mask=is_draft_pos, other=0)
     draft_tokens = tl.maximum(draft_tokens, 0)
-    row_ptrs = logits_ptr + b * stride_lb + pos * stride_lk  # [P]
+    row_ptrs = logits_ptr + (b * (K + 1) + pos) * stride_row  # [P]
     x = tl.load(row_ptrs + draft_tokens, mask=is_draft_pos, other=float("-inf")).to(tl.float32)
     if MUL_INVERSE:
         z = x * temperature
@@ -242,7 +245,7 @@ def _finalize_kernel(
         z = tl.math.div_rn(x, tl.full([POSITIONS_POW2], 1.0, tl.float32) * temperature)
     target_probs = tl.exp(z - safe_row_max) / row_sum  # [P] p_target(draft token)
     if HAS_DRAFT_PROBS:
-        draft_probs = tl.load(draft_probs_ptr + b * stride_pb + pos * stride_pk + draft_tokens, mask=is_draft_pos,
+        draft_probs = tl.load(draft_probs_ptr + (b * K + pos) * stride_draft_row + draft_tokens, mask=is_draft_pos,
                               other=1.0).to(tl.float32)
     else:
         draft_probs = tl.full([POSITIONS_POW2], 1.0, tl.float32)
@@ -308,6 +311,9 @@ def fused_rejection_sample(
     greedy = sampling.greedy
     if not greedy and draws is None:
         raise ValueError("stochastic verification needs random draws")
+    if device.type != "cuda" and not INTERPRETED:
+        raise ConfigError(f"the fused Triton sampler runs on CUDA tensors, not {device.type} ones (this process "
+                          "compiles Triton kernels rather than interpreting them); use sampler 'torch' here")
     filtered = bool(sampling.top_k) or sampling.top_p < 1.0
     if filtered:
         # top-k / top-p need a sort over V: the shared function applies them (and the temperature) before the kernel
@@ -316,8 +322,8 @@ def fused_rejection_sample(
     else:
         logits = target_logits
         temperature = 1.0 if greedy else float(sampling.temperature)
-    logits = _last_dim_contiguous(logits)
-    argmax_logits = _last_dim_contiguous(target_logits)  # greedy takes the argmax of the raw logits, as the reference
+    logits = _rows_contiguous(logits)
+    argmax_logits = _rows_contiguous(target_logits)  # greedy takes the argmax of the raw logits, as the reference
     mul_inverse = device.type == "cuda"
     temperature_arg = float(np.float32(1.0) / np.float32(temperature)) if mul_inverse else temperature
 
@@ -348,10 +354,11 @@ def fused_rejection_sample(
 
     draft_ids = draft_token_ids if k > 0 else torch.zeros((batch, 1), device=device, dtype=torch.int64)
     has_draft_probs = draft_probs is not None and k > 0
-    probs = _last_dim_contiguous(draft_probs) if has_draft_probs else logits  # placeholder when unused
+    probs = _rows_contiguous(draft_probs) if has_draft_probs else logits  # placeholder when unused
+    noise = _rows_contiguous(draws.noise) if not greedy else logits  # placeholder when unused
     grid = (rows, num_splits)
     _row_stats_kernel[grid](
-        logits, *logits.stride()[:2], argmax_logits, *argmax_logits.stride()[:2],
+        logits, logits.stride(1), argmax_logits, argmax_logits.stride(1),
         part_max, part_sum, best, best_idx, *runtime,
         GREEDY=greedy, SEPARATE_ARGMAX=greedy and filtered, INDEX_64=INTERPRETED, BLOCK_V=block_v, **meta,
     )
@@ -360,14 +367,14 @@ def fused_rejection_sample(
     else:
         uniforms = draws.uniforms if k > 0 else out_last_prob.view(batch, 1)
         _sample_partials_kernel[grid](
-            logits, *logits.stride()[:2], draft_ids, *draft_ids.stride(), probs, *probs.stride()[:2],
-            draws.noise, *draws.noise.stride()[:2], part_max, part_sum,
+            logits, logits.stride(1), draft_ids, *draft_ids.stride(), probs, probs.stride(1),
+            noise, noise.stride(1), part_max, part_sum,
             best, best_idx, tgt_best, tgt_idx, res_max, *runtime,
             HAS_DRAFT_PROBS=has_draft_probs, INDEX_64=INTERPRETED, BLOCK_V=block_v,
             SPLITS_POW2=_next_pow2(num_splits), **meta,
         )
     _finalize_kernel[(batch,)](
-        logits, *logits.stride()[:2], draft_ids, *draft_ids.stride(), probs, *probs.stride()[:2],
+        logits, logits.stride(1), draft_ids, *draft_ids.stride(), probs, probs.stride(1),
         uniforms, *uniforms.stride(), part_max, part_sum, best, best_idx, tgt_best, tgt_idx, res_max,
         out_tokens, out_accepted, out_target_probs, out_draft_probs, out_last_prob, *runtime,
         GREEDY=greedy, HAS_DRAFT_PROBS=has_draft_probs, POSITIONS_POW2=max(32, _next_pow2(k_plus_1)),
@@ -382,6 +389,11 @@ def fused_rejection_sample(
     )
 
 
-def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """The kernels index the vocabulary dimension with stride 1 (true for every tensor the engine makes)."""
-    return t if t.stride(-1) == 1 else t.contiguous()
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """[B, R, V] whose rows sit at b*R + r times one row stride, vocabulary contiguous (every tensor the engine
+    makes). Row addressing by one stride keeps the batch stride, which changes with K, out of the kernels' arguments
+    (Triton specialises integer arguments, and the row stride's alignment keeps the loads vectorised)."""
+    batch, rows, _vocab = t.shape
+    if t.stride(2) == 1 and (batch == 1 or t.stride(0) == rows * t.stride(1)):
+        return t
+    return t.contiguous()
