@@ -244,6 +244,10 @@ variants = [
     (tf._finalize_kernel, dict(GREEDY=True, HAS_DRAFT_PROBS=False, POSITIONS_POW2=32, SPLITS_POW2=32), "*fp32"),
     (tf._finalize_kernel, dict(GREEDY=False, HAS_DRAFT_PROBS=True, POSITIONS_POW2=32, SPLITS_POW2=32), "*fp32"),
 ]
+variants_for_vectors = [
+    (tf._row_stats_kernel, dict(GREEDY=False, SEPARATE_ARGMAX=False, INDEX_64=False, BLOCK_V=1024)),
+    (tf._sample_partials_kernel, dict(HAS_DRAFT_PROBS=True, INDEX_64=False, BLOCK_V=1024, SPLITS_POW2=32)),
+]
 for fn, consts, logits_type in variants:
     consts = {**consts, **common}
     signature = {n: "constexpr" if n in consts else arg_type(n, logits_type) for n in fn.arg_names}
@@ -251,12 +255,26 @@ for fn, consts, logits_type in variants:
                             options={"enable_fp_fusion": False})
     assert kernel.asm["cubin"], fn.__name__
     print("compiled", fn.__name__)
+
+# with V, the chunk and the row stride divisible by 16 (as Triton specialises them for V = 32000, 49152, 151936),
+# the streaming loads over V must be 128-bit vector loads
+for fn, consts in variants_for_vectors:
+    consts = {**consts, **common}
+    signature = {n: "constexpr" if n in consts else arg_type(n, "*fp32") for n in fn.arg_names}
+    aligned = [i for i, n in enumerate(fn.arg_names)
+               if n.endswith("_ptr") or n in ("V", "chunk") or (n.startswith("stride_") and n.endswith("row"))]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    kernel = triton.compile(ASTSource(fn, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                            options={"enable_fp_fusion": False})
+    assert "ld.global.v4" in kernel.asm["ptx"], f"{fn.__name__}: loads over V are not vectorised"
+    print("vectorised", fn.__name__)
 '''
 
 
 def test_kernels_compile_for_hopper_without_a_gpu(tmp_path):
     """The interpreter does not check what compiled Triton rejects (global access, loop-carried types, ...):
-    compile every kernel for sm_90 here, with Triton's bundled ptxas, in a process where the interpreter is off."""
+    compile every kernel for sm_90 here, with Triton's bundled ptxas, in a process where the interpreter is off,
+    and check that the loads over V are vectorised when V is divisible by 16."""
     import os
     import subprocess
     import sys
@@ -267,4 +285,4 @@ def test_kernels_compile_for_hopper_without_a_gpu(tmp_path):
     proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("compiled") == 6
+    assert proc.stdout.count("compiled") == 6 and proc.stdout.count("vectorised") == 2

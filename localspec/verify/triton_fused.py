@@ -52,8 +52,9 @@ GPU_TARGET_SPLITS = 32
 INTERPRETER_BLOCK_V = 512
 INTERPRETER_TARGET_SPLITS = 2
 
-# K, and the integers that change with K (the [B, K] tensors' batch strides): never specialised, so never recompiled
-_RUNTIME_INTS = ["K", "V", "chunk", "num_splits", "stride_db", "stride_ub"]
+# K, and the integers that change with K (the [B, K] tensors' batch strides): never specialised, so never recompiled.
+# V, chunk and the row strides depend on V only: Triton may specialise them (divisible by 16 → vectorised loads).
+_RUNTIME_INTS = ["K", "stride_db", "stride_ub"]
 INT_MAX = tl.constexpr(2147483647)  # kernels may read module globals only as constexpr
 
 # Reductions are written tl.reduce(x, axis, combine) with Triton's own combine functions rather than tl.max / tl.min /
@@ -94,7 +95,7 @@ def _row_stats_kernel(
     start = split * chunk
     end = tl.minimum(start + chunk, V)
     for block_start in range(start, end, BLOCK_V):
-        offs = block_start + lanes
+        offs = tl.multiple_of(block_start, BLOCK_V) + lanes
         mask = offs < end
         x = tl.load(row_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
         if MUL_INVERSE:
@@ -169,7 +170,7 @@ def _sample_partials_kernel(
     end = tl.minimum(start + chunk, V)
     draft_end = tl.where(is_draft_pos, end, 0)  # no draft distribution at the bonus position
     for block_start in range(start, end, BLOCK_V):
-        offs = block_start + lanes
+        offs = tl.multiple_of(block_start, BLOCK_V) + lanes
         mask = offs < end
         x = tl.load(row_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
         if MUL_INVERSE:
