@@ -286,3 +286,28 @@ def test_kernels_compile_for_hopper_without_a_gpu(tmp_path):
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("compiled") == 6 and proc.stdout.count("vectorised") == 2
+
+
+@pytest.mark.skipif(CUDA, reason="about the interpreter, which only runs without CUDA")
+def test_interpreter_works_when_triton_was_imported_first():
+    """bitsandbytes imports Triton before localspec can set TRITON_INTERPRET: the kernels must still run."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import sys, triton.language\n"  # Triton's own @jit functions now exist in compiled mode
+        "from localspec.verify.checks import compare_outputs, make_verify_case\n"
+        "from localspec.verify import rejection_sample\n"
+        "from localspec.verify.triton_fused import INTERPRETED, fused_rejection_sample\n"
+        "assert INTERPRETED\n"
+        "case = make_verify_case(1, 2, 3, 600, temperature=1.0, with_draft_probs=True)\n"
+        "problems = compare_outputs(case.run(fused_rejection_sample), case.run(rejection_sample))\n"
+        "assert not problems, problems\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
