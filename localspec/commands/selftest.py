@@ -24,7 +24,8 @@ from ..verify.checks import compare_outputs, emitted_distribution_pvalues, make_
 from .common import add_model_options
 
 # short answers that repeat themselves, so the n-gram proposer gets drafts accepted and rejected
-PROMPTS = ("List the numbers from 1 to 12, separated by commas.", "Say 'hello world' three times.")
+PROMPTS = ("List the numbers from 1 to 12, separated by commas.",
+           "Repeat this sentence three times: the cat sat on the mat.")
 GREEDY_TOKENS = 24
 CHI_SQUARE_SAMPLES = 20000
 MIN_P = 1e-4
