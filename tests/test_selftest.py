@@ -83,3 +83,24 @@ def test_bench_sampler_table(capsys):
                  "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "torch µs" in out and "fused µs" in out and "note:" in out
+
+
+def test_greedy_losslessness_check_catches_a_lossy_verifier(tiny_pair, monkeypatch, capsys):
+    """A verifier that accepts every draft makes speculative output differ from plain decoding: the check fails."""
+    import localspec.engine as engine
+    from localspec.verify import rejection_sample
+
+    def always_accept(target_logits, draft_token_ids, draft_probs, sampling, draws):
+        out = rejection_sample(target_logits, draft_token_ids, draft_probs, sampling, draws)
+        k = draft_token_ids.shape[1]
+        tokens = out.output_token_ids.clone()
+        tokens[:, :k] = draft_token_ids
+        tokens[:, k] = target_logits[:, k].argmax(-1)  # a bonus token after the (wrongly) accepted drafts
+        return type(out)(tokens, out.num_accepted.clone().fill_(k), out.target_probs_of_drafts,
+                         out.draft_probs_of_drafts, out.target_prob_of_last)
+
+    monkeypatch.setattr(engine, "get_verifier", lambda name, device: ("lossy", always_accept))
+    code = main(["selftest", "--json", "--models", str(tiny_pair["models_yaml"]), "--device", "cpu"])
+    out = _json_out(capsys)
+    lossless = next(c for c in out["checks"] if c["name"] == "greedy losslessness")
+    assert code == 1 and lossless["status"] == "fail" and "differs from plain decoding" in lossless["detail"]

@@ -178,8 +178,20 @@ def test_comparison_reports_a_wrong_output():
     assert any("target_probs_of_drafts" in p for p in compare_outputs(wrong_probs, want))
 
 
-def test_engine_tokens_identical_with_triton_sampler(tiny_session):
+@pytest.fixture
+def session_on_device(request, tiny_pair):
+    if not CUDA:
+        return request.getfixturevalue("tiny_session")
+    from localspec.chat import ChatSession
+    from localspec.loading import load_pair
+    from localspec.registry import load_registry
+
+    return ChatSession(load_pair(load_registry(tiny_pair["models_yaml"])[0], device="cuda"))
+
+
+def test_engine_tokens_identical_with_triton_sampler(session_on_device):
     """End to end on the tiny pair: the engine with sampler=triton emits the torch sampler's tokens (same seed)."""
+    tiny_session = session_on_device
     ids = tiny_session.prompt_ids([{"role": "user", "content": "hello there"}], 8)[0]
     results = {}
     for sampler in ("torch", "triton"):

@@ -32,7 +32,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=list(DEFAULT_BATCHES), help="B values")
     parser.add_argument("--mode", choices=("greedy", "stochastic", "both"), default="both",
                         help="greedy (temperature 0) or stochastic (T=1, draft-model probabilities)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed calls per sampler (default 100 on CUDA, 5 on CPU)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed calls per sampler (default 100 on CUDA, 5 on CPU)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 10 on CUDA, 1 on CPU)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--include-interpreter", action="store_true",

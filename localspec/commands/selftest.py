@@ -132,17 +132,18 @@ def check_greedy_lossless(args, device: torch.device) -> CheckResult:
     spec = session.default_spec(proposer="ngram").validate()
     sampler_name = get_verifier(spec.sampler, session.loaded.device)[0]
     sampling = SamplingParams(temperature=0.0, max_new_tokens=GREEDY_TOKENS)
+    plain_spec = SpecConfig(proposer="none")
     details = []
     for prompt in PROMPTS:
         messages = [{"role": "user", "content": prompt}]
-        plain = [t.token_id for ev in session.stream(messages, sampling, SpecConfig(proposer="none")) for t in ev.tokens]
+        plain = [t.token_id for ev in session.stream(messages, sampling, plain_spec) for t in ev.tokens]
         spec_tokens, accepted = [], 0
         for ev in session.stream(messages, sampling, spec):
             spec_tokens.extend(t.token_id for t in ev.tokens)
             accepted = ev.stats.accepted
         if plain != spec_tokens:
-            at = next((i for i, (a, b) in enumerate(zip(plain, spec_tokens)) if a != b), min(len(plain),
-                                                                                            len(spec_tokens)))
+            pairs = zip(plain, spec_tokens)
+            at = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(plain), len(spec_tokens)))
             return CheckResult(name, "fail", f"{prompt!r}: speculative output differs from plain decoding at token "
                                              f"{at} ({len(plain)} vs {len(spec_tokens)} tokens)")
         details.append(f"{len(plain)} tokens identical, {accepted} drafts accepted")
