@@ -79,8 +79,10 @@ def run_bench(args) -> dict:
         elif not cuda and triton_fused.INTERPRETED and args.include_interpreter:
             fused, fused_mode = triton_fused.fused_rejection_sample, "interpreter"
             note = "fused times are Triton's interpreter on the CPU: a functional run, not a speed measurement"
-        else:
+        elif triton_fused.INTERPRETED:
             note = NO_CUDA_NOTE
+        else:
+            note = f"the compiled fused kernel runs on CUDA tensors only, not {device.type}: use --device cuda"
     fused_repeats = min(repeats, 2) if fused_mode == "interpreter" else repeats
     fused_warmup = 0 if fused_mode == "interpreter" else warmup
     modes = ("greedy", "stochastic") if args.mode == "both" else (args.mode,)
