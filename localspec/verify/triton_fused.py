@@ -237,7 +237,7 @@ def _finalize_kernel(
     row_sum = tl.where(is_pos, row_sum, 1.0)
 
     draft_tokens = tl.load(draft_ids_ptr + b * stride_db + pos * stride_dk, mask=is_draft_pos, other=0)
-    draft_tokens = tl.maximum(draft_tokens, 0)
+    draft_tokens = tl.minimum(tl.maximum(draft_tokens, 0), V - 1)  # memory-safe whatever the ids
     row_ptrs = logits_ptr + (b * (K + 1) + pos) * stride_row  # [P]
     x = tl.load(row_ptrs + draft_tokens, mask=is_draft_pos, other=float("-inf")).to(tl.float32)
     if MUL_INVERSE:
@@ -268,7 +268,8 @@ def _finalize_kernel(
         res_max = tl.reduce(tl.load(res_max_ptr + part, mask=part_mask, other=0.0), 1, _MAX)
         # an all-zero residual (p_target == p_draft) falls back to p_target, as in the reference
         fallback = tl.where(is_draft_pos & (res_max > 0.0), first_token, tgt_token)
-    fallback = tl.where(is_pos, fallback, 0)
+    # NaN logits (the engine reports them after this step) can leave no index chosen: stay inside the row
+    fallback = tl.minimum(tl.maximum(tl.where(is_pos, fallback, 0), 0), V - 1)
     accepted = accepted & is_draft_pos
     num_accepted = tl.reduce(tl.where(accepted, POSITIONS_POW2, pos), 0, _MIN)  # the first position not accepted
     tokens = tl.where(pos < num_accepted, draft_tokens, tl.where(pos == num_accepted, fallback, -1))
