@@ -37,7 +37,7 @@ class SamplingParams:
 
         for name in ("temperature", "top_p"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or abs(value) > 1e300:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int) and abs(value) > 10 ** 300):
                 raise ConfigError(f"{name.replace('_', '-')} must be a number in range (got {value!r})")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
             raise ConfigError(f"max new tokens must be a whole number ≥ 1 (got {self.max_new_tokens!r})")

@@ -55,13 +55,20 @@ class Engine:
             proposer = None
         max_new = min(sampling.max_new_tokens, self.max_context - len(prompt_ids))
         max_k = spec.k if proposer is not None else 0
-        verifier_name, verify = get_verifier(spec.sampler, self.target.device)
-        target = self.target
-        device = target.device
-        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+        self.sampler_name, verify = get_verifier(spec.sampler, self.target.device)
+        generator = torch.Generator(device=self.target.device).manual_seed(sampling.seed)
         stats = SpecStats(max_k)
         wants_hidden = proposer is not None and proposer.wants_hidden
+        try:
+            yield from self._loop(prompt_ids, sampling, proposer, cancel, max_new, max_k, verify, generator, stats,
+                                  wants_hidden)
+        except Exception as exc:  # a model that breaks mid-answer ends the answer with a message, not a traceback
+            yield StepEvent((), 0.0, 0.0, 0.0, 0, 0, stats.snapshot(), True, "error",
+                            f"generation failed: {type(exc).__name__}: {exc}")
 
+    def _loop(self, prompt_ids, sampling, proposer, cancel, max_new, max_k, verify, generator, stats, wants_hidden):
+        target = self.target
+        device = target.device
         with self.lock:
             target.reset()
             t0 = time.perf_counter()

@@ -342,6 +342,11 @@ def test_malformed_message_list(tiny_session, messages):
         tiny_session.prompt_ids(messages, 16)
 
 
+def test_lone_surrogate_in_a_message(tiny_session):
+    ids, _notice = tiny_session.prompt_ids([{"role": "user", "content": "half a surrogate \ud800 here"}], 16)
+    assert "half a surrogate \ufffd here" in tiny_session.tokenizer.decode(ids)
+
+
 def test_validate_messages_helper():
     """The helper the fix above uses: it names the bad message, cleans surrogates, keeps good input as is."""
     from localspec.validation import validate_messages

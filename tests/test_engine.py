@@ -149,3 +149,23 @@ def test_hidden_states_reach_feature_proposers(engine, tiny_models):
     assert proposer.seen[0] == ("begin", len(PROMPT), (len(PROMPT) - 1, hidden))
     for _, accepted, shape in proposer.seen[1:]:
         assert shape == (accepted + 1, hidden)
+
+
+def test_model_failure_mid_answer_becomes_an_error_event(engine, tiny_models):
+    """An exception inside a forward pass ends the answer with a message; the engine still answers afterwards."""
+    calls = {"n": 0}
+
+    def explode(module, args, output):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("kernel missing")
+
+    handle = tiny_models[0].model.norm.register_forward_hook(explode)
+    try:
+        _, tokens, events = run(engine, None, SpecConfig(proposer="none"), SamplingParams(max_new_tokens=20))
+    finally:
+        handle.remove()
+    assert events[-1].finish_reason == "error" and "kernel missing" in events[-1].error
+    assert len(tokens) == 2  # the prefill and two steps ran before the failure
+    ids, _, events = run(engine, None, SpecConfig(proposer="none"), SamplingParams(max_new_tokens=5))
+    assert len(ids) == 5 and events[-1].finish_reason == "length"
