@@ -206,3 +206,32 @@ def test_one_answer_at_a_time_per_window_and_stop_reaches_it(manager):
     assert finished[-1].finish_reason == "cancelled"
     collect(other)
     assert not manager.is_answering("tab") and not manager.is_answering("other tab")
+
+
+# ---- the send handler, in process ------------------------------------------------------------------------------
+
+def _poison_lm_head(module, inputs, output):
+    output = output.clone()
+    output[..., 5] = math.nan
+    return output
+
+
+def test_send_handler_streams_and_reports_a_broken_model(manager, tiny_session):
+    from localspec.ui.handlers import Handlers
+
+    handlers = Handlers(manager)
+    outputs = list(handlers.send("hello hello", [], "ngram", 3, 0.0, 1.0, 0, 24, 0, True))
+    transcript, _stats, status, events, _box, turns = outputs[-1]
+    assert "Done" in status and [t["role"] for t in turns] == ["user", "assistant"]
+    assert events["tokens"] and 'class="tok tok-' in transcript
+
+    handle = tiny_session.loaded.target.get_output_embeddings().register_forward_hook(_poison_lm_head)
+    try:
+        outputs = list(handlers.send("and now?", turns, "ngram", 3, 0.0, 1.0, 0, 24, 0, True))
+    finally:
+        handle.remove()
+    transcript, _stats, status, _events, box, after = outputs[-1]
+    assert "NaN or infinite logits" in status and "ls-status-error" in status
+    assert after == turns and box == "and now?"  # nothing was said: the message is back in the box
+    outputs = list(handlers.send("and now?", turns, "ngram", 3, 0.0, 1.0, 0, 8, 0, True))
+    assert "Done" in outputs[-1][2]  # the app is still usable
