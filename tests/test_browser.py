@@ -149,6 +149,16 @@ def test_enter_sends_and_a_saved_conversation_reopens(browser, tiny_app):
     wait_status(page, "Opened")
     assert "remember this conversation" in page.inner_text("#ls-transcript")
     assert kinds_in_last_answer(page) == kinds  # the highlighting came back from the database
+
+    page.click("#ls-delete")  # two steps: Delete… then Confirm delete
+    page.wait_for_selector("#ls-confirm", state="visible", timeout=30_000)
+    page.click("#ls-cancel-delete")
+    wait_status(page, "Nothing was deleted")
+    page.click("#ls-delete")
+    page.click("#ls-confirm")
+    wait_status(page, "Deleted")
+    page.locator("#ls-conversation input").click()
+    assert page.get_by_role("option", name=re.compile("remember this conversation")).count() == 0
     page.close()
 
 
