@@ -235,3 +235,34 @@ def test_send_handler_streams_and_reports_a_broken_model(manager, tiny_session):
     assert after == turns and box == "and now?"  # nothing was said: the message is back in the box
     outputs = list(handlers.send("and now?", turns, "ngram", 3, 0.0, 1.0, 0, 8, 0, True))
     assert "Done" in outputs[-1][2]  # the app is still usable
+
+
+def test_the_same_switch_asked_twice_shares_one_outcome(tiny_session):
+    release = threading.Event()
+    calls = []
+
+    def slow_failing(pair, progress):
+        calls.append(pair.name)
+        release.wait(10)
+        raise ConfigError("local model path /nowhere does not exist")
+
+    pair = tiny_session.loaded.spec
+    manager = ModelManager([pair, replace(pair, name="broken")], slow_failing)
+    errors = []
+
+    def switch():
+        try:
+            manager.load("broken")
+        except ConfigError as exc:
+            errors.append(str(exc))
+
+    threads = [threading.Thread(target=switch) for _ in range(2)]
+    threads[0].start()
+    while manager.loading != "broken":
+        pass
+    threads[1].start()
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert calls == ["broken"]  # loaded once
+    assert errors == ["local model path /nowhere does not exist"] * 2  # both callers hear why, not "busy"

@@ -95,7 +95,8 @@ class Handlers:
                 if answer.get("finish_reason") is None:
                     answer["finish_reason"] = "stop"
             now = time.monotonic()
-            if finished or (changed and now - last_yield >= YIELD_EVERY_S):
+            failed = answer.get("finish_reason") == "error"  # shown once the worker is done (and the window free)
+            if finished or (changed and not failed and now - last_yield >= YIELD_EVERY_S):
                 last_yield = now
                 yield answer, status
 

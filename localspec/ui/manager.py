@@ -98,6 +98,12 @@ class ModelManager:
         """Load a pair and make it current. On failure the previous pair stays loaded and usable."""
         pair = self.pair(name)
         if not self._lock.acquire(blocking=False):
+            if self.loading == pair.name:  # the same switch asked twice (a double event): share its outcome
+                with self._lock:
+                    pass
+                if self.name == pair.name and self.session is not None:
+                    return 0.0
+                raise ConfigError(self.load_error or f"could not load {pair.name!r}")
             if self.loading:
                 raise Busy(f"{self.loading} is still loading; wait for it, then choose again")
             raise Busy("an answer is streaming; the model was not switched. Press Stop or wait for the answer, "
