@@ -7,6 +7,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from .adaptive import AdaptiveController, CostModel
 from .config import ConfigError, SamplingParams, SpecConfig
 from .events import StepEvent, TokenEvent
 from .metrics import SpecStats
@@ -26,6 +27,7 @@ class Engine:
         self.target = ModelRunner(target_model)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.lock = threading.Lock()
+        self.cost_models: dict[str, CostModel] = {}  # per proposer: measured step costs, kept across answers
 
     @property
     def max_context(self) -> int:
@@ -61,6 +63,9 @@ class Engine:
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
         stats = SpecStats(max_k)
         wants_hidden = proposer is not None and proposer.wants_hidden
+        controller = None  # adaptive: asked for K each step (0 = plain step), told the step's costs and outcome
+        if spec.adaptive and proposer is not None:
+            controller = AdaptiveController(max_k, self.cost_models.setdefault(proposer.name, CostModel()))
 
         with self.lock:
             target.reset()
@@ -80,6 +85,9 @@ class Engine:
                     return
                 # never draft past the token budget: K+1 tokens may be emitted
                 k = min(max_k, max_new - produced - 1)
+                if controller is not None:
+                    k = min(k, controller.choose_k())
+                asked = k
 
                 t_propose = time.perf_counter()
                 draft_ids: list[int] = []
@@ -151,6 +159,9 @@ class Engine:
                     hidden = forward.hidden[: num_accepted + 1] if wants_hidden else None
                     proposer.on_verified(num_accepted, emitted, hidden)
                 pending = emitted[-1]
+                if controller is not None:
+                    controller.observe(asked, k, num_accepted, t_score - t_propose, t_done - t_score)
+                    stats.k, stats.predicted_speedup = asked, controller.last_predicted
                 stats.record_step(k, num_accepted, len(emitted), t_score - t_propose, t_sample - t_score,
                                   t_done - t_sample)
                 yield StepEvent(
