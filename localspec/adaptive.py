@@ -13,6 +13,8 @@ The controller is pure Python (no torch) so its decisions are unit-tested with s
 """
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 # Verify cost shape used until enough steps are measured: v(K) ≈ 1 + 0.12·K (fp32 SmolLM2-135M on a 2-core CPU:
@@ -20,29 +22,30 @@ from dataclasses import dataclass, field
 PRIOR_VERIFY_SLOPE = 0.12
 
 
-@dataclass
-class _Ema:
-    """Exponential moving average that starts at the first sample."""
+class _RecentMedian:
+    """Median of the last `window` samples: on a shared machine a step that was preempted takes 10× longer, and a
+    median ignores it where a mean would not."""
 
-    weight: float = 0.1
-    value: float = 0.0
-    count: int = 0
+    def __init__(self, window: int = 15) -> None:
+        self.samples: deque[float] = deque(maxlen=window)
+        self.count = 0
+        self.value = 0.0
 
     def add(self, sample: float) -> None:
+        self.samples.append(sample)
         self.count += 1
-        rate = max(self.weight, 1.0 / self.count)  # plain mean for the first samples
-        self.value += rate * (sample - self.value)
+        self.value = statistics.median(self.samples)
 
 
 @dataclass
 class CostModel:
     """Step costs of one (target, proposer) pair on this machine. Kept by the engine across answers."""
 
-    verify_s: dict[int, _Ema] = field(default_factory=dict)  # tokens verified (K+1) → seconds of score + sample
-    propose_per_token_s: _Ema = field(default_factory=_Ema)  # proposer seconds per drafted token asked for
+    verify_s: dict[int, _RecentMedian] = field(default_factory=dict)  # tokens verified (K+1) → seconds of score + sample
+    propose_per_token_s: _RecentMedian = field(default_factory=_RecentMedian)  # proposer seconds per drafted token asked for
 
     def observe(self, asked: int, drafted: int, propose_s: float, verify_s: float) -> None:
-        self.verify_s.setdefault(drafted + 1, _Ema()).add(verify_s)
+        self.verify_s.setdefault(drafted + 1, _RecentMedian()).add(verify_s)
         if asked > 0:
             self.propose_per_token_s.add(propose_s / asked)
 

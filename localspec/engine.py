@@ -7,7 +7,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from .adaptive import AdaptiveController, CostModel
+from .adaptive import AdaptiveController
 from .config import ConfigError, SamplingParams, SpecConfig
 from .events import StepEvent, TokenEvent
 from .metrics import SpecStats
@@ -27,7 +27,8 @@ class Engine:
         self.target = ModelRunner(target_model)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.lock = threading.Lock()
-        self.cost_models: dict[str, CostModel] = {}  # per proposer: measured step costs, kept across answers
+        # adaptive: one controller per (proposer, max K), kept across answers (costs are the machine's)
+        self.controllers: dict[tuple[str, int], AdaptiveController] = {}
 
     @property
     def max_context(self) -> int:
@@ -65,7 +66,8 @@ class Engine:
         wants_hidden = proposer is not None and proposer.wants_hidden
         controller = None  # adaptive: asked for K each step (0 = plain step), told the step's costs and outcome
         if spec.adaptive and proposer is not None:
-            controller = AdaptiveController(max_k, self.cost_models.setdefault(proposer.name, CostModel()))
+            controller = self.controllers.setdefault((proposer.name, max_k), AdaptiveController(max_k))
+            controller.begin()
 
         with self.lock:
             target.reset()

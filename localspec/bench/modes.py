@@ -37,6 +37,7 @@ class RunResult:
 
     token_ids: list[int]
     seconds: float  # wall time of the whole answer, prefill included
+    cpu_seconds: float  # CPU time this process used meanwhile: on a shared machine the steadier measure
     target_forwards: int | None = None
     drafted: int | None = None
     accepted: int | None = None
@@ -115,14 +116,14 @@ def run_hf(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> R
                               is not None else (stop_ids[0] if stop_ids else 0))
     kwargs = {}
     if mode.name == "hf-pld":
-        kwargs["prompt_lookup_num_tokens"] = mode.k
+        config.prompt_lookup_num_tokens = mode.k
     elif mode.name == "hf-assisted":
         kwargs["assistant_model"] = session.loaded.draft
     input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=session.loaded.device)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, **kwargs)
-    seconds = time.perf_counter() - started
-    return RunResult(output[0, len(prompt_ids):].tolist(), seconds)
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    return RunResult(output[0, len(prompt_ids):].tolist(), seconds, cpu_seconds)
 
 
 def run_engine(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
@@ -136,17 +137,17 @@ def run_engine(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) 
     token_ids: list[int] = []
     ks: list[int] = []
     last = None
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for event in session.engine.generate(prompt_ids, sampling, spec, proposer):
         token_ids.extend(token.token_id for token in event.tokens)
         ks.append(event.stats.k)
         last = event
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     if last is not None and last.finish_reason == "error":
         raise RuntimeError(f"{mode.label}: {last.error}")
     stats = last.stats
     return RunResult(
-        token_ids=token_ids, seconds=seconds, target_forwards=stats.target_forwards, drafted=stats.drafted,
+        token_ids=token_ids, seconds=seconds, cpu_seconds=cpu_seconds, target_forwards=stats.target_forwards, drafted=stats.drafted,
         accepted=stats.accepted, propose_s=stats.propose_s, score_s=stats.score_s, sampler_s=stats.sampler_s,
         per_position_drafted=list(stats.per_position_drafted), per_position_accepted=list(stats.per_position_accepted),
         k_per_step=ks if mode.name == "adaptive" else [], predicted_speedup=stats.predicted_speedup)
