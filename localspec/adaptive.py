@@ -49,34 +49,41 @@ class CostModel:
         if asked > 0:
             self.propose_per_token_s.add(propose_s / asked)
 
-    def verify_time(self, tokens: int) -> float | None:
-        """Seconds to verify `tokens` positions: the measured mean when there are ≥ 3 samples, else a line fitted
-        through what is measured (the prior slope when only one size is known); None before any measurement."""
-        own = self.verify_s.get(tokens)
-        if own is not None and own.count >= 3:
-            return own.value
+    def _line(self) -> tuple[float, float, int] | None:
+        """Least-squares line t(n) = intercept + slope·n through the measured sizes: (intercept, slope, sizes)."""
         points = [(n, e.value, e.count) for n, e in self.verify_s.items() if e.count > 0]
         if not points:
             return None
-        if len({n for n, _, _ in points}) >= 2:
+        if len(points) >= 2:
             total = sum(w for _, _, w in points)
             mean_n = sum(n * w for n, _, w in points) / total
             mean_t = sum(t * w for _, t, w in points) / total
             var = sum(w * (n - mean_n) ** 2 for n, _, w in points)
             slope = sum(w * (n - mean_n) * (t - mean_t) for n, t, w in points) / var
             intercept = mean_t - slope * mean_n
-            base = intercept + slope  # fitted 1-token time
-            if base > 0 and slope >= 0:
-                return intercept + slope * tokens
+            if intercept + slope > 0 and slope >= 0:
+                return intercept, slope, len(points)
+        # one size known (or a nonsense fit): scale the best-measured size by the prior shape
         n0, t0, _ = max(points, key=lambda p: p[2])
-        return t0 * (1 + PRIOR_VERIFY_SLOPE * (tokens - 1)) / (1 + PRIOR_VERIFY_SLOPE * (n0 - 1))
+        plain = t0 / (1 + PRIOR_VERIFY_SLOPE * (n0 - 1))
+        return plain * (1 - PRIOR_VERIFY_SLOPE), plain * PRIOR_VERIFY_SLOPE, 1
+
+    def verify_time(self, tokens: int, line: tuple[float, float, int] | None = None) -> float | None:
+        """Seconds to verify `tokens` positions: the measured median when there are ≥ 3 samples, else from the
+        line through what is measured (the prior slope when only one size is known); None before any measurement."""
+        own = self.verify_s.get(tokens)
+        if own is not None and own.count >= 3:
+            return own.value
+        line = line or self._line()
+        return None if line is None else line[0] + line[1] * tokens
 
     def ratios(self, max_k: int) -> tuple[float, list[float]]:
         """(c, [v(0)=1, v(1), …, v(max_k)]) relative to a plain step; the prior when nothing is measured yet."""
-        plain = self.verify_time(1)
+        line = self._line()
+        plain = self.verify_time(1, line)
         if plain is None or plain <= 0:
             return 0.0, [1 + PRIOR_VERIFY_SLOPE * k for k in range(max_k + 1)]
-        verify = [max(self.verify_time(k + 1) or plain, plain) / plain for k in range(max_k + 1)]
+        verify = [max(self.verify_time(k + 1, line) or plain, plain) / plain for k in range(max_k + 1)]
         draft_c = self.propose_per_token_s.value / plain if self.propose_per_token_s.count else 0.0
         return draft_c, verify
 
@@ -119,13 +126,17 @@ class AdaptiveController:
         self.max_probe_every = max_probe_every
         self.reached = [0.0] * max_k  # decayed counts: steps that drafted position i with all before it accepted
         self.accepted = [0.0] * max_k  # … of which position i was accepted
+        self.position_prior: list[float] | None = None  # the previous answer's acceptance, once there was one
+        self.speculating = True
         self.begin()
 
     def begin(self) -> None:
-        """A new answer: keep the costs (machine properties), keep a faint memory of the acceptance."""
-        self.reached = [r * 0.25 for r in self.reached]
-        self.accepted = [a * 0.25 for a in self.accepted]
-        self.speculating = True
+        """A new answer: keep the costs (machine properties); the last answer's acceptance becomes this answer's
+        prior (worth `prior_weight` steps, so new text takes over within a few steps); probe again soon."""
+        if any(self.reached):
+            self.position_prior = self.acceptance()
+        self.reached = [0.0] * self.max_k
+        self.accepted = [0.0] * self.max_k
         self.probe_every = self.first_probe_every
         self.steps_off = 0
         self.probing = False
@@ -134,9 +145,12 @@ class AdaptiveController:
 
     # -- estimates -------------------------------------------------------------------------------------------------
     def acceptance(self) -> list[float]:
-        """Per-position conditional acceptance, each shrunk towards the estimate of the position before it."""
+        """Per-position conditional acceptance, each shrunk towards its prior: the previous answer's estimate for
+        that position when there was one, else the estimate of the position before it."""
         rates, prior = [], self.prior_acceptance
-        for reached, accepted in zip(self.reached, self.accepted):
+        for position, (reached, accepted) in enumerate(zip(self.reached, self.accepted)):
+            if self.position_prior is not None:
+                prior = self.position_prior[position]
             rate = (accepted + self.prior_weight * prior) / (reached + self.prior_weight)
             rates.append(rate)
             prior = rate
@@ -145,6 +159,10 @@ class AdaptiveController:
     def speedups(self) -> list[float]:
         draft_c, verify = self.costs.ratios(self.max_k)
         return predicted_speedups(self.acceptance(), draft_c, verify)
+
+    def predicted(self, k: int) -> float:
+        """Predicted speedup of drafting k tokens per step (1.0 for a plain step), from what is measured so far."""
+        return self.speedups()[min(k, self.max_k)] if k > 0 else 1.0
 
     def best(self) -> tuple[int, float]:
         """(K ≥ 1 with the highest predicted speedup, that speedup)."""

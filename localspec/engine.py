@@ -27,8 +27,8 @@ class Engine:
         self.target = ModelRunner(target_model)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.lock = threading.Lock()
-        # adaptive: one controller per (proposer, max K), kept across answers (costs are the machine's)
-        self.controllers: dict[tuple[str, int], AdaptiveController] = {}
+        # per (proposer, K, adaptive): measured costs and acceptance, kept across answers (costs are the machine's)
+        self.controllers: dict[tuple[str, int, bool], AdaptiveController] = {}
 
     @property
     def max_context(self) -> int:
@@ -64,9 +64,11 @@ class Engine:
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
         stats = SpecStats(max_k)
         wants_hidden = proposer is not None and proposer.wants_hidden
-        controller = None  # adaptive: asked for K each step (0 = plain step), told the step's costs and outcome
-        if spec.adaptive and proposer is not None:
-            controller = self.controllers.setdefault((proposer.name, max_k), AdaptiveController(max_k))
+        # told each step's costs and outcome, it predicts the speedup (the break-even meter); when adaptive it
+        # also picks K each step (0 = plain step)
+        controller = None
+        if proposer is not None:
+            controller = self.controllers.setdefault((proposer.name, max_k, spec.adaptive), AdaptiveController(max_k))
             controller.begin()
 
         with self.lock:
@@ -87,7 +89,7 @@ class Engine:
                     return
                 # never draft past the token budget: K+1 tokens may be emitted
                 k = min(max_k, max_new - produced - 1)
-                if controller is not None:
+                if controller is not None and spec.adaptive:
                     k = min(k, controller.choose_k())
                 asked = k
 
@@ -163,7 +165,7 @@ class Engine:
                 pending = emitted[-1]
                 if controller is not None:
                     controller.observe(asked, k, num_accepted, t_score - t_propose, t_done - t_score)
-                    stats.k, stats.predicted_speedup = asked, controller.last_predicted
+                    stats.k, stats.predicted_speedup = asked, controller.predicted(asked)
                 stats.record_step(k, num_accepted, len(emitted), t_score - t_propose, t_sample - t_score,
                                   t_done - t_sample)
                 yield StepEvent(

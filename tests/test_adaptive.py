@@ -152,3 +152,53 @@ def test_adaptive_greedy_output_matches_plain_decoding(tiny_models):
             assert ids == plain, name
             assert all(ev.stats.k <= 6 for ev in events)
             assert events[-1].stats.predicted_speedup is not None
+
+
+def test_a_preempted_step_does_not_move_the_cost_estimate():
+    costs = CostModel()
+    for _ in range(10):
+        costs.observe(0, 0, 0.0, PLAIN_S)
+        costs.observe(4, 4, 0.0, verify_seconds(5, 0.15))
+    before = costs.ratios(4)[1][4]
+    costs.observe(4, 4, 0.0, 20 * verify_seconds(5, 0.15))  # another process held the core for a while
+    assert costs.ratios(4)[1][4] == pytest.approx(before)
+
+
+def test_a_new_answer_keeps_the_costs_and_a_faint_memory_of_acceptance():
+    rng = random.Random(2)
+    controller = AdaptiveController(4)
+    for _ in range(100):
+        step(controller, rng, [0.02] * 4, 0.2)
+    assert not controller.speculating
+    plain_before = controller.costs.verify_time(1)
+    controller.begin()
+    assert controller.costs.verify_time(1) == plain_before
+    assert controller.choose_k() == 0  # the last answer's poor acceptance still speaks: no wasted first steps
+    assert sum(controller.reached) == 0 and controller.acceptance()[0] < 0.2
+
+
+def test_fixed_k_runs_get_the_break_even_prediction_too(tiny_models):
+    from localspec.config import SamplingParams, SpecConfig
+    from localspec.engine import Engine
+    from localspec.proposers import NgramProposer
+
+    target, _ = tiny_models
+    engine = Engine(target, stop_token_ids={2})
+    sampling = SamplingParams(max_new_tokens=24)
+    prompt = [1, 97, 98, 97, 98, 97, 98]
+    plain = list(engine.generate(prompt, sampling, SpecConfig(proposer="none")))
+    assert plain[-1].stats.predicted_speedup is None
+    fixed = list(engine.generate(prompt, sampling, SpecConfig(proposer="ngram", k=3), NgramProposer(1, 3)))
+    assert all(ev.stats.predicted_speedup is not None and ev.stats.predicted_speedup > 0 for ev in fixed)
+    assert all(ev.stats.k == min(3, 24 - sum(len(e.tokens) for e in fixed[:i]) - 1) for i, ev in enumerate(fixed))
+
+
+def test_a_new_answer_with_predictable_text_is_probed_within_a_few_steps():
+    rng = random.Random(3)
+    controller = AdaptiveController(4)
+    for _ in range(300):  # a long chat answer: off, probes backed off to every 64 steps
+        step(controller, rng, [0.02] * 4, 0.2)
+    controller.begin()  # the next answer is code
+    ks = [step(controller, rng, [0.95] * 4, 0.2)[1] for _ in range(30)]
+    assert 0 < ks.index(next(k for k in ks if k > 0)) <= 8
+    assert controller.speculating and all(k > 0 for k in ks[15:])
