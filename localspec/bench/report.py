@@ -257,6 +257,7 @@ def plot(data: dict, out: Path) -> list[Path]:
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
         ax.set_title(category, fontsize=9)
         ax.set_xlabel("draft position")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_ylim(0, 1)
     axes[0][0].set_ylabel("P(accepted at position)")
     if spec_labels:
@@ -266,24 +267,29 @@ def plot(data: dict, out: Path) -> list[Path]:
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, max(1, len(summary["k_sweep"])), figsize=(5.0 * max(1, len(summary["k_sweep"])), 3.8),
-                             squeeze=False)
-    for ax, (name, sweep) in zip(axes[0], summary["k_sweep"].items()):
-        for ci, category in enumerate(categories):
-            ks = [int(k) for k in sweep[category]]
-            line = ax.plot(ks, list(sweep[category].values()), marker="o", label=f"{name}, {category}")[0]
-            for reference, style in (("none", ":"), ("adaptive", "--")):
-                ref = next((label for label in labels if label == reference or label.startswith(reference + " (")
-                            and f"({name}," in label), None)
-                if ref is not None:
-                    ax.axhline(rows[ref][category]["tokens_per_s"], color=line.get_color(), linestyle=style, lw=1,
-                               label=f"{ref.split(' (')[0]}, {category}")
-        ax.set_xlabel("K (draft tokens per step)")
-        ax.set_ylabel("tokens / s")
-        ax.set_title(f"K sweep: {name} (dotted: none, dashed: adaptive)", fontsize=9)
-        ax.legend(fontsize=6)
-    if not summary["k_sweep"]:
-        axes[0][0].text(0.5, 0.5, "no K sweep in this run", ha="center", va="center")
+    sweeps = list(summary["k_sweep"].items())
+    fig, axes = plt.subplots(2, max(1, len(sweeps)), figsize=(5.0 * max(1, len(sweeps)), 7.2), squeeze=False)
+    for row_axes, key, unit in zip(axes, ("tokens_per_s", "tokens_per_cpu_s"), ("wall clock", "CPU time")):
+        for ax, (name, sweep) in zip(row_axes, sweeps):
+            for category in categories:
+                ks = [int(k) for k in sweep[category]]
+                values = [rows[next(m["label"] for m in data["modes"] if m["name"] == name and m["k"] == k)]
+                          [category][key] for k in ks]
+                line = ax.plot(ks, values, marker="o", label=f"{name}, {category}")[0]
+                for reference, style in (("none", ":"), ("adaptive", "--")):
+                    ref = next((label for label in labels if label == reference or label.startswith(reference + " (")
+                                and f"({name}," in label), None)
+                    if ref is not None:
+                        ax.axhline(rows[ref][category][key], color=line.get_color(), linestyle=style, lw=1,
+                                   label=f"{ref.split(' (')[0]}, {category}")
+                ax.set_xticks(ks)
+            ax.set_ylim(bottom=0)
+            ax.set_xlabel("K (draft tokens per step)")
+            ax.set_ylabel(f"tokens per second of {unit}")
+            ax.set_title(f"K sweep: {name}, {unit} (dotted: none, dashed: adaptive)", fontsize=9)
+            ax.legend(fontsize=6)
+        if not sweeps:
+            row_axes[0].text(0.5, 0.5, "no K sweep in this run", ha="center", va="center")
     fig.tight_layout()
     written.append(out / PLOTS[2])
     fig.savefig(written[-1], dpi=110)
