@@ -93,3 +93,51 @@ def test_bench_rejects_bad_options(tiny_pair, tmp_path, capsys):
     assert "unknown bench mode" in capsys.readouterr().err
     assert main(args + ["--k", "0"]) == 2
     assert "--k values" in capsys.readouterr().err
+
+
+def test_summary_ratios_sweep_and_targets_from_known_numbers():
+    from localspec.bench.modes import Mode, RunResult
+    from localspec.bench.prompts import BenchPrompt
+    from localspec.bench.report import summarize, to_markdown, to_json
+    from localspec.bench.runner import BenchRun, PromptRecord
+
+    modes = [Mode("hf"), Mode("hf-pld", 4), Mode("none"), Mode("ngram", 1), Mode("ngram", 2),
+             Mode("adaptive", 8, "ngram")]
+    # seconds per 10-token answer, per category (chat, code)
+    seconds = {"hf": (1.0, 1.0), "hf-pld K=4": (1.0, 0.8), "none": (0.8, 0.8), "ngram K=1": (0.95, 0.5),
+               "ngram K=2": (1.0, 0.4), "adaptive (ngram, K≤8)": (0.82, 0.42)}
+    records = []
+    for index, category in enumerate(("chat", "code")):
+        record = PromptRecord(BenchPrompt(f"{category}/0", category, ({"role": "user", "content": "x"},)), [1, 2])
+        for mode in modes:
+            ids = list(range(10)) if mode.label != "ngram K=2" or category == "chat" else list(range(9)) + [99]
+            engine = mode.name not in ("hf", "hf-pld")
+            record.results[mode.label] = RunResult(
+                ids, seconds[mode.label][index], seconds[mode.label][index] / 2,
+                target_forwards=5 if engine else None, drafted=8 if engine else None, accepted=4 if engine else None,
+                per_position_drafted=[5, 3] if engine else [], per_position_accepted=[3, 1] if engine else [])
+        records.append(record)
+    run = BenchRun("fake", modes, records, 10, [], {"cpu_count": 2, "processor": "x", "torch": "t",
+                                                    "torch_threads": 1, "load_before": {"load_1m": 1.0},
+                                                    "load_after": {"load_1m": 2.0},
+                                                    "load_1m_during": {"min": 1.0, "max": 2.0, "mean": 1.5}})
+    summary = summarize(run)
+    rows = summary["rows"]
+    assert rows["none"]["chat"]["speedup_vs_hf"] == pytest.approx(1.25)
+    assert rows["ngram K=2"]["code"]["speedup_vs_none"] == pytest.approx(2.0)
+    assert rows["ngram K=2"]["all"]["tokens_per_s"] == pytest.approx(20 / 1.4)
+    assert rows["ngram K=2"]["all"]["cpu_speedup_vs_none"] == pytest.approx(1.6 / 1.4)
+    assert rows["ngram K=1"]["all"]["acceptance_rate"] == pytest.approx(0.5)
+    assert rows["ngram K=1"]["all"]["mean_acceptance_length"] == pytest.approx(2.0)
+    assert rows["ngram K=1"]["all"]["per_position_acceptance"] == pytest.approx([0.6, 1 / 3])
+    assert rows["ngram K=2"]["code"]["same_as_hf"] == 0 and rows["ngram K=2"]["chat"]["exactly_hf"] == 1
+    assert summary["k_sweep"]["ngram"]["best_k"] == {"chat": 1, "code": 2, "all": 2}
+    targets = {t["target"]: t for t in summary["targets"]}
+    assert targets["ngram K=2 / hf-pld K=4, all prompts"]["value"] == pytest.approx((20 / 1.4) / (20 / 1.8))
+    chat_none = targets["adaptive (ngram, K≤8) / none, chat"]
+    assert chat_none["met"] and chat_none["value"] == pytest.approx(0.8 / 0.82)
+    code_best = targets["adaptive (ngram, K≤8) / best fixed (ngram K=2), code"]
+    assert code_best["met"] and code_best["value"] == pytest.approx(0.4 / 0.42)
+    assert not targets["best of our modes (adaptive (ngram, K≤8)) / hf, all prompts"]["met"]  # 1.61× < 2×
+    table = to_markdown(to_json(run, summary))
+    assert "| ngram K=2 | code | 25.0 | 2.50× | 2.00× |" in table
