@@ -13,6 +13,7 @@ The controller is pure Python (no torch) so its decisions are unit-tested with s
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -106,13 +107,16 @@ class AdaptiveController:
     """Asked by the engine for K before each step (0 = speculation off this step); told the step's outcome after.
 
     on:  K = argmax speedup(K); switch off when the best predicted speedup drops below `off_below`.
-    off: plain steps; every `probe_every` steps (doubling after each failed probe, up to `max_probe_every`)
-         one probe step drafts the predicted-best K ≥ 1, so a change in the text (code after chat) is noticed.
+    off: plain steps, and now and then one probe step that drafts the predicted-best K ≥ 1, so a change in the
+         text (code after chat) is noticed. A probe that finds nothing costs K·c + v(K) − 1 plain steps, so probes
+         are spaced to spend at most `probe_budget` of the time (a free n-gram probe every few steps, a costly draft
+         model rarely), between `min_probe_every` and `max_probe_every` steps. A probe whose proposer drafted
+         nothing (no n-gram match) taught nothing and cost nothing: the next step probes again.
     """
 
     def __init__(self, max_k: int, costs: CostModel | None = None, prior_acceptance: float = 0.5,
                  prior_weight: float = 2.0, forget: float = 0.95, off_below: float = 1.0, on_above: float = 1.03,
-                 probe_every: int = 8, max_probe_every: int = 64) -> None:
+                 probe_budget: float = 0.02, min_probe_every: int = 4, max_probe_every: int = 64) -> None:
         if max_k < 1:
             raise ValueError("max_k must be ≥ 1")
         self.max_k = max_k
@@ -122,7 +126,8 @@ class AdaptiveController:
         self.forget = forget
         self.off_below = off_below
         self.on_above = on_above
-        self.first_probe_every = probe_every
+        self.probe_budget = probe_budget
+        self.min_probe_every = min_probe_every
         self.max_probe_every = max_probe_every
         self.reached = [0.0] * max_k  # decayed counts: steps that drafted position i with all before it accepted
         self.accepted = [0.0] * max_k  # … of which position i was accepted
@@ -132,12 +137,11 @@ class AdaptiveController:
 
     def begin(self) -> None:
         """A new answer: keep the costs (machine properties); the last answer's acceptance becomes this answer's
-        prior (worth `prior_weight` steps, so new text takes over within a few steps); probe again soon."""
+        prior (worth `prior_weight` steps, so new text takes over within a few steps)."""
         if any(self.reached):
             self.position_prior = self.acceptance()
         self.reached = [0.0] * self.max_k
         self.accepted = [0.0] * self.max_k
-        self.probe_every = self.first_probe_every
         self.steps_off = 0
         self.probing = False
         self.last_k = 0
@@ -170,6 +174,12 @@ class AdaptiveController:
         k = max(range(1, self.max_k + 1), key=lambda i: (speedups[i], -i))
         return k, speedups[k]
 
+    def probe_every(self, k: int) -> int:
+        """Steps between probes so that probes drafting k tokens cost at most probe_budget of the time."""
+        draft_c, verify = self.costs.ratios(self.max_k)
+        loss = max(k * draft_c + verify[k] - 1.0, 0.0)
+        return int(min(max(math.ceil(loss / self.probe_budget), self.min_probe_every), self.max_probe_every))
+
     # -- the two calls the engine makes ----------------------------------------------------------------------------
     def choose_k(self) -> int:
         k, speedup = self.best()
@@ -179,15 +189,12 @@ class AdaptiveController:
             self.steps_off = 0
         elif not self.speculating and speedup > self.on_above:
             self.speculating = True
-            self.probe_every = self.first_probe_every
         if not self.speculating:
             self.steps_off += 1
-            if self.steps_off < self.probe_every:
+            if self.steps_off < self.probe_every(k):
                 self.last_k, self.last_predicted = 0, 1.0
                 return 0
             self.probing = True
-            self.steps_off = 0
-            self.probe_every = min(self.probe_every * 2, self.max_probe_every)
         self.last_k, self.last_predicted = k, speedup
         return k
 
@@ -196,7 +203,8 @@ class AdaptiveController:
         seconds spent proposing and verifying (target forward + sampling)."""
         self.costs.observe(asked, drafted, propose_s, verify_s)
         if drafted == 0:
-            return
+            return  # nothing to learn (an unanswered probe stays due)
+        self.steps_off = 0
         self.reached = [r * self.forget for r in self.reached]
         self.accepted = [a * self.forget for a in self.accepted]
         for position in range(min(num_accepted + 1, drafted, self.max_k)):
@@ -207,4 +215,3 @@ class AdaptiveController:
             _, speedup = self.best()
             if speedup > self.on_above:  # the probe found text worth speculating on
                 self.speculating = True
-                self.probe_every = self.first_probe_every
