@@ -64,14 +64,15 @@ class Engine:
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
         stats = SpecStats(max_k)
         wants_hidden = proposer is not None and proposer.wants_hidden
-        # told each step's costs and outcome, it predicts the speedup (the break-even meter); when adaptive it
-        # also picks K each step (0 = plain step)
-        controller = None
-        if proposer is not None:
-            controller = self.controllers.setdefault((proposer.name, max_k, spec.adaptive), AdaptiveController(max_k))
-            controller.begin()
 
         with self.lock:
+            # told each step's costs and outcome, it predicts the speedup (the break-even meter); when adaptive it
+            # also picks K each step (0 = plain step)
+            controller = None
+            if proposer is not None:
+                key = (proposer.name, max_k, spec.adaptive)
+                controller = self.controllers.setdefault(key, AdaptiveController(max_k))
+                controller.begin()
             target.reset()
             t0 = time.perf_counter()
             prompt_hidden = None
