@@ -67,6 +67,7 @@ class SpecConfig:
     sampler: str = "auto"
     ngram_min: int = 1
     ngram_max: int = 4
+    adaptive: bool = False  # pick K ≤ k each step from measured costs and acceptance; 0 = plain step
 
     def validate(self) -> "SpecConfig":
         for name in ("k", "ngram_min", "ngram_max"):

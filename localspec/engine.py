@@ -7,6 +7,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from .adaptive import AdaptiveController
 from .config import ConfigError, SamplingParams, SpecConfig
 from .events import StepEvent, TokenEvent
 from .metrics import SpecStats
@@ -26,6 +27,8 @@ class Engine:
         self.target = ModelRunner(target_model)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.lock = threading.Lock()
+        # per (proposer, K, adaptive): measured costs and acceptance, kept across answers (costs are the machine's)
+        self.controllers: dict[tuple[str, int, bool], AdaptiveController] = {}
 
     @property
     def max_context(self) -> int:
@@ -70,6 +73,13 @@ class Engine:
         target = self.target
         device = target.device
         with self.lock:
+            # told each step's costs and outcome, it predicts the speedup (the break-even meter); when adaptive it
+            # also picks K each step (0 = plain step)
+            controller = None
+            if proposer is not None:
+                key = (proposer.name, max_k, spec.adaptive)
+                controller = self.controllers.setdefault(key, AdaptiveController(max_k))
+                controller.begin()
             target.reset()
             t0 = time.perf_counter()
             prompt_hidden = None
@@ -87,6 +97,9 @@ class Engine:
                     return
                 # never draft past the token budget: K+1 tokens may be emitted
                 k = min(max_k, max_new - produced - 1)
+                if controller is not None and spec.adaptive:
+                    k = min(k, controller.choose_k())
+                asked = k
 
                 t_propose = time.perf_counter()
                 draft_ids: list[int] = []
@@ -161,6 +174,9 @@ class Engine:
                     hidden = forward.hidden[: num_accepted + 1] if wants_hidden else None
                     proposer.on_verified(num_accepted, emitted, hidden)
                 pending = emitted[-1]
+                if controller is not None:
+                    controller.observe(asked, k, num_accepted, t_score - t_propose, t_done - t_score)
+                    stats.k, stats.predicted_speedup = asked, controller.predicted(asked)
                 stats.record_step(k, num_accepted, len(emitted), t_score - t_propose, t_sample - t_score,
                                   t_done - t_sample)
                 yield StepEvent(

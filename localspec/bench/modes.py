@@ -1,0 +1,153 @@
+"""One small runner per benchmark mode. Every mode answers the same prompt ids with the same loaded weights,
+greedy, up to max_new_tokens new tokens, stopping after a stop token (which counts, as in generate())."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import ConfigError, SamplingParams, SpecConfig
+
+HF_MODES = ("hf", "hf-pld", "hf-assisted")
+ENGINE_MODES = ("none", "ngram", "draft", "head", "adaptive")
+ALL_MODES = HF_MODES + ENGINE_MODES
+SWEPT = ("ngram", "draft", "head")  # run once per K of --k
+DEFAULT_ADAPTIVE_MAX_K = 8
+
+
+@dataclass(frozen=True)
+class Mode:
+    """name: one of ALL_MODES; k: draft tokens per step (the ceiling for adaptive); proposer for adaptive."""
+
+    name: str
+    k: int | None = None
+    proposer: str | None = None
+
+    @property
+    def label(self) -> str:
+        if self.name == "adaptive":
+            return f"adaptive ({self.proposer}, K≤{self.k})"
+        return self.name if self.k is None or self.name == "hf-assisted" else f"{self.name} K={self.k}"
+
+
+@dataclass
+class RunResult:
+    """One prompt through one mode. Engine-only fields stay at their defaults for the Hugging Face modes."""
+
+    token_ids: list[int]
+    seconds: float  # wall time of the whole answer, prefill included
+    cpu_seconds: float  # CPU time this process used meanwhile: on a shared machine the steadier measure
+    target_forwards: int | None = None
+    drafted: int | None = None
+    accepted: int | None = None
+    propose_s: float = 0.0
+    score_s: float = 0.0
+    sampler_s: float = 0.0
+    per_position_drafted: list[int] = field(default_factory=list)
+    per_position_accepted: list[int] = field(default_factory=list)
+    k_per_step: list[int] = field(default_factory=list)  # adaptive: the K asked for at each step (0 = plain)
+    predicted_speedup: float | None = None
+
+
+def available_modes(session) -> dict[str, str | None]:
+    """mode → None when it can run on this pair, else why not."""
+    pair = session.loaded.spec
+    has_draft = pair.draft is not None and session.loaded.draft is not None
+    why_draft = None if has_draft else f"pair {pair.name!r} has no standalone draft model"
+    return {
+        "hf": None, "none": None,
+        "hf-pld": None,
+        "hf-assisted": why_draft,
+        "ngram": None if pair.ngram is not None else f"pair {pair.name!r} has no n-gram proposer",
+        "draft": why_draft,
+        "head": None if pair.head is not None else f"pair {pair.name!r} has no trained head",
+        "adaptive": None if len(pair.proposers) > 1 else f"pair {pair.name!r} has no proposer to adapt",
+    }
+
+
+def parse_modes(names: list[str], ks: list[int], session, adaptive_max_k: int = DEFAULT_ADAPTIVE_MAX_K,
+                hf_k: int | None = None) -> tuple[list[Mode], list[str]]:
+    """Expand mode names over the K list; return (modes, notes about the modes that were skipped)."""
+    pair = session.loaded.spec
+    unknown = [n for n in names if n not in ALL_MODES]
+    if unknown:
+        raise ConfigError(f"unknown bench mode(s) {', '.join(unknown)}; choose from {', '.join(ALL_MODES)}")
+    bad_k = [k for k in ks if not 1 <= k <= 16]
+    if bad_k:
+        raise ConfigError(f"--k values must be between 1 and 16 (got {bad_k})")
+    why_not = available_modes(session)
+    modes, notes = [], []
+    for name in dict.fromkeys(names):
+        if why_not[name] is not None:
+            notes.append(f"{name} skipped: {why_not[name]}")
+            continue
+        if name in SWEPT:
+            modes.extend(Mode(name, k) for k in ks)
+        elif name == "hf-pld":
+            modes.append(Mode(name, hf_k or pair.k))
+        elif name == "hf-assisted":
+            modes.append(Mode(name, None))
+        elif name == "adaptive":
+            proposer = pair.default_proposer if pair.default_proposer != "none" else pair.proposers[1]
+            modes.append(Mode(name, max(adaptive_max_k, *ks), proposer))
+        else:
+            modes.append(Mode(name))
+    if not modes:
+        raise ConfigError("no bench mode can run on this model pair: " + "; ".join(notes))
+    return modes, notes
+
+
+def run_mode(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
+    if mode.name in HF_MODES:
+        return run_hf(session, mode, prompt_ids, max_new_tokens)
+    return run_engine(session, mode, prompt_ids, max_new_tokens)
+
+
+@torch.inference_mode()
+def run_hf(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
+    """transformers generate(): plain greedy, prompt lookup (K), or assisted by the pair's draft model."""
+    from transformers import GenerationConfig
+
+    model = session.loaded.target
+    stop_ids = sorted(session.engine.stop_token_ids)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stop_ids or None,
+                              pad_token_id=session.tokenizer.pad_token_id if session.tokenizer.pad_token_id
+                              is not None else (stop_ids[0] if stop_ids else 0))
+    kwargs = {}
+    if mode.name == "hf-pld":
+        config.prompt_lookup_num_tokens = mode.k
+    elif mode.name == "hf-assisted":
+        kwargs["assistant_model"] = session.loaded.draft
+    input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=session.loaded.device)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, **kwargs)
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    return RunResult(output[0, len(prompt_ids):].tolist(), seconds, cpu_seconds)
+
+
+def run_engine(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
+    """Our engine through the same loop for every proposer; none = plain decoding."""
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    if mode.name == "adaptive":
+        spec = session.default_spec(proposer=mode.proposer, k=mode.k, adaptive=True)
+    else:
+        spec = session.default_spec(proposer=mode.name, k=mode.k or session.loaded.spec.k)
+    proposer = session.make_proposer(spec)
+    token_ids: list[int] = []
+    ks: list[int] = []
+    last = None
+    started, cpu_started = time.perf_counter(), time.process_time()
+    for event in session.engine.generate(prompt_ids, sampling, spec, proposer):
+        token_ids.extend(token.token_id for token in event.tokens)
+        ks.append(event.stats.k)
+        last = event
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+    if last is not None and last.finish_reason == "error":
+        raise RuntimeError(f"{mode.label}: {last.error}")
+    stats = last.stats
+    return RunResult(
+        token_ids=token_ids, seconds=seconds, cpu_seconds=cpu_seconds, target_forwards=stats.target_forwards, drafted=stats.drafted,
+        accepted=stats.accepted, propose_s=stats.propose_s, score_s=stats.score_s, sampler_s=stats.sampler_s,
+        per_position_drafted=list(stats.per_position_drafted), per_position_accepted=list(stats.per_position_accepted),
+        k_per_step=ks if mode.name == "adaptive" else [], predicted_speedup=stats.predicted_speedup)

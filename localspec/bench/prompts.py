@@ -1,0 +1,125 @@
+"""Benchmark prompts: MT-Bench first turns and HumanEval function stubs (../shared/data), or the user's own files."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import ConfigError
+
+MT_BENCH_FILE = "mt_bench_question.jsonl"
+HUMANEVAL_FILE = "HumanEval.jsonl.gz"
+CODE_INSTRUCTION = "Complete this Python function. Reply with the whole function in one code block.\n\n"
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One benchmark question, as chat messages; category groups the table rows (the prompt set's name)."""
+
+    prompt_id: str
+    category: str  # 'mt-bench' | 'humaneval' | the stem of a --prompts file
+    messages: tuple[dict, ...]
+    subcategory: str = ""  # MT-Bench's own category (writing, coding, …) when known
+
+
+def default_data_dir() -> Path:
+    """$LOCALSPEC_BENCH_DATA, else ../shared/data next to the repository, else /work/shared/data."""
+    candidates = [os.environ.get("LOCALSPEC_BENCH_DATA"), Path(__file__).resolve().parents[3] / "shared" / "data",
+                  "/work/shared/data"]
+    for candidate in candidates:
+        if candidate and (Path(candidate) / MT_BENCH_FILE).exists():
+            return Path(candidate)
+    raise ConfigError("benchmark prompts not found: expected ../shared/data/mt_bench_question.jsonl next to the "
+                      "repository; pass --prompts FILE or set LOCALSPEC_BENCH_DATA")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise ConfigError(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read prompt file {path}: {exc.strerror or exc}") from None
+    return rows
+
+
+def _spread(rows: list[BenchPrompt], limit: int | None) -> list[BenchPrompt]:
+    """Take `limit` prompts round-robin over subcategories, so a small limit still covers every kind of question."""
+    if limit is None or limit >= len(rows):
+        return rows
+    groups: dict[str, list[BenchPrompt]] = {}
+    for row in rows:
+        groups.setdefault(row.subcategory, []).append(row)
+    picked: list[BenchPrompt] = []
+    depth = 0
+    while len(picked) < limit:
+        for group in groups.values():
+            if depth < len(group) and len(picked) < limit:
+                picked.append(group[depth])
+        depth += 1
+    return picked
+
+
+def load_mt_bench(path: Path, limit: int | None = None) -> list[BenchPrompt]:
+    rows = [BenchPrompt(f"mt-bench/{row.get('question_id', i)}", "mt-bench",
+                        ({"role": "user", "content": row["turns"][0]},), row.get("category", ""))
+            for i, row in enumerate(_read_jsonl(path))]
+    return _spread(rows, limit)
+
+
+def load_humaneval(path: Path, limit: int | None = None) -> list[BenchPrompt]:
+    rows = [BenchPrompt(str(row.get("task_id", f"humaneval/{i}")).lower(), "humaneval",
+                        ({"role": "user", "content": CODE_INSTRUCTION + "```python\n" + row["prompt"] + "```"},))
+            for i, row in enumerate(_read_jsonl(path))]
+    return rows[:limit] if limit is not None else rows
+
+
+def load_prompt_file(path: Path, limit: int | None = None) -> list[BenchPrompt]:
+    """A .jsonl(.gz) with one of turns / prompt / text / messages per line, or a .txt with one prompt per line."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"prompt file {path} not found")
+    name = path.name.split(".")[0]
+    if path.name == MT_BENCH_FILE:
+        return load_mt_bench(path, limit)
+    if path.name == HUMANEVAL_FILE:
+        return load_humaneval(path, limit)
+    prompts = []
+    if path.suffix == ".txt":
+        lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+        raw = [{"prompt": line} for line in lines if line]
+    else:
+        raw = _read_jsonl(path)
+    for i, row in enumerate(raw):
+        if "messages" in row:
+            messages = tuple({"role": m["role"], "content": str(m["content"])} for m in row["messages"])
+        else:
+            text = row["turns"][0] if "turns" in row else row.get("prompt", row.get("text"))
+            if not isinstance(text, str) or not text.strip():
+                raise ConfigError(f"{path}: entry {i + 1} has no 'turns', 'prompt', 'text' or 'messages'")
+            messages = ({"role": "user", "content": text},)
+        prompts.append(BenchPrompt(f"{name}/{row.get('id', row.get('question_id', i))}", name, messages,
+                                   str(row.get("category", ""))))
+    return _spread(prompts, limit)
+
+
+def load_prompts(files: list[str] | None = None, limit: int | None = None) -> list[BenchPrompt]:
+    """The default sets (MT-Bench, HumanEval; `limit` from each) or the given files (`limit` from each)."""
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be ≥ 1 (got {limit})")
+    if files:
+        prompts = [p for f in files for p in load_prompt_file(Path(f), limit)]
+    else:
+        data = default_data_dir()
+        prompts = load_mt_bench(data / MT_BENCH_FILE, limit) + load_humaneval(data / HUMANEVAL_FILE, limit)
+    if not prompts:
+        raise ConfigError("no benchmark prompts were found in the given files")
+    return prompts

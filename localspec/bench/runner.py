@@ -1,0 +1,94 @@
+"""Run every mode on every prompt, interleaved prompt by prompt (the mode order rotates), after a warm-up.
+
+Interleaving makes the ratios between modes fair on a shared, noisy machine: a slow minute hits all modes alike.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from .modes import Mode, RunResult, run_mode
+from .prompts import BenchPrompt
+
+WARMUP_TOKENS = 16
+
+
+@dataclass
+class PromptRecord:
+    prompt: BenchPrompt
+    prompt_ids: list[int]  # chat-templated
+    results: dict[str, RunResult] = field(default_factory=dict)  # mode label → result
+
+
+@dataclass
+class BenchRun:
+    model: str
+    modes: list[Mode]
+    records: list[PromptRecord]
+    max_new_tokens: int
+    notes: list[str]
+    machine: dict
+
+
+def load_average() -> dict:
+    """os.getloadavg() and the `uptime` line, so a report can say how busy the machine was."""
+    one, five, fifteen = os.getloadavg()
+    try:
+        line = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        line = ""
+    return {"load_1m": one, "load_5m": five, "load_15m": fifteen, "uptime": line, "time": time.strftime("%H:%M:%S")}
+
+
+def machine_info() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version()}
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True)
+
+
+def run_bench(session, prompts: list[BenchPrompt], modes: list[Mode], max_new_tokens: int,
+              notes: Optional[list[str]] = None, progress: bool = True, warmup: bool = True,
+              on_result: Optional[Callable[[PromptRecord, Mode, RunResult], None]] = None) -> BenchRun:
+    machine = machine_info()
+    machine["load_before"] = load_average()
+    encoded = []
+    for prompt in prompts:
+        ids, _notice = session.prompt_ids(list(prompt.messages), max_new_tokens)
+        encoded.append(PromptRecord(prompt, ids))
+    if warmup:  # first calls pay for lazy initialisation (kernels, allocator, caches): keep them out of the numbers
+        for mode in modes:
+            run_mode(session, mode, encoded[0].prompt_ids, min(WARMUP_TOKENS, max_new_tokens))
+    bar = _progress_bar(len(prompts) * len(modes), progress)
+    samples = []
+    for index, record in enumerate(encoded):
+        shift = index % len(modes)
+        for mode in modes[shift:] + modes[:shift]:
+            result = run_mode(session, mode, record.prompt_ids, max_new_tokens)
+            record.results[mode.label] = result
+            if on_result is not None:
+                on_result(record, mode, result)
+            if bar is not None:
+                bar.set_postfix_str(f"{record.prompt.prompt_id} {mode.label}: "
+                                    f"{len(result.token_ids) / max(result.seconds, 1e-9):.1f} tok/s")
+                bar.update(1)
+        samples.append(os.getloadavg()[0])
+    if bar is not None:
+        bar.close()
+    machine["load_after"] = load_average()
+    machine["load_1m_during"] = {"min": min(samples), "max": max(samples), "mean": sum(samples) / len(samples)}
+    return BenchRun(session.loaded.spec.name, modes, encoded, max_new_tokens, list(notes or []), machine)

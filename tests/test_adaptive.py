@@ -1,0 +1,211 @@
+"""The adaptive controller's decisions on synthetic costs and acceptances (pure Python), and its greedy output."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from localspec.adaptive import AdaptiveController, CostModel, expected_tokens, predicted_speedups
+
+PLAIN_S = 0.033  # a plain step: 1-token forward + sampling
+
+
+def verify_seconds(tokens: int, slope: float) -> float:
+    return PLAIN_S * (1 + slope * (tokens - 1))
+
+
+def step(controller: AdaptiveController, rng: random.Random, acceptance: list[float], slope: float,
+         draft_c: float = 0.0, available: float = 1.0) -> tuple[int, int, float]:
+    """One simulated step in a world with the given true costs and per-position acceptance.
+    available: probability the proposer finds any draft at all (an n-gram miss drafts nothing).
+    Returns (tokens emitted, K asked, seconds)."""
+    asked = controller.choose_k()
+    drafted = asked if rng.random() < available else 0
+    accepted = 0
+    while accepted < drafted and rng.random() < acceptance[min(accepted, len(acceptance) - 1)]:
+        accepted += 1
+    propose_s = asked * draft_c * PLAIN_S
+    verify_s = verify_seconds(drafted + 1, slope)
+    controller.observe(asked, drafted, accepted, propose_s, verify_s)
+    return accepted + 1, asked, propose_s + verify_s
+
+
+def throughput_fixed(k: int, acceptance: list[float], slope: float, draft_c: float = 0.0) -> float:
+    """Exact tokens per second of a fixed K in the synthetic world (K = 0: plain decoding)."""
+    tokens = expected_tokens(acceptance + [acceptance[-1]] * 16, k)
+    return tokens / (k * draft_c * PLAIN_S + verify_seconds(k + 1, slope))
+
+
+def run_world(acceptance, slope, draft_c=0.0, steps=600, max_k=8, seed=0, available=1.0):
+    rng = random.Random(seed)
+    controller = AdaptiveController(max_k)
+    tokens = seconds = 0.0
+    ks = []
+    for _ in range(steps):
+        emitted, asked, spent = step(controller, rng, acceptance, slope, draft_c, available)
+        tokens += emitted
+        seconds += spent
+        ks.append(asked)
+    return tokens / seconds, ks, controller
+
+
+def test_expected_tokens_matches_closed_form_for_constant_acceptance():
+    for alpha in (0.2, 0.5, 0.8):
+        for k in range(0, 7):
+            closed = (1 - alpha ** (k + 1)) / (1 - alpha)
+            assert expected_tokens([alpha] * 8, k) == pytest.approx(closed)
+
+
+def test_expected_tokens_uses_per_position_rates():
+    # position 1 always accepted, position 2 never: E(1) = 2, E(K ≥ 2) = 2
+    assert expected_tokens([1.0, 0.0, 1.0], 1) == pytest.approx(2.0)
+    assert expected_tokens([1.0, 0.0, 1.0], 3) == pytest.approx(2.0)
+    assert predicted_speedups([1.0, 0.0], 0.0, [1.0, 1.2, 1.4]) == pytest.approx([1.0, 2 / 1.2, 2 / 1.4])
+
+
+def test_cost_model_measures_c_and_v():
+    costs = CostModel()
+    for tokens in (1, 3, 5):
+        for _ in range(4):
+            costs.observe(tokens - 1, tokens - 1, 0.1 * PLAIN_S * (tokens - 1), verify_seconds(tokens, 0.25))
+    draft_c, verify = costs.ratios(6)
+    assert draft_c == pytest.approx(0.1)
+    assert verify[0] == pytest.approx(1.0)
+    assert verify[4] == pytest.approx(2.0)  # measured: 5 tokens
+    assert verify[6] == pytest.approx(2.5)  # 7 tokens, never measured: from the fitted line
+
+
+def test_high_acceptance_and_cheap_verify_picks_a_long_draft():
+    _, ks, controller = run_world([0.9] * 8, slope=0.05)
+    assert sum(k == 0 for k in ks[100:]) == 0
+    assert sum(ks[100:]) / len(ks[100:]) >= 5
+    assert controller.best()[1] > 2.0
+
+
+def probe_cost_share(ks: list[int], slope: float, draft_c: float = 0.0) -> float:
+    """Extra time the probes cost (if none was accepted), as a share of the plain-decoding time."""
+    return sum(k * draft_c + slope * k for k in ks if k > 0) / len(ks)
+
+
+def test_low_acceptance_switches_speculation_off_and_probes_within_budget():
+    _, ks, controller = run_world([0.1] * 8, slope=0.15)
+    tail = ks[200:]
+    probes = [k for k in tail if k > 0]
+    assert not controller.speculating
+    assert len(probes) >= 20  # a cheap n-gram probe comes every few steps…
+    assert probe_cost_share(tail, 0.15) <= 0.03  # …and costs at most ~2% of the time
+    assert max(probes) <= 2
+
+
+def test_first_position_only_picks_k_1():
+    # typical of a chat n-gram: the next token sometimes, never a long run
+    _, ks, _ = run_world([0.7, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05], slope=0.12)
+    tail = ks[100:]
+    assert max(set(tail), key=tail.count) == 1
+
+
+def test_expensive_draft_model_turns_off():
+    # a draft costing 60% of a target step with modest acceptance never pays
+    _, ks, controller = run_world([0.5] * 8, slope=0.1, draft_c=0.6)
+    assert not controller.speculating
+    assert 0 < sum(k > 0 for k in ks[200:]) <= 400 / 30  # a costly probe is rare
+    assert probe_cost_share(ks[200:], 0.1, 0.6) <= 0.03
+
+
+def test_turns_back_on_when_the_text_becomes_predictable():
+    rng = random.Random(1)
+    controller = AdaptiveController(8)
+    for _ in range(200):  # chat-like: speculation off
+        step(controller, rng, [0.05] * 8, 0.15)
+    assert not controller.speculating
+    late = []
+    for _ in range(300):  # code with repeated identifiers: probes find it and speculation resumes
+        late.append(step(controller, rng, [0.9] * 8, 0.15)[1])
+    assert controller.speculating
+    assert sum(k > 0 for k in late[150:]) == 150
+
+
+@pytest.mark.parametrize("acceptance,slope,draft_c,available", [
+    ([0.1] * 8, 0.12, 0.0, 1.0),  # chat with n-gram: off
+    ([0.3] * 8, 0.12, 0.0, 0.5),  # n-gram that often finds nothing
+    ([0.6, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5], 0.12, 0.0, 1.0),  # middling
+    ([0.85] * 8, 0.12, 0.0, 1.0),  # code with n-gram
+    ([0.75] * 8, 0.08, 0.15, 1.0),  # a draft model
+    ([0.5] * 8, 0.4, 0.0, 1.0),  # verify almost as costly as K plain steps
+])
+def test_never_loses_to_plain_and_near_the_best_fixed_k(acceptance, slope, draft_c, available):
+    adaptive, _, _ = run_world(acceptance, slope, draft_c, steps=2000, available=available)
+    effective = [a * available if i == 0 else a for i, a in enumerate(acceptance)]
+    plain = throughput_fixed(0, effective, slope, draft_c)
+    best_fixed = max(throughput_fixed(k, effective, slope, draft_c) for k in range(0, 9))
+    assert adaptive >= 0.95 * plain
+    assert adaptive >= 0.90 * best_fixed
+
+
+def test_adaptive_greedy_output_matches_plain_decoding(tiny_models):
+    from localspec.config import SamplingParams, SpecConfig
+    from localspec.engine import Engine
+    from localspec.proposers import DraftModelProposer, NgramProposer
+
+    target, draft = tiny_models
+    engine = Engine(target, stop_token_ids={2})
+    sampling = SamplingParams(max_new_tokens=48)
+    prompts = [[1, 72, 101, 108, 108, 111, 32, 119, 111], [1, 100, 101, 102, 32, 102, 40, 41, 58, 10]]
+    for prompt in prompts:
+        plain = [t.token_id for ev in engine.generate(prompt, sampling, SpecConfig(proposer="none")) for t in ev.tokens]
+        for name, proposer in (("ngram", NgramProposer(1, 3)), ("draft", DraftModelProposer(draft))):
+            events = list(engine.generate(prompt, sampling, SpecConfig(proposer=name, k=6, adaptive=True), proposer))
+            ids = [t.token_id for ev in events for t in ev.tokens]
+            assert ids == plain, name
+            assert all(ev.stats.k <= 6 for ev in events)
+            assert events[-1].stats.predicted_speedup is not None
+
+
+def test_a_preempted_step_does_not_move_the_cost_estimate():
+    costs = CostModel()
+    for _ in range(10):
+        costs.observe(0, 0, 0.0, PLAIN_S)
+        costs.observe(4, 4, 0.0, verify_seconds(5, 0.15))
+    before = costs.ratios(4)[1][4]
+    costs.observe(4, 4, 0.0, 20 * verify_seconds(5, 0.15))  # another process held the core for a while
+    assert costs.ratios(4)[1][4] == pytest.approx(before)
+
+
+def test_a_new_answer_keeps_the_costs_and_a_faint_memory_of_acceptance():
+    rng = random.Random(2)
+    controller = AdaptiveController(4)
+    for _ in range(100):
+        step(controller, rng, [0.02] * 4, 0.2)
+    assert not controller.speculating
+    plain_before = controller.costs.verify_time(1)
+    controller.begin()
+    assert controller.costs.verify_time(1) == plain_before
+    assert controller.choose_k() == 0  # the last answer's poor acceptance still speaks: no wasted first steps
+    assert sum(controller.reached) == 0 and controller.acceptance()[0] < 0.2
+
+
+def test_fixed_k_runs_get_the_break_even_prediction_too(tiny_models):
+    from localspec.config import SamplingParams, SpecConfig
+    from localspec.engine import Engine
+    from localspec.proposers import NgramProposer
+
+    target, _ = tiny_models
+    engine = Engine(target, stop_token_ids={2})
+    sampling = SamplingParams(max_new_tokens=24)
+    prompt = [1, 97, 98, 97, 98, 97, 98]
+    plain = list(engine.generate(prompt, sampling, SpecConfig(proposer="none")))
+    assert plain[-1].stats.predicted_speedup is None
+    fixed = list(engine.generate(prompt, sampling, SpecConfig(proposer="ngram", k=3), NgramProposer(1, 3)))
+    assert all(ev.stats.predicted_speedup is not None and ev.stats.predicted_speedup > 0 for ev in fixed)
+    assert all(ev.stats.k == min(3, 24 - sum(len(e.tokens) for e in fixed[:i]) - 1) for i, ev in enumerate(fixed))
+
+
+def test_a_new_answer_with_predictable_text_is_probed_within_a_few_steps():
+    rng = random.Random(3)
+    controller = AdaptiveController(4)
+    for _ in range(300):  # a long chat answer: off
+        step(controller, rng, [0.02] * 4, 0.2)
+    controller.begin()  # the next answer is code
+    ks = [step(controller, rng, [0.95] * 4, 0.2)[1] for _ in range(30)]
+    assert 0 < ks.index(next(k for k in ks if k > 0)) <= 10
+    assert controller.speculating and all(k > 0 for k in ks[15:])

@@ -1,0 +1,143 @@
+"""`localspec bench` end to end on the tiny random pair with two prompts: JSON, table and plots (never timings)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localspec.bench.prompts import load_humaneval, load_mt_bench, load_prompt_file, load_prompts
+from localspec.config import ConfigError
+
+from .conftest import SHARED_DATA
+
+
+def test_default_prompts_cover_both_sets_and_spread_mt_bench_categories():
+    prompts = load_prompts(limit=8)
+    assert [p.category for p in prompts] == ["mt-bench"] * 8 + ["humaneval"] * 8
+    assert len({p.subcategory for p in prompts[:8]}) == 8  # one per MT-Bench category, not 8 writing prompts
+    assert "def " in prompts[-1].messages[0]["content"]
+    assert len({p.prompt_id for p in prompts}) == 16
+
+
+def test_prompt_files_and_their_errors(tmp_path):
+    (tmp_path / "mine.txt").write_text("first question\n\nsecond question\n")
+    prompts = load_prompt_file(tmp_path / "mine.txt")
+    assert [p.messages[0]["content"] for p in prompts] == ["first question", "second question"]
+    assert {p.category for p in prompts} == {"mine"}
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "ok"}\nnot json\n')
+    with pytest.raises(ConfigError, match="line 2"):
+        load_prompt_file(tmp_path / "bad.jsonl")
+    with pytest.raises(ConfigError, match="not found"):
+        load_prompts([str(tmp_path / "missing.jsonl")])
+    assert len(load_mt_bench(SHARED_DATA / "mt_bench_question.jsonl")) == 80
+    assert len(load_humaneval(SHARED_DATA / "HumanEval.jsonl.gz", 3)) == 3
+
+
+def test_bench_end_to_end_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
+    from localspec.cli import main
+
+    prompts = tmp_path / "two.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hello hello hello"}) + "\n"
+                       + json.dumps({"prompt": "def f(x): return x + x"}) + "\n")
+    out = tmp_path / "out"
+    code = main(["bench", "--models", str(tiny_pair["models_yaml"]), "--prompts", str(prompts), "--limit", "2",
+                 "--modes", "hf", "hf-pld", "hf-assisted", "none", "ngram", "draft", "head", "adaptive",
+                 "--k", "1", "3", "--max-new-tokens", "12", "--out", str(out), "--no-progress", "--device", "cpu"])
+    assert code == 0
+    data = json.loads((out / "results.json").read_text())
+    labels = [m["label"] for m in data["modes"]]
+    assert labels[:3] == ["hf", "hf-pld K=3", "hf-assisted"]
+    assert {"none", "ngram K=1", "ngram K=3", "draft K=1", "draft K=3"} <= set(labels)
+    assert any(label.startswith("adaptive (draft") for label in labels)  # the tiny pair's default proposer
+    assert any("head skipped" in note for note in data["notes"])
+    assert data["machine"]["load_before"]["load_1m"] >= 0 and "load average" in data["machine"]["load_after"]["uptime"]
+    summary = data["summary"]
+    assert summary["categories"] == ["two", "all"]
+    for label in labels:
+        row = summary["rows"][label]["all"]
+        assert row["prompts"] == 2
+        assert 2 <= row["tokens"] <= 24
+        assert row["tokens_per_s"] > 0
+        assert row["same_as_hf"] <= 2
+    none = summary["rows"]["none"]["all"]
+    assert none["speedup_vs_none"] == pytest.approx(1.0)
+    assert none["drafted"] == 0 and none["mean_acceptance_length"] == pytest.approx(1.0)
+    draft = summary["rows"]["draft K=3"]["all"]
+    assert draft["drafted"] > 0 and 0 <= draft["acceptance_rate"] <= 1
+    assert len(draft["per_position_acceptance"]) == 3
+    assert sum(draft["time_share"].values()) == pytest.approx(1.0)
+    assert summary["rows"]["hf"]["all"]["speedup_vs_hf"] == pytest.approx(1.0)
+    assert set(summary["k_sweep"]) == {"ngram", "draft"}
+    assert set(summary["k_sweep"]["draft"]["all"]) == {"1", "3"}
+    # greedy ids agree with transformers' own greedy decoding on the same weights
+    for prompt in data["prompts"]:
+        hf_ids = prompt["results"]["hf"]["token_ids"]
+        assert prompt["results"]["none"]["token_ids"] == hf_ids
+        assert 1 <= len(hf_ids) <= 12
+    assert any(t["target"].startswith("adaptive") for t in summary["targets"])
+    table = (out / "results.md").read_text()
+    assert "| mode |" in capsys.readouterr().out  # the table is printed too
+    assert "| hf | two |" in table and "| none | all |" in table and "## K sweep" in table
+    assert "load average" in table
+    for name in ("tokens_per_s.png", "acceptance_by_position.png", "k_sweep.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"({name})" in table
+
+
+def test_bench_rejects_bad_options(tiny_pair, tmp_path, capsys):
+    from localspec.cli import main
+
+    args = ["bench", "--models", str(tiny_pair["models_yaml"]), "--limit", "1", "--out", str(tmp_path),
+            "--no-progress"]
+    assert main(args + ["--modes", "warp"]) == 2
+    assert "unknown bench mode" in capsys.readouterr().err
+    assert main(args + ["--k", "0"]) == 2
+    assert "--k values" in capsys.readouterr().err
+
+
+def test_summary_ratios_sweep_and_targets_from_known_numbers():
+    from localspec.bench.modes import Mode, RunResult
+    from localspec.bench.prompts import BenchPrompt
+    from localspec.bench.report import summarize, to_markdown, to_json
+    from localspec.bench.runner import BenchRun, PromptRecord
+
+    modes = [Mode("hf"), Mode("hf-pld", 4), Mode("none"), Mode("ngram", 1), Mode("ngram", 2),
+             Mode("adaptive", 8, "ngram")]
+    # seconds per 10-token answer, per category (chat, code)
+    seconds = {"hf": (1.0, 1.0), "hf-pld K=4": (1.0, 0.8), "none": (0.8, 0.8), "ngram K=1": (0.95, 0.5),
+               "ngram K=2": (1.0, 0.4), "adaptive (ngram, K≤8)": (0.82, 0.42)}
+    records = []
+    for index, category in enumerate(("chat", "code")):
+        record = PromptRecord(BenchPrompt(f"{category}/0", category, ({"role": "user", "content": "x"},)), [1, 2])
+        for mode in modes:
+            ids = list(range(10)) if mode.label != "ngram K=2" or category == "chat" else list(range(9)) + [99]
+            engine = mode.name not in ("hf", "hf-pld")
+            record.results[mode.label] = RunResult(
+                ids, seconds[mode.label][index], seconds[mode.label][index] / 2,
+                target_forwards=5 if engine else None, drafted=8 if engine else None, accepted=4 if engine else None,
+                per_position_drafted=[5, 3] if engine else [], per_position_accepted=[3, 1] if engine else [])
+        records.append(record)
+    run = BenchRun("fake", modes, records, 10, [], {"cpu_count": 2, "processor": "x", "torch": "t",
+                                                    "torch_threads": 1, "load_before": {"load_1m": 1.0},
+                                                    "load_after": {"load_1m": 2.0},
+                                                    "load_1m_during": {"min": 1.0, "max": 2.0, "mean": 1.5}})
+    summary = summarize(run)
+    rows = summary["rows"]
+    assert rows["none"]["chat"]["speedup_vs_hf"] == pytest.approx(1.25)
+    assert rows["ngram K=2"]["code"]["speedup_vs_none"] == pytest.approx(2.0)
+    assert rows["ngram K=2"]["all"]["tokens_per_s"] == pytest.approx(20 / 1.4)
+    assert rows["ngram K=2"]["all"]["cpu_speedup_vs_none"] == pytest.approx(1.6 / 1.4)
+    assert rows["ngram K=1"]["all"]["acceptance_rate"] == pytest.approx(0.5)
+    assert rows["ngram K=1"]["all"]["mean_acceptance_length"] == pytest.approx(2.0)
+    assert rows["ngram K=1"]["all"]["per_position_acceptance"] == pytest.approx([0.6, 1 / 3])
+    assert rows["ngram K=2"]["code"]["same_as_hf"] == 0 and rows["ngram K=2"]["chat"]["exactly_hf"] == 1
+    assert summary["k_sweep"]["ngram"]["best_k"] == {"chat": 1, "code": 2, "all": 2}
+    targets = {t["target"]: t for t in summary["targets"]}
+    assert targets["ngram K=2 / hf-pld K=4, all prompts"]["value"] == pytest.approx((20 / 1.4) / (20 / 1.8))
+    chat_none = targets["adaptive (ngram, K≤8) / none, chat"]
+    assert chat_none["met"] and chat_none["value"] == pytest.approx(0.8 / 0.82)
+    code_best = targets["adaptive (ngram, K≤8) / best fixed (ngram K=2), code"]
+    assert code_best["met"] and code_best["value"] == pytest.approx(0.4 / 0.42)
+    assert not targets["best of our modes (adaptive (ngram, K≤8)) / hf, all prompts"]["met"]  # 1.61× < 2×
+    table = to_markdown(to_json(run, summary))
+    assert "| ngram K=2 | code | 25.0 | 2.50× | 2.00× |" in table
