@@ -63,13 +63,13 @@ class Engine:
         stats = SpecStats(max_k)
         wants_hidden = proposer is not None and proposer.wants_hidden
         try:
-            yield from self._loop(prompt_ids, sampling, proposer, cancel, max_new, max_k, verify, generator, stats,
+            yield from self._loop(prompt_ids, sampling, spec, proposer, cancel, max_new, max_k, verify, generator, stats,
                                   wants_hidden)
         except Exception as exc:  # a model that breaks mid-answer ends the answer with a message, not a traceback
             yield StepEvent((), 0.0, 0.0, 0.0, 0, 0, stats.snapshot(), True, "error",
                             f"generation failed: {type(exc).__name__}: {exc}")
 
-    def _loop(self, prompt_ids, sampling, proposer, cancel, max_new, max_k, verify, generator, stats, wants_hidden):
+    def _loop(self, prompt_ids, sampling, spec, proposer, cancel, max_new, max_k, verify, generator, stats, wants_hidden):
         target = self.target
         device = target.device
         with self.lock:
