@@ -77,7 +77,7 @@ class ChatSession:
     def default_spec(self, **overrides) -> SpecConfig:
         pair = self.loaded.spec
         ngram = pair.ngram
-        base = SpecConfig(proposer=pair.default_proposer, k=pair.k,
+        base = SpecConfig(proposer=pair.default_proposer, k=pair.k, adaptive=pair.adaptive,
                           ngram_min=ngram.min_n if ngram else 1, ngram_max=ngram.max_n if ngram else 4)
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -112,6 +112,7 @@ class PairSpec:
     target: ModelSpec
     k: int = 4
     default_proposer: str = "ngram"
+    adaptive: bool = False  # pick K ≤ k each step from measured costs and acceptance (and switch off when it loses)
     ngram: NgramSpec | None = field(default_factory=NgramSpec)
     draft: ModelSpec | None = None
     head: str | None = None  # folder of a trained feature-level head (EAGLE / Eagle3 / MTP)

@@ -8,7 +8,7 @@ import yaml
 
 from .config import DTYPES, QUANTS, ConfigError, ModelSpec, NgramSpec, PairSpec
 
-PAIR_KEYS = {"name", "target", "proposers", "default_proposer", "k", "description"}
+PAIR_KEYS = {"name", "target", "proposers", "default_proposer", "k", "adaptive", "description"}
 MODEL_KEYS = {"source", "quant", "dtype", "trust_remote_code"}
 DRAFT_KEYS = {"source", "dtype", "trust_remote_code"}
 NGRAM_KEYS = {"min_n", "max_n"}
@@ -106,7 +106,10 @@ def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
     if proposers.get("head") is not None:
         head = _resolve_source(proposers["head"] if isinstance(proposers["head"], str) else None, base_dir, where,
                                "proposers.head")
-    pair = PairSpec(name=name.strip(), target=target, k=_int(raw.get("k", 4), where, "k", 1, 16),
+    adaptive = raw.get("adaptive", False)
+    if not isinstance(adaptive, bool):
+        raise ConfigError(f"{where}: field 'adaptive' must be true or false")
+    pair = PairSpec(name=name.strip(), target=target, k=_int(raw.get("k", 4), where, "k", 1, 16), adaptive=adaptive,
                     ngram=ngram, draft=draft, head=head, description=str(raw.get("description", "")),
                     default_proposer=raw.get("default_proposer", "ngram" if ngram else "none"))
     if pair.default_proposer not in pair.proposers:

@@ -132,7 +132,7 @@ def run_engine(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) 
     if mode.name == "adaptive":
         spec = session.default_spec(proposer=mode.proposer, k=mode.k, adaptive=True)
     else:
-        spec = session.default_spec(proposer=mode.name, k=mode.k or session.loaded.spec.k)
+        spec = session.default_spec(proposer=mode.name, k=mode.k or session.loaded.spec.k, adaptive=False)
     proposer = session.make_proposer(spec)
     token_ids: list[int] = []
     ks: list[int] = []

@@ -21,6 +21,8 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--proposer", choices=PROPOSERS, default=None, help="default: the entry's default_proposer")
     parser.add_argument("--k", type=int, default=None, help="draft tokens per step (default: the entry's k)")
     parser.add_argument("--sampler", choices=SAMPLERS, default="auto", help="rejection sampler implementation")
+    parser.add_argument("--adaptive", choices=("on", "off"), default=None,
+                        help="pick K ≤ --k each step from measured costs (off = always K); default: the entry's setting")
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:

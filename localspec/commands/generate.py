@@ -22,7 +22,8 @@ def run(args) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, seed=args.seed).validate()
     session = load_session(args, load_draft=args.proposer in (None, "draft"))
-    spec = session.default_spec(proposer=args.proposer, k=args.k, sampler=args.sampler).validate()
+    adaptive = None if args.adaptive is None else args.adaptive == "on"
+    spec = session.default_spec(proposer=args.proposer, k=args.k, sampler=args.sampler, adaptive=adaptive).validate()
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}]
     tokens, last = [], None
@@ -38,6 +39,7 @@ def run(args) -> int:
             "model": session.loaded.spec.name,
             "proposer": spec.proposer,
             "k": spec.k,
+            "adaptive": spec.adaptive,
             "quant": session.loaded.quant,
             "text": "".join(t.text for t in tokens),
             "token_ids": [t.token_id for t in tokens],

@@ -129,7 +129,7 @@ def check_greedy_lossless(args, device: torch.device) -> CheckResult:
     session = load_session(args, load_draft=False)
     if "ngram" not in session.proposers:
         return CheckResult(name, "skip", f"model pair {session.loaded.spec.name!r} has no n-gram proposer")
-    spec = session.default_spec(proposer="ngram").validate()
+    spec = session.default_spec(proposer="ngram", adaptive=False).validate()
     sampler_name = get_verifier(spec.sampler, session.loaded.device)[0]
     sampling = SamplingParams(temperature=0.0, max_new_tokens=GREEDY_TOKENS)
     plain_spec = SpecConfig(proposer="none")
