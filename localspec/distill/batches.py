@@ -80,10 +80,24 @@ def token_counts(sequences: list, vocab_size: int) -> torch.Tensor:
     return counts
 
 
-def pick_draft_vocab(sequences: list, vocab_size: int, draft_vocab: int, always: set[int] = frozenset()) -> torch.Tensor:
-    """The draft_vocab most frequent tokens of the corpus (plus `always`, e.g. the stop tokens), sorted by id."""
+def pick_draft_vocab(sequences: list, vocab_size: int, draft_vocab: int, always: set[int] = frozenset(),
+                     by_id_share: float = 0.5) -> torch.Tensor:
+    """The draft vocabulary, sorted by id: `always` (e.g. the stop tokens), then the most frequent tokens of the
+    corpus for (1 - by_id_share) of it, then the lowest ids not yet chosen (a byte-level BPE numbers its tokens in
+    merge order, roughly by frequency in the tokenizer's own training text), so a corpus narrower than the chats
+    the head will see (code, say) does not decide the whole vocabulary."""
+    draft_vocab = min(draft_vocab, vocab_size)
     counts = token_counts(sequences, vocab_size).float()
+    chosen = torch.zeros(vocab_size, dtype=torch.bool)
     for token in always:
-        counts[token] = float("inf")
-    chosen = torch.topk(counts + torch.rand(vocab_size) * 1e-3, min(draft_vocab, vocab_size)).indices
-    return chosen.sort().values
+        if 0 <= token < vocab_size:
+            chosen[token] = True
+    by_count = max(0, int(round(draft_vocab * (1 - by_id_share))) - int(chosen.sum()))
+    ranked = torch.argsort(counts, descending=True, stable=True)
+    ranked = ranked[counts[ranked] > 0]
+    chosen[ranked[:by_count]] = True
+    missing = draft_vocab - int(chosen.sum())
+    if missing > 0:
+        free = torch.nonzero(~chosen)[:, 0]
+        chosen[free[:missing]] = True
+    return torch.nonzero(chosen)[:, 0]
