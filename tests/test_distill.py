@@ -136,7 +136,7 @@ def test_training_time_test_mask_matches_inference_attention():
     q = torch.randn(1, 2, 6, 4)
     real_k, real_v = torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4)
     k2, v2 = torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4)
-    out = chain_attention(q, real_k, real_v, 1, [(shift(k2, 0), shift(v2, 0))])
+    out = chain_attention(q, real_k, real_v, 1, [(shift(k2, 0, dim=2), shift(v2, 0, dim=2))])
     i = 4  # step-2 query at index 4: real keys 0..3 and its own key
     keys = torch.cat([real_k[0, 0, :i], k2[0, 0, i:i + 1]])
     values = torch.cat([real_v[0, 0, :i], v2[0, 0, i:i + 1]])

@@ -159,3 +159,75 @@ def test_bad_head_folders_give_clear_errors(tiny_models, tmp_path):
     (tmp_path / "ok" / "config.json").write_text('{"kind": "medusa", "hidden_size": 64, "vocab_size": 320}')
     with pytest.raises(ConfigError):
         load_head(tmp_path / "ok", target)
+
+
+@pytest.mark.slow
+def test_shipped_head_matches_the_embedded_target_and_is_lossless(embedded_session):
+    """The head under assets/drafts/ that models.yaml names for the default pair."""
+    from tests.conftest import shared_prompts
+
+    session = embedded_session
+    folder = session.loaded.spec.head
+    if folder is None:
+        pytest.skip("the default models.yaml entry names no head")
+    target = session.loaded.target
+    head = load_head(folder, target)
+    assert head.config.hidden_size == target.config.hidden_size
+    assert head.config.vocab_size == target.get_input_embeddings().weight.shape[0] == len(session.tokenizer)
+    assert int(head.draft_token_ids.max()) < head.config.vocab_size
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=48)
+    drafted = 0
+    for prompt in shared_prompts(limit_mt=2, limit_code=1):
+        ids, _ = session.prompt_ids([{"role": "user", "content": prompt}], 48)
+        base = [t.token_id for e in session.engine.generate(ids, sampling, SpecConfig(proposer="none", k=4))
+                for t in e.tokens]
+        spec_ids, stats = [], None
+        for event in session.engine.generate(ids, sampling, SpecConfig(proposer="head", k=4),
+                                             session.make_proposer(session.default_spec(proposer="head"))):
+            spec_ids.extend(t.token_id for t in event.tokens)
+            stats = event.stats
+        assert spec_ids == base
+        drafted += stats.drafted
+    assert drafted > 0
+
+
+@pytest.mark.parametrize("kind,modules", [("eagle", 1), ("eagle3", 1), ("mtp", 3)])
+def test_training_forward_equals_inference_drafting(tiny_models, kind, modules):
+    """ttt_forward's step-j prediction at a position is what the proposer computes at draft step j there."""
+    from localspec.distill.batches import make_batch
+    from localspec.distill.train_head import ttt_forward
+
+    target, _ = tiny_models
+    head = make_head(target, kind, modules, seed=1)
+    proposer = HeadProposer(head)
+    runner = ModelRunner(target)
+    runner.reset()
+    prompt = PROMPT
+    proposer.begin(prompt, runner.extend(prompt[:-1], want_hidden=True).hidden)
+    logits_seen = []
+    original = head.draft_logits
+    head.draft_logits = lambda hidden: logits_seen.append(original(hidden)) or logits_seen[-1]
+    draft = proposer.propose(prompt, 3, SamplingParams(), torch.Generator())
+    head.draft_logits = original
+    ids = prompt + draft.token_ids  # the chain's tokens as if they were real
+    runner.reset()
+    hidden = runner.extend(ids[:-1], want_hidden=True).hidden  # [T-1, H]
+    batch = make_batch([(torch.tensor(ids), hidden)])
+    import localspec.distill.train_head as th
+
+    real_log_softmax = torch.log_softmax
+    th_logits = []
+
+    def spy(logits, dim):
+        th_logits.append(logits)
+        return real_log_softmax(logits, dim=dim)
+
+    th.torch.log_softmax = spy
+    try:
+        with torch.no_grad():
+            ttt_forward(head, batch, 3)
+    finally:
+        th.torch.log_softmax = real_log_softmax
+    n = len(prompt) - 1  # draft step j predicts at position n + j - 1 → index n + j - 2
+    for step in range(3):
+        torch.testing.assert_close(th_logits[step][0, n + step - 1], logits_seen[step], atol=1e-4, rtol=1e-4)

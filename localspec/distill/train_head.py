@@ -15,11 +15,13 @@ from ..heads.model import FeatureHead
 from .batches import Batch, iterate_batches, make_batch
 
 
-def shift(x: torch.Tensor, by: int) -> torch.Tensor:
-    """Along dim 1: out[:, i] = x[:, i - by], zeros for i < by."""
+def shift(x: torch.Tensor, by: int, dim: int = 1) -> torch.Tensor:
+    """Along `dim` (the sequence axis): out[i] = x[i - by], zeros for i < by."""
     if by == 0:
         return x
-    return torch.cat([torch.zeros_like(x[:, :by]), x[:, :-by]], dim=1)
+    x = x.transpose(1, dim)
+    out = torch.cat([torch.zeros_like(x[:, :by]), x[:, :-by]], dim=1)
+    return out.transpose(1, dim)
 
 
 def chain_attention(q, real_k, real_v, offset: int, chain: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -82,7 +84,7 @@ def ttt_forward(head: FeatureHead, batch: Batch, steps: int, reg_weight: float =
             real_kv[module] = (rk, rv)
         if step > 1:
             chain[step] = (module, k, v)
-        entries = [(shift(ck, step - i), shift(cv, step - i)) for i, (m, ck, cv) in sorted(chain.items())
+        entries = [(shift(ck, step - i, dim=2), shift(cv, step - i, dim=2)) for i, (m, ck, cv) in sorted(chain.items())
                    if m == module]
         out = chain_attention(q, *real_kv[module], step - 1, entries)
         hidden = head.norms[module](layer.finish(out, residual))  # [B, S, H]
