@@ -109,3 +109,46 @@ def evaluate_head(session, prompts: list[str], proposer_factory, k: int = 4, max
         tokens_per_s_head=head_tokens / head_s, tokens_per_s_none=none_tokens / none_s,
         speedup=(head_tokens / head_s) / (none_tokens / none_s), lossless=not mismatched,
         mismatched_prompts=mismatched, head_step_ms=head_ms, target_step_ms=target_ms, c=head_ms / target_ms)
+
+
+def main(argv=None) -> int:
+    """python -m localspec.distill.evaluate --head DIR [--prompts N] [--max-new-tokens M] [--k K] [--json OUT]"""
+    import argparse
+    import json
+
+    from ..chat import ChatSession
+    from ..loading import load_pair
+    from ..proposers.head import load_head_proposer
+    from ..registry import find_pair, load_registry
+    from ..commands.common import DEFAULT_MODELS_YAML
+    from .data import held_out_prompts
+
+    parser = argparse.ArgumentParser(description="measure a head on the held-out prompts")
+    parser.add_argument("--head", required=True)
+    parser.add_argument("--models", default=str(DEFAULT_MODELS_YAML))
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--prompts", type=int, default=24, help="how many held-out prompts (both sets, from the ends)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    session = ChatSession(load_pair(find_pair(load_registry(args.models), args.model), device="cpu"))
+    prompts = held_out_prompts()
+    n = args.prompts
+    chosen = prompts if n >= len(prompts) else prompts[: n // 2] + prompts[len(prompts) - (n - n // 2):]
+    report = evaluate_head(session, chosen, lambda: load_head_proposer(args.head, session.loaded.target, "cpu"),
+                           k=args.k, max_new_tokens=args.max_new_tokens)
+    text = json.dumps(report.to_dict(), indent=1)
+    print(text)
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).write_text(text + "\n")
+    return 0 if report.lossless else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
