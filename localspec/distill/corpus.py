@@ -121,7 +121,6 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: Path, target_tok
         if tokens >= target_tokens or (minutes is not None and time.time() - t0 > minutes * 60):
             break
         chunk = encoded[start: start + batch_size]
-        # group similar lengths: less padding
         results = generate_batch(model, chunk, max_new_tokens, set(stop_ids), temp, generator, pad_id)
         torch.save({"ids": [r[0] for r in results], "hidden": [r[1] for r in results]}, out_dir / f"{name}.pt")
         tokens += sum(len(r[0]) for r in results)
@@ -160,7 +159,7 @@ def build_text_corpus(model, tokenizer, documents: list[tuple[str, str]], out_di
     t0 = time.time()
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    shard_index, skip_tokens = len(existing), 0
+    shard_index = len(existing)
     skip_docs = sum(len(torch.load(p)["ids"]) for p in existing)
     pending_ids, pending_hidden = [], []
     encoded = (chat_ids(tokenizer, ask, answer)[:max_len] for ask, answer in documents[skip_docs:])

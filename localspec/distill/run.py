@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -150,5 +150,4 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
         if options.kind != "draft":
             summary["val_expected_acceptance_length"] = expected_acceptance_length(best["val_agreement"])
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
-    checkpoint = out / "checkpoint.pt"
     return summary
