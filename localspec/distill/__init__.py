@@ -1,0 +1,1 @@
+"""`localspec distill`: corpus building, teacher-forced features, head / draft training."""

@@ -1,0 +1,201 @@
+"""Build the distillation corpus: the target's own answers (batched, greedy or sampled) with the target's last-layer
+hidden states at every position, taken from the same forward passes that generated the text (no second pass).
+
+A shard is a torch file {"ids": [Tensor[T] int32], "hidden": [Tensor[T-1, H] float16]}: hidden[p] is the target's
+hidden state (after the final norm) at position p, which predicts ids[p + 1]. Teacher-forced text (any string)
+is handled by extract_features, at prefill speed.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import torch
+
+Progress = Callable[[int, int, float], None]  # (done prompts, total prompts, tokens so far)
+
+
+def _cache_kwarg(backbone) -> str:
+    params = inspect.signature(backbone.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def encode_chat(tokenizer, prompt: str) -> list[int]:
+    out = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                        tokenize=True)
+    if isinstance(out, dict) or hasattr(out, "input_ids"):
+        out = out["input_ids"]
+    return list(out)
+
+
+@torch.inference_mode()
+def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, stop_ids: set[int],
+                   temperature: float = 0.0, generator: Optional[torch.Generator] = None,
+                   pad_id: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Left-padded batched decoding. Returns, per prompt, (ids [T], hidden [T-1, H]) over prompt + answer."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    backbone, lm_head = model.base_model, model.get_output_embeddings()
+    batch, longest = len(prompts_ids), max(len(p) for p in prompts_ids)
+    input_ids = torch.full((batch, longest), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((batch, longest), dtype=torch.long, device=device)
+    for row, ids in enumerate(prompts_ids):
+        input_ids[row, longest - len(ids):] = torch.tensor(ids, device=device)
+        mask[row, longest - len(ids):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    kwarg = _cache_kwarg(backbone)
+    hidden_steps: list[torch.Tensor] = []  # each [B, t, H]
+    token_steps: list[torch.Tensor] = []  # each [B]
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)  # answer lengths
+    stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
+    step_ids, step_pos = input_ids, positions
+    for step in range(max_new_tokens):
+        out = backbone(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, use_cache=True,
+                       **{kwarg: cache})
+        hidden = out.last_hidden_state  # [B, t, H]
+        hidden_steps.append(hidden.to(torch.float16))
+        logits = lm_head(hidden[:, -1]).float()  # [B, V]
+        if temperature > 0:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            token = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        else:
+            token = logits.argmax(-1)
+        token = torch.where(finished, torch.full_like(token, pad_id), token)
+        token_steps.append(token)
+        newly = ~finished & torch.isin(token, stop)
+        lengths = torch.where(newly, torch.full_like(lengths, step + 1), lengths)
+        finished |= newly
+        if bool(finished.all()):
+            break
+        mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
+        step_ids, step_pos = token[:, None], step_pos[:, -1:] + 1
+    all_hidden = torch.cat(hidden_steps, dim=1)  # [B, longest + steps - 1 (+1), H]
+    answers = torch.stack(token_steps, dim=1)  # [B, steps]
+    results = []
+    for row, ids in enumerate(prompts_ids):
+        n_answer = int(min(lengths[row], answers.shape[1]))
+        seq = torch.tensor(ids + answers[row, :n_answer].tolist(), dtype=torch.int32)
+        start = longest - len(ids)
+        hidden = all_hidden[row, start: start + len(seq) - 1].clone()  # [T-1, H]
+        results.append((seq, hidden))
+    return results
+
+
+@torch.inference_mode()
+def extract_features(model, texts_ids: Iterable[list[int]], max_len: int = 512) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Teacher forcing: the target's hidden states over given token sequences (one prefill each)."""
+    results = []
+    for ids in texts_ids:
+        ids = list(ids)[:max_len]
+        if len(ids) < 2:
+            continue
+        out = model.base_model(input_ids=torch.tensor([ids], device=next(model.parameters()).device))
+        results.append((torch.tensor(ids, dtype=torch.int32), out.last_hidden_state[0, :-1].to(torch.float16)))
+    return results
+
+
+def build_corpus(model, tokenizer, prompts: list[str], out_dir: Path, target_tokens: int, max_new_tokens: int = 256,
+                 batch_size: int = 8, temperatures: tuple[float, ...] = (0.0,), stop_ids: set[int] = frozenset(),
+                 max_prompt_tokens: int = 384, seed: int = 0, minutes: float | None = None,
+                 progress: Optional[Progress] = None) -> int:
+    """Generate answers to the prompts (greedy first, then sampled passes) until target_tokens are stored or time
+    runs out; shards are written as they fill, and existing shards are kept (resume). Returns the token count."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokens = corpus_tokens(out_dir)
+    done_batches = {p.stem for p in out_dir.glob("shard-*.pt")}
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    generator = torch.Generator().manual_seed(seed)
+    t0 = time.time()
+    jobs = [(temp, i) for temp in temperatures for i in range(0, len(prompts), batch_size)]
+    encoded = [encode_chat(tokenizer, p)[-max_prompt_tokens:] for p in prompts]
+    for job_index, (temp, start) in enumerate(jobs):
+        name = f"shard-t{int(temp * 100):03d}-{start:06d}"
+        if name in done_batches:
+            continue
+        if tokens >= target_tokens or (minutes is not None and time.time() - t0 > minutes * 60):
+            break
+        chunk = encoded[start: start + batch_size]
+        results = generate_batch(model, chunk, max_new_tokens, set(stop_ids), temp, generator, pad_id)
+        torch.save({"ids": [r[0] for r in results], "hidden": [r[1] for r in results]}, out_dir / f"{name}.pt")
+        tokens += sum(len(r[0]) for r in results)
+        if progress:
+            progress(job_index + 1, len(jobs), tokens)
+    return tokens
+
+
+def corpus_tokens(out_dir: Path) -> int:
+    total = 0
+    for path in sorted(Path(out_dir).glob("shard-*.pt")):
+        total += sum(len(ids) for ids in torch.load(path)["ids"])
+    return total
+
+
+def load_corpus(out_dir: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    sequences = []
+    for path in sorted(Path(out_dir).glob("shard-*.pt")):
+        shard = torch.load(path)
+        sequences.extend(zip(shard["ids"], shard["hidden"]))
+    return sequences
+
+
+def build_text_corpus(model, tokenizer, documents: list[tuple[str, str]], out_dir: Path, target_tokens: int,
+                      max_len: int = 512, batch_size: int = 4, shard_tokens: int = 16384,
+                      minutes: float | None = None, progress: Optional[Progress] = None) -> int:
+    """Teacher forcing over (ask, answer) documents in the chat template; right-padded batches (causal attention
+    keeps padding out of the real positions). Shards text-XXXXXX.pt are written as they fill; existing ones are
+    skipped (resume)."""
+    from .text import chat_ids
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    existing = sorted(out_dir.glob("shard-text-*.pt"))
+    tokens = corpus_tokens(out_dir)
+    t0 = time.time()
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    shard_index = len(existing)
+    skip_docs = sum(len(torch.load(p)["ids"]) for p in existing)
+    pending_ids, pending_hidden = [], []
+    encoded = (chat_ids(tokenizer, ask, answer)[:max_len] for ask, answer in documents[skip_docs:])
+    batch: list[list[int]] = []
+    done_docs = skip_docs
+
+    def flush_shard():
+        nonlocal shard_index, pending_ids, pending_hidden
+        if pending_ids:
+            torch.save({"ids": pending_ids, "hidden": pending_hidden},
+                       out_dir / f"shard-text-{shard_index:06d}.pt")
+            shard_index += 1
+            pending_ids, pending_hidden = [], []
+
+    with torch.inference_mode():
+        for ids in encoded:
+            if len(ids) >= 8:
+                batch.append(ids)
+            done_docs += 1
+            if len(batch) < batch_size:
+                continue
+            longest = max(len(b) for b in batch)
+            input_ids = torch.full((len(batch), longest), pad_id, dtype=torch.long, device=device)
+            for row, ids_row in enumerate(batch):
+                input_ids[row, : len(ids_row)] = torch.tensor(ids_row)
+            hidden = model.base_model(input_ids=input_ids).last_hidden_state  # [B, T, H]
+            for row, ids_row in enumerate(batch):
+                pending_ids.append(torch.tensor(ids_row, dtype=torch.int32))
+                pending_hidden.append(hidden[row, : len(ids_row) - 1].to(torch.float16).cpu())
+                tokens += len(ids_row)
+            batch = []
+            if sum(len(i) for i in pending_ids) >= shard_tokens:
+                flush_shard()
+                if progress:
+                    progress(done_docs, len(documents), tokens)
+            if tokens >= target_tokens or (minutes is not None and time.time() - t0 > minutes * 60):
+                break
+    flush_shard()
+    return tokens

@@ -1,0 +1,154 @@
+"""Measure a head on held-out prompts: α, mean acceptance length, tokens/s against no proposer (same run,
+interleaved per prompt), lossless greedy output, and c = head step time / target one-token step time."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..config import SamplingParams, SpecConfig
+from ..model_runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class HeldOutReport:
+    prompts: int
+    k: int
+    max_new_tokens: int
+    acceptance_rate: float  # accepted / drafted
+    mean_acceptance_length: float  # emitted / target forwards
+    per_position_acceptance: list  # P(draft position i accepted)
+    tokens_per_s_head: float
+    tokens_per_s_none: float
+    speedup: float
+    lossless: bool
+    mismatched_prompts: list
+    head_step_ms: float
+    target_step_ms: float
+    c: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _run(engine, ids, sampling, spec, proposer):
+    out, stats = [], None
+    t0 = time.perf_counter()
+    for event in engine.generate(ids, sampling, spec, proposer):
+        out.extend(t.token_id for t in event.tokens)
+        stats = event.stats
+    return out, stats, time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def measure_c(target, proposer_factory, prompt_ids: list[int], k: int, repeats: int = 20) -> tuple[float, float]:
+    """(head ms per draft step, target ms per one-token step), interleaved so load changes hit both."""
+    runner = ModelRunner(target)
+    runner.reset()
+    prefix = prompt_ids[:-1]
+    hidden = runner.extend(prefix, want_hidden=True).hidden
+    proposer = proposer_factory()
+    proposer.begin(list(prompt_ids), hidden)
+    sampling = SamplingParams()
+    generator = torch.Generator()
+    proposer.propose(list(prompt_ids), k, sampling, generator)  # warm-up (and the prompt's catch-up)
+    head_s, target_s = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        proposer.propose(list(prompt_ids), k, sampling, generator)  # cache cropped each time: same work
+        t1 = time.perf_counter()
+        runner.extend([prompt_ids[-1]])
+        t2 = time.perf_counter()
+        runner.crop(len(prefix))
+        head_s.append((t1 - t0) / k)
+        target_s.append(t2 - t1)
+    head_ms = 1000 * sorted(head_s)[len(head_s) // 2]
+    target_ms = 1000 * sorted(target_s)[len(target_s) // 2]
+    return head_ms, target_ms
+
+
+def evaluate_head(session, prompts: list[str], proposer_factory, k: int = 4, max_new_tokens: int = 128,
+                  log=print) -> HeldOutReport:
+    """Greedy; for each prompt, runs no-proposer then head (same engine, same moment)."""
+    engine = session.engine
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    none_tokens = head_tokens = 0
+    none_s = head_s = 0.0
+    drafted = accepted = forwards = emitted = 0
+    per_pos_accept = [0] * k
+    per_pos_drafted = [0] * k
+    mismatched = []
+    for index, prompt in enumerate(prompts):
+        ids, _ = session.prompt_ids([{"role": "user", "content": prompt}], max_new_tokens)
+        base, _, t_none = _run(engine, ids, sampling, SpecConfig(proposer="none", k=k), None)
+        spec_out, stats, t_head = _run(engine, ids, sampling, SpecConfig(proposer="head", k=k), proposer_factory())
+        none_tokens += len(base)
+        head_tokens += len(spec_out)
+        none_s += t_none
+        head_s += t_head
+        drafted += stats.drafted
+        accepted += stats.accepted
+        emitted += stats.emitted
+        forwards += stats.target_forwards
+        for i, (a, d) in enumerate(zip(stats.per_position_accepted, stats.per_position_drafted)):
+            if i < k:
+                per_pos_accept[i] += a
+                per_pos_drafted[i] += d
+        if spec_out != base:
+            mismatched.append(index)
+        log(f"prompt {index}: {len(base)} tokens, α {stats.accepted}/{stats.drafted}, "
+            f"none {len(base) / t_none:.1f} tok/s, head {len(spec_out) / t_head:.1f} tok/s"
+            + ("" if spec_out == base else "  MISMATCH"))
+    first_ids, _ = session.prompt_ids([{"role": "user", "content": prompts[0]}], 16)
+    head_ms, target_ms = measure_c(session.loaded.target, proposer_factory, first_ids, k)
+    return HeldOutReport(
+        prompts=len(prompts), k=k, max_new_tokens=max_new_tokens,
+        acceptance_rate=accepted / max(drafted, 1), mean_acceptance_length=emitted / max(forwards, 1),
+        per_position_acceptance=[a / d if d else 0.0 for a, d in zip(per_pos_accept, per_pos_drafted)],
+        tokens_per_s_head=head_tokens / head_s, tokens_per_s_none=none_tokens / none_s,
+        speedup=(head_tokens / head_s) / (none_tokens / none_s), lossless=not mismatched,
+        mismatched_prompts=mismatched, head_step_ms=head_ms, target_step_ms=target_ms, c=head_ms / target_ms)
+
+
+def main(argv=None) -> int:
+    """python -m localspec.distill.evaluate --head DIR [--prompts N] [--max-new-tokens M] [--k K] [--json OUT]"""
+    import argparse
+    import json
+
+    from ..chat import ChatSession
+    from ..loading import load_pair
+    from ..proposers.head import load_head_proposer
+    from ..registry import find_pair, load_registry
+    from ..commands.common import DEFAULT_MODELS_YAML
+    from .data import held_out_prompts
+
+    parser = argparse.ArgumentParser(description="measure a head on the held-out prompts")
+    parser.add_argument("--head", required=True)
+    parser.add_argument("--models", default=str(DEFAULT_MODELS_YAML))
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--prompts", type=int, default=24, help="how many held-out prompts (both sets, from the ends)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    session = ChatSession(load_pair(find_pair(load_registry(args.models), args.model), device="cpu"))
+    prompts = held_out_prompts()
+    n = args.prompts
+    chosen = prompts if n >= len(prompts) else prompts[: n // 2] + prompts[len(prompts) - (n - n // 2):]
+    report = evaluate_head(session, chosen, lambda: load_head_proposer(args.head, session.loaded.target, "cpu"),
+                           k=args.k, max_new_tokens=args.max_new_tokens)
+    text = json.dumps(report.to_dict(), indent=1)
+    print(text)
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).write_text(text + "\n")
+    return 0 if report.lossless else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""The whole distillation: corpus (the target's answers + optional teacher-forced offline text) → draft vocabulary
+→ training with validation and early stopping → a folder models.yaml can name."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..config import ConfigError
+from ..heads.config import HEAD_KINDS, HeadConfig, target_shapes
+from ..heads.io import save_head
+from ..heads.model import FeatureHead
+from .batches import pick_draft_vocab, split_validation, windows
+from .corpus import build_corpus, build_text_corpus, load_corpus
+from .train_head import expected_acceptance_length, train_head
+
+KINDS = HEAD_KINDS + ("draft",)
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    kind: str
+    out: Path
+    answer_tokens: int = 200_000  # the target's own answers to the training prompts
+    text_tokens: int = 0  # teacher-forced offline text (stdlib sources, package docs)
+    draft_vocab: int = 8192  # 0 = the full vocabulary
+    minutes: Optional[float] = None  # total budget; corpus building gets at most half
+    resume: bool = False
+    steps: int = 4  # draft steps trained with training-time test (and MTP modules)
+    max_new_tokens: int = 256
+    gen_batch_size: int = 8
+    temperatures: tuple = (0.0, 0.7)
+    batch_size: int = 8
+    window: int = 256
+    lr: float = 5e-4
+    max_updates: int = 100_000
+    eval_every: int = 200
+    patience: int = 4
+    val_fraction: float = 0.05
+    draft_layers: int = 2
+    seed: int = 0
+    corpus_dir: Optional[Path] = None
+    progress: bool = True
+
+    def validate(self) -> "DistillOptions":
+        if self.kind not in KINDS:
+            raise ConfigError(f"--kind must be one of {', '.join(KINDS)} (got {self.kind!r})")
+        if self.answer_tokens < 0 or self.text_tokens < 0 or self.answer_tokens + self.text_tokens <= 0:
+            raise ConfigError("--tokens / --text-tokens must ask for some data")
+        if self.draft_vocab < 0:
+            raise ConfigError("--draft-vocab must be 0 (full vocabulary) or a positive number")
+        if self.minutes is not None and self.minutes <= 0:
+            raise ConfigError("--minutes must be positive")
+        if not 1 <= self.steps <= 16:
+            raise ConfigError("--steps must be from 1 to 16")
+        return self
+
+
+def stop_token_ids(tokenizer) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"):
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+            ids.add(token_id)
+    return ids
+
+
+def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: DistillOptions,
+            log: Callable[[str], None] = print, documents: Optional[list] = None) -> dict:
+    options.validate()
+    torch.manual_seed(options.seed)
+    t_start = time.time()
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus_dir = Path(options.corpus_dir) if options.corpus_dir else out / "corpus"
+    corpus_minutes = options.minutes / 2 if options.minutes else None
+    stops = stop_token_ids(tokenizer)
+    target.eval()
+
+    def progress(done, total, tokens):
+        log(f"corpus: {done}/{total} batches, {tokens} tokens, {time.time() - t_start:.0f} s")
+
+    if options.answer_tokens:
+        if not prompts:
+            raise ConfigError("no training prompts (pass --prompts FILE, or keep ../shared/data next to the repo)")
+        build_corpus(target, tokenizer, prompts, corpus_dir, options.answer_tokens,
+                     max_new_tokens=options.max_new_tokens, batch_size=options.gen_batch_size,
+                     temperatures=options.temperatures, stop_ids=stops, seed=options.seed, minutes=corpus_minutes,
+                     progress=progress)
+    if options.text_tokens:
+        from .text import offline_documents
+
+        left = None if corpus_minutes is None else max(0.1, corpus_minutes - (time.time() - t_start) / 60)
+        docs = documents if documents is not None else offline_documents(options.seed)
+        build_text_corpus(target, tokenizer, docs, corpus_dir,
+                          options.answer_tokens + options.text_tokens, minutes=left, progress=progress)
+    sequences = load_corpus(corpus_dir)
+    if not sequences:
+        raise ConfigError(f"the corpus in {corpus_dir} is empty")
+    corpus_tokens = sum(len(ids) for ids, _ in sequences)
+    corpus_s = time.time() - t_start
+    log(f"corpus: {len(sequences)} sequences, {corpus_tokens} tokens ({corpus_s:.0f} s)")
+
+    train_seqs, val_seqs = split_validation(sequences, options.val_fraction, options.seed)
+    train_pieces, val_pieces = windows(train_seqs, options.window), windows(val_seqs, options.window)
+    minutes_left = None if options.minutes is None else max(0.2, options.minutes - (time.time() - t_start) / 60)
+    common = dict(steps=options.steps, out_dir=out, lr=options.lr, batch_size=options.batch_size,
+                  max_updates=options.max_updates, minutes=minutes_left, eval_every=options.eval_every,
+                  patience=options.patience, seed=options.seed, resume=options.resume, log=log,
+                  progress=options.progress)
+    if options.kind == "draft":
+        from .train_draft import draft_forward, make_draft, save_draft
+
+        model = make_draft(target, options.draft_layers)
+        result = train_head(model, train_pieces, val_pieces, forward=draft_forward,
+                            save=lambda m: save_draft(m, tokenizer, out), **{**common, "steps": 1})
+        model_size = sum((p.numel() for p in model.parameters()), 0)
+    else:
+        vocab = target.config.vocab_size
+        draft_vocab = options.draft_vocab or vocab
+        config = HeadConfig(kind=options.kind, num_modules=options.steps if options.kind == "mtp" else 1,
+                            draft_vocab_size=min(draft_vocab, vocab), max_k=options.steps,
+                            **target_shapes(target.config))
+        head = FeatureHead(config, target.get_input_embeddings().weight)
+        head.set_lm_weight(target.get_output_embeddings().weight)
+        head.set_draft_vocab(pick_draft_vocab(train_seqs, vocab, config.draft_vocab_size, stops))
+        last_layer = target.base_model.layers[-1]
+        for module in head.layers:
+            module.init_from_target_layer(last_layer)
+        for norm in head.norms:
+            norm.weight.data.copy_(target.base_model.norm.weight.data)
+        result = train_head(head, train_pieces, val_pieces, save=lambda h: save_head(h, out), **common)
+        model_size = sum(p.numel() for p in head.parameters())
+    summary = {
+        "kind": options.kind, "corpus_tokens": corpus_tokens, "corpus_sequences": len(sequences),
+        "train_windows": len(train_pieces), "val_windows": len(val_pieces), "corpus_seconds": round(corpus_s, 1),
+        "train_minutes": round(result["minutes"], 2), "updates": result["updates"],
+        "stop_reason": result["stop_reason"], "best_val_loss": result["best_val_loss"],
+        "trainable_parameters": model_size, "steps": options.steps,
+        "draft_vocab": options.draft_vocab, "history": result["history"],
+    }
+    last = [h for h in result["history"] if h.get("val_agreement")]
+    if last:
+        best = min(last, key=lambda h: h["val_loss"])
+        summary["val_agreement"] = best["val_agreement"]
+        if options.kind != "draft":
+            summary["val_expected_acceptance_length"] = expected_acceptance_length(best["val_agreement"])
+    (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,119 @@
+"""The 'head' proposer: a trained feature-level head (EAGLE / Eagle3 / MTP) drafting from the target's hidden states.
+
+The head keeps one KV cache per module holding real positions only (target hidden + real token). Each proposal
+first feeds the positions verified since the last one, then drafts K steps, feeding its own predicted hidden state
+back; the draft-chain entries are cropped right after (the rollback), so rejected drafts never stay in the cache.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..config import SamplingParams
+from ..heads.io import load_head
+from ..heads.model import FeatureHead
+from ..sampling import logits_to_probs, sample_with_noise
+from .base import Draft
+
+
+class HeadProposer:
+    name = "head"
+    wants_hidden = True
+
+    def __init__(self, head: FeatureHead) -> None:
+        self.head = head
+        self.config = head.config
+        self.vocab_size = head.lm_weight.shape[0]
+        self.device = head.draft_token_ids.device
+        self.dtype = next(head.parameters()).dtype
+        self.begin([], None)
+
+    def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
+        self.caches = self.head.new_caches()
+        self.fed = 0  # real positions 1..fed are in every module's cache
+        self.pending = self._as_rows(prompt_hidden)  # [n - fed, H] target hidden at positions fed .. n-1
+        self.last_hidden = None  # [H] the step-1 module's output at position fed
+        self.anchor = None  # [H] target hidden at position fed - 1
+
+    def _as_rows(self, hidden: Optional[torch.Tensor]) -> torch.Tensor:
+        if hidden is None:
+            return torch.zeros((0, self.config.hidden_size), dtype=self.dtype, device=self.device)
+        return hidden.detach().to(device=self.device, dtype=self.dtype).reshape(-1, self.config.hidden_size)
+
+    @torch.inference_mode()
+    def catch_up(self, context_ids: list[int]) -> bool:
+        """Feed the verified positions fed+1..n (n = len(context_ids) - 1) into every module. False when the head
+        cannot draft here (no target hidden yet, or the context does not match what it was told)."""
+        n = len(context_ids) - 1
+        new = self.pending.shape[0]
+        if n - self.fed != new:
+            return False
+        if new == 0:
+            return self.last_hidden is not None
+        tokens = torch.tensor(context_ids[self.fed + 1: n + 1], dtype=torch.long, device=self.device)
+        positions = torch.arange(self.fed + 1, n + 1, device=self.device)
+        first_module = self.config.module_for_step(1)
+        for index, cache in enumerate(self.caches):
+            out = self.head.run_module(index, cache, self.pending, tokens, positions, self.pending)
+            if index == first_module:
+                self.last_hidden = out[-1]
+        self.anchor = self.pending[-1]
+        self.fed = n
+        self.pending = self.pending[:0]
+        return True
+
+    @torch.inference_mode()
+    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams,
+                generator: torch.Generator) -> Draft:
+        if k <= 0 or not self.catch_up(context_ids):
+            return Draft(token_ids=[])
+        head, n = self.head, self.fed
+        hidden = self.last_hidden
+        token_ids: list[int] = []
+        probs_rows: list[torch.Tensor] = []
+        for step in range(1, k + 1):
+            full_logits = torch.full((self.vocab_size,), float("-inf"), dtype=torch.float32, device=self.device)
+            full_logits[head.draft_token_ids] = head.draft_logits(hidden).float()  # outside the draft vocab: p = 0
+            probs = logits_to_probs(full_logits, sampling)  # [V]
+            if sampling.greedy:
+                token = int(torch.argmax(full_logits))
+            else:
+                noise = torch.empty_like(probs).exponential_(generator=generator)
+                token = int(sample_with_noise(probs, noise))
+            token_ids.append(token)
+            probs_rows.append(probs)
+            if step < k:
+                module = self.config.module_for_step(step + 1)
+                hidden = head.run_module(
+                    module, self.caches[module], hidden[None],
+                    torch.tensor([token], dtype=torch.long, device=self.device),
+                    torch.tensor([n + step], device=self.device), self.anchor[None])[-1]
+        for cache in self.caches:
+            cache.crop(n)  # drop the draft chain: the cache holds verified positions only
+        return Draft(token_ids=token_ids, probs=torch.stack(probs_rows))
+
+    def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:
+        self.pending = torch.cat([self.pending, self._as_rows(target_hidden)])
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_head(folder: str, mtime: float, target_id: int, target_model, device: str) -> FeatureHead:
+    return load_head(Path(folder), target_model, device)
+
+
+def load_head_proposer(folder, target_model: torch.nn.Module, device=None) -> HeadProposer:
+    """A fresh proposer (its own caches) over a head loaded once per folder and target."""
+    from ..config import ConfigError
+
+    if folder is None:
+        raise ConfigError("this model pair names no head folder (models.yaml: proposers: head: <folder>)")
+    path = Path(folder)
+    config_path = path / "config.json"
+    if not config_path.exists():
+        raise ConfigError(f"head folder {path} has no config.json (train one with `localspec distill`)")
+    device = str(device) if device is not None else str(next(target_model.parameters()).device)
+    head = _cached_head(str(path.resolve()), config_path.stat().st_mtime, id(target_model), target_model, device)
+    return HeadProposer(head)

@@ -1,0 +1,144 @@
+"""`localspec distill` on the tiny pair: every kind trains end to end in a few updates, writes a loadable folder,
+and runs as a proposer with greedy output identical to the target alone. Plus the data rules (held-out prompts)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.distill.batches import pick_draft_vocab, split_validation, windows
+from localspec.distill.data import HELD_OUT_HUMANEVAL, HELD_OUT_MT_BENCH, held_out_prompts, training_prompts
+from localspec.distill.run import DistillOptions, distill
+from localspec.distill.train_head import chain_attention, shift
+from localspec.engine import Engine
+from localspec.proposers import DraftModelProposer
+from localspec.proposers.head import load_head_proposer
+from tests.conftest import SHARED_DATA
+
+PROMPTS = ["Hello there", "Write a poem", "What is 2+2?", "Tell me a story", "Explain gravity", "Name colors",
+           "Count to five", "Say hi"]
+EVAL_PROMPT = [1, 72, 101, 108, 108, 111, 33, 10, 87]
+
+
+def tiny_options(kind, out, **overrides):
+    base = dict(kind=kind, out=out, answer_tokens=200, max_new_tokens=16, gen_batch_size=4, temperatures=(0.0,),
+                draft_vocab=200, steps=3, batch_size=2, window=32, max_updates=4, eval_every=2, progress=False)
+    base.update(overrides)
+    return DistillOptions(**base)
+
+
+def greedy(target, proposer, spec_name, k=3, max_new=30):
+    engine = Engine(target, {2})
+    ids, stats = [], None
+    for event in engine.generate(EVAL_PROMPT, SamplingParams(max_new_tokens=max_new), SpecConfig(proposer=spec_name, k=k),
+                                 proposer):
+        ids.extend(t.token_id for t in event.tokens)
+        stats = event.stats
+    return ids, stats
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp"])
+def test_each_head_kind_distils_loads_and_is_lossless(tiny_pair, tiny_models, tmp_path, kind):
+    from transformers import AutoTokenizer
+
+    target, _ = tiny_models
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair["target"])
+    summary = distill(target, tokenizer, PROMPTS, tiny_options(kind, tmp_path / kind), log=lambda m: None)
+    assert summary["kind"] == kind and summary["updates"] == 4 and summary["corpus_tokens"] >= 200
+    config = json.loads((tmp_path / kind / "config.json").read_text())
+    assert config["kind"] == kind and config["draft_vocab_size"] == 200
+    assert config["num_modules"] == (3 if kind == "mtp" else 1)
+    proposer = load_head_proposer(tmp_path / kind, target, "cpu")
+    baseline, _ = greedy(target, None, "none")
+    ids, stats = greedy(target, proposer, "head")
+    assert ids == baseline and stats.drafted > 0
+
+
+def test_standalone_draft_distils_to_a_transformers_folder(tiny_pair, tiny_models, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target, _ = tiny_models
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair["target"])
+    distill(target, tokenizer, PROMPTS, tiny_options("draft", tmp_path / "d"), log=lambda m: None)
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert config["localspec_kind"] == "draft" and config["num_hidden_layers"] == 2
+    draft = AutoModelForCausalLM.from_pretrained(tmp_path / "d").eval()
+    torch.testing.assert_close(draft.get_output_embeddings().weight, target.get_output_embeddings().weight)
+    baseline, _ = greedy(target, None, "none")
+    ids, stats = greedy(target, DraftModelProposer(draft), "draft")
+    assert ids == baseline and stats.drafted > 0
+    with pytest.raises(ConfigError, match="draft"):
+        load_head_proposer(tmp_path / "d", target, "cpu")
+
+
+def test_resume_reuses_the_corpus_and_continues_training(tiny_pair, tiny_models, tmp_path):
+    from transformers import AutoTokenizer
+
+    target, _ = tiny_models
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair["target"])
+    first = distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "e"), log=lambda m: None)
+    shards = sorted(p.name for p in (tmp_path / "e" / "corpus").glob("shard-*.pt"))
+    second = distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "e", resume=True, max_updates=6),
+                     log=lambda m: None)
+    assert sorted(p.name for p in (tmp_path / "e" / "corpus").glob("shard-*.pt")) == shards
+    assert second["corpus_tokens"] == first["corpus_tokens"]
+    assert second["updates"] == 6 and [h["update"] for h in second["history"]][:2] == [2, 4]
+
+
+def test_cli_distill_writes_a_head(tiny_pair, tmp_path):
+    from localspec.cli import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    out = tmp_path / "cli-head"
+    code = main(["distill", "--models", str(tiny_pair["models_yaml"]), "--kind", "eagle", "--out", str(out),
+                 "--data-dir", "none", "--prompts", str(prompts), "--tokens", "150", "--max-new-tokens", "12",
+                 "--draft-vocab", "150", "--max-updates", "2", "--eval-every", "1", "--steps", "2", "--no-progress",
+                 "--device", "cpu"])
+    assert code == 0 and (out / "head.safetensors").exists()
+    assert main(["distill", "--models", str(tiny_pair["models_yaml"]), "--kind", "eagle", "--out", str(out),
+                 "--data-dir", "none", "--prompts", str(prompts), "--device", "cpu"]) == 2  # exists, no --resume
+    assert main(["distill", "--models", str(tiny_pair["models_yaml"]), "--kind", "eagle", "--out",
+                 str(tmp_path / "x"), "--data-dir", "none", "--prompts", str(tmp_path / "nope.txt")]) == 2
+
+
+def test_held_out_prompts_never_reach_training():
+    if not (SHARED_DATA / "mt_bench_question.jsonl").exists():
+        pytest.skip("shared data not present")
+    held = held_out_prompts(SHARED_DATA)
+    assert len(held) == len(HELD_OUT_MT_BENCH) + len(HELD_OUT_HUMANEVAL)
+    train = set(training_prompts(SHARED_DATA, stdlib_limit=50))
+    assert not train & set(held)
+    assert any(p.startswith("Complete this Python function") for p in train)
+
+
+def test_validation_split_keeps_whole_sequences_apart():
+    seqs = [(torch.arange(10 + i), torch.zeros(9 + i, 4)) for i in range(40)]
+    train, val = split_validation(seqs, 0.1, 0)
+    assert len(val) == 4 and len(train) == 36
+    assert not {len(s[0]) for s in train} & {len(s[0]) for s in val}
+    for ids, hidden in windows(train, 8):
+        assert len(ids) == hidden.shape[0] + 1 <= 9
+
+
+def test_draft_vocab_keeps_stop_tokens_and_frequent_tokens():
+    seqs = [(torch.tensor([300, 300, 300, 301, 7]), None)]
+    vocab = pick_draft_vocab(seqs, 320, 8, always={2}, by_id_share=0.5)
+    assert vocab.tolist() == sorted(vocab.tolist()) and len(vocab) == 8
+    assert {2, 300, 301}.issubset(set(vocab.tolist()))
+
+
+def test_training_time_test_mask_matches_inference_attention():
+    """The chain query at step j sees real keys up to its chain's start plus the chain's own entries."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 6, 4)
+    real_k, real_v = torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4)
+    k2, v2 = torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4)
+    out = chain_attention(q, real_k, real_v, 1, [(shift(k2, 0, dim=2), shift(v2, 0, dim=2))])
+    i = 4  # step-2 query at index 4: real keys 0..3 and its own key
+    keys = torch.cat([real_k[0, 0, :i], k2[0, 0, i:i + 1]])
+    values = torch.cat([real_v[0, 0, :i], v2[0, 0, i:i + 1]])
+    weights = torch.softmax(q[0, 0, i] @ keys.T / 2.0, dim=-1)
+    torch.testing.assert_close(out[0, 0, i], weights @ values)

@@ -1,0 +1,233 @@
+"""Feature-level heads (EAGLE / Eagle3 / MTP) as proposers: lossless greedy output, the Eagle3 first-step
+duplication, the MTP one-module-per-step rule, the KV-cache rollback, and clear errors on bad folders."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.engine import Engine
+from localspec.heads.config import HeadConfig, target_shapes
+from localspec.heads.io import load_head, save_head
+from localspec.heads.model import FeatureHead
+from localspec.model_runner import ModelRunner
+from localspec.proposers.base import Proposer
+from localspec.proposers.head import HeadProposer, load_head_proposer
+
+PROMPT = [1, 72, 101, 108, 108, 111, 44, 32, 119]
+DRAFT_VOCAB = 200
+
+
+def make_head(target, kind: str, modules: int = 1, seed: int = 0) -> FeatureHead:
+    torch.manual_seed(seed)
+    config = HeadConfig(kind=kind, num_modules=modules, draft_vocab_size=DRAFT_VOCAB, **target_shapes(target.config))
+    head = FeatureHead(config, target.get_input_embeddings().weight)
+    head.set_lm_weight(target.get_output_embeddings().weight)
+    head.set_draft_vocab(torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(seed))[:DRAFT_VOCAB])
+    for module in head.layers:
+        module.init_from_target_layer(target.model.layers[-1])
+    return head.eval()
+
+
+def run_engine(target, proposer, k: int = 3, temperature: float = 0.0, max_new: int = 40, prompt=PROMPT):
+    engine = Engine(target, {2})
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new, seed=3)
+    spec = SpecConfig(proposer="none" if proposer is None else "head", k=k)
+    ids, last = [], None
+    for event in engine.generate(list(prompt), sampling, spec, proposer):
+        ids.extend(t.token_id for t in event.tokens)
+        last = event
+    return ids, last.stats
+
+
+@pytest.mark.parametrize("kind,modules", [("eagle", 1), ("eagle3", 1), ("mtp", 3)])
+def test_head_proposer_greedy_is_lossless(tiny_models, tmp_path, kind, modules):
+    target, _ = tiny_models
+    save_head(make_head(target, kind, modules), tmp_path / kind)
+    proposer = load_head_proposer(tmp_path / kind, target, "cpu")
+    assert isinstance(proposer, Proposer) and proposer.wants_hidden
+    baseline, _ = run_engine(target, None)
+    for k in (1, 3, 5):
+        ids, stats = run_engine(target, proposer, k=k)
+        assert ids == baseline
+        assert stats.drafted > 0  # the head really drafted
+
+
+def test_draft_probabilities_are_distributions_over_the_draft_vocab(tiny_models):
+    target, _ = tiny_models
+    head = make_head(target, "eagle")
+    proposer = HeadProposer(head)
+    runner = ModelRunner(target)
+    runner.reset()
+    hidden = runner.extend(PROMPT[:-1], want_hidden=True).hidden
+    proposer.begin(PROMPT, hidden)
+    sampling = SamplingParams(temperature=0.8, top_p=0.9)
+    draft = proposer.propose(PROMPT, 4, sampling, torch.Generator().manual_seed(0))
+    assert len(draft.token_ids) == 4 and draft.probs.shape == (4, target.config.vocab_size)
+    torch.testing.assert_close(draft.probs.sum(-1), torch.ones(4))
+    outside = torch.ones(target.config.vocab_size, dtype=torch.bool)
+    outside[head.draft_token_ids] = False
+    assert float(draft.probs[:, outside].abs().max()) == 0.0
+    assert all(bool(~outside[t]) for t in draft.token_ids)
+
+
+def test_sampled_decoding_with_a_head_runs(tiny_models):
+    target, _ = tiny_models
+    ids, stats = run_engine(target, HeadProposer(make_head(target, "eagle3")), temperature=1.0)
+    assert len(ids) > 0 and stats.drafted > 0
+
+
+def test_eagle3_first_step_duplicates_the_target_hidden(tiny_models):
+    target, _ = tiny_models
+    head = make_head(target, "eagle3")
+    inputs = []
+    head.layers[0].fc_proj.register_forward_hook(lambda mod, args, out: inputs.append(args[0].detach().clone()))
+    proposer = HeadProposer(head)
+    runner = ModelRunner(target)
+    runner.reset()
+    hidden = runner.extend(PROMPT[:-1], want_hidden=True).hidden  # [T-1, H]
+    proposer.begin(PROMPT, hidden)
+    proposer.propose(PROMPT, 3, SamplingParams(), torch.Generator())
+    size = target.config.hidden_size
+    first = inputs[0][0]  # the catch-up over the prompt: [T-1, 2H]
+    torch.testing.assert_close(first[:, :size], first[:, size:])  # [target hidden ; target hidden]
+    torch.testing.assert_close(first[:, size:], hidden)
+    for later in inputs[1:]:  # draft steps 2..K: [last target hidden ; the head's own hidden]
+        torch.testing.assert_close(later[0, 0, :size], hidden[-1])
+        assert not torch.allclose(later[0, 0, size:], hidden[-1])
+
+
+def test_mtp_uses_module_i_at_draft_step_i(tiny_models):
+    target, _ = tiny_models
+    head = make_head(target, "mtp", modules=3)
+    assert [head.config.module_for_step(s) for s in (1, 2, 3, 4)] == [0, 1, 2, 2]
+    calls = []
+    for index, module in enumerate(head.layers):
+        module.q_proj.register_forward_hook(lambda mod, args, out, i=index: calls.append((i, args[0].shape[1])))
+    proposer = HeadProposer(head)
+    runner = ModelRunner(target)
+    runner.reset()
+    proposer.begin(PROMPT, runner.extend(PROMPT[:-1], want_hidden=True).hidden)
+    proposer.propose(PROMPT, 3, SamplingParams(), torch.Generator())
+    catch_up = [c for c in calls if c[1] == len(PROMPT) - 1]
+    chain = [c[0] for c in calls if c[1] == 1]
+    assert sorted(i for i, _ in catch_up) == [0, 1, 2]  # every module keeps its cache of real positions
+    assert chain == [1, 2]  # step 2 → module 1, step 3 → module 2 (step 1 is module 0's catch-up output)
+
+
+@pytest.mark.parametrize("kind,modules", [("eagle", 1), ("mtp", 2)])
+def test_rollback_leaves_the_cache_of_a_fresh_run(tiny_models, kind, modules):
+    target, _ = tiny_models
+    head = make_head(target, kind, modules)
+    proposer = HeadProposer(head)
+    ids, stats = run_engine(target, proposer, k=4, max_new=30)
+    assert stats.drafted > stats.accepted  # rejections happened
+    fed = proposer.fed
+    context = PROMPT + ids
+    assert 0 < fed < len(context)
+    fresh = HeadProposer(head)
+    runner = ModelRunner(target)
+    runner.reset()
+    hidden = runner.extend(context[:fed], want_hidden=True).hidden  # h_0 .. h_(fed-1)
+    fresh.begin(context[: fed + 1], hidden)
+    assert fresh.catch_up(context[: fed + 1])
+    for used, clean in zip(proposer.caches, fresh.caches):
+        assert used.length == clean.length == fed
+        torch.testing.assert_close(used.keys[:, :, :fed], clean.keys[:, :, :fed], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(used.values[:, :, :fed], clean.values[:, :, :fed], atol=1e-4, rtol=1e-4)
+
+
+def test_one_token_prompt_starts_without_a_draft(tiny_models):
+    target, _ = tiny_models
+    baseline, _ = run_engine(target, None, prompt=[1], max_new=12)
+    ids, _ = run_engine(target, HeadProposer(make_head(target, "eagle")), prompt=[1], max_new=12)
+    assert ids == baseline
+
+
+def test_bad_head_folders_give_clear_errors(tiny_models, tmp_path):
+    target, _ = tiny_models
+    with pytest.raises(ConfigError, match="config.json"):
+        load_head_proposer(tmp_path / "missing", target, "cpu")
+    with pytest.raises(ConfigError, match="no head folder"):
+        load_head_proposer(None, target, "cpu")
+    head = make_head(target, "eagle")
+    save_head(head, tmp_path / "ok")
+    config = (tmp_path / "ok" / "config.json").read_text().replace('"hidden_size": 64', '"hidden_size": 96')
+    (tmp_path / "ok" / "config.json").write_text(config)
+    with pytest.raises(ConfigError, match="hidden size"):
+        load_head(tmp_path / "ok", target)
+    (tmp_path / "ok" / "config.json").write_text('{"kind": "medusa", "hidden_size": 64, "vocab_size": 320}')
+    with pytest.raises(ConfigError):
+        load_head(tmp_path / "ok", target)
+
+
+@pytest.mark.slow
+def test_shipped_head_matches_the_embedded_target_and_is_lossless(embedded_session):
+    """The head under assets/drafts/ that models.yaml names for the default pair."""
+    from tests.conftest import shared_prompts
+
+    session = embedded_session
+    folder = session.loaded.spec.head
+    if folder is None:
+        pytest.skip("the default models.yaml entry names no head")
+    target = session.loaded.target
+    head = load_head(folder, target)
+    assert head.config.hidden_size == target.config.hidden_size
+    assert head.config.vocab_size == target.get_input_embeddings().weight.shape[0] == len(session.tokenizer)
+    assert int(head.draft_token_ids.max()) < head.config.vocab_size
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=48)
+    drafted = 0
+    for prompt in shared_prompts(limit_mt=2, limit_code=1):
+        ids, _ = session.prompt_ids([{"role": "user", "content": prompt}], 48)
+        base = [t.token_id for e in session.engine.generate(ids, sampling, SpecConfig(proposer="none", k=4))
+                for t in e.tokens]
+        spec_ids, stats = [], None
+        for event in session.engine.generate(ids, sampling, SpecConfig(proposer="head", k=4),
+                                             session.make_proposer(session.default_spec(proposer="head"))):
+            spec_ids.extend(t.token_id for t in event.tokens)
+            stats = event.stats
+        assert spec_ids == base
+        drafted += stats.drafted
+    assert drafted > 0
+
+
+@pytest.mark.parametrize("kind,modules", [("eagle", 1), ("eagle3", 1), ("mtp", 3)])
+def test_training_forward_equals_inference_drafting(tiny_models, kind, modules):
+    """ttt_forward's step-j prediction at a position is what the proposer computes at draft step j there."""
+    from localspec.distill.batches import make_batch
+    from localspec.distill.train_head import ttt_forward
+
+    target, _ = tiny_models
+    head = make_head(target, kind, modules, seed=1)
+    proposer = HeadProposer(head)
+    runner = ModelRunner(target)
+    runner.reset()
+    prompt = PROMPT
+    proposer.begin(prompt, runner.extend(prompt[:-1], want_hidden=True).hidden)
+    logits_seen = []
+    original = head.draft_logits
+    head.draft_logits = lambda hidden: logits_seen.append(original(hidden)) or logits_seen[-1]
+    draft = proposer.propose(prompt, 3, SamplingParams(), torch.Generator())
+    head.draft_logits = original
+    ids = prompt + draft.token_ids  # the chain's tokens as if they were real
+    runner.reset()
+    hidden = runner.extend(ids[:-1], want_hidden=True).hidden  # [T-1, H]
+    batch = make_batch([(torch.tensor(ids), hidden)])
+    import localspec.distill.train_head as th
+
+    real_log_softmax = torch.log_softmax
+    th_logits = []
+
+    def spy(logits, dim):
+        th_logits.append(logits)
+        return real_log_softmax(logits, dim=dim)
+
+    th.torch.log_softmax = spy
+    try:
+        with torch.no_grad():
+            ttt_forward(head, batch, 3)
+    finally:
+        th.torch.log_softmax = real_log_softmax
+    n = len(prompt) - 1  # draft step j predicts at position n + j - 1 → index n + j - 2
+    for step in range(3):
+        torch.testing.assert_close(th_logits[step][0, n + step - 1], logits_seen[step], atol=1e-4, rtol=1e-4)
