@@ -80,3 +80,27 @@ class AppProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         self.log.close()
+
+
+def send(client, message, proposer="ngram", k=3, temperature=0.0, max_new=48, seed=0):
+    """Submit one message through the app's /send endpoint (top-p 1, top-k 0, colouring on); returns the Job."""
+    return client.submit(message, proposer, k, temperature, 1.0, 0, max_new, seed, True, api_name="/send")
+
+
+def send_from_two_clients(url: str, prompts: list[str], max_new: int = 40) -> dict[int, tuple]:
+    """Two gradio clients send at the same moment; returns each one's final outputs, by client index."""
+    import threading
+
+    from gradio_client import Client
+
+    results: dict[int, tuple] = {}
+
+    def run(i):
+        results[i] = send(Client(url, verbose=False), prompts[i], max_new=max_new).result(timeout=120)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    return results

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from .apphelpers import AppProcess, tiny_models_yaml
+from .apphelpers import AppProcess, send, send_from_two_clients, tiny_models_yaml
 
 pytest.importorskip("localspec.store")
 
-
-def send(client, message, proposer="ngram", max_new=48):
-    return client.submit(message, proposer, 3, 0.0, 1.0, 0, max_new, 0, True, api_name="/send")
 
 
 def span_kinds(transcript: str) -> list[str]:
@@ -100,16 +96,7 @@ def test_kill_9_mid_answer_keeps_the_partial_answer(tiny_pair, tmp_path):
 
 def test_two_clients_each_get_their_own_conversation(stored_app):
     prompts = ["first client asks", "second client asks"]
-    results: dict[int, tuple] = {}
-
-    def run(i):
-        results[i] = send(client_for(stored_app), prompts[i], max_new=40).result(timeout=120)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=180)
+    results = send_from_two_clients(stored_app.url, prompts)
     assert set(results) == {0, 1}
     with open_store(stored_app.home) as store:
         by_prompt = {}

@@ -4,11 +4,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import threading
 
 import pytest
 
-from .apphelpers import REPO, AppProcess, tiny_models_yaml
+from .apphelpers import REPO, AppProcess, send, send_from_two_clients, tiny_models_yaml
 
 KINDS = {"accepted", "resampled", "bonus", "target"}
 # send(message, proposer, K, temperature, top_p, top_k, max_new_tokens, seed, colour)
@@ -39,9 +38,6 @@ def accepted_counts(stats: str) -> tuple[int, int]:
     assert match, stats
     return int(match.group(1)), int(match.group(2))
 
-
-def send(client, message, proposer="ngram", k=3, temperature=0.0, max_new=48, seed=0):
-    return client.submit(message, proposer, k, temperature, 1.0, 0, max_new, seed, True, api_name="/send")
 
 
 def test_answer_streams_with_token_kinds_and_changing_stats(client):
@@ -122,17 +118,7 @@ def test_two_clients_at_once_get_separate_complete_answers(app):
     from gradio_client import Client
 
     prompts = ["alpha alpha alpha", "omega omega omega"]
-    results: dict[int, tuple] = {}
-
-    def run(i):
-        client = Client(app.url, verbose=False)
-        results[i] = send(client, prompts[i], max_new=40).result(timeout=120)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=180)
+    results = send_from_two_clients(app.url, prompts)
     assert set(results) == {0, 1}
     alone = [send(Client(app.url, verbose=False), p, max_new=40).result(timeout=120) for p in prompts]
     for i in range(2):

@@ -2,28 +2,19 @@
 
 Covered: models.yaml text and structures (registry.parse_registry), chat histories (ChatSession.prompt_ids),
 SamplingParams / SpecConfig.validate, and the conversation store's text round trip.
-
-KNOWN_BUGS lists exceptions that files this branch does not own still raise; each is pinned by a strict xfail in
-test_bad_input.py. A property run that meets one records a hypothesis event instead of failing, so the search goes
-on for new ones. When the fixes land, empty KNOWN_BUGS (any that still fire will then fail here).
 """
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.registry import DRAFT_KEYS, MODEL_KEYS, NGRAM_KEYS, PAIR_KEYS, PROPOSER_KEYS, parse_registry
-
-# (exception type, message pattern, the test in test_bad_input.py that pins it)
-KNOWN_BUGS: list[tuple[type, str, str]] = [
-]
 
 FAST = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 SLOWER = settings(max_examples=30, deadline=None, database=None,
@@ -31,18 +22,12 @@ SLOWER = settings(max_examples=30, deadline=None, database=None,
 
 
 def only_config_errors(fn, *args, **kwargs):
-    """Call fn; a ConfigError (with a message) is fine, a known bug is recorded, anything else fails the test."""
+    """Call fn; a ConfigError (with a message) is fine, any other exception fails the test."""
     try:
         return fn(*args, **kwargs)
     except ConfigError as exc:
         assert str(exc).strip(), "a ConfigError must say what is wrong"
         return None
-    except Exception as exc:
-        for kind, pattern, test in KNOWN_BUGS:
-            if isinstance(exc, kind) and re.search(pattern, str(exc)):
-                event(f"known bug ({test}): {type(exc).__name__}")
-                return None
-        raise
 
 
 # -- models.yaml -----------------------------------------------------------------------------------------------------
@@ -146,8 +131,7 @@ def test_garbage_histories_give_a_config_error(tiny_session, messages, max_new_t
 @SLOWER
 @given(messages=st.lists(garbage_message, max_size=4))
 def test_validate_messages_accepts_or_refuses_cleanly(tiny_session, messages):
-    """With the helper in front (the fix proposed for chat.prompt_ids), garbage never gets further than a
-    ConfigError, known bugs included."""
+    """With the helper in front (as chat.prompt_ids now does), garbage never gets further than a ConfigError."""
     from localspec.validation import validate_messages
 
     def guarded(msgs):
@@ -157,8 +141,6 @@ def test_validate_messages_accepts_or_refuses_cleanly(tiny_session, messages):
         guarded(messages)
     except ConfigError as exc:
         assert str(exc).strip()
-    except IndexError:  # the system-prompt-only gap, separate from message shape (pinned in test_bad_input.py)
-        assert all(m.get("role") == "system" for m in messages if isinstance(m, dict))
 
 
 # -- sampling / spec ---------------------------------------------------------------------------------------------------
@@ -206,14 +188,7 @@ def test_spec_config_numbers(proposer, k, sampler, ngram_min, ngram_max):
 @FAST
 @given(ngram_min=anything, ngram_max=anything)
 def test_spec_config_of_any_type(ngram_min, ngram_max):
-    # TypeError from comparing None/str is the pinned gap test_spec_config_of_the_wrong_type
-    try:
-        SpecConfig(ngram_min=ngram_min, ngram_max=ngram_max).validate()
-    except ConfigError:
-        pass
-    except TypeError as exc:
-        assert "not supported between instances" in str(exc)
-        event("known bug (test_spec_config_of_the_wrong_type)")
+    only_config_errors(SpecConfig(ngram_min=ngram_min, ngram_max=ngram_max).validate)
 
 
 # -- the store -------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ import torch
 
 from localspec.config import SamplingParams
 from localspec.verify import make_draws, rejection_sample
+from localspec.verify.checks import emitted_distribution_pvalues
 
 from .stats import chi_square_p
 
@@ -27,31 +28,7 @@ def test_greedy_accepts_matching_prefix_then_corrects():
 
 def _emitted_distribution_check(target_probs, draft_probs, sampling, seed=0):
     """target_probs [K+1, V]; draft_probs [K, V] or None (one-hot n-gram draft given as fixed tokens)."""
-    gen = torch.Generator().manual_seed(seed)
-    k_plus_1, vocab = target_probs.shape
-    k = k_plus_1 - 1
-    if draft_probs is None:
-        draft_ids = torch.tensor([[vocab - 1 - i % vocab for i in range(k)]]).expand(N, k)
-    else:
-        draft_ids = torch.multinomial(draft_probs, N, replacement=True, generator=gen).T  # [N, K]
-    logits = target_probs.log().expand(N, k_plus_1, vocab)
-    draws = make_draws(gen, N, k, vocab, "cpu")
-    out = rejection_sample(logits, draft_ids, None if draft_probs is None else draft_probs.expand(N, k, vocab),
-                           sampling, draws)
-    expected = torch.softmax(torch.log(target_probs) / sampling.temperature, -1)
-    from localspec.sampling import filter_logits
-
-    expected = torch.softmax(filter_logits(torch.log(expected), sampling.top_k, sampling.top_p), -1)
-    tokens = out.output_token_ids
-    # position 1: every row emits a first token
-    p1 = chi_square_p(torch.bincount(tokens[:, 0], minlength=vocab), expected[0])
-    # position 2: given the first emitted token was the draft (the prefix the target's row 2 assumed)
-    rows = tokens[:, 0] == draft_ids[:, 0]
-    p2 = chi_square_p(torch.bincount(tokens[rows, 1], minlength=vocab), expected[1])
-    # bonus: rows that accepted all K
-    full = out.num_accepted == k
-    pb = chi_square_p(torch.bincount(tokens[full, k], minlength=vocab), expected[k]) if full.sum() > 200 else 1.0
-    return p1, p2, pb, int(rows.sum()), int(full.sum())
+    return emitted_distribution_pvalues(rejection_sample, target_probs, draft_probs, sampling, samples=N, seed=seed)
 
 
 def _rand_probs(gen, rows, vocab, sharp=2.0):
