@@ -177,7 +177,10 @@ def take_screenshot(browser, out: Path) -> Path:
         send_and_wait(page, SCREENSHOT_PROMPT, 0, timeout_ms=300_000)
         page.click("#ls-compare")
         wait_status(page, "Baseline done", timeout_ms=600_000)
-        page.locator("#ls-transcript .tok-accepted").first.hover()
+        # hover a token with something to see: a whitespace-only span (a newline) has no box to hover
+        visible = page.locator("#ls-transcript .tok-accepted").filter(has_text=re.compile(r"\S"))
+        if visible.count():
+            visible.first.hover()
         out.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(out))
         kinds = kinds_in_last_answer(page)
