@@ -84,7 +84,7 @@ class Engine:
             t0 = time.perf_counter()
             prompt_hidden = None
             if len(prompt_ids) > 1:
-                prompt_hidden = target.extend(prompt_ids[:-1], want_hidden=wants_hidden).hidden
+                prompt_hidden = target.extend(prompt_ids[:-1], want_hidden=wants_hidden, logits_to_keep=0).hidden
             if proposer is not None:
                 proposer.begin(list(prompt_ids), prompt_hidden)
             stats.prefill_s = time.perf_counter() - t0

@@ -163,6 +163,24 @@ def load_causal_lm(spec: ModelSpec, what: str, device: torch.device, role: str,
     return model.eval(), folder
 
 
+def share_target_embedding(draft: torch.nn.Module, target: torch.nn.Module) -> None:
+    """A draft distilled by `localspec distill` stores no embedding / LM head (config.json:
+    localspec_embedding_from_target): they are the target's, copied in here (tied, as the target's are)."""
+    if not getattr(draft.config, "localspec_embedding_from_target", False):
+        return
+    source = target.get_input_embeddings().weight
+    embedding = draft.get_input_embeddings().weight
+    if source.shape != embedding.shape:
+        raise ConfigError(f"draft {draft.config.name_or_path}: its embedding is borrowed from the target, but the "
+                          f"shapes differ ({tuple(embedding.shape)} vs the target's {tuple(source.shape)})")
+    with torch.no_grad():
+        embedding.copy_(source.to(device=embedding.device, dtype=embedding.dtype))
+        head = draft.get_output_embeddings()
+        if head is not None and head.weight.data_ptr() != embedding.data_ptr():
+            head.weight.copy_(target.get_output_embeddings().weight.to(device=head.weight.device,
+                                                                       dtype=head.weight.dtype))
+
+
 def load_tokenizer(folder: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
@@ -211,6 +229,7 @@ def load_pair(pair: PairSpec, quant: Optional[str] = None, device: Optional[str]
         check_same_tokenizer(tokenizer, load_tokenizer(draft_folder, pair.draft.trust_remote_code), pair.name,
                              pair.draft.source)
         draft, _ = load_causal_lm(pair.draft, draft_where, dev, "draft", progress)
+        share_target_embedding(draft, target)
         target_vocab = target.get_output_embeddings().weight.shape[0]
         draft_vocab = draft.get_output_embeddings().weight.shape[0]
         if target_vocab != draft_vocab:

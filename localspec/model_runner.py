@@ -9,7 +9,7 @@ import torch
 
 @dataclass(frozen=True)
 class ForwardOutput:
-    logits: torch.Tensor  # [T, V] float, next-token logits at each new position
+    logits: torch.Tensor | None  # [T', V] float, next-token logits at the last T' new positions (see logits_to_keep)
     hidden: torch.Tensor | None  # [T, H] last-layer hidden states (after the final norm), when asked for
 
 
@@ -40,14 +40,22 @@ class ModelRunner:
         self.tokens = []
 
     @torch.inference_mode()
-    def extend(self, token_ids: list[int], want_hidden: bool = False) -> ForwardOutput:
-        """Run the new tokens through the model on top of the cache; return logits for each new position."""
+    def extend(self, token_ids: list[int], want_hidden: bool = False,
+               logits_to_keep: int | None = None) -> ForwardOutput:
+        """Run the new tokens through the model on top of the cache; return logits for the new positions: all of
+        them (None), the last `logits_to_keep`, or none (0: a prefill whose logits nobody reads skips the LM head,
+        a 49k x 576 matmul per prompt token on SmolLM2)."""
         if self.cache is None:
             self.reset()
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         out = self._backbone(input_ids=input_ids, use_cache=True, **{self._cache_kwarg: self.cache})
         hidden = out.last_hidden_state[0]  # [T, H]
-        logits = self._lm_head(hidden)  # [T, V]
+        if logits_to_keep is None:
+            logits = self._lm_head(hidden)  # [T, V]
+        elif logits_to_keep > 0:
+            logits = self._lm_head(hidden[-logits_to_keep:])  # [logits_to_keep, V]
+        else:
+            logits = None
         self.tokens.extend(token_ids)
         return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None)
 

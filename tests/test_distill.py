@@ -13,6 +13,7 @@ from localspec.distill.data import HELD_OUT_HUMANEVAL, HELD_OUT_MT_BENCH, held_o
 from localspec.distill.run import DistillOptions, distill
 from localspec.distill.train_head import chain_attention, shift
 from localspec.engine import Engine
+from localspec.loading import share_target_embedding
 from localspec.proposers import DraftModelProposer
 from localspec.proposers.head import load_head_proposer
 from tests.conftest import SHARED_DATA
@@ -64,13 +65,30 @@ def test_standalone_draft_distils_to_a_transformers_folder(tiny_pair, tiny_model
     distill(target, tokenizer, PROMPTS, tiny_options("draft", tmp_path / "d"), log=lambda m: None)
     config = json.loads((tmp_path / "d" / "config.json").read_text())
     assert config["localspec_kind"] == "draft" and config["num_hidden_layers"] == 2
+    assert config["localspec_embedding_from_target"] is True  # the target's embedding is not stored again
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "d" / "model.safetensors"), "pt") as stored:
+        assert "model.embed_tokens.weight" not in stored.keys() and "model.layers.0.mlp.up_proj.weight" in stored.keys()
     draft = AutoModelForCausalLM.from_pretrained(tmp_path / "d").eval()
+    share_target_embedding(draft, target)
     torch.testing.assert_close(draft.get_output_embeddings().weight, target.get_output_embeddings().weight)
+    torch.testing.assert_close(draft.get_input_embeddings().weight, target.get_input_embeddings().weight)
     baseline, _ = greedy(target, None, "none")
     ids, stats = greedy(target, DraftModelProposer(draft), "draft")
     assert ids == baseline and stats.drafted > 0
     with pytest.raises(ConfigError, match="draft"):
         load_head_proposer(tmp_path / "d", target, "cpu")
+    # named in models.yaml, the loader fills the embedding from the target
+    from localspec.loading import load_pair
+    from localspec.registry import load_registry
+
+    yaml_path = tmp_path / "models.yaml"
+    yaml_path.write_text(f"- name: distilled\n  target: {{source: {tiny_pair['target']}, quant: none, dtype: float32}}\n"
+                         f"  proposers:\n    draft: {{source: {tmp_path / 'd'}, dtype: float32}}\n")
+    loaded = load_pair(load_registry(yaml_path)[0], device="cpu")
+    torch.testing.assert_close(loaded.draft.get_input_embeddings().weight, loaded.target.get_input_embeddings().weight)
+    torch.testing.assert_close(loaded.draft.get_output_embeddings().weight, target.get_output_embeddings().weight)
 
 
 def test_resume_reuses_the_corpus_and_continues_training(tiny_pair, tiny_models, tmp_path):
@@ -142,3 +160,54 @@ def test_training_time_test_mask_matches_inference_attention():
     values = torch.cat([real_v[0, 0, :i], v2[0, 0, i:i + 1]])
     weights = torch.softmax(q[0, 0, i] @ keys.T / 2.0, dim=-1)
     torch.testing.assert_close(out[0, 0, i], weights @ values)
+
+
+DOCS = [(f"Tell me about item {i}", f"Item {i} is a thing with {i * 7} parts and a colour of its own.") for i in range(12)]
+
+
+def test_teacher_forced_rows_match_an_unpadded_forward(tiny_models):
+    from localspec.distill.stream import teacher_forced_pieces
+
+    target, _ = tiny_models
+    rows = [[1, 72, 101, 108, 108, 111], [1, 87, 111, 114, 108, 100, 33, 10, 65, 66]]
+    pieces = teacher_forced_pieces(target, rows)
+    for row, (ids, hidden) in zip(rows, pieces):
+        with torch.inference_mode():
+            alone = target.base_model(input_ids=torch.tensor([row])).last_hidden_state[0, :-1]
+        assert ids.tolist() == row and hidden.shape == alone.shape
+        torch.testing.assert_close(hidden, alone.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_stream_text_trains_on_fresh_text_and_init_continues_a_head(tiny_pair, tiny_models, tmp_path):
+    from transformers import AutoTokenizer
+
+    from localspec.distill import stream
+
+    target, _ = tiny_models
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair["target"])
+    seen = []
+    real = stream.teacher_forced_pieces
+
+    def counting(model, rows):
+        seen.extend(tuple(r) for r in rows)
+        return real(model, rows)
+
+    stream.teacher_forced_pieces, original = counting, stream.teacher_forced_pieces
+    try:
+        first = distill(target, tokenizer, [], tiny_options("eagle", tmp_path / "s", answer_tokens=0, stream_text=True),
+                        log=lambda m: None, documents=DOCS)
+    finally:
+        stream.teacher_forced_pieces = original
+    assert first["updates"] == 4 and first["corpus_tokens"] == 0
+    assert len(set(seen)) >= 6  # several different documents went through the target, no corpus on disk
+    assert not list((tmp_path / "s").glob("corpus/shard-*.pt"))
+    before = (tmp_path / "s" / "head.safetensors").read_bytes()
+    second = distill(target, tokenizer, [], tiny_options("eagle", tmp_path / "s2", answer_tokens=0, stream_text=True,
+                                                         init=tmp_path / "s", lr=1e-2),
+                     log=lambda m: None, documents=DOCS)
+    assert second["updates"] == 4 and (tmp_path / "s2" / "head.safetensors").read_bytes() != before
+    baseline, _ = greedy(target, None, "none")
+    ids, _ = greedy(target, load_head_proposer(tmp_path / "s2", target, "cpu"), "head")
+    assert ids == baseline
+    with pytest.raises(ConfigError, match="init"):
+        tiny_options("draft", tmp_path / "d", init=tmp_path / "s").validate()

@@ -24,6 +24,12 @@ def add_parser(sub) -> None:
                         help="tokens of the target's own answers to generate (default: %(default)s)")
     parser.add_argument("--text-tokens", type=int, default=0,
                         help="tokens of offline text (stdlib sources, package docs) read by teacher forcing")
+    parser.add_argument("--stream-text", action="store_true",
+                        help="teacher-force offline text (stdlib sources, package docs) inside the training loop: "
+                             "fresh tokens every update at prefill speed, nothing stored")
+    parser.add_argument("--answer-share", type=float, default=0.25,
+                        help="with --stream-text: share of training batches drawn from the stored answers")
+    parser.add_argument("--init", default=None, metavar="DIR", help="continue from this trained head folder")
     parser.add_argument("--draft-vocab", type=int, default=8192,
                         help="tokens the head can propose: the most frequent in the corpus; 0 = all (default: %(default)s)")
     parser.add_argument("--minutes", type=float, default=None, help="time budget (corpus gets at most half)")
@@ -51,6 +57,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     options = DistillOptions(
         kind=args.kind, out=Path(args.out), answer_tokens=args.tokens, text_tokens=args.text_tokens,
+        stream_text=args.stream_text, answer_share=args.answer_share, init=Path(args.init) if args.init else None,
         draft_vocab=args.draft_vocab, minutes=args.minutes, resume=args.resume, steps=args.steps,
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, lr=args.lr, max_updates=args.max_updates,
         eval_every=args.eval_every, corpus_dir=Path(args.corpus) if args.corpus else None,

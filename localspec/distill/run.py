@@ -12,7 +12,7 @@ import torch
 
 from ..config import ConfigError
 from ..heads.config import HEAD_KINDS, HeadConfig, target_shapes
-from ..heads.io import save_head
+from ..heads.io import load_head, save_head
 from ..heads.model import FeatureHead
 from .batches import pick_draft_vocab, split_validation, windows
 from .corpus import build_corpus, build_text_corpus, load_corpus
@@ -26,7 +26,10 @@ class DistillOptions:
     kind: str
     out: Path
     answer_tokens: int = 200_000  # the target's own answers to the training prompts
-    text_tokens: int = 0  # teacher-forced offline text (stdlib sources, package docs)
+    text_tokens: int = 0  # teacher-forced offline text (stdlib sources, package docs), stored in the corpus
+    stream_text: bool = False  # teacher-force offline text inside the training loop instead (fresh every update)
+    answer_share: float = 0.25  # with stream_text: share of batches drawn from the stored answers
+    init: Optional[Path] = None  # start from this trained head folder (same kind) instead of the target's last layer
     draft_vocab: int = 8192  # 0 = the full vocabulary
     minutes: Optional[float] = None  # total budget; corpus building gets at most half
     resume: bool = False
@@ -49,8 +52,13 @@ class DistillOptions:
     def validate(self) -> "DistillOptions":
         if self.kind not in KINDS:
             raise ConfigError(f"--kind must be one of {', '.join(KINDS)} (got {self.kind!r})")
-        if self.answer_tokens < 0 or self.text_tokens < 0 or self.answer_tokens + self.text_tokens <= 0:
-            raise ConfigError("--tokens / --text-tokens must ask for some data")
+        if self.answer_tokens < 0 or self.text_tokens < 0 or (
+                self.answer_tokens + self.text_tokens <= 0 and not self.stream_text):
+            raise ConfigError("--tokens / --text-tokens / --stream-text must ask for some data")
+        if not 0.0 <= self.answer_share <= 1.0:
+            raise ConfigError("--answer-share must be from 0 to 1")
+        if self.init is not None and self.kind == "draft":
+            raise ConfigError("--init continues a trained head; it does not apply to --kind draft")
         if self.draft_vocab < 0:
             raise ConfigError("--draft-vocab must be 0 (full vocabulary) or a positive number")
         if self.minutes is not None and self.minutes <= 0:
@@ -98,8 +106,8 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
         docs = documents if documents is not None else offline_documents(options.seed)
         build_text_corpus(target, tokenizer, docs, corpus_dir,
                           options.answer_tokens + options.text_tokens, minutes=left, progress=progress)
-    sequences = load_corpus(corpus_dir)
-    if not sequences:
+    sequences = load_corpus(corpus_dir) if corpus_dir.exists() else []
+    if not sequences and not options.stream_text:
         raise ConfigError(f"the corpus in {corpus_dir} is empty")
     corpus_tokens = sum(len(ids) for ids, _ in sequences)
     corpus_s = time.time() - t_start
@@ -107,11 +115,25 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
 
     train_seqs, val_seqs = split_validation(sequences, options.val_fraction, options.seed)
     train_pieces, val_pieces = windows(train_seqs, options.window), windows(val_seqs, options.window)
+    batches = None
+    if options.stream_text:
+        from .stream import mixed_batches, text_batches
+        from .text import offline_documents
+
+        docs = documents if documents is not None else offline_documents(options.seed)
+        if not docs:
+            raise ConfigError("--stream-text found no offline text to teacher-force")
+        fresh = text_batches(target, tokenizer, docs, options.batch_size, options.window, options.seed)
+        batches = mixed_batches(fresh, train_pieces, options.answer_share, options.batch_size, options.seed)
+        if not val_pieces:  # no stored answers to validate on: hold back a few text batches instead
+            held = text_batches(target, tokenizer, docs[::-1][:4 * options.batch_size], options.batch_size,
+                                options.window, options.seed)
+            val_pieces = [piece for _ in range(4) for piece in _unbatch(next(held))]
     minutes_left = None if options.minutes is None else max(0.2, options.minutes - (time.time() - t_start) / 60)
     common = dict(steps=options.steps, out_dir=out, lr=options.lr, batch_size=options.batch_size,
                   max_updates=options.max_updates, minutes=minutes_left, eval_every=options.eval_every,
                   patience=options.patience, seed=options.seed, resume=options.resume, log=log,
-                  progress=options.progress)
+                  progress=options.progress, batches=batches)
     if options.kind == "draft":
         from .train_draft import draft_forward, make_draft, save_draft
 
@@ -125,14 +147,19 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
         config = HeadConfig(kind=options.kind, num_modules=options.steps if options.kind == "mtp" else 1,
                             draft_vocab_size=min(draft_vocab, vocab), max_k=options.steps,
                             **target_shapes(target.config))
-        head = FeatureHead(config, target.get_input_embeddings().weight)
-        head.set_lm_weight(target.get_output_embeddings().weight)
-        head.set_draft_vocab(pick_draft_vocab(train_seqs, vocab, config.draft_vocab_size, stops))
-        last_layer = target.base_model.layers[-1]
-        for module in head.layers:
-            module.init_from_target_layer(last_layer)
-        for norm in head.norms:
-            norm.weight.data.copy_(target.base_model.norm.weight.data)
+        if options.init is not None:
+            head = load_head(options.init, target).train()
+            if head.config.kind != options.kind:
+                raise ConfigError(f"--init {options.init} is a {head.config.kind} head, not {options.kind}")
+        else:
+            head = FeatureHead(config, target.get_input_embeddings().weight)
+            head.set_lm_weight(target.get_output_embeddings().weight)
+            head.set_draft_vocab(pick_draft_vocab(train_seqs, vocab, config.draft_vocab_size, stops))
+            last_layer = target.base_model.layers[-1]
+            for module in head.layers:
+                module.init_from_target_layer(last_layer)
+            for norm in head.norms:
+                norm.weight.data.copy_(target.base_model.norm.weight.data)
         result = train_head(head, train_pieces, val_pieces, save=lambda h: save_head(h, out), **common)
         model_size = sum(p.numel() for p in head.parameters())
     summary = {
@@ -151,3 +178,14 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
             summary["val_expected_acceptance_length"] = expected_acceptance_length(best["val_agreement"])
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _unbatch(batch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A Batch back into (ids, hidden) windows, for a validation set drawn from the text stream."""
+    pieces = []
+    for row in range(batch.tokens.shape[0]):
+        s = int(batch.valid[row].sum())
+        ids = torch.cat([torch.zeros(1, dtype=torch.int32), batch.tokens[row, :s].int().cpu()])
+        hidden = torch.cat([batch.prev_hidden[row, :1], batch.target_hidden[row, :s]]).cpu()
+        pieces.append((ids, hidden))
+    return pieces

@@ -6,7 +6,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -134,10 +134,12 @@ def train_head(head: torch.nn.Module, train_pieces: list, val_pieces: list, step
                save: Callable[[FeatureHead], None], lr: float = 5e-4, batch_size: int = 8,
                max_updates: int = 100_000, minutes: Optional[float] = None, eval_every: int = 200,
                patience: int = 4, seed: int = 0, resume: bool = False,
-               log: Callable[[str], None] = print, progress: bool = True, forward=None) -> dict:
+               log: Callable[[str], None] = print, progress: bool = True, forward=None,
+               batches: Optional[Iterator[Batch]] = None) -> dict:
     """AdamW with warmup + cosine decay; validation every eval_every updates keeps the best head (saved through
     `save`), stops after `patience` evaluations without improvement or when time runs out. A checkpoint
-    (weights, optimizer, update count) is written at each evaluation for --resume."""
+    (weights, optimizer, update count) is written at each evaluation for --resume. `batches` replaces the shuffled
+    train_pieces (e.g. text teacher-forced on the fly, see stream.py)."""
     forward = forward or ttt_forward
     device = next(head.parameters()).device
     out_dir = Path(out_dir)
@@ -165,7 +167,8 @@ def train_head(head: torch.nn.Module, train_pieces: list, val_pieces: list, step
 
         bar = tqdm(total=max_updates, initial=update, desc="training", unit="upd", dynamic_ncols=True)
     t0 = time.time()
-    batches = iterate_batches(train_pieces, batch_size, seed + update, device)
+    if batches is None:
+        batches = iterate_batches(train_pieces, batch_size, seed + update, device)
     head.train()
     stop_reason = "max updates"
     while update < max_updates:

@@ -31,7 +31,7 @@ class DraftModelProposer:
         runner = self.runner
         keep = min(runner.common_prefix(context_ids), len(context_ids) - 1)
         runner.crop(keep)
-        logits = runner.extend(context_ids[keep:]).logits[-1]  # [V]
+        logits = runner.extend(context_ids[keep:], logits_to_keep=1).logits[-1]  # [V]
         token_ids: list[int] = []
         probs_rows: list[torch.Tensor] = []
         for step in range(k):
@@ -44,7 +44,7 @@ class DraftModelProposer:
             probs_rows.append(probs)
             token_ids.append(token)
             if step < k - 1:
-                logits = runner.extend([int(token)]).logits[-1]
+                logits = runner.extend([int(token)], logits_to_keep=1).logits[-1]
         ids = torch.stack(token_ids).tolist() if token_ids else []
         return Draft(token_ids=ids, probs=torch.stack(probs_rows) if probs_rows else None)
 
