@@ -19,6 +19,25 @@ def test_default_prompts_cover_both_sets_and_spread_mt_bench_categories():
     assert len({p.prompt_id for p in prompts}) == 16
 
 
+def test_held_out_prompts_are_the_ones_distillation_never_sees():
+    from localspec.distill.data import held_out_prompts, training_prompts
+
+    prompts = load_prompts(limit=20, held_out=True)
+    ids = [p.prompt_id for p in prompts]
+    assert ids[:10] == [f"mt-bench/{n}" for n in range(151, 161)]
+    assert ids[10:] == [f"humaneval/{n}" for n in range(150, 164)]
+    held = held_out_prompts(SHARED_DATA)
+    trained = training_prompts(SHARED_DATA)
+    for prompt in prompts:  # each is one of distill's held-out prompts (same question text) and none of its training ones
+        text = prompt.messages[0]["content"]
+        question = text.split("```python\n")[-1].removesuffix("```") if prompt.category == "humaneval" else text
+        assert any(h.endswith(question) for h in held)
+        assert not any(t.endswith(question) for t in trained)
+    assert len(load_prompts(limit=3, held_out=True)) == 6
+    with pytest.raises(ConfigError, match="held-out"):
+        load_prompts(["x.txt"], held_out=True)
+
+
 def test_prompt_files_and_their_errors(tmp_path):
     (tmp_path / "mine.txt").write_text("first question\n\nsecond question\n")
     prompts = load_prompt_file(tmp_path / "mine.txt")

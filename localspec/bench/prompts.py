@@ -111,12 +111,32 @@ def load_prompt_file(path: Path, limit: int | None = None) -> list[BenchPrompt]:
     return _spread(prompts, limit)
 
 
-def load_prompts(files: list[str] | None = None, limit: int | None = None) -> list[BenchPrompt]:
-    """The default sets (MT-Bench, HumanEval; `limit` from each) or the given files (`limit` from each)."""
+def is_held_out(prompt: BenchPrompt) -> bool:
+    """One of the prompts `localspec distill` never trains on (MT-Bench ids 151–160, HumanEval tasks 150–163)."""
+    from ..distill.data import HELD_OUT_HUMANEVAL, HELD_OUT_MT_BENCH
+
+    number = prompt.prompt_id.rsplit("/", 1)[-1]
+    if not number.isdigit():
+        return False
+    held = HELD_OUT_MT_BENCH if prompt.category == "mt-bench" else HELD_OUT_HUMANEVAL
+    return prompt.category in ("mt-bench", "humaneval") and int(number) in held
+
+
+def load_prompts(files: list[str] | None = None, limit: int | None = None,
+                 held_out: bool = False) -> list[BenchPrompt]:
+    """The default sets (MT-Bench, HumanEval; `limit` from each) or the given files (`limit` from each).
+    held_out keeps only the default sets' prompts that distillation never trains on, so a trained head or draft
+    is measured on questions it has not seen (its own answers to the others were its training data)."""
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be ≥ 1 (got {limit})")
     if files:
+        if held_out:
+            raise ConfigError("--held-out picks from the default prompt sets; it does not apply to --prompts files")
         prompts = [p for f in files for p in load_prompt_file(Path(f), limit)]
+    elif held_out:
+        data = default_data_dir()
+        prompts = [p for p in load_mt_bench(data / MT_BENCH_FILE) if is_held_out(p)][:limit] + [
+            p for p in load_humaneval(data / HUMANEVAL_FILE) if is_held_out(p)][:limit]
     else:
         data = default_data_dir()
         prompts = load_mt_bench(data / MT_BENCH_FILE, limit) + load_humaneval(data / HUMANEVAL_FILE, limit)

@@ -19,6 +19,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--prompts", nargs="+", default=None, metavar="FILE",
                         help="prompt files (.jsonl[.gz] with turns/prompt/text/messages, or .txt one per line); "
                              "default: MT-Bench first turns and HumanEval from ../shared/data")
+    parser.add_argument("--held-out", action="store_true",
+                        help="only the default sets' prompts that `localspec distill` never trains on (MT-Bench "
+                             "151-160, HumanEval 150-163): the fair set for a trained head or draft")
     parser.add_argument("--limit", type=int, default=10, help="prompts taken from each set (default: %(default)s)")
     parser.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), metavar="MODE",
                         help=f"from {', '.join(DEFAULT_MODES)} (default: all that the pair supports)")
@@ -51,7 +54,7 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    prompts = load_prompts(args.prompts, args.limit)
+    prompts = load_prompts(args.prompts, args.limit, args.held_out)
     wants_draft = any(m in args.modes for m in ("draft", "hf-assisted"))
     session = load_session(args, load_draft=wants_draft)
     ks = args.k or [session.loaded.spec.k]
