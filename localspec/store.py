@@ -62,6 +62,7 @@ class Message:
     stats: Optional[dict] = field(default=None, hash=False, compare=False)  # StatsSnapshot.to_dict() at the end
     error: Optional[str] = None
     tokens: tuple[dict, ...] = ()  # TokenEvent.to_dict() rows, in order
+    sampling: Optional[dict] = field(default=None, hash=False, compare=False)  # SamplingParams fields, when saved
 
     @property
     def token_kinds(self) -> list[str]:
@@ -266,17 +267,19 @@ class ConversationStore:
         return self._write(insert)
 
     def _insert_message(self, conversation_id: Any, role: str, content: str, complete: bool, model=None,
-                        proposer=None, k=None) -> int:
+                        proposer=None, k=None, sampling: Optional[dict] = None) -> int:
         if role not in ROLES:
             raise StoreError(f"unknown message role {role!r}; choose one of {', '.join(ROLES)}")
         content = clean_text(content, "the message")
+        sampling_json = json.dumps(_jsonable(sampling), allow_nan=False) if sampling else None
         now = time.time()
 
         def insert(conn):
             cid = self._require_conversation(conn, conversation_id)
             cur = conn.execute(
-                "INSERT INTO messages (conversation_id, role, content, complete, model, proposer, k, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (cid, role, content, int(bool(complete)), model, proposer, k, now))
+                "INSERT INTO messages (conversation_id, role, content, complete, model, proposer, k, sampling, "
+                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (cid, role, content, int(bool(complete)), model, proposer, k, sampling_json, now))
             conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, cid))
             return int(cur.lastrowid)
 
@@ -286,11 +289,12 @@ class ConversationStore:
         """A user or system message, or an assistant message that is already whole. Returns the message id."""
         return self._insert_message(conversation_id, role, content, complete)
 
-    def start_answer(self, conversation_id: int, model: str, proposer: str, k: int) -> int:
+    def start_answer(self, conversation_id: int, model: str, proposer: str, k: int,
+                     sampling: Optional[dict] = None) -> int:
         """An empty assistant message, marked incomplete until finish_answer. Returns its id for append_tokens."""
         return self._insert_message(conversation_id, "assistant", "", False,
                                     clean_text(str(model), "the model name"), clean_text(str(proposer), "proposer"),
-                                    _int_or_none(k))
+                                    _int_or_none(k), sampling)
 
     def _open_answer(self, conn: sqlite3.Connection, message_id: Any) -> Optional[sqlite3.Row]:
         """The message row, or None when it no longer exists (its conversation was deleted mid-answer)."""
@@ -382,6 +386,20 @@ class ConversationStore:
 
         self._write(rename)
 
+    def retract_exchange(self, user_message_id: int, answer_id: int) -> None:
+        """Take back a user message and its answer when the answer failed before saying anything (the window puts
+        the message back in the box, so a resend must not store it twice). A conversation left empty goes too."""
+        uid, aid = _int_or_none(user_message_id), _int_or_none(answer_id)
+
+        def retract(conn):
+            row = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (aid,)).fetchone()
+            conn.execute("DELETE FROM messages WHERE id IN (?, ?)", (uid, aid))
+            if row is not None and conn.execute("SELECT COUNT(*) FROM messages WHERE conversation_id = ?",
+                                                (row[0],)).fetchone()[0] == 0:
+                conn.execute("DELETE FROM conversations WHERE id = ?", (row[0],))
+
+        self._write(retract)
+
     def delete_conversation(self, conversation_id: int) -> None:
         """Delete the conversation, its messages and their tokens. Deleting one that is already gone is a no-op."""
         cid = _int_or_none(conversation_id)
@@ -426,7 +444,8 @@ class ConversationStore:
             Message(id=m["id"], role=m["role"], content=m["content"], complete=bool(m["complete"]),
                     created_at=m["created_at"], model=m["model"], proposer=m["proposer"], k=m["k"],
                     finish_reason=m["finish_reason"], stats=json.loads(m["stats"]) if m["stats"] else None,
-                    error=m["error"], tokens=tuple(tokens.get(m["id"], ())))
+                    error=m["error"], tokens=tuple(tokens.get(m["id"], ())),
+                    sampling=json.loads(m["sampling"]) if m["sampling"] else None)
             for m in message_rows)
         return Conversation(row["id"], row["title"], row["model"], row["created_at"], row["updated_at"], messages)
 
@@ -445,7 +464,8 @@ class ConversationStore:
             "messages": [
                 {"role": m.role, "content": m.content, "complete": m.complete, "created_at": _iso(m.created_at),
                  **({"model": m.model, "proposer": m.proposer, "k": m.k, "finish_reason": m.finish_reason,
-                     "error": m.error, "stats": m.stats, "tokens": list(m.tokens)} if m.role == "assistant" else {})}
+                     "error": m.error, "sampling": m.sampling, "stats": m.stats, "tokens": list(m.tokens)}
+                    if m.role == "assistant" else {})}
                 for m in conv.messages
             ],
         }

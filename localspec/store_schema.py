@@ -4,6 +4,8 @@ Version 1 (the first released schema): conversations, messages, tokens (one row 
 Version 2: messages.error (why an answer stopped with finish_reason 'error'), tokens.rejected_p_target /
 tokens.rejected_p_draft / tokens.extra (any further TokenEvent fields, as JSON), and the indexes the
 conversation list and the reopen path read through.
+Version 3: messages.sampling (the answer's sampling settings as JSON, so "compare with baseline" can repeat a
+reopened answer).
 
 A migration is a list of SQL statements run in one transaction together with the user_version bump, so a
 crash during an upgrade leaves the file at the old version, never half-way.
@@ -55,8 +57,10 @@ V2 = [
     "CREATE INDEX IF NOT EXISTS conversations_by_update ON conversations(updated_at DESC, id DESC)",
 ]
 
+V3 = ["ALTER TABLE messages ADD COLUMN sampling TEXT"]
+
 # MIGRATIONS[n] takes a database from version n to version n + 1 (version 0 = an empty file).
-MIGRATIONS: list[list[str]] = [V1, V2]
+MIGRATIONS: list[list[str]] = [V1, V2, V3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -163,10 +163,13 @@ def test_reopen_rename_export_delete(stored_app):
     assert title == hostile and "<img" not in status and "&lt;img" in status
     assert transcript.count("ls-msg ls-user") == 2 and span_kinds(transcript)
     assert events["finish_reason"] in ("stop", "length")
+    panel, status = client.predict(api_name="/compare")  # the reopened answer's sampling settings were saved
+    assert "Baseline done" in status and "tok/s" in panel
 
     path, status = client.predict(cid, api_name="/export_json")
     exported = json.loads(Path(path).read_text(encoding="utf-8"))
     assert exported["title"] == hostile and len(exported["messages"]) == 4
+    assert exported["messages"][3]["sampling"]["max_new_tokens"] == 16
     assert exported["messages"][1]["tokens"] and "kind" in exported["messages"][1]["tokens"][0]
     path, status = client.predict(cid, api_name="/export_markdown")
     markdown = Path(path).read_text(encoding="utf-8")

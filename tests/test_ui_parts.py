@@ -266,3 +266,35 @@ def test_the_same_switch_asked_twice_shares_one_outcome(tiny_session):
         thread.join(10)
     assert calls == ["broken"]  # loaded once
     assert errors == ["local model path /nowhere does not exist"] * 2  # both callers hear why, not "busy"
+
+
+def test_an_answer_that_fails_before_its_first_token_is_taken_back_from_the_store(manager, tmp_path):
+    """The window puts the message back in the box; the database must not keep it (a resend would store it twice)."""
+    store_module = pytest.importorskip("localspec.store")
+    from localspec.config import SpecConfig
+    from localspec.events import StepEvent
+    from localspec.metrics import SpecStats
+    from localspec.ui.manager import Message
+    from localspec.ui.recorder import Recorder
+
+    store = store_module.ConversationStore(tmp_path / "c.db")
+    recorder = Recorder(store)
+    failed = StepEvent((), 0.0, 0.0, 0.0, 0, 0, SpecStats(0).snapshot(), True, "error", "generation failed: boom")
+
+    def fail(text, end_with_done_only=False):
+        sink = recorder.sink("tab", text)
+        sink(Message("started", text="tiny", spec=SpecConfig(proposer="none", k=0)))
+        if not end_with_done_only:
+            sink(Message("event", event=failed))
+        sink(Message("done"))
+
+    fail("first message")
+    assert store.list_conversations() == [] and recorder.conversation_of("tab") is None
+    collect(run_answer(manager, max_new=4, sink=recorder.sink("tab", "kept"))[0])
+    fail("second message")
+    fail("third message", end_with_done_only=True)
+    (summary,) = store.list_conversations()
+    assert [m.content for m in store.get_conversation(summary.id).messages][0] == "kept"
+    assert len(store.get_conversation(summary.id).messages) == 2  # "kept" and its answer, no failed leftovers
+    assert recorder.conversation_of("tab") == summary.id
+    store.close()

@@ -123,7 +123,7 @@ class Handlers:
                   "sampling": sampling_dict(sampling)}
         turns = turns + [{"role": "user", "content": text}, answer]
         yield (transcript_html(turns, colour), stats_html(None), status_html("Thinking…"), gr.skip(), "", turns)
-        sink = self.recorder.sink(owner, text) if self.recorder is not None else None
+        sink = self.recorder.sink(owner, text, sampling_dict(sampling)) if self.recorder is not None else None
         for answer, status in self._run(owner, history, sampling, proposer, k_value, answer, sink):
             if answer.get("finish_reason") == "error" and not answer["tokens"]:
                 turns = turns[:-2]  # nothing was said: take the message back into the box
@@ -180,6 +180,10 @@ class Handlers:
         if spec_answer.get("proposer") == "none":
             yield "", status_html("The last answer already ran with speculation off; pick a proposer and send "
                                   "again to compare.", "error")
+            return
+        if not spec_answer.get("sampling"):
+            yield "", status_html("This answer was saved without its sampling settings (an older version of the "
+                                  "app); send the message again to compare.", "error")
             return
         try:
             sampling = read_sampling(**spec_answer["sampling"])

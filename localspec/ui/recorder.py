@@ -31,7 +31,7 @@ def turns_from_conversation(conversation) -> list[dict]:
                            if x)
         turns.append({"role": "assistant", "content": m.content, "tokens": list(m.tokens), "stats": m.stats,
                       "finish_reason": reason, "error": m.error, "model": m.model, "proposer": m.proposer,
-                      "k": m.k, "label": label, "sampling": None})
+                      "k": m.k, "label": label, "sampling": m.sampling})
     return turns
 
 
@@ -57,31 +57,48 @@ class Recorder:
             for owner in [o for o, c in self._current.items() if c == conversation_id]:
                 del self._current[owner]
 
-    def sink(self, owner: str, user_text: str):
-        """A Message sink for one answer of this owner (see ModelManager.answer)."""
-        state: dict = {"message_id": None, "finished": False}
+    def sink(self, owner: str, user_text: str, sampling: Optional[dict] = None):
+        """A Message sink for one answer of this owner (see ModelManager.answer); sampling is saved with the answer."""
+        state: dict = {"message_id": None, "user_message_id": None, "finished": False, "said": False}
 
         def on_message(message: Message) -> None:
             if message.kind == "started":
-                self._start(owner, user_text, message, state)
+                self._start(owner, user_text, message, state, sampling)
             elif state["message_id"] is None or state["finished"]:
                 return
             elif message.kind == "event":
                 if message.records:
                     self.store.append_tokens(state["message_id"], list(message.records))
+                    state["said"] = True
                 event = message.event
-                if event.finished:
+                if event.finished and event.finish_reason == "error" and not state["said"]:
+                    self._retract(owner, state)
+                elif event.finished:
                     self.store.finish_answer(state["message_id"], event.finish_reason or "stop",
                                              event.stats.to_dict(), event.error)
                     state["finished"] = True
             elif message.kind in ("error", "done"):
+                if not state["said"]:
+                    self._retract(owner, state)
+                    return
                 error = message.text if message.kind == "error" else "the answer ended without a reason"
                 self.store.finish_answer(state["message_id"], "error", None, error)
                 state["finished"] = True
 
         return on_message
 
-    def _start(self, owner: str, user_text: str, message: Message, state: dict) -> None:
+    def _retract(self, owner: str, state: dict) -> None:
+        """The answer failed before its first token: the window takes the message back, so does the database."""
+        with self._lock:
+            self.store.retract_exchange(state["user_message_id"], state["message_id"])
+            conversation_id = self._current.get(owner)
+            if conversation_id is not None and not any(
+                    c.id == conversation_id for c in self.store.list_conversations()):
+                del self._current[owner]  # it was this answer's new conversation, now gone
+        state["finished"] = True
+
+    def _start(self, owner: str, user_text: str, message: Message, state: dict,
+               sampling: Optional[dict] = None) -> None:
         from ..store import StoreError
 
         spec = message.spec
@@ -89,12 +106,13 @@ class Recorder:
             conversation_id = self._current.get(owner)
             if conversation_id is not None:
                 try:
-                    self.store.add_message(conversation_id, "user", user_text)
+                    state["user_message_id"] = self.store.add_message(conversation_id, "user", user_text)
                 except StoreError:  # deleted in another tab: start a new one
                     conversation_id = None
             if conversation_id is None:
                 conversation_id = self.store.create_conversation(title_from(user_text), message.text)
-                self.store.add_message(conversation_id, "user", user_text)
+                state["user_message_id"] = self.store.add_message(conversation_id, "user", user_text)
                 self._current[owner] = conversation_id
         state["message_id"] = self.store.start_answer(conversation_id, message.text,
-                                                      getattr(spec, "proposer", "none"), getattr(spec, "k", 0))
+                                                      getattr(spec, "proposer", "none"), getattr(spec, "k", 0),
+                                                      sampling)
