@@ -137,6 +137,11 @@ def test_validation_split_keeps_whole_sequences_apart():
     train, val = split_validation(seqs, 0.1, 0)
     assert len(val) == 4 and len(train) == 36
     assert not {len(s[0]) for s in train} & {len(s[0]) for s in val}
+    # chat sequences: <start> prompt <start> answer. Two answers to one prompt never straddle the split
+    chats = [(torch.tensor([1, 50 + q, 60, 1, 70 + a, 71]), torch.zeros(5, 4)) for q in range(10) for a in range(3)]
+    train, val = split_validation(chats, 0.2, 0)
+    assert len(val) == 6 and len(train) == 24
+    assert not {int(s[0][1]) for s in train} & {int(s[0][1]) for s in val}
     for ids, hidden in windows(train, 8):
         assert len(ids) == hidden.shape[0] + 1 <= 9
 

@@ -63,13 +63,31 @@ def iterate_batches(pieces: list, batch_size: int, seed: int, device="cpu"):
             yield make_batch([pieces[i] for i in batch], device)
 
 
+def prompt_key(ids: torch.Tensor) -> tuple:
+    """What a sequence was asked: its ids up to the last occurrence of its first id (in a chat template the
+    turn-start token, so the key ends before the assistant's answer). A sequence whose first id never recurs is
+    its own key."""
+    ids_list = ids.tolist()
+    last = max((i for i, t in enumerate(ids_list) if t == ids_list[0]), default=0) if ids_list else 0
+    return tuple(ids_list[:last]) if last > 0 else tuple(ids_list)
+
+
 def split_validation(sequences: list, fraction: float, seed: int) -> tuple[list, list]:
-    """Whole sequences (answers) go to one side, so validation never shares an answer with training."""
-    order = list(range(len(sequences)))
-    random.Random(seed).shuffle(order)
-    count = max(1, int(len(sequences) * fraction)) if len(sequences) > 1 else 0
-    val = [sequences[i] for i in order[:count]]
-    train = [sequences[i] for i in order[count:]]
+    """Whole prompts go to one side: every answer to a prompt (greedy and sampled) lands with the others, so the
+    validation agreement measures new questions, not a second answer to a question seen in training."""
+    groups: dict[tuple, list[int]] = {}
+    for index, (ids, _hidden) in enumerate(sequences):
+        groups.setdefault(prompt_key(ids), []).append(index)
+    keys = list(groups)
+    random.Random(seed).shuffle(keys)
+    wanted = max(1, int(len(sequences) * fraction)) if len(sequences) > 1 and len(keys) > 1 else 0
+    val_index: set[int] = set()
+    for key in keys:
+        if len(val_index) >= wanted:
+            break
+        val_index.update(groups[key])
+    val = [sequences[i] for i in sorted(val_index)]
+    train = [sequences[i] for i in range(len(sequences)) if i not in val_index]
     return train, val
 
 
