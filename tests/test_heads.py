@@ -161,11 +161,29 @@ def test_bad_head_folders_give_clear_errors(tiny_models, tmp_path):
         load_head(tmp_path / "ok", target)
 
 
+def assert_greedy_lossless_on_shared_prompts(session, proposer: str, k: int = 4) -> None:
+    """Greedy speculative output with `proposer` equals the no-proposer output on a few shared prompts."""
+    from tests.conftest import shared_prompts
+
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=48)
+    drafted = 0
+    for prompt in shared_prompts(limit_mt=2, limit_code=1):
+        ids, _ = session.prompt_ids([{"role": "user", "content": prompt}], 48)
+        base = [t.token_id for e in session.engine.generate(ids, sampling, SpecConfig(proposer="none", k=k))
+                for t in e.tokens]
+        spec_ids, stats = [], None
+        for event in session.engine.generate(ids, sampling, SpecConfig(proposer=proposer, k=k),
+                                             session.make_proposer(session.default_spec(proposer=proposer))):
+            spec_ids.extend(t.token_id for t in event.tokens)
+            stats = event.stats
+        assert spec_ids == base
+        drafted += stats.drafted
+    assert drafted > 0
+
+
 @pytest.mark.slow
 def test_shipped_head_matches_the_embedded_target_and_is_lossless(embedded_session):
     """The head under assets/drafts/ that models.yaml names for the default pair."""
-    from tests.conftest import shared_prompts
-
     session = embedded_session
     folder = session.loaded.spec.head
     if folder is None:
@@ -175,20 +193,21 @@ def test_shipped_head_matches_the_embedded_target_and_is_lossless(embedded_sessi
     assert head.config.hidden_size == target.config.hidden_size
     assert head.config.vocab_size == target.get_input_embeddings().weight.shape[0] == len(session.tokenizer)
     assert int(head.draft_token_ids.max()) < head.config.vocab_size
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=48)
-    drafted = 0
-    for prompt in shared_prompts(limit_mt=2, limit_code=1):
-        ids, _ = session.prompt_ids([{"role": "user", "content": prompt}], 48)
-        base = [t.token_id for e in session.engine.generate(ids, sampling, SpecConfig(proposer="none", k=4))
-                for t in e.tokens]
-        spec_ids, stats = [], None
-        for event in session.engine.generate(ids, sampling, SpecConfig(proposer="head", k=4),
-                                             session.make_proposer(session.default_spec(proposer="head"))):
-            spec_ids.extend(t.token_id for t in event.tokens)
-            stats = event.stats
-        assert spec_ids == base
-        drafted += stats.drafted
-    assert drafted > 0
+    assert_greedy_lossless_on_shared_prompts(session, "head")
+
+
+@pytest.mark.slow
+def test_shipped_draft_matches_the_embedded_target_and_is_lossless(embedded_session):
+    """The standalone draft under assets/drafts/: stored without the embedding, which comes from the target."""
+    session = embedded_session
+    if session.loaded.spec.draft is None:
+        pytest.skip("the default models.yaml entry names no standalone draft")
+    draft, target = session.loaded.draft, session.loaded.target
+    assert draft is not None and draft.config.localspec_kind == "draft"
+    assert draft.config.num_hidden_layers < target.config.num_hidden_layers
+    torch.testing.assert_close(draft.get_input_embeddings().weight, target.get_input_embeddings().weight)
+    torch.testing.assert_close(draft.get_output_embeddings().weight, target.get_output_embeddings().weight)
+    assert_greedy_lossless_on_shared_prompts(session, "draft")
 
 
 @pytest.mark.parametrize("kind,modules", [("eagle", 1), ("eagle3", 1), ("mtp", 3)])
