@@ -40,6 +40,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--max-updates", type=int, default=100_000)
     parser.add_argument("--eval-every", type=int, default=200)
+    parser.add_argument("--patience", type=int, default=4,
+                        help="stop after this many validations without a better validation loss")
     parser.add_argument("--corpus", default=None, help="corpus folder (default: OUT/corpus); shared between runs")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -60,7 +62,7 @@ def run(args) -> int:
         stream_text=args.stream_text, answer_share=args.answer_share, init=Path(args.init) if args.init else None,
         draft_vocab=args.draft_vocab, minutes=args.minutes, resume=args.resume, steps=args.steps,
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, lr=args.lr, max_updates=args.max_updates,
-        eval_every=args.eval_every, corpus_dir=Path(args.corpus) if args.corpus else None,
+        eval_every=args.eval_every, patience=args.patience, corpus_dir=Path(args.corpus) if args.corpus else None,
         progress=not args.no_progress).validate()
     out = Path(args.out)
     if out.exists() and any(out.glob("*.safetensors")) and not args.resume:

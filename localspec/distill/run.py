@@ -63,6 +63,8 @@ class DistillOptions:
             raise ConfigError("--draft-vocab must be 0 (full vocabulary) or a positive number")
         if self.minutes is not None and self.minutes <= 0:
             raise ConfigError("--minutes must be positive")
+        if self.patience < 1:
+            raise ConfigError("--patience must be at least 1")
         if not 1 <= self.steps <= 16:
             raise ConfigError("--steps must be from 1 to 16")
         return self

@@ -151,6 +151,8 @@ def train_head(head: torch.nn.Module, train_pieces: list, val_pieces: list, step
     if resume and checkpoint_path.exists():
         state = torch.load(checkpoint_path, weights_only=False)
         head.load_state_dict(state["head"])
+        if hasattr(head, "set_draft_vocab"):  # the loaded draft vocabulary replaces the picked one: drop its cache
+            head.set_draft_vocab(head.draft_token_ids)
         optimizer.load_state_dict(state["optimizer"])
         update, best, bad_evals, history = state["update"], state["best"], state["bad_evals"], state["history"]
         log(f"resumed at update {update} (best validation loss {best:.4f})")
