@@ -122,7 +122,9 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
         from .stream import mixed_batches, text_batches
         from .text import offline_documents
 
-        docs = documents if documents is not None else offline_documents(options.seed)
+        # pieces of about window tokens (~2.5 characters a token with the chat template around them), so the
+        # window cut keeps whole pieces instead of dropping each piece's tail
+        docs = documents if documents is not None else offline_documents(options.seed, chars=int(options.window * 2.5))
         if not docs:
             raise ConfigError("--stream-text found no offline text to teacher-force")
         fresh = text_batches(target, tokenizer, docs, options.batch_size, options.window, options.seed)
