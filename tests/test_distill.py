@@ -183,7 +183,7 @@ def test_teacher_forced_rows_match_an_unpadded_forward(tiny_models):
         torch.testing.assert_close(hidden, alone.float(), atol=1e-4, rtol=1e-4)
 
 
-def test_stream_text_trains_on_fresh_text_and_init_continues_a_head(tiny_pair, tiny_models, tmp_path):
+def test_stream_text_trains_on_fresh_text_and_init_continues_a_head(tiny_pair, tiny_models, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
     from localspec.distill import stream
@@ -197,12 +197,10 @@ def test_stream_text_trains_on_fresh_text_and_init_continues_a_head(tiny_pair, t
         seen.extend(tuple(r) for r in rows)
         return real(model, rows)
 
-    stream.teacher_forced_pieces, original = counting, stream.teacher_forced_pieces
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(stream, "teacher_forced_pieces", counting)
         first = distill(target, tokenizer, [], tiny_options("eagle", tmp_path / "s", answer_tokens=0, stream_text=True),
                         log=lambda m: None, documents=DOCS)
-    finally:
-        stream.teacher_forced_pieces = original
     assert first["updates"] == 4 and first["corpus_tokens"] == 0
     assert len(set(seen)) >= 6  # several different documents went through the target, no corpus on disk
     assert not list((tmp_path / "s").glob("corpus/shard-*.pt"))

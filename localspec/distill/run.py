@@ -119,7 +119,7 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
     train_pieces, val_pieces = windows(train_seqs, options.window), windows(val_seqs, options.window)
     batches = None
     if options.stream_text:
-        from .stream import mixed_batches, text_batches
+        from .stream import mixed_batches, teacher_forced_documents, text_batches
         from .text import offline_documents
 
         # pieces of about window tokens (~2.5 characters a token with the chat template around them), so the
@@ -130,9 +130,8 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
         fresh = text_batches(target, tokenizer, docs, options.batch_size, options.window, options.seed)
         batches = mixed_batches(fresh, train_pieces, options.answer_share, options.batch_size, options.seed)
         if not val_pieces:  # no stored answers to validate on: hold back a few text batches instead
-            held = text_batches(target, tokenizer, docs[::-1][:4 * options.batch_size], options.batch_size,
-                                options.window, options.seed)
-            val_pieces = [piece for _ in range(4) for piece in _unbatch(next(held))]
+            val_pieces = teacher_forced_documents(target, tokenizer, docs[::-1][:4 * options.batch_size],
+                                                  options.batch_size, options.window)
     minutes_left = None if options.minutes is None else max(0.2, options.minutes - (time.time() - t_start) / 60)
     common = dict(steps=options.steps, out_dir=out, lr=options.lr, batch_size=options.batch_size,
                   max_updates=options.max_updates, minutes=minutes_left, eval_every=options.eval_every,
@@ -183,13 +182,3 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
-
-def _unbatch(batch) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A Batch back into (ids, hidden) windows, for a validation set drawn from the text stream."""
-    pieces = []
-    for row in range(batch.tokens.shape[0]):
-        s = int(batch.valid[row].sum())
-        ids = torch.cat([torch.zeros(1, dtype=torch.int32), batch.tokens[row, :s].int().cpu()])
-        hidden = torch.cat([batch.prev_hidden[row, :1], batch.target_hidden[row, :s]]).cpu()
-        pieces.append((ids, hidden))
-    return pieces

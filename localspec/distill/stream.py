@@ -13,7 +13,8 @@ from .text import chat_ids
 
 
 @torch.inference_mode()
-def teacher_forced_pieces(target: torch.nn.Module, token_rows: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def teacher_forced_pieces(target: torch.nn.Module,
+                          token_rows: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One right-padded prefill over the rows (causal attention keeps the padding out of the real positions).
     Returns per row (ids [T] int32, hidden [T-1, H] float32): hidden[p] predicts ids[p + 1]."""
     device = next(target.parameters()).device
@@ -26,25 +27,36 @@ def teacher_forced_pieces(target: torch.nn.Module, token_rows: list[list[int]]) 
             for i, row in enumerate(token_rows)]
 
 
+def document_ids(tokenizer, document: tuple[str, str], window: int) -> Optional[list[int]]:
+    """An (ask, answer) document in the chat template, cut to window + 1 tokens; None when too short to train on."""
+    ids = chat_ids(tokenizer, *document)[: window + 1]
+    return ids if len(ids) >= 8 else None
+
+
+def teacher_forced_documents(target: torch.nn.Module, tokenizer, documents: list[tuple[str, str]], batch_size: int,
+                             window: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every document once, as (ids, hidden) pieces (e.g. a validation set held back from the text stream)."""
+    rows = [ids for ids in (document_ids(tokenizer, doc, window) for doc in documents) if ids is not None]
+    return [piece for start in range(0, len(rows), batch_size)
+            for piece in teacher_forced_pieces(target, rows[start: start + batch_size])]
+
+
 def text_batches(target: torch.nn.Module, tokenizer, documents: list[tuple[str, str]], batch_size: int,
-                 window: int, seed: int = 0, skip: int = 0) -> Iterator[Batch]:
-    """Batches of fresh teacher-forced text: each (ask, answer) document in the chat template, cut to window + 1
-    tokens, used once per pass over the documents (passes reshuffle). `skip` documents are passed over first
-    (resume)."""
+                 window: int, seed: int = 0) -> Iterator[Batch]:
+    """Batches of fresh teacher-forced text, forever: each document used once per pass (passes reshuffle)."""
     rng = random.Random(seed)
     device = next(target.parameters()).device
     order = list(range(len(documents)))
-    position = skip
+    position = 0
     while True:
         if position >= len(order):
             rng.shuffle(order)
             position = 0
         rows: list[list[int]] = []
         while len(rows) < batch_size and position < len(order):
-            ask, answer = documents[order[position]]
+            ids = document_ids(tokenizer, documents[order[position]], window)
             position += 1
-            ids = chat_ids(tokenizer, ask, answer)[: window + 1]
-            if len(ids) >= 8:
+            if ids is not None:
                 rows.append(ids)
         if rows:
             yield make_batch(teacher_forced_pieces(target, rows), device)
