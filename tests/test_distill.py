@@ -203,6 +203,9 @@ def test_stream_text_trains_on_fresh_text_and_init_continues_a_head(tiny_pair, t
                         log=lambda m: None, documents=DOCS)
     assert first["updates"] == 4 and first["corpus_tokens"] == 0
     assert len(set(seen)) >= 6  # several different documents went through the target, no corpus on disk
+    assert len(seen) > len(set(seen))  # training passed over its documents more than once…
+    held_out = {tuple(r) for r in seen[:8]}  # …but never over the 8 held back for validation (teacher-forced first)
+    assert not held_out & {tuple(r) for r in seen[8:]}
     assert not list((tmp_path / "s").glob("corpus/shard-*.pt"))
     before = (tmp_path / "s" / "head.safetensors").read_bytes()
     second = distill(target, tokenizer, [], tiny_options("eagle", tmp_path / "s2", answer_tokens=0, stream_text=True,

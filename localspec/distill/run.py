@@ -127,11 +127,13 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
         docs = documents if documents is not None else offline_documents(options.seed, chars=int(options.window * 2.5))
         if not docs:
             raise ConfigError("--stream-text found no offline text to teacher-force")
+        if not val_pieces:  # no stored answers to validate on: hold back a few documents, kept out of training
+            held = min(4 * options.batch_size, len(docs) // 2)
+            val_pieces = teacher_forced_documents(target, tokenizer, docs[len(docs) - held:], options.batch_size,
+                                                  options.window)
+            docs = docs[: len(docs) - held]
         fresh = text_batches(target, tokenizer, docs, options.batch_size, options.window, options.seed)
         batches = mixed_batches(fresh, train_pieces, options.answer_share, options.batch_size, options.seed)
-        if not val_pieces:  # no stored answers to validate on: hold back a few text batches instead
-            val_pieces = teacher_forced_documents(target, tokenizer, docs[::-1][:4 * options.batch_size],
-                                                  options.batch_size, options.window)
     minutes_left = None if options.minutes is None else max(0.2, options.minutes - (time.time() - t_start) / 60)
     common = dict(steps=options.steps, out_dir=out, lr=options.lr, batch_size=options.batch_size,
                   max_updates=options.max_updates, minutes=minutes_left, eval_every=options.eval_every,
