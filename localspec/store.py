@@ -386,19 +386,22 @@ class ConversationStore:
 
         self._write(rename)
 
-    def retract_exchange(self, user_message_id: int, answer_id: int) -> None:
+    def retract_exchange(self, user_message_id: int, answer_id: int) -> bool:
         """Take back a user message and its answer when the answer failed before saying anything (the window puts
-        the message back in the box, so a resend must not store it twice). A conversation left empty goes too."""
+        the message back in the box, so a resend must not store it twice). A conversation left empty goes too;
+        returns True when it did."""
         uid, aid = _int_or_none(user_message_id), _int_or_none(answer_id)
 
-        def retract(conn):
+        def retract(conn) -> bool:
             row = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (aid,)).fetchone()
             conn.execute("DELETE FROM messages WHERE id IN (?, ?)", (uid, aid))
             if row is not None and conn.execute("SELECT COUNT(*) FROM messages WHERE conversation_id = ?",
                                                 (row[0],)).fetchone()[0] == 0:
                 conn.execute("DELETE FROM conversations WHERE id = ?", (row[0],))
+                return True
+            return False
 
-        self._write(retract)
+        return self._write(retract)
 
     def delete_conversation(self, conversation_id: int) -> None:
         """Delete the conversation, its messages and their tokens. Deleting one that is already gone is a no-op."""

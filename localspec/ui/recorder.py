@@ -59,7 +59,8 @@ class Recorder:
 
     def sink(self, owner: str, user_text: str, sampling: Optional[dict] = None):
         """A Message sink for one answer of this owner (see ModelManager.answer); sampling is saved with the answer."""
-        state: dict = {"message_id": None, "user_message_id": None, "finished": False, "said": False}
+        state: dict = {"message_id": None, "user_message_id": None, "conversation_id": None, "finished": False,
+                       "said": False}
 
         def on_message(message: Message) -> None:
             if message.kind == "started":
@@ -90,10 +91,8 @@ class Recorder:
     def _retract(self, owner: str, state: dict) -> None:
         """The answer failed before its first token: the window takes the message back, so does the database."""
         with self._lock:
-            self.store.retract_exchange(state["user_message_id"], state["message_id"])
-            conversation_id = self._current.get(owner)
-            if conversation_id is not None and not any(
-                    c.id == conversation_id for c in self.store.list_conversations()):
+            gone = self.store.retract_exchange(state["user_message_id"], state["message_id"])
+            if gone and self._current.get(owner) == state["conversation_id"]:
                 del self._current[owner]  # it was this answer's new conversation, now gone
         state["finished"] = True
 
@@ -113,6 +112,7 @@ class Recorder:
                 conversation_id = self.store.create_conversation(title_from(user_text), message.text)
                 state["user_message_id"] = self.store.add_message(conversation_id, "user", user_text)
                 self._current[owner] = conversation_id
+        state["conversation_id"] = conversation_id
         state["message_id"] = self.store.start_answer(conversation_id, message.text,
                                                       getattr(spec, "proposer", "none"), getattr(spec, "k", 0),
                                                       sampling)
