@@ -30,6 +30,17 @@ def only_config_errors(fn, *args, **kwargs):
         return None
 
 
+def assert_well_formed_registry(pairs) -> None:
+    """What parse_registry accepted is a registry the app can use (None: it refused with a ConfigError)."""
+    if pairs is None:
+        return
+    assert pairs and len({pair.name for pair in pairs}) == len(pairs)
+    for pair in pairs:
+        assert pair.default_proposer in pair.proposers and 1 <= pair.k <= 16
+        assert pair.target.quant in ("nf4", "int8", "none")
+        assert isinstance(pair.target.trust_remote_code, bool)
+
+
 # -- models.yaml -----------------------------------------------------------------------------------------------------
 
 scalars = (st.none() | st.booleans() | st.integers(-10 ** 20, 10 ** 20) | st.floats(allow_nan=True)
@@ -64,26 +75,21 @@ def test_any_text_is_a_registry_or_a_config_error(text):
                                  "ngram: ", "draft:", "[", "]", ",", ":", "'", '"', "&a ", "*a", "!!str ", "x/y",
                                  "quant: nf4", "#", "\t", "---\n", "..."]), max_size=40).map("".join))
 def test_yaml_like_fragments(text):
-    only_config_errors(parse_registry, text, Path("/tmp"))
+    assert_well_formed_registry(only_config_errors(parse_registry, text, Path("/tmp")))
 
 
 @FAST
 @given(nested)
 def test_any_structure_is_a_registry_or_a_config_error(data):
     text = yaml.safe_dump(data, allow_unicode=True)
-    only_config_errors(parse_registry, text, Path("/tmp"))
+    assert_well_formed_registry(only_config_errors(parse_registry, text, Path("/tmp")))
 
 
 @FAST
 @given(st.lists(entry_like(entries), min_size=1, max_size=3))
 def test_entry_shaped_structures(data):
     text = yaml.safe_dump(data, allow_unicode=True)
-    result = only_config_errors(parse_registry, text, Path("/tmp"))
-    if result is not None:  # whatever passed is a well-formed registry
-        for pair in result:
-            assert pair.default_proposer in pair.proposers and 1 <= pair.k <= 16
-            assert pair.target.quant in ("nf4", "int8", "none")
-            assert isinstance(pair.target.trust_remote_code, bool)
+    assert_well_formed_registry(only_config_errors(parse_registry, text, Path("/tmp")))
 
 
 # -- chat input ------------------------------------------------------------------------------------------------------
@@ -125,7 +131,11 @@ garbage_message = st.one_of(
 @given(messages=st.one_of(st.lists(garbage_message, max_size=4), scalars),
        max_new_tokens=st.one_of(st.integers(-5, 3000), st.none()))
 def test_garbage_histories_give_a_config_error(tiny_session, messages, max_new_tokens):
-    only_config_errors(tiny_session.prompt_ids, messages, max_new_tokens)
+    result = only_config_errors(tiny_session.prompt_ids, messages, max_new_tokens)
+    if result is not None:  # accepted: a prompt that fits the context with room for an answer
+        ids, _notice = result
+        assert ids and all(isinstance(i, int) for i in ids)
+        assert len(ids) < tiny_session.engine.max_context
 
 
 @SLOWER
@@ -150,25 +160,34 @@ anything = st.one_of(numbers, st.none(), st.text(max_size=5), st.integers(), st.
                      st.complex_numbers(max_magnitude=10))
 
 
-@FAST
-@given(temperature=numbers, top_k=numbers, top_p=numbers, max_new_tokens=numbers)
-def test_sampling_params_numbers(temperature, top_k, top_p, max_new_tokens):
-    """Numbers of any value: validate either refuses with a ConfigError or returns params the sampler can use."""
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens)
-    try:
-        params.validate()
-    except ConfigError as exc:
-        assert str(exc).strip()
+def assert_usable_sampling(params) -> None:
+    """What SamplingParams.validate accepted is something the sampler can use (None: a ConfigError)."""
+    if params is None:
         return
     assert math.isfinite(params.temperature) and 0 <= params.temperature <= 5
     assert 0 < params.top_p <= 1 and params.top_k >= 0 and params.max_new_tokens >= 1
 
 
+def assert_usable_spec(spec) -> None:
+    """What SpecConfig.validate accepted is something the engine can use (None: a ConfigError)."""
+    if spec is None:
+        return
+    assert 1 <= spec.k <= 16 and 1 <= spec.ngram_min <= spec.ngram_max
+
+
+@FAST
+@given(temperature=numbers, top_k=numbers, top_p=numbers, max_new_tokens=numbers)
+def test_sampling_params_numbers(temperature, top_k, top_p, max_new_tokens):
+    """Numbers of any value: validate either refuses with a ConfigError or returns params the sampler can use."""
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens)
+    assert_usable_sampling(only_config_errors(params.validate))
+
+
 @FAST
 @given(temperature=anything, top_k=anything, top_p=anything, max_new_tokens=anything, seed=anything)
 def test_sampling_params_of_any_type(temperature, top_k, top_p, max_new_tokens, seed):
-    only_config_errors(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
-                                      max_new_tokens=max_new_tokens, seed=seed).validate)
+    assert_usable_sampling(only_config_errors(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                                                             max_new_tokens=max_new_tokens, seed=seed).validate))
 
 
 @FAST
@@ -177,18 +196,13 @@ def test_sampling_params_of_any_type(temperature, top_k, top_p, max_new_tokens, 
        ngram_min=st.integers(-2, 20), ngram_max=st.integers(-2, 20))
 def test_spec_config_numbers(proposer, k, sampler, ngram_min, ngram_max):
     spec = SpecConfig(proposer=proposer, k=k, sampler=sampler, ngram_min=ngram_min, ngram_max=ngram_max)
-    try:
-        spec.validate()
-    except ConfigError as exc:
-        assert str(exc).strip()
-        return
-    assert 1 <= spec.k <= 16 and 1 <= spec.ngram_min <= spec.ngram_max
+    assert_usable_spec(only_config_errors(spec.validate))
 
 
 @FAST
 @given(ngram_min=anything, ngram_max=anything)
 def test_spec_config_of_any_type(ngram_min, ngram_max):
-    only_config_errors(SpecConfig(ngram_min=ngram_min, ngram_max=ngram_max).validate)
+    assert_usable_spec(only_config_errors(SpecConfig(ngram_min=ngram_min, ngram_max=ngram_max).validate))
 
 
 # -- the store -------------------------------------------------------------------------------------------------------
