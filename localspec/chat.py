@@ -11,6 +11,7 @@ from .events import StepEvent
 from .loading import LoadedPair
 from .proposers import DraftModelProposer, NgramProposer
 from .proposers.base import Proposer
+from .proposers.lookup_first import LookupFirstProposer
 
 TRUNCATION_POLICY = (
     "When a conversation no longer fits the model's context, the oldest turns are left out first (the system "
@@ -68,10 +69,13 @@ class ChatSession:
             if self.loaded.draft is None:
                 raise ConfigError(f"model pair {pair.name!r}: the draft model is not loaded")
             return DraftModelProposer(self.loaded.draft)
-        if spec.proposer == "head":
-            from .proposers.head import load_head_proposer  # arrives with the distillation work
+        if spec.proposer in ("head", "ngram+head"):
+            from .proposers.head import load_head_proposer
 
-            return load_head_proposer(pair.head, self.loaded.target, self.loaded.device)
+            head = load_head_proposer(pair.head, self.loaded.target, self.loaded.device)
+            if spec.proposer == "head":
+                return head
+            return LookupFirstProposer(NgramProposer(spec.ngram_min, spec.ngram_max), head)
         raise ConfigError(f"unknown proposer {spec.proposer!r}")
 
     def default_spec(self, **overrides) -> SpecConfig:

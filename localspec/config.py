@@ -5,12 +5,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Quant = Literal["nf4", "int8", "none"]
-ProposerName = Literal["none", "ngram", "draft", "head"]
+ProposerName = Literal["none", "ngram", "draft", "head", "ngram+head"]
 SamplerName = Literal["auto", "torch", "triton"]
 
 QUANTS: tuple[str, ...] = ("nf4", "int8", "none")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "auto")
-PROPOSERS: tuple[str, ...] = ("none", "ngram", "draft", "head")
+PROPOSERS: tuple[str, ...] = ("none", "ngram", "draft", "head", "ngram+head")  # ngram+head: n-gram when it
+# matches, else the head
 SAMPLERS: tuple[str, ...] = ("auto", "torch", "triton")
 
 
@@ -127,4 +128,6 @@ class PairSpec:
             names.append("draft")
         if self.head is not None:
             names.append("head")
+        if self.head is not None and self.ngram is not None:
+            names.append("ngram+head")
         return tuple(names)

@@ -62,7 +62,7 @@ def test_standalone_draft_distils_to_a_transformers_folder(tiny_pair, tiny_model
 
     target, _ = tiny_models
     tokenizer = AutoTokenizer.from_pretrained(tiny_pair["target"])
-    distill(target, tokenizer, PROMPTS, tiny_options("draft", tmp_path / "d"), log=lambda m: None)
+    summary = distill(target, tokenizer, PROMPTS, tiny_options("draft", tmp_path / "d"), log=lambda m: None)
     config = json.loads((tmp_path / "d" / "config.json").read_text())
     assert config["localspec_kind"] == "draft" and config["num_hidden_layers"] == 2
     assert config["localspec_embedding_from_target"] is True  # the target's embedding is not stored again
@@ -71,6 +71,9 @@ def test_standalone_draft_distils_to_a_transformers_folder(tiny_pair, tiny_model
     with safe_open(str(tmp_path / "d" / "model.safetensors"), "pt") as stored:
         assert "model.embed_tokens.weight" not in stored.keys() and "model.layers.0.mlp.up_proj.weight" in stored.keys()
     draft = AutoModelForCausalLM.from_pretrained(tmp_path / "d").eval()
+    embedding = target.get_input_embeddings().weight.numel()  # frozen and borrowed: not counted as trained
+    total = sum(p.numel() for p in draft.parameters())
+    assert summary["trainable_parameters"] == total - embedding * (1 if target.config.tie_word_embeddings else 2)
     share_target_embedding(draft, target)
     torch.testing.assert_close(draft.get_output_embeddings().weight, target.get_output_embeddings().weight)
     torch.testing.assert_close(draft.get_input_embeddings().weight, target.get_input_embeddings().weight)
@@ -181,6 +184,30 @@ def test_teacher_forced_rows_match_an_unpadded_forward(tiny_models):
             alone = target.base_model(input_ids=torch.tensor([row])).last_hidden_state[0, :-1]
         assert ids.tolist() == row and hidden.shape == alone.shape
         torch.testing.assert_close(hidden, alone.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_batched_generation_matches_the_target_alone_and_its_features(tiny_models):
+    """Left-padded batched generation (static cache): each row's greedy answer is the target's unbatched greedy
+    answer, it stops at (and keeps) the stop token, and the stored hidden states equal a teacher-forced forward."""
+    from localspec.distill.corpus import generate_batch
+
+    target, _ = tiny_models
+    prompts = [[1, 72, 101, 108, 108, 111], [1, 87, 111, 114, 108, 100, 33, 10, 65, 66], [1, 90]]
+    stop = {2}
+    results = generate_batch(target, prompts, max_new_tokens=12, stop_ids=stop, pad_id=0)
+    assert len(results) == len(prompts)
+    for prompt, (ids, hidden) in zip(prompts, results):
+        alone = prompt[:]
+        with torch.inference_mode():
+            for _ in range(12):
+                next_id = int(target(input_ids=torch.tensor([alone])).logits[0, -1].argmax())
+                alone.append(next_id)
+                if next_id in stop:
+                    break
+            features = target.base_model(input_ids=torch.tensor([alone])).last_hidden_state[0, :-1]
+        assert ids.tolist() == alone
+        assert hidden.shape == features.shape and hidden.dtype == torch.float16
+        torch.testing.assert_close(hidden.float(), features, atol=2e-2, rtol=2e-2)
 
 
 def test_stream_text_trains_on_fresh_text_and_init_continues_a_head(tiny_pair, tiny_models, tmp_path, monkeypatch):

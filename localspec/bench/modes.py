@@ -10,9 +10,9 @@ import torch
 from ..config import ConfigError, SamplingParams, SpecConfig
 
 HF_MODES = ("hf", "hf-pld", "hf-assisted")
-ENGINE_MODES = ("none", "ngram", "draft", "head", "adaptive")
+ENGINE_MODES = ("none", "ngram", "draft", "head", "ngram+head", "adaptive")
 ALL_MODES = HF_MODES + ENGINE_MODES
-SWEPT = ("ngram", "draft", "head")  # run once per K of --k
+SWEPT = ("ngram", "draft", "head", "ngram+head")  # run once per K of --k
 DEFAULT_ADAPTIVE_MAX_K = 8
 
 
@@ -62,6 +62,7 @@ def available_modes(session) -> dict[str, str | None]:
         "ngram": None if pair.ngram is not None else f"pair {pair.name!r} has no n-gram proposer",
         "draft": why_draft,
         "head": None if pair.head is not None else f"pair {pair.name!r} has no trained head",
+        "ngram+head": None if "ngram+head" in pair.proposers else f"pair {pair.name!r} lacks an n-gram proposer or a head",
         "adaptive": None if len(pair.proposers) > 1 else f"pair {pair.name!r} has no proposer to adapt",
     }
 

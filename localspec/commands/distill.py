@@ -36,7 +36,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--resume", action="store_true", help="reuse the corpus and continue from the checkpoint")
     parser.add_argument("--steps", type=int, default=4, help="draft steps trained (training-time test); mtp modules")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length when generating the corpus")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--gen-batch-size", type=int, default=32,
+                        help="answers generated at once when building the corpus (static KV cache, left padding)")
+    parser.add_argument("--batch-size", type=int, default=8, help="training windows per update")
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--max-updates", type=int, default=100_000)
     parser.add_argument("--eval-every", type=int, default=200)
@@ -61,7 +63,8 @@ def run(args) -> int:
         kind=args.kind, out=Path(args.out), answer_tokens=args.tokens, text_tokens=args.text_tokens,
         stream_text=args.stream_text, answer_share=args.answer_share, init=Path(args.init) if args.init else None,
         draft_vocab=args.draft_vocab, minutes=args.minutes, resume=args.resume, steps=args.steps,
-        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, lr=args.lr, max_updates=args.max_updates,
+        max_new_tokens=args.max_new_tokens, gen_batch_size=args.gen_batch_size, batch_size=args.batch_size,
+        lr=args.lr, max_updates=args.max_updates,
         eval_every=args.eval_every, patience=args.patience, corpus_dir=Path(args.corpus) if args.corpus else None,
         progress=not args.no_progress).validate()
     out = Path(args.out)

@@ -35,7 +35,7 @@ class DistillOptions:
     resume: bool = False
     steps: int = 4  # draft steps trained with training-time test (and MTP modules)
     max_new_tokens: int = 256
-    gen_batch_size: int = 8
+    gen_batch_size: int = 32  # static KV cache: 64 answers at once ran at ~400 tokens/s on 2 threads here
     temperatures: tuple = (0.0, 0.7)
     batch_size: int = 8
     window: int = 256
@@ -65,9 +65,16 @@ class DistillOptions:
             raise ConfigError("--minutes must be positive")
         if self.patience < 1:
             raise ConfigError("--patience must be at least 1")
+        if self.gen_batch_size < 1 or self.batch_size < 1:
+            raise ConfigError("--gen-batch-size and --batch-size must be at least 1")
         if not 1 <= self.steps <= 16:
             raise ConfigError("--steps must be from 1 to 16")
         return self
+
+
+def trainable_parameters(model: torch.nn.Module) -> int:
+    """What training updates: the frozen embedding / LM head borrowed from the target are not counted."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def stop_token_ids(tokenizer) -> set[int]:
@@ -145,7 +152,7 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
         model = make_draft(target, options.draft_layers)
         result = train_head(model, train_pieces, val_pieces, forward=draft_forward,
                             save=lambda m: save_draft(m, tokenizer, out), **{**common, "steps": 1})
-        model_size = sum((p.numel() for p in model.parameters()), 0)
+        model_size = trainable_parameters(model)
     else:
         vocab = target.config.vocab_size
         draft_vocab = options.draft_vocab or vocab
@@ -166,7 +173,7 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
             for norm in head.norms:
                 norm.weight.data.copy_(target.base_model.norm.weight.data)
         result = train_head(head, train_pieces, val_pieces, save=lambda h: save_head(h, out), **common)
-        model_size = sum(p.numel() for p in head.parameters())
+        model_size = trainable_parameters(head)
     summary = {
         "kind": options.kind, "corpus_tokens": corpus_tokens, "corpus_sequences": len(sequences),
         "train_windows": len(train_pieces), "val_windows": len(val_pieces), "corpus_seconds": round(corpus_s, 1),

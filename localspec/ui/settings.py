@@ -7,7 +7,8 @@ from typing import Any, Optional
 from ..config import ConfigError, SamplingParams
 
 MAX_SEED = 2**63  # torch.Generator.manual_seed takes a signed 64-bit value
-PROPOSER_LABELS = {"draft": "draft model", "ngram": "n-gram", "head": "trained head", "none": "off"}
+PROPOSER_LABELS = {"draft": "draft model", "ngram": "n-gram", "head": "trained head",
+                   "ngram+head": "n-gram, else head", "none": "off"}
 
 
 def _number(value: Any, name: str) -> float:
@@ -66,7 +67,7 @@ def sampling_dict(sampling: SamplingParams) -> dict:
 
 
 def proposer_choices(available: tuple[str, ...]) -> list[tuple[str, str]]:
-    order = ("draft", "head", "ngram", "none")
+    order = ("draft", "head", "ngram+head", "ngram", "none")
     return [(PROPOSER_LABELS[p], p) for p in order if p in available]
 
 

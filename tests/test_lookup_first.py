@@ -1,0 +1,92 @@
+"""'ngram+head': n-gram lookup when it matches, the head otherwise. Greedy output equals the target alone, both sides
+really draft, the head keeps up while the lookup drafts, and sampled output has the target's distribution."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.engine import Engine
+from localspec.proposers import LookupFirstProposer, NgramProposer
+from localspec.proposers.head import HeadProposer
+from tests.stats import chi_square_p
+from tests.test_heads import make_head
+
+# "Hello, w" then "Hello" again: the lookup matches at once, and stops matching once the answer wanders off
+PROMPT = [1, 72, 101, 108, 108, 111, 44, 32, 119, 72, 101, 108, 108, 111]
+
+
+class Counting:
+    """Wraps a proposer and counts the steps it was asked to draft and those where it returned a draft."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.asked, self.drafts = inner, 0, 0
+        self.name, self.wants_hidden = inner.name, inner.wants_hidden
+
+    def begin(self, prompt_ids, prompt_hidden):
+        self.inner.begin(prompt_ids, prompt_hidden)
+
+    def propose(self, context_ids, k, sampling, generator):
+        draft = self.inner.propose(context_ids, k, sampling, generator)
+        self.asked += k > 0
+        self.drafts += bool(draft.token_ids)
+        return draft
+
+    def on_verified(self, num_accepted, emitted_ids, target_hidden):
+        self.inner.on_verified(num_accepted, emitted_ids, target_hidden)
+
+
+def generate(target, proposer, k=3, temperature=0.0, max_new=40, seed=3, prompt=PROMPT, stop=frozenset({2})):
+    engine = Engine(target, set(stop))
+    spec = SpecConfig(proposer="none" if proposer is None else "ngram+head", k=k)
+    ids = []
+    for event in engine.generate(list(prompt), SamplingParams(temperature=temperature, max_new_tokens=max_new,
+                                                              seed=seed), spec, proposer):
+        assert event.finish_reason != "error", event.error
+        ids.extend(t.token_id for t in event.tokens)
+    return ids
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_greedy_is_lossless_and_both_sides_draft(tiny_models, kind):
+    target, _ = tiny_models
+    baseline = generate(target, None)
+    for k in (1, 3):
+        lookup = Counting(NgramProposer(2, 4))
+        head = Counting(HeadProposer(make_head(target, kind, modules=3 if kind == "mtp" else 1)))
+        combined = LookupFirstProposer(lookup, head)
+        assert combined.name == "ngram+head" and combined.wants_hidden
+        assert generate(target, combined, k=k) == baseline
+        assert lookup.drafts > 0 and head.drafts > 0
+        # the head was told every verified token while the lookup drafted: it could draft every time it was asked
+        assert head.drafts == head.asked
+
+
+def test_sampled_output_has_the_target_distribution(tiny_models):
+    """First two tokens over many seeds against the target's exact joint distribution of those two tokens."""
+    target, _ = tiny_models
+    head = make_head(target, "eagle")
+    prompt = PROMPT
+    with torch.inference_mode():
+        first_probs = torch.softmax(target(input_ids=torch.tensor([prompt])).logits[0, -1].float(), -1)  # [V]
+        top_first = torch.topk(first_probs, 4).indices.tolist()
+        rows = torch.tensor([prompt + [t] for t in top_first])
+        second_probs = torch.softmax(target(input_ids=rows).logits[:, -1].float(), -1)  # [4, V]
+    joint = first_probs[top_first, None] * second_probs  # [4, V]: P(t1, t2) for the 4 likeliest t1
+    cells = [(a, b) for i, a in enumerate(top_first) for b in torch.topk(joint[i], 3).indices.tolist()]
+    expected = [float(joint[top_first.index(a), b]) for a, b in cells]
+    counts = [0] * (len(cells) + 1)  # the last cell: everything else
+    runs = 800
+    for seed in range(runs):
+        proposer = LookupFirstProposer(NgramProposer(1, 4), HeadProposer(head))
+        ids = generate(target, proposer, k=2, temperature=1.0, max_new=2, seed=seed, stop=())
+        pair = (ids[0], ids[1])
+        counts[cells.index(pair) if pair in cells else -1] += 1
+    expected_probs = torch.tensor(expected + [1 - sum(expected)])
+    assert chi_square_p(torch.tensor(counts), expected_probs) > 1e-3
+
+
+def test_the_pair_offers_it_only_with_both_parts(tiny_session):
+    assert "ngram+head" not in tiny_session.proposers  # the tiny pair has no head
+    with pytest.raises(ConfigError, match="has no 'ngram\\+head' proposer"):
+        tiny_session.make_proposer(SpecConfig(proposer="ngram+head"))
