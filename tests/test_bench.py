@@ -60,15 +60,18 @@ def test_bench_end_to_end_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
                        + json.dumps({"prompt": "def f(x): return x + x"}) + "\n")
     out = tmp_path / "out"
     code = main(["bench", "--models", str(tiny_pair["models_yaml"]), "--prompts", str(prompts), "--limit", "2",
-                 "--modes", "hf", "hf-pld", "hf-assisted", "none", "ngram", "draft", "head", "adaptive",
-                 "--k", "1", "3", "--max-new-tokens", "12", "--out", str(out), "--no-progress", "--device", "cpu"])
+                 "--modes", "hf", "hf-pld", "hf-assisted", "none", "ngram", "draft", "head", "ngram+head", "adaptive",
+                 "--k", "1", "3", "--max-new-tokens", "12", "--out", str(out), "--no-progress", "--device", "cpu",
+                 "--adaptive-proposers", "draft", "ngram"])
     assert code == 0
     data = json.loads((out / "results.json").read_text())
     labels = [m["label"] for m in data["modes"]]
     assert labels[:3] == ["hf", "hf-pld K=3", "hf-assisted"]
     assert {"none", "ngram K=1", "ngram K=3", "draft K=1", "draft K=3"} <= set(labels)
-    assert any(label.startswith("adaptive (draft") for label in labels)  # the tiny pair's default proposer
-    assert any("head skipped" in note for note in data["notes"])
+    assert [label.split(",")[0] for label in labels if label.startswith("adaptive")] == ["adaptive (draft",
+                                                                                         "adaptive (ngram"]
+    assert any(note.startswith("head skipped") for note in data["notes"])
+    assert any(note.startswith("ngram+head skipped") for note in data["notes"])  # the tiny pair has no head
     assert data["machine"]["load_before"]["load_1m"] >= 0 and "load average" in data["machine"]["load_after"]["uptime"]
     summary = data["summary"]
     assert summary["categories"] == ["two", "all"]
@@ -112,6 +115,8 @@ def test_bench_rejects_bad_options(tiny_pair, tmp_path, capsys):
     assert "unknown bench mode" in capsys.readouterr().err
     assert main(args + ["--k", "0"]) == 2
     assert "--k values" in capsys.readouterr().err
+    assert main(args + ["--adaptive-proposers", "head"]) == 2
+    assert "has no 'head' proposer to adapt" in capsys.readouterr().err
 
 
 def test_summary_ratios_sweep_and_targets_from_known_numbers():

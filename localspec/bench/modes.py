@@ -68,9 +68,14 @@ def available_modes(session) -> dict[str, str | None]:
 
 
 def parse_modes(names: list[str], ks: list[int], session, adaptive_max_k: int = DEFAULT_ADAPTIVE_MAX_K,
-                hf_k: int | None = None) -> tuple[list[Mode], list[str]]:
-    """Expand mode names over the K list; return (modes, notes about the modes that were skipped)."""
+                hf_k: int | None = None, adaptive_proposers: list[str] | None = None) -> tuple[list[Mode], list[str]]:
+    """Expand mode names over the K list (and adaptive over adaptive_proposers, default: the pair's default
+    proposer); return (modes, notes about the modes that were skipped)."""
     pair = session.loaded.spec
+    for proposer in adaptive_proposers or ():
+        if proposer == "none" or proposer not in pair.proposers:
+            raise ConfigError(f"--adaptive-proposers: pair {pair.name!r} has no {proposer!r} proposer to adapt; "
+                              f"it has: {', '.join(p for p in pair.proposers if p != 'none')}")
     unknown = [n for n in names if n not in ALL_MODES]
     if unknown:
         raise ConfigError(f"unknown bench mode(s) {', '.join(unknown)}; choose from {', '.join(ALL_MODES)}")
@@ -90,8 +95,9 @@ def parse_modes(names: list[str], ks: list[int], session, adaptive_max_k: int = 
         elif name == "hf-assisted":
             modes.append(Mode(name, None))
         elif name == "adaptive":
-            proposer = pair.default_proposer if pair.default_proposer != "none" else pair.proposers[1]
-            modes.append(Mode(name, max(adaptive_max_k, *ks), proposer))
+            default = pair.default_proposer if pair.default_proposer != "none" else pair.proposers[1]
+            modes.extend(Mode(name, max(adaptive_max_k, *ks), proposer)
+                         for proposer in dict.fromkeys(adaptive_proposers or [default]))
         else:
             modes.append(Mode(name))
     if not modes:

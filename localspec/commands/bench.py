@@ -30,6 +30,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--hf-k", type=int, default=None, help="prompt_lookup_num_tokens for hf-pld (default: the "
                                                                "entry's k)")
     parser.add_argument("--adaptive-max-k", type=int, default=8, help="largest K adaptive may pick (default: 8)")
+    parser.add_argument("--adaptive-proposers", nargs="+", default=None, metavar="P",
+                        help="run adaptive once over each of these proposers (default: the entry's default_proposer)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice). On a busy machine 1 is "
                         "far steadier: measured here at load 10 on 2 cores, a 1-token step took 78 ms with 1 thread "
@@ -58,7 +60,7 @@ def run(args) -> int:
     wants_draft = any(m in args.modes for m in ("draft", "hf-assisted"))
     session = load_session(args, load_draft=wants_draft)
     ks = args.k or [session.loaded.spec.k]
-    modes, notes = parse_modes(args.modes, ks, session, args.adaptive_max_k, args.hf_k)
+    modes, notes = parse_modes(args.modes, ks, session, args.adaptive_max_k, args.hf_k, args.adaptive_proposers)
     for note in notes:
         print(f"localspec bench: {note}", file=sys.stderr)
     print(f"localspec bench: {len(prompts)} prompts × {len(modes)} modes ({', '.join(m.label for m in modes)})",

@@ -45,6 +45,26 @@ TEMPLATES = (
     "Write a professional email to a colleague about {t}.", "Compose a short story that involves {t}.",
     "Create a multiple-choice quiz with three questions about {t}.",
 )
+# Essay questions on the humanities and social sciences: the shared prompt sets have none outside the held-out
+# MT-Bench ids (its whole "humanities" category is 151-160), and without them the trained head had seen almost no
+# long-form prose of this kind (held-out acceptance there was a third of that on code).
+ESSAY_TOPICS = (
+    "the Industrial Revolution", "supply and demand", "the separation of powers", "existentialism", "minimum wage laws",
+    "the Cold War", "utilitarianism", "urbanization", "the Silk Road", "opera", "impressionist painting", "stoicism",
+    "central banks", "trade tariffs", "the scientific method", "human rights", "colonialism", "the Enlightenment",
+    "jazz", "propaganda", "the welfare state", "globalization", "public libraries", "the Olympic Games",
+    "free speech", "endangered languages", "Gothic cathedrals", "Greek mythology", "the gig economy", "taxation",
+    "aging and memory", "the ethics of zoos", "classical music", "the Great Depression", "folk tales", "diplomacy",
+    "poverty", "photography as an art form", "the role of religion in society", "nationalism", "universal basic income",
+    "the history of medicine", "philosophy of mind", "consumer culture", "migration", "the printing of money",
+)
+ESSAY_TEMPLATES = (
+    "Discuss the impact of {t} on modern society.", "Explain the main ideas behind {t}, with examples.",
+    "Compare two different perspectives on {t}.", "What lessons can we learn from {t}?",
+    "Describe the history of {t} in a few paragraphs.", "Write a lesson plan for teaching {t} to teenagers.",
+    "What are common misconceptions about {t}? Explain why they are wrong.",
+    "Give three arguments for and three against {t}.",
+)
 MATH_TEMPLATES = (
     "What is {a} times {b}? Show your steps.", "Solve for x: {a}x + {b} = {c}.",
     "A shop sells pens at {a} dollars each. How much do {b} pens cost, and how much change is left from {c} dollars?",
@@ -111,6 +131,7 @@ def stdlib_prompts(limit: int, seed: int = 0) -> list[str]:
 def template_prompts(seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     prompts = [template.format(t=topic) for topic in TOPICS for template in TEMPLATES]
+    prompts += [template.format(t=topic) for topic in ESSAY_TOPICS for template in ESSAY_TEMPLATES]
     for template in MATH_TEMPLATES:
         for _ in range(12):
             a, b = rng.randint(2, 99), rng.randint(2, 99)
