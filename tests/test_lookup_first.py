@@ -90,3 +90,31 @@ def test_the_pair_offers_it_only_with_both_parts(tiny_session):
     assert "ngram+head" not in tiny_session.proposers  # the tiny pair has no head
     with pytest.raises(ConfigError, match="has no 'ngram\\+head' proposer"):
         tiny_session.make_proposer(SpecConfig(proposer="ngram+head"))
+
+
+def test_a_pair_with_a_head_builds_it_with_a_two_token_lookup(tiny_pair, tiny_models, tmp_path):
+    """models.yaml with an n-gram proposer and a head offers ngram+head; its lookup needs a match of ≥ 2 tokens
+    (a 1-token match is a weaker guess than the head's), unless the entry's max_n is 1."""
+    from localspec.chat import ChatSession
+    from localspec.heads.io import save_head
+    from localspec.loading import load_pair
+    from localspec.registry import load_registry
+
+    target, _ = tiny_models
+    save_head(make_head(target, "eagle"), tmp_path / "head")
+    yaml_path = tmp_path / "models.yaml"
+    yaml_path.write_text(f"- name: with-head\n  target: {{source: {tiny_pair['target']}, quant: none, dtype: float32}}\n"
+                         f"  proposers:\n    ngram: {{min_n: 1, max_n: 4}}\n    head: {tmp_path / 'head'}\n")
+    session = ChatSession(load_pair(load_registry(yaml_path)[0], device="cpu"))
+    assert session.proposers == ("none", "ngram", "head", "ngram+head")
+    proposer = session.make_proposer(session.default_spec(proposer="ngram+head"))
+    assert isinstance(proposer, LookupFirstProposer) and proposer.name == "ngram+head"
+    assert (proposer.lookup.min_n, proposer.lookup.max_n) == (2, 4)
+    only_unigrams = session.make_proposer(session.default_spec(proposer="ngram+head", ngram_min=1, ngram_max=1))
+    assert (only_unigrams.lookup.min_n, only_unigrams.lookup.max_n) == (1, 1)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=24)
+    ids = list(PROMPT)
+    base = [t.token_id for e in session.engine.generate(ids, sampling, SpecConfig(proposer="none")) for t in e.tokens]
+    spec = session.default_spec(proposer="ngram+head", k=3)
+    out = [t.token_id for e in session.engine.generate(ids, sampling, spec, proposer) for t in e.tokens]
+    assert out == base
