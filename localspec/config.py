@@ -10,8 +10,8 @@ SamplerName = Literal["auto", "torch", "triton"]
 
 QUANTS: tuple[str, ...] = ("nf4", "int8", "none")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "auto")
-PROPOSERS: tuple[str, ...] = ("none", "ngram", "draft", "head", "ngram+head")  # ngram+head: n-gram when it
-# matches, else the head
+# ngram+head: the n-gram lookup when it matches, the trained head otherwise (proposers/lookup_first.py)
+PROPOSERS: tuple[str, ...] = ("none", "ngram", "draft", "head", "ngram+head")
 SAMPLERS: tuple[str, ...] = ("auto", "torch", "triton")
 
 

@@ -30,9 +30,10 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, sto
                    pad_id: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Left-padded batched decoding. Returns, per prompt, (ids [T], hidden [T-1, H]) over prompt + answer.
 
-    transformers' generate with a static KV cache (written in place; a dynamic cache is copied whole every step,
-    which made batched generation ~1.1-1.5x slower here); the hidden states come from a hook on the final norm, so
-    they are the ones the generating forwards computed, with no second pass."""
+    transformers' generate with a static KV cache, written in place (64 answers × 160 tokens on 2 threads here:
+    163 tok/s, against 145 with a dynamic cache and ~50 for the hand-written dynamic-cache loop this replaced). The
+    hidden states come from a hook on the backbone's output, so they are the ones the generating forwards computed,
+    with no second pass. Sampling (temperature > 0) reseeds torch's global generator from `generator`."""
     from transformers import GenerationConfig
 
     device = next(model.parameters()).device
@@ -43,8 +44,8 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, sto
         input_ids[row, longest - len(ids):] = torch.tensor(ids, device=device)
         mask[row, longest - len(ids):] = 1
     hidden_steps: list[torch.Tensor] = []  # [B, longest, H] for the prompt, then [B, 1, H] per generated token
-    hook = model.base_model.norm.register_forward_hook(
-        lambda module, args, output: hidden_steps.append(output.to(torch.float16)))
+    hook = model.base_model.register_forward_hook(
+        lambda module, args, output: hidden_steps.append(output.last_hidden_state.to(torch.float16)))
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=temperature > 0,
                               temperature=temperature if temperature > 0 else None, top_k=None, top_p=None,
                               eos_token_id=sorted(stop_ids) or None, pad_token_id=pad_id,
