@@ -75,11 +75,19 @@ class Engine:
         with self.lock:
             # told each step's costs and outcome, it predicts the speedup (the break-even meter); when adaptive it
             # also picks K each step (0 = plain step)
+            # A proposer made of parts (ngram+head) names the part that will draft next (`part(context)`); each part
+            # gets its own controller, since the parts differ in cost and acceptance (and so in their best K).
             controller = None
-            if proposer is not None:
-                key = (proposer.name, max_k, spec.adaptive)
-                controller = self.controllers.setdefault(key, AdaptiveController(max_k))
-                controller.begin()
+            begun: set[str] = set()
+
+            def controller_for(part: str) -> AdaptiveController:
+                found = self.controllers.setdefault((part, max_k, spec.adaptive), AdaptiveController(max_k))
+                if part not in begun:
+                    found.begin()
+                    begun.add(part)
+                return found
+
+            part_of = getattr(proposer, "part", None)
             target.reset()
             t0 = time.perf_counter()
             prompt_hidden = None
@@ -97,6 +105,8 @@ class Engine:
                     return
                 # never draft past the token budget: K+1 tokens may be emitted
                 k = min(max_k, max_new - produced - 1)
+                if proposer is not None:
+                    controller = controller_for(f"{proposer.name}:{part_of(context)}" if part_of else proposer.name)
                 if controller is not None and spec.adaptive:
                     k = min(k, controller.choose_k())
                 asked = k

@@ -118,3 +118,19 @@ def test_a_pair_with_a_head_builds_it_with_a_two_token_lookup(tiny_pair, tiny_mo
     spec = session.default_spec(proposer="ngram+head", k=3)
     out = [t.token_id for e in session.engine.generate(ids, sampling, spec, proposer) for t in e.tokens]
     assert out == base
+
+
+def test_adaptive_k_keeps_one_controller_per_part(tiny_models):
+    """The lookup and the head differ in cost and acceptance: adaptive K learns each on its own steps."""
+    target, _ = tiny_models
+    engine = Engine(target, {2})
+    baseline = generate(target, None)
+    proposer = LookupFirstProposer(NgramProposer(2, 4), HeadProposer(make_head(target, "eagle")))
+    spec = SpecConfig(proposer="ngram+head", k=4, adaptive=True)
+    ids = [t.token_id for e in engine.generate(list(PROMPT), SamplingParams(max_new_tokens=40, seed=3), spec, proposer)
+           for t in e.tokens]
+    assert ids == baseline
+    parts = {key[0]: controller for key, controller in engine.controllers.items()}
+    assert set(parts) == {"ngram+head:ngram", "ngram+head:head"}
+    assert all(sum(controller.reached) > 0 for controller in parts.values())  # each saw its own drafted steps
+    assert parts["ngram+head:ngram"].costs.propose_per_token_s.value < parts["ngram+head:head"].costs.propose_per_token_s.value

@@ -23,6 +23,9 @@ class Proposer(Protocol):
 
     wants_hidden: when True, the engine passes the target's last-layer hidden states (from the same verify forward,
     no extra pass) to begin() and on_verified(), so feature-level heads (EAGLE / MTP) plug in unchanged.
+
+    Optional: part(context_ids) -> str, for a proposer made of parts (ngram+head): the part that drafts next, so
+    adaptive K keeps one controller per part.
     """
 
     name: str

@@ -9,7 +9,8 @@ Lossless: which of the two drafts is decided by the context alone, before any ra
 draft carries its own draft distribution (the lookup's is one-hot, probs None), which is all the rejection sampler
 needs. On the embedded default's held-out prompts it accepts more per target forward than either part alone (the
 lookup is strong on code, which repeats the prompt; the head on prose); chat.py gives the lookup a 2-token minimum
-match, below which the head guesses better.
+match, below which the head guesses better. `part()` tells the engine which part drafts next, so adaptive K keeps
+one controller (costs, acceptance, best K) per part.
 """
 from __future__ import annotations
 
@@ -21,12 +22,21 @@ from ..config import SamplingParams
 from .base import Draft, Proposer
 
 
+_PEEK = SamplingParams()  # the lookup is deterministic: peeking at it draws nothing
+
+
 class LookupFirstProposer:
     def __init__(self, lookup: Proposer, model: Proposer) -> None:
         self.lookup = lookup
         self.model = model
         self.name = f"{lookup.name}+{model.name}"
         self.wants_hidden = lookup.wants_hidden or model.wants_hidden
+
+    def part(self, context_ids: list[int]) -> str:
+        """Which part will draft after context_ids: the lookup when it has a match (a deterministic, cheap peek),
+        else the model. The engine keeps one adaptive-K controller per part."""
+        peek = self.lookup.propose(context_ids, 1, _PEEK, torch.Generator())
+        return self.lookup.name if peek.token_ids else self.model.name
 
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
         self.lookup.begin(prompt_ids, prompt_hidden)
