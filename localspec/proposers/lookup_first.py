@@ -23,6 +23,7 @@ from .base import Draft, Proposer
 
 
 _PEEK = SamplingParams()  # the lookup is deterministic: peeking at it draws nothing
+_PEEK_GENERATOR = torch.Generator()
 
 
 class LookupFirstProposer:
@@ -31,22 +32,27 @@ class LookupFirstProposer:
         self.model = model
         self.name = f"{lookup.name}+{model.name}"
         self.wants_hidden = lookup.wants_hidden or model.wants_hidden
+        self._no_match_at: Optional[int] = None  # context length where part() found no lookup match
 
     def part(self, context_ids: list[int]) -> str:
-        """Which part will draft after context_ids: the lookup when it has a match (a deterministic, cheap peek),
-        else the model. The engine keeps one adaptive-K controller per part."""
-        peek = self.lookup.propose(context_ids, 1, _PEEK, torch.Generator())
+        """Which part will draft after context_ids: the lookup when it has a match (a deterministic peek), else the
+        model. The engine keeps one adaptive-K controller per part. A miss is remembered, so propose() on the same
+        context goes straight to the model instead of searching again (a miss scans every n-gram size)."""
+        peek = self.lookup.propose(context_ids, 1, _PEEK, _PEEK_GENERATOR)
+        self._no_match_at = None if peek.token_ids else len(context_ids)
         return self.lookup.name if peek.token_ids else self.model.name
 
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
+        self._no_match_at = None
         self.lookup.begin(prompt_ids, prompt_hidden)
         self.model.begin(prompt_ids, prompt_hidden)
 
     def propose(self, context_ids: list[int], k: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Draft:
-        draft = self.lookup.propose(context_ids, k, sampling, generator)
-        if draft.token_ids:
-            return draft
+        if self._no_match_at != len(context_ids):
+            draft = self.lookup.propose(context_ids, k, sampling, generator)
+            if draft.token_ids:
+                return draft
         return self.model.propose(context_ids, k, sampling, generator)
 
     def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:
