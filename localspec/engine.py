@@ -62,14 +62,17 @@ class Engine:
         generator = torch.Generator(device=self.target.device).manual_seed(sampling.seed)
         stats = SpecStats(max_k)
         wants_hidden = proposer is not None and proposer.wants_hidden
+        # a head may read earlier target layers too (multi-layer features); they come from the same forwards
+        feature_layers = tuple(getattr(proposer, "feature_layers", ())) if wants_hidden else ()
         try:
             yield from self._loop(prompt_ids, sampling, spec, proposer, cancel, max_new, max_k, verify, generator, stats,
-                                  wants_hidden)
+                                  wants_hidden, feature_layers)
         except Exception as exc:  # a model that breaks mid-answer ends the answer with a message, not a traceback
             yield StepEvent((), 0.0, 0.0, 0.0, 0, 0, stats.snapshot(), True, "error",
                             f"generation failed: {type(exc).__name__}: {exc}")
 
-    def _loop(self, prompt_ids, sampling, spec, proposer, cancel, max_new, max_k, verify, generator, stats, wants_hidden):
+    def _loop(self, prompt_ids, sampling, spec, proposer, cancel, max_new, max_k, verify, generator, stats, wants_hidden,
+              feature_layers):
         target = self.target
         device = target.device
         with self.lock:
@@ -92,7 +95,8 @@ class Engine:
             t0 = time.perf_counter()
             prompt_hidden = None
             if len(prompt_ids) > 1:
-                prompt_hidden = target.extend(prompt_ids[:-1], want_hidden=wants_hidden, logits_to_keep=0).hidden
+                prompt_hidden = target.extend(prompt_ids[:-1], want_hidden=wants_hidden, logits_to_keep=0,
+                                              feature_layers=feature_layers).hidden
             if proposer is not None:
                 proposer.begin(list(prompt_ids), prompt_hidden)
             stats.prefill_s = time.perf_counter() - t0
@@ -122,7 +126,7 @@ class Engine:
                 k = len(draft_ids)
 
                 t_score = time.perf_counter()
-                forward = target.extend([pending] + draft_ids, want_hidden=wants_hidden)
+                forward = target.extend([pending] + draft_ids, want_hidden=wants_hidden, feature_layers=feature_layers)
                 target_logits = forward.logits.unsqueeze(0)  # [1, K+1, V]
 
                 t_sample = time.perf_counter()

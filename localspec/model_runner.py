@@ -6,11 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
+from .features import backbone_features
+
 
 @dataclass(frozen=True)
 class ForwardOutput:
     logits: torch.Tensor | None  # [T', V] float, next-token logits at the last T' new positions (see logits_to_keep)
-    hidden: torch.Tensor | None  # [T, H] last-layer hidden states (after the final norm), when asked for
+    hidden: torch.Tensor | None  # [T, F] features when asked for: the last hidden state (after the final norm), after
+    #                              the outputs of `feature_layers` when some are named (F = H without; see features.py)
 
 
 class ModelRunner:
@@ -40,15 +43,17 @@ class ModelRunner:
         self.tokens = []
 
     @torch.inference_mode()
-    def extend(self, token_ids: list[int], want_hidden: bool = False,
-               logits_to_keep: int | None = None) -> ForwardOutput:
+    def extend(self, token_ids: list[int], want_hidden: bool = False, logits_to_keep: int | None = None,
+               feature_layers: tuple[int, ...] = ()) -> ForwardOutput:
         """Run the new tokens through the model on top of the cache; return logits for the new positions: all of
         them (None), the last `logits_to_keep`, or none (0: a prefill whose logits nobody reads skips the LM head,
-        a 49k x 576 matmul per prompt token on SmolLM2)."""
+        a 49k x 576 matmul per prompt token on SmolLM2). want_hidden: also return the features (the last hidden
+        state, after the outputs of `feature_layers`)."""
         if self.cache is None:
             self.reset()
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
-        out = self._backbone(input_ids=input_ids, use_cache=True, **{self._cache_kwarg: self.cache})
+        out, features = backbone_features(self._backbone, feature_layers if want_hidden else (),
+                                          input_ids=input_ids, use_cache=True, **{self._cache_kwarg: self.cache})
         hidden = out.last_hidden_state[0]  # [T, H]
         if logits_to_keep is None:
             logits = self._lm_head(hidden)  # [T, V]
@@ -57,7 +62,7 @@ class ModelRunner:
         else:
             logits = None
         self.tokens.extend(token_ids)
-        return ForwardOutput(logits=logits, hidden=hidden if want_hidden else None)
+        return ForwardOutput(logits=logits, hidden=features[0] if want_hidden else None)
 
     def crop(self, length: int) -> None:
         """Keep the first `length` cached positions, dropping the rest (rollback after a rejection)."""

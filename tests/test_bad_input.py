@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from localspec.config import ConfigError, ModelSpec, PairSpec, SamplingParams, SpecConfig
+from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.registry import parse_registry
 
 GOOD_YAML = "- name: ok\n  target: {source: owner/model}\n"

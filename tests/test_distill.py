@@ -57,6 +57,54 @@ def test_each_head_kind_distils_loads_and_is_lossless(tiny_pair, tiny_models, tm
     assert ids == baseline and stats.drafted > 0
 
 
+def test_multi_layer_features_distil_fresh_and_widen_a_trained_head(tiny_pair, tiny_models, tmp_path):
+    """--feature-layers: a fresh head reads [layer 0 ; last hidden] (teacher-forced once, cached next to the
+    corpus); --init on a last-hidden head widens it ('auto' on a 2-layer target is layer 0)."""
+    from transformers import AutoTokenizer
+
+    from localspec.heads.io import load_head
+
+    target, _ = tiny_models
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair["target"])
+    corpus = tmp_path / "corpus"
+    fresh = distill(target, tokenizer, PROMPTS, tiny_options("eagle3", tmp_path / "fresh", feature_layers=(0,),
+                                                             corpus_dir=corpus), log=lambda m: None)
+    assert fresh["feature_layers"] == [0]
+    assert json.loads((tmp_path / "fresh" / "config.json").read_text())["feature_layers"] == [0]
+    cached = sorted(p.name for p in (corpus / "features-0").glob("shard-*.pt"))
+    assert cached and cached == sorted(p.name for p in corpus.glob("shard-*.pt"))
+    first = torch.load(corpus / "features-0" / cached[0])["features"][0]
+    stored = torch.load(corpus / cached[0])["hidden"][0]
+    assert first.shape[-1] == 2 * stored.shape[-1]
+    torch.testing.assert_close(first[:, 64:].float(), stored.float(), atol=2e-2, rtol=2e-2)  # same last hidden
+    baseline, _ = greedy(target, None, "none")
+    ids, stats = greedy(target, load_head_proposer(tmp_path / "fresh", target, "cpu"), "head")
+    assert ids == baseline and stats.drafted > 0
+
+    distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "narrow", corpus_dir=corpus),
+            log=lambda m: None)
+    wide = distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "wide", corpus_dir=corpus,
+                                                            init=tmp_path / "narrow", feature_layers="auto"),
+                   log=lambda m: None)
+    assert wide["feature_layers"] == [0]
+    narrow_head, wide_head = load_head(tmp_path / "narrow", target), load_head(tmp_path / "wide", target)
+    assert narrow_head.feature_proj is None and wide_head.config.feature_layers == (0,)
+    ids, stats = greedy(target, load_head_proposer(tmp_path / "wide", target, "cpu"), "head")
+    assert ids == baseline and stats.drafted > 0
+    again = distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "again", corpus_dir=corpus,
+                                                             init=tmp_path / "wide"), log=lambda m: None)
+    assert again["feature_layers"] == [0]  # the --init head's layers when none are named
+    with pytest.raises(ConfigError, match="cannot be retrained"):
+        distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "x", corpus_dir=corpus,
+                                                         init=tmp_path / "wide", feature_layers=(1,)),
+                log=lambda m: None)
+    with pytest.raises(ConfigError, match="below the last layer"):
+        distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "y", corpus_dir=corpus,
+                                                         feature_layers=(1,)), log=lambda m: None)
+    with pytest.raises(ConfigError, match="feature-layers"):
+        tiny_options("draft", tmp_path / "d", feature_layers=(0,)).validate()
+
+
 def test_standalone_draft_distils_to_a_transformers_folder(tiny_pair, tiny_models, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -123,6 +171,8 @@ def test_cli_distill_writes_a_head(tiny_pair, tmp_path):
                  "--data-dir", "none", "--prompts", str(prompts), "--device", "cpu"]) == 2  # exists, no --resume
     assert main(["distill", "--models", str(tiny_pair["models_yaml"]), "--kind", "eagle", "--out",
                  str(tmp_path / "x"), "--data-dir", "none", "--prompts", str(tmp_path / "nope.txt")]) == 2
+    assert main(["distill", "--models", str(tiny_pair["models_yaml"]), "--kind", "eagle", "--out",
+                 str(tmp_path / "y"), "--data-dir", "none", "--prompts", str(prompts), "--feature-layers", "low"]) == 2
 
 
 def test_held_out_prompts_never_reach_training():
@@ -220,9 +270,9 @@ def test_stream_text_trains_on_fresh_text_and_init_continues_a_head(tiny_pair, t
     seen = []
     real = stream.teacher_forced_pieces
 
-    def counting(model, rows):
+    def counting(model, rows, *rest):
         seen.extend(tuple(r) for r in rows)
-        return real(model, rows)
+        return real(model, rows, *rest)
 
     with monkeypatch.context() as patch:
         patch.setattr(stream, "teacher_forced_pieces", counting)

@@ -18,14 +18,20 @@ PROMPT = [1, 72, 101, 108, 108, 111, 44, 32, 119]
 DRAFT_VOCAB = 200
 
 
-def make_head(target, kind: str, modules: int = 1, seed: int = 0) -> FeatureHead:
+def make_head(target, kind: str, modules: int = 1, seed: int = 0, feature_layers: tuple = ()) -> FeatureHead:
+    """A random head; with feature_layers, its projection is random too (every layer's features count)."""
     torch.manual_seed(seed)
-    config = HeadConfig(kind=kind, num_modules=modules, draft_vocab_size=DRAFT_VOCAB, **target_shapes(target.config))
+    config = HeadConfig(kind=kind, num_modules=modules, draft_vocab_size=DRAFT_VOCAB, feature_layers=feature_layers,
+                        **target_shapes(target.config))
     head = FeatureHead(config, target.get_input_embeddings().weight)
     head.set_lm_weight(target.get_output_embeddings().weight)
     head.set_draft_vocab(torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(seed))[:DRAFT_VOCAB])
     for module in head.layers:
         module.init_from_target_layer(target.model.layers[-1])
+    if feature_layers:
+        head.init_feature_proj()
+        with torch.no_grad():
+            head.feature_proj.weight.add_(torch.randn_like(head.feature_proj.weight) * 0.2)
     return head.eval()
 
 
@@ -40,12 +46,14 @@ def run_engine(target, proposer, k: int = 3, temperature: float = 0.0, max_new: 
     return ids, last.stats
 
 
-@pytest.mark.parametrize("kind,modules", [("eagle", 1), ("eagle3", 1), ("mtp", 3)])
-def test_head_proposer_greedy_is_lossless(tiny_models, tmp_path, kind, modules):
+@pytest.mark.parametrize("kind,modules,layers", [("eagle", 1, ()), ("eagle3", 1, ()), ("mtp", 3, ()),
+                                                 ("eagle", 1, (0,)), ("eagle3", 1, (0,)), ("mtp", 2, (0,))])
+def test_head_proposer_greedy_is_lossless(tiny_models, tmp_path, kind, modules, layers):
     target, _ = tiny_models
-    save_head(make_head(target, kind, modules), tmp_path / kind)
+    save_head(make_head(target, kind, modules, feature_layers=layers), tmp_path / kind)
     proposer = load_head_proposer(tmp_path / kind, target, "cpu")
     assert isinstance(proposer, Proposer) and proposer.wants_hidden
+    assert proposer.feature_layers == layers and proposer.head.config.feature_layers == layers
     baseline, _ = run_engine(target, None)
     for k in (1, 3, 5):
         ids, stats = run_engine(target, proposer, k=k)
@@ -211,28 +219,32 @@ def test_shipped_draft_matches_the_embedded_target_and_is_lossless(embedded_sess
     assert_greedy_lossless_on_shared_prompts(session, "draft")
 
 
-@pytest.mark.parametrize("kind,modules", [("eagle", 1), ("eagle3", 1), ("mtp", 3)])
-def test_training_forward_equals_inference_drafting(tiny_models, kind, modules):
-    """ttt_forward's step-j prediction at a position is what the proposer computes at draft step j there."""
+@pytest.mark.parametrize("kind,modules,layers", [("eagle", 1, ()), ("eagle3", 1, ()), ("mtp", 3, ()),
+                                                 ("eagle", 1, (0,)), ("eagle3", 1, (0,))])
+def test_training_forward_equals_inference_drafting(tiny_models, kind, modules, layers):
+    """ttt_forward's step-j prediction at a position is what the proposer computes at draft step j there (with
+    multi-layer features: the training batch holds teacher-forced features, inference reads them from the cache)."""
     from localspec.distill.batches import make_batch
+    from localspec.distill.stream import teacher_forced_pieces
     from localspec.distill.train_head import ttt_forward
 
     target, _ = tiny_models
-    head = make_head(target, kind, modules, seed=1)
+    head = make_head(target, kind, modules, seed=1, feature_layers=layers)
     proposer = HeadProposer(head)
     runner = ModelRunner(target)
     runner.reset()
     prompt = PROMPT
-    proposer.begin(prompt, runner.extend(prompt[:-1], want_hidden=True).hidden)
+    proposer.begin(prompt, runner.extend(prompt[:-2], want_hidden=True, feature_layers=layers).hidden)
+    proposer.on_verified(0, [prompt[-1]], runner.extend(prompt[-2:-1], want_hidden=True, feature_layers=layers).hidden)
     logits_seen = []
     original = head.draft_logits
     head.draft_logits = lambda hidden: logits_seen.append(original(hidden)) or logits_seen[-1]
     draft = proposer.propose(prompt, 3, SamplingParams(), torch.Generator())
     head.draft_logits = original
     ids = prompt + draft.token_ids  # the chain's tokens as if they were real
-    runner.reset()
-    hidden = runner.extend(ids[:-1], want_hidden=True).hidden  # [T-1, H]
-    batch = make_batch([(torch.tensor(ids), hidden)])
+    (piece,) = teacher_forced_pieces(target, [ids], layers)  # (ids, features [T-1, F])
+    assert piece[1].shape[-1] == head.config.feature_size
+    batch = make_batch([piece])
     import localspec.distill.train_head as th
 
     real_log_softmax = torch.log_softmax
@@ -251,3 +263,79 @@ def test_training_forward_equals_inference_drafting(tiny_models, kind, modules):
     n = len(prompt) - 1  # draft step j predicts at position n + j - 1 → index n + j - 2
     for step in range(3):
         torch.testing.assert_close(th_logits[step][0, n + step - 1], logits_seen[step], atol=1e-4, rtol=1e-4)
+
+
+def test_multi_layer_features_come_from_the_named_layers(tiny_models):
+    """The runner's features are [layer outputs ; last hidden], the same with a KV cache, one step at a time, as
+    in one teacher-forced prefill."""
+    from localspec.distill.stream import teacher_forced_pieces
+    from localspec.features import backbone_features
+
+    target, _ = tiny_models
+    size = target.config.hidden_size
+    runner = ModelRunner(target)
+    runner.reset()
+    stepwise = torch.cat([runner.extend(PROMPT[:4], want_hidden=True, feature_layers=(0,)).hidden]
+                         + [runner.extend([t], want_hidden=True, feature_layers=(0,)).hidden for t in PROMPT[4:]])
+    assert stepwise.shape == (len(PROMPT), 2 * size)
+    with torch.no_grad():
+        layer0 = target.model.layers[0]
+        captured = []
+        hook = layer0.register_forward_hook(lambda mod, args, out: captured.append(out[0] if isinstance(out, tuple)
+                                                                                    else out))
+        try:
+            out, features = backbone_features(target.model, (0,), input_ids=torch.tensor([PROMPT]))
+        finally:
+            hook.remove()
+    torch.testing.assert_close(features[0, :, :size], captured[0].reshape(len(PROMPT), size))
+    torch.testing.assert_close(features[0, :, size:], out.last_hidden_state[0])
+    torch.testing.assert_close(stepwise, features[0], atol=1e-4, rtol=1e-4)
+    (_, forced), = teacher_forced_pieces(target, [PROMPT], (0,))
+    torch.testing.assert_close(forced, features[0, :-1], atol=1e-4, rtol=1e-4)
+    assert runner.extend([5], want_hidden=True).hidden.shape == (1, size)  # no layers named: the last hidden
+
+
+def test_widening_a_head_keeps_its_drafts_until_the_new_layers_are_trained(tiny_models, tmp_path):
+    from localspec.heads.model import with_feature_layers
+
+    target, _ = tiny_models
+    head = make_head(target, "eagle", seed=2)
+    widened = with_feature_layers(head, (0,))
+    assert widened.config.feature_layers == (0,) and widened.feature_proj.weight.shape == (64, 128)
+    assert torch.equal(widened.draft_token_ids, head.draft_token_ids)
+    narrow, _ = run_engine(target, HeadProposer(head), k=3)
+    _, narrow_stats = run_engine(target, HeadProposer(head), k=3)
+    wide_ids, wide_stats = run_engine(target, HeadProposer(widened), k=3)
+    assert wide_ids == narrow and (wide_stats.drafted, wide_stats.accepted) == (narrow_stats.drafted,
+                                                                              narrow_stats.accepted)
+    save_head(widened, tmp_path / "wide")
+    assert load_head(tmp_path / "wide", target).config.feature_layers == (0,)
+    with torch.no_grad():  # now let layer 0 count: the drafts change (the earlier layer is really read)
+        widened.feature_proj.weight[:, :64].normal_(0.0, 0.5)
+    proposer = HeadProposer(widened)
+    runner = ModelRunner(target)
+    runner.reset()
+    proposer.begin(PROMPT, runner.extend(PROMPT[:-1], want_hidden=True, feature_layers=(0,)).hidden)
+    changed = proposer.propose(PROMPT, 4, SamplingParams(), torch.Generator())
+    reference = HeadProposer(head)
+    runner.reset()
+    reference.begin(PROMPT, runner.extend(PROMPT[:-1], want_hidden=True).hidden)
+    assert changed.token_ids != reference.propose(PROMPT, 4, SamplingParams(), torch.Generator()).token_ids
+
+
+def test_bad_feature_layers_give_clear_errors(tiny_models, tmp_path):
+    target, _ = tiny_models
+    for layers in ([1, 0], [-1], [0, 0]):
+        with pytest.raises(ConfigError, match="feature_layers"):
+            HeadConfig(kind="eagle", draft_vocab_size=10, feature_layers=tuple(layers),
+                       **target_shapes(target.config)).validate()
+    save_head(make_head(target, "eagle", feature_layers=(0,)), tmp_path / "h")
+    config = (tmp_path / "h" / "config.json").read_text()
+    (tmp_path / "h" / "config.json").write_text(config.replace('"feature_layers": [\n    0\n  ]',
+                                                               '"feature_layers": [\n    5\n  ]'))
+    with pytest.raises(ConfigError, match="this target has 2 layers"):
+        load_head(tmp_path / "h", target)
+    (tmp_path / "h" / "config.json").write_text(config.replace('"feature_layers": [\n    0\n  ]',
+                                                               '"feature_layers": 0'))
+    with pytest.raises(ConfigError, match="list of layer indices"):
+        load_head(tmp_path / "h", target)

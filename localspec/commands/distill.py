@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--answer-share", type=float, default=0.25,
                         help="with --stream-text: share of training batches drawn from the stored answers")
     parser.add_argument("--init", default=None, metavar="DIR", help="continue from this trained head folder")
+    parser.add_argument("--feature-layers", nargs="+", default=[], metavar="L",
+                        help="also read these target layers' outputs (EAGLE-3's multi-layer features), or 'auto' "
+                             "(a low, a middle and a high layer); the corpus is teacher-forced once for them")
     parser.add_argument("--draft-vocab", type=int, default=8192,
                         help="tokens the head can propose: the most frequent in the corpus; 0 = all (default: %(default)s)")
     parser.add_argument("--minutes", type=float, default=None, help="time budget (corpus gets at most half)")
@@ -49,6 +52,17 @@ def add_parser(sub) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def parse_feature_layers(values: list[str]):
+    from ..config import ConfigError
+
+    if values == ["auto"]:
+        return "auto"
+    try:
+        return tuple(int(v) for v in values)
+    except ValueError:
+        raise ConfigError(f"--feature-layers takes layer indices or 'auto' (got {' '.join(values)})") from None
+
+
 def run(args) -> int:
     import torch
 
@@ -62,7 +76,7 @@ def run(args) -> int:
     options = DistillOptions(
         kind=args.kind, out=Path(args.out), answer_tokens=args.tokens, text_tokens=args.text_tokens,
         stream_text=args.stream_text, answer_share=args.answer_share, init=Path(args.init) if args.init else None,
-        draft_vocab=args.draft_vocab, minutes=args.minutes, resume=args.resume, steps=args.steps,
+        draft_vocab=args.draft_vocab, feature_layers=parse_feature_layers(args.feature_layers), minutes=args.minutes, resume=args.resume, steps=args.steps,
         max_new_tokens=args.max_new_tokens, gen_batch_size=args.gen_batch_size, batch_size=args.batch_size,
         lr=args.lr, max_updates=args.max_updates,
         eval_every=args.eval_every, patience=args.patience, corpus_dir=Path(args.corpus) if args.corpus else None,

@@ -1,5 +1,6 @@
-"""Corpus sequences → padded training windows. A window of N + 1 ids and N hidden states gives S = N - 1 query
-positions p = 1..N-1 (index i = p - 1): token x_p, previous hidden h_(p-1), target hidden h_p."""
+"""Corpus sequences → padded training windows. A window of N + 1 ids and N feature rows gives S = N - 1 query
+positions p = 1..N-1 (index i = p - 1): token x_p, previous features h_(p-1), target features h_p. A feature row is
+the target's last hidden state (F = H), or the outputs of some earlier layers followed by it (see features.py)."""
 from __future__ import annotations
 
 import random
@@ -11,8 +12,8 @@ import torch
 @dataclass(frozen=True)
 class Batch:
     tokens: torch.Tensor  # [B, S] int64, x_p
-    prev_hidden: torch.Tensor  # [B, S, H] float32, h_(p-1)
-    target_hidden: torch.Tensor  # [B, S, H] float32, h_p
+    prev_hidden: torch.Tensor  # [B, S, F] float32, features h_(p-1)
+    target_hidden: torch.Tensor  # [B, S, F] float32, features h_p (the last H columns: the last hidden state)
     valid: torch.Tensor  # [B, S] bool, False on padding
 
     @property

@@ -47,8 +47,8 @@ def measure_c(target, proposer_factory, prompt_ids: list[int], k: int, repeats: 
     runner = ModelRunner(target)
     runner.reset()
     prefix = prompt_ids[:-1]
-    hidden = runner.extend(prefix, want_hidden=True).hidden
     proposer = proposer_factory()
+    hidden = runner.extend(prefix, want_hidden=True, feature_layers=getattr(proposer, "feature_layers", ())).hidden
     proposer.begin(list(prompt_ids), hidden)
     sampling = SamplingParams()
     generator = torch.Generator()

@@ -11,9 +11,10 @@ from typing import Callable, Optional
 import torch
 
 from ..config import ConfigError
+from ..features import default_feature_layers
 from ..heads.config import HEAD_KINDS, HeadConfig, target_shapes
-from ..heads.io import load_head, save_head
-from ..heads.model import FeatureHead
+from ..heads.io import load_head, read_head_config, save_head
+from ..heads.model import FeatureHead, with_feature_layers
 from .batches import pick_draft_vocab, split_validation, windows
 from .corpus import build_corpus, build_text_corpus, load_corpus
 from .train_head import expected_acceptance_length, train_head
@@ -30,6 +31,9 @@ class DistillOptions:
     stream_text: bool = False  # teacher-force offline text inside the training loop instead (fresh every update)
     answer_share: float = 0.25  # with stream_text: share of batches drawn from the stored answers
     init: Optional[Path] = None  # start from this trained head folder (same kind) instead of the target's last layer
+    # target layers read before the last hidden (EAGLE-3's multi-layer features); "auto" = low, middle, high.
+    # With --init on a last-hidden-only head, the head is widened and starts where it was (features.py).
+    feature_layers: tuple | str = ()
     draft_vocab: int = 8192  # 0 = the full vocabulary
     minutes: Optional[float] = None  # total budget; corpus building gets at most half
     resume: bool = False
@@ -59,6 +63,10 @@ class DistillOptions:
             raise ConfigError("--answer-share must be from 0 to 1")
         if self.init is not None and self.kind == "draft":
             raise ConfigError("--init continues a trained head; it does not apply to --kind draft")
+        if self.feature_layers and self.kind == "draft":
+            raise ConfigError("--feature-layers is for heads (eagle, eagle3, mtp); a standalone draft reads tokens only")
+        if self.feature_layers != "auto" and any(not isinstance(i, int) or i < 0 for i in self.feature_layers):
+            raise ConfigError(f"--feature-layers takes layer indices or 'auto' (got {self.feature_layers!r})")
         if self.draft_vocab < 0:
             raise ConfigError("--draft-vocab must be 0 (full vocabulary) or a positive number")
         if self.minutes is not None and self.minutes <= 0:
@@ -75,6 +83,22 @@ class DistillOptions:
 def trainable_parameters(model: torch.nn.Module) -> int:
     """What training updates: the frozen embedding / LM head borrowed from the target are not counted."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def resolve_feature_layers(options: DistillOptions, target: torch.nn.Module) -> tuple[int, ...]:
+    """The layers the head will read: --feature-layers ('auto' = low, middle, high), else those of the --init head."""
+    num_layers = target.config.num_hidden_layers
+    init_layers = read_head_config(options.init).feature_layers if options.init is not None else ()
+    if options.feature_layers == "auto":
+        wanted = default_feature_layers(num_layers)
+    else:
+        wanted = tuple(sorted(set(options.feature_layers))) or init_layers
+    if init_layers and wanted != init_layers:
+        raise ConfigError(f"--init {options.init} reads layers {list(init_layers)}; it cannot be retrained on "
+                          f"{list(wanted)}")
+    if any(i >= num_layers - 1 for i in wanted):
+        raise ConfigError(f"--feature-layers must be below the last layer ({num_layers - 1}); got {list(wanted)}")
+    return wanted
 
 
 def stop_token_ids(tokenizer) -> set[int]:
@@ -115,7 +139,10 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
         docs = documents if documents is not None else offline_documents(options.seed)
         build_text_corpus(target, tokenizer, docs, corpus_dir,
                           options.answer_tokens + options.text_tokens, minutes=left, progress=progress)
-    sequences = load_corpus(corpus_dir) if corpus_dir.exists() else []
+    feature_layers = resolve_feature_layers(options, target)
+    if feature_layers:
+        log(f"features: target layers {list(feature_layers)} + the last hidden")
+    sequences = load_corpus(corpus_dir, target, feature_layers, progress=log) if corpus_dir.exists() else []
     if not sequences and not options.stream_text:
         raise ConfigError(f"the corpus in {corpus_dir} is empty")
     corpus_tokens = sum(len(ids) for ids, _ in sequences)
@@ -137,9 +164,10 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
         if not val_pieces:  # no stored answers to validate on: hold back a few documents, kept out of training
             held = min(4 * options.batch_size, len(docs) // 2)
             val_pieces = teacher_forced_documents(target, tokenizer, docs[len(docs) - held:], options.batch_size,
-                                                  options.window)
+                                                  options.window, feature_layers)
             docs = docs[: len(docs) - held]
-        fresh = text_batches(target, tokenizer, docs, options.batch_size, options.window, options.seed)
+        fresh = text_batches(target, tokenizer, docs, options.batch_size, options.window, options.seed,
+                             feature_layers)
         batches = mixed_batches(fresh, train_pieces, options.answer_share, options.batch_size, options.seed)
     minutes_left = None if options.minutes is None else max(0.2, options.minutes - (time.time() - t_start) / 60)
     common = dict(steps=options.steps, out_dir=out, lr=options.lr, batch_size=options.batch_size,
@@ -158,11 +186,13 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
         draft_vocab = options.draft_vocab or vocab
         config = HeadConfig(kind=options.kind, num_modules=options.steps if options.kind == "mtp" else 1,
                             draft_vocab_size=min(draft_vocab, vocab), max_k=options.steps,
-                            **target_shapes(target.config))
+                            feature_layers=feature_layers, **target_shapes(target.config))
         if options.init is not None:
             head = load_head(options.init, target).train()
             if head.config.kind != options.kind:
                 raise ConfigError(f"--init {options.init} is a {head.config.kind} head, not {options.kind}")
+            if head.config.feature_layers != feature_layers:  # widen a last-hidden head (checked in resolve)
+                head = with_feature_layers(head, feature_layers)
         else:
             head = FeatureHead(config, target.get_input_embeddings().weight)
             head.set_lm_weight(target.get_output_embeddings().weight)
@@ -172,6 +202,7 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
                 module.init_from_target_layer(last_layer)
             for norm in head.norms:
                 norm.weight.data.copy_(target.base_model.norm.weight.data)
+            head.init_feature_proj()
         result = train_head(head, train_pieces, val_pieces, save=lambda h: save_head(h, out), **common)
         model_size = trainable_parameters(head)
     summary = {
@@ -180,7 +211,7 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
         "train_minutes": round(result["minutes"], 2), "updates": result["updates"],
         "stop_reason": result["stop_reason"], "best_val_loss": result["best_val_loss"],
         "trainable_parameters": model_size, "steps": options.steps,
-        "draft_vocab": options.draft_vocab, "history": result["history"],
+        "draft_vocab": options.draft_vocab, "feature_layers": list(feature_layers), "history": result["history"],
     }
     last = [h for h in result["history"] if h.get("val_agreement")]
     if last:

@@ -8,21 +8,24 @@ from typing import Iterator, Optional
 
 import torch
 
+from ..features import backbone_features
 from .batches import Batch, iterate_batches, make_batch
 from .text import chat_ids
 
 
 @torch.inference_mode()
-def teacher_forced_pieces(target: torch.nn.Module,
-                          token_rows: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def teacher_forced_pieces(target: torch.nn.Module, token_rows: list[list[int]],
+                          feature_layers: tuple[int, ...] = ()) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One right-padded prefill over the rows (causal attention keeps the padding out of the real positions).
-    Returns per row (ids [T] int32, hidden [T-1, H] float32): hidden[p] predicts ids[p + 1]."""
+    Returns per row (ids [T] int32, features [T-1, F] float32): features[p] predicts ids[p + 1] (F = H, the last
+    hidden state, unless feature_layers names earlier layers too; see features.py)."""
     device = next(target.parameters()).device
     longest = max(len(row) for row in token_rows)
     input_ids = torch.zeros((len(token_rows), longest), dtype=torch.long, device=device)
     for i, row in enumerate(token_rows):
         input_ids[i, : len(row)] = torch.tensor(row, device=device)
-    hidden = target.base_model(input_ids=input_ids).last_hidden_state.float()  # [B, T, H]
+    _, hidden = backbone_features(target.base_model, feature_layers, input_ids=input_ids)
+    hidden = hidden.float()  # [B, T, F]
     return [(torch.tensor(row, dtype=torch.int32), hidden[i, : len(row) - 1].clone())
             for i, row in enumerate(token_rows)]
 
@@ -34,15 +37,15 @@ def document_ids(tokenizer, document: tuple[str, str], window: int) -> Optional[
 
 
 def teacher_forced_documents(target: torch.nn.Module, tokenizer, documents: list[tuple[str, str]], batch_size: int,
-                             window: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                             window: int, feature_layers: tuple[int, ...] = ()) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every document once, as (ids, hidden) pieces (e.g. a validation set held back from the text stream)."""
     rows = [ids for ids in (document_ids(tokenizer, doc, window) for doc in documents) if ids is not None]
     return [piece for start in range(0, len(rows), batch_size)
-            for piece in teacher_forced_pieces(target, rows[start: start + batch_size])]
+            for piece in teacher_forced_pieces(target, rows[start: start + batch_size], feature_layers)]
 
 
 def text_batches(target: torch.nn.Module, tokenizer, documents: list[tuple[str, str]], batch_size: int,
-                 window: int, seed: int = 0) -> Iterator[Batch]:
+                 window: int, seed: int = 0, feature_layers: tuple[int, ...] = ()) -> Iterator[Batch]:
     """Batches of fresh teacher-forced text, forever: each document used once per pass (passes reshuffle)."""
     rng = random.Random(seed)
     device = next(target.parameters()).device
@@ -59,7 +62,7 @@ def text_batches(target: torch.nn.Module, tokenizer, documents: list[tuple[str, 
             if ids is not None:
                 rows.append(ids)
         if rows:
-            yield make_batch(teacher_forced_pieces(target, rows), device)
+            yield make_batch(teacher_forced_pieces(target, rows, feature_layers), device)
 
 
 def mixed_batches(fresh: Iterator[Batch], stored_pieces: Optional[list], stored_share: float, batch_size: int,

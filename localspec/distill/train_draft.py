@@ -31,7 +31,7 @@ def draft_forward(draft: torch.nn.Module, batch: Batch, steps: int = 1):
     """KL(target ‖ draft) per position (soft cross-entropy against the target's distribution)."""
     lm = draft.get_output_embeddings().weight  # the target's LM head, frozen: teacher logits = h @ W^T
     with torch.no_grad():
-        teacher_logits = batch.target_hidden @ lm.T  # [B, S, V]
+        teacher_logits = batch.target_hidden[..., -lm.shape[1]:] @ lm.T  # [B, S, V] from the last hidden
         teacher_probs = torch.softmax(teacher_logits.float(), dim=-1)
     mask = batch.valid.to(torch.long)
     logits = draft(input_ids=batch.tokens, attention_mask=mask).logits.float()  # [B, S, V]

@@ -57,29 +57,31 @@ def ttt_forward(head: FeatureHead, batch: Batch, steps: int, reg_weight: float =
     """Returns (loss, per-step agreement counts, per-step position counts)."""
     config = head.config
     b, s = batch.tokens.shape
+    prev_real = head.project_features(batch.prev_hidden)  # [B, S, H] what the head reads of the target at p - 1
+    target_last = batch.target_hidden[..., -config.hidden_size:]  # [B, S, H] the last hidden it predicts at p
     embedding = head.embedding[batch.tokens]  # [B, S, H]
     positions = torch.arange(1, s + 1, device=batch.tokens.device)
     cos, sin = head.rope(positions)
     lm = head.draft_lm_weight  # [Vd, H]
     with torch.no_grad():
-        teacher_logits = batch.target_hidden @ lm.T  # [B, S, Vd]
+        teacher_logits = target_last @ lm.T  # [B, S, Vd]
         teacher_probs = torch.softmax(teacher_logits, dim=-1)
         teacher_top = teacher_logits.argmax(-1)  # [B, S]
     real_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     chain: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}  # step -> (module, k, v)
-    prev = batch.prev_hidden
+    prev = prev_real
     total = torch.zeros((), device=prev.device)
     agree, counts = [], []
     for step in range(1, steps + 1):
         module = config.module_for_step(step)
         layer = head.layers[module]
-        anchor = shift(batch.prev_hidden, step - 1)
+        anchor = shift(prev_real, step - 1)
         attn_input, residual = layer.fuse(prev, embedding, anchor)
         q, k, v = layer.qkv(attn_input, cos, sin)
         if step == 1:
             real_kv[module] = (k, v)
         if module not in real_kv:  # an MTP module's own real stream (target hidden, real tokens)
-            real_in, _ = layer.fuse(batch.prev_hidden, embedding, batch.prev_hidden)
+            real_in, _ = layer.fuse(prev_real, embedding, prev_real)
             _, rk, rv = layer.qkv(real_in, cos, sin)
             real_kv[module] = (rk, rv)
         if step > 1:
@@ -92,7 +94,7 @@ def ttt_forward(head: FeatureHead, batch: Batch, steps: int, reg_weight: float =
         mask = batch.valid & (torch.arange(s, device=prev.device) >= step - 1)[None]
         n = mask.sum().clamp(min=1)
         ce = -(teacher_probs * torch.log_softmax(logits, dim=-1)).sum(-1)  # [B, S]
-        reg = F.smooth_l1_loss(hidden, batch.target_hidden, reduction="none").mean(-1)  # [B, S]
+        reg = F.smooth_l1_loss(hidden, target_last, reduction="none").mean(-1)  # [B, S]
         total = total + (step_decay ** (step - 1)) * ((ce + reg_weight * reg) * mask).sum() / n
         agree.append(((logits.argmax(-1) == teacher_top) & mask).sum().detach())
         counts.append(mask.sum().detach())

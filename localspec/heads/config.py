@@ -27,22 +27,33 @@ class HeadConfig:
     rms_eps: float = 1e-5
     rope_theta: float = 10000.0
     max_k: int = 8  # the K it was trained for (a hint; any K runs)
+    # target decoder layers whose outputs are read before the last hidden (EAGLE-3's low / middle / high features);
+    # () = the last hidden only. The head projects the [len + 1] × hidden features down to hidden.
+    feature_layers: tuple[int, ...] = ()
 
     def validate(self) -> "HeadConfig":
         if self.kind not in HEAD_KINDS:
             raise ConfigError(f"head kind {self.kind!r} is not one of {', '.join(HEAD_KINDS)}")
         if self.kind != "mtp" and self.num_modules != 1:
             raise ConfigError(f"a {self.kind} head has one module (got num_modules={self.num_modules})")
+        layers = tuple(self.feature_layers)
+        if any(not isinstance(i, int) or i < 0 for i in layers) or list(layers) != sorted(set(layers)):
+            raise ConfigError(f"feature_layers must be distinct increasing layer indices (got {list(layers)})")
         if not 0 < self.draft_vocab_size <= self.vocab_size:
             raise ConfigError(f"draft_vocab_size must be in 1..{self.vocab_size} (got {self.draft_vocab_size})")
         return self
+
+    @property
+    def feature_size(self) -> int:
+        """F: the width of the target features the head reads at one position."""
+        return self.hidden_size * (len(self.feature_layers) + 1)
 
     def module_for_step(self, step: int) -> int:
         """Which module drafts step `step` (1-based). MTP: module step-1 (the last one repeats past N)."""
         return min(step, self.num_modules) - 1 if self.kind == "mtp" else 0
 
     def to_json(self) -> dict:
-        return {"format": "localspec-head", **asdict(self)}
+        return {"format": "localspec-head", **asdict(self), "feature_layers": list(self.feature_layers)}
 
     @staticmethod
     def from_json(data: dict) -> "HeadConfig":
@@ -52,7 +63,12 @@ class HeadConfig:
         missing = [f.name for f in fields(HeadConfig) if f.default is MISSING and f.name not in data]
         if missing:
             raise ConfigError(f"head config.json lacks {', '.join(missing)}")
-        return HeadConfig(**{k: v for k, v in data.items() if k in names}).validate()
+        values = {k: v for k, v in data.items() if k in names}
+        if "feature_layers" in values:
+            if not isinstance(values["feature_layers"], (list, tuple)):
+                raise ConfigError("head config.json: feature_layers must be a list of layer indices")
+            values["feature_layers"] = tuple(values["feature_layers"])
+        return HeadConfig(**values).validate()
 
     def save(self, folder: Path) -> None:
         (Path(folder) / "config.json").write_text(json.dumps(self.to_json(), indent=2) + "\n")

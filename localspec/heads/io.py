@@ -54,6 +54,10 @@ def load_head(folder: Path, target_model: torch.nn.Module, device: torch.device 
     if config.hidden_size != target_hidden or config.vocab_size != embedding.shape[0]:
         raise ConfigError(f"head {folder} was trained for hidden size {config.hidden_size} and vocabulary "
                           f"{config.vocab_size}; this target has {target_hidden} and {embedding.shape[0]}")
+    num_layers = getattr(target_model.config, "num_hidden_layers", None)
+    if config.feature_layers and num_layers is not None and max(config.feature_layers) >= num_layers:
+        raise ConfigError(f"head {folder} reads target layers {list(config.feature_layers)}; this target has "
+                          f"{num_layers} layers")
     if not (folder / WEIGHTS).exists():
         raise ConfigError(f"head folder {folder} has no {WEIGHTS}")
     device = torch.device(device) if device is not None else embedding.device

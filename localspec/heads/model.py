@@ -1,11 +1,14 @@
-"""A feature-level head: reads the target's last hidden state and the next token's embedding, predicts the next
-hidden state, scores it with the target's (frozen) embedding matrix over a reduced draft vocabulary.
+"""A feature-level head: reads the target's features (its last hidden state, optionally with the outputs of earlier
+layers, projected down to one hidden state) and the next token's embedding, predicts the next hidden state, scores
+it with the target's (frozen) embedding matrix over a reduced draft vocabulary.
 
 Positions: the head's entry at position p reads (hidden at p - 1, token at p) and predicts the hidden at p, whose
 argmax is the token at p + 1. Real entries (target hidden) live in each module's KV cache; draft-chain entries are
 appended while proposing and cropped right after.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +28,10 @@ class FeatureHead(nn.Module):
         self.layers = nn.ModuleList(HeadModule(c.kind, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
                                                c.intermediate_size, c.rms_eps) for _ in range(c.num_modules))
         self.norms = nn.ModuleList(RMSNorm(c.hidden_size, c.rms_eps) for _ in range(c.num_modules))
+        # multi-layer features: each earlier layer's output normed (mid-stack residuals are ~10-100x the last
+        # hidden's scale here), then [normed ; last hidden] projected to hidden
+        self.feature_norms = nn.ModuleList(RMSNorm(c.hidden_size, c.rms_eps) for _ in c.feature_layers)
+        self.feature_proj = (nn.Linear(c.feature_size, c.hidden_size, bias=False) if c.feature_layers else None)
         self.register_buffer("draft_token_ids", torch.arange(c.draft_vocab_size), persistent=True)  # [Vd] int64
         self.embedding = embedding.detach()  # [V, H], frozen, not a parameter
         self.lm_weight = embedding.detach()  # [V, H]
@@ -44,6 +51,25 @@ class FeatureHead(nn.Module):
         if self._draft_lm_weight is None or self._draft_lm_weight.shape[0] != self.draft_token_ids.shape[0]:
             self._draft_lm_weight = self.lm_weight[self.draft_token_ids].contiguous()
         return self._draft_lm_weight
+
+    def project_features(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., F] target features → [..., H], the hidden state the head's modules read (identity without
+        feature layers)."""
+        if self.feature_proj is None:
+            return features
+        parts = features.split(self.config.hidden_size, dim=-1)
+        normed = [norm(part) for norm, part in zip(self.feature_norms, parts[:-1])]
+        return self.feature_proj(torch.cat(normed + [parts[-1]], dim=-1))
+
+    def init_feature_proj(self) -> None:
+        """Start the projection as 'read the last hidden only' (zeros on the earlier layers' columns), so a head
+        trained on the last hidden continues from where it was."""
+        if self.feature_proj is None:
+            return
+        hidden = self.config.hidden_size
+        with torch.no_grad():
+            self.feature_proj.weight.zero_()
+            self.feature_proj.weight[:, -hidden:].copy_(torch.eye(hidden))
 
     def rope(self, positions: torch.Tensor):
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
@@ -74,3 +100,17 @@ class FeatureHead(nn.Module):
         p = next(self.parameters())
         return [KVCache(self.config.num_kv_heads, self.config.head_dim, p.dtype, p.device)
                 for _ in range(self.config.num_modules)]
+
+
+def with_feature_layers(head: FeatureHead, feature_layers: tuple[int, ...]) -> FeatureHead:
+    """The same head reading multi-layer features: every trained weight is kept, and the new projection starts as
+    'the last hidden only', so it predicts exactly what `head` did until training moves it."""
+    config = replace(head.config, feature_layers=tuple(feature_layers)).validate()
+    widened = FeatureHead(config, head.embedding)
+    widened.set_lm_weight(head.lm_weight)
+    widened.set_draft_vocab(head.draft_token_ids)
+    missing, _ = widened.load_state_dict(head.state_dict(), strict=False)
+    widened.init_feature_proj()
+    assert all(name.startswith("feature_") for name in missing), missing
+    parameter = next(head.parameters())
+    return widened.to(device=parameter.device, dtype=parameter.dtype).train(head.training)

@@ -21,8 +21,10 @@ class Draft:
 class Proposer(Protocol):
     """Drafts tokens; is told after each step what the target kept.
 
-    wants_hidden: when True, the engine passes the target's last-layer hidden states (from the same verify forward,
-    no extra pass) to begin() and on_verified(), so feature-level heads (EAGLE / MTP) plug in unchanged.
+    wants_hidden: when True, the engine passes the target's features (from the same verify forward, no extra pass)
+    to begin() and on_verified(), so feature-level heads (EAGLE / MTP) plug in unchanged: the last-layer hidden
+    state, after the outputs of the decoder layers the proposer lists in its optional `feature_layers` (a tuple of
+    layer indices; F = H × (len + 1), see features.py).
 
     Optional: part(context_ids) -> str, for a proposer made of parts (ngram+head): the part that drafts next, so
     adaptive K keeps one controller per part.
@@ -32,7 +34,7 @@ class Proposer(Protocol):
     wants_hidden: bool
 
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
-        """A new answer starts. prompt_hidden: [len(prompt_ids) - 1, H] for the prefilled prompt, or None."""
+        """A new answer starts. prompt_hidden: [len(prompt_ids) - 1, F] for the prefilled prompt, or None."""
 
     def propose(self, context_ids: list[int], k: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Draft:
@@ -41,5 +43,5 @@ class Proposer(Protocol):
     def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:
         """The target kept num_accepted draft tokens; emitted_ids = those plus the resampled / bonus token.
 
-        target_hidden: [num_accepted + 1, H], the hidden states at the positions whose predictions were emitted.
+        target_hidden: [num_accepted + 1, F], the features at the positions whose predictions were emitted.
         """

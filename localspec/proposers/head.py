@@ -29,6 +29,7 @@ class HeadProposer:
         self.vocab_size = head.lm_weight.shape[0]
         self.device = head.draft_token_ids.device
         self.dtype = next(head.parameters()).dtype
+        self.feature_layers = tuple(head.config.feature_layers)  # the engine asks the target for these
         self.begin([], None)
 
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
@@ -38,10 +39,13 @@ class HeadProposer:
         self.last_hidden = None  # [H] the step-1 module's output at position fed
         self.anchor = None  # [H] target hidden at position fed - 1
 
-    def _as_rows(self, hidden: Optional[torch.Tensor]) -> torch.Tensor:
-        if hidden is None:
+    @torch.inference_mode()
+    def _as_rows(self, features: Optional[torch.Tensor]) -> torch.Tensor:
+        """Target features [T, F] → the hidden states [T, H] the head's modules read."""
+        if features is None:
             return torch.zeros((0, self.config.hidden_size), dtype=self.dtype, device=self.device)
-        return hidden.detach().to(device=self.device, dtype=self.dtype).reshape(-1, self.config.hidden_size)
+        rows = features.detach().to(device=self.device, dtype=self.dtype).reshape(-1, self.config.feature_size)
+        return self.head.project_features(rows)
 
     @torch.inference_mode()
     def catch_up(self, context_ids: list[int]) -> bool:

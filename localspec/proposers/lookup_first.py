@@ -32,6 +32,7 @@ class LookupFirstProposer:
         self.model = model
         self.name = f"{lookup.name}+{model.name}"
         self.wants_hidden = lookup.wants_hidden or model.wants_hidden
+        self.feature_layers = tuple(getattr(model, "feature_layers", ()))
         self._no_match_at: Optional[int] = None  # context length where part() found no lookup match
 
     def part(self, context_ids: list[int]) -> str:

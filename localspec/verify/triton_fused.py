@@ -81,8 +81,6 @@ def _row_stats_kernel(
     if INDEX_64:  # the interpreter checks every int32 op for overflow (slow); int64 ops it skips
         row = row.to(tl.int64)
         split = split.to(tl.int64)
-    b = row // (K + 1)
-    j = row % (K + 1)
     row_ptr = logits_ptr + row * stride_row
     arg_ptr = argmax_ptr + row * stride_arg_row
     lanes = tl.arange(0, BLOCK_V)
