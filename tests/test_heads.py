@@ -201,6 +201,7 @@ def test_shipped_head_matches_the_embedded_target_and_is_lossless(embedded_sessi
     assert head.config.hidden_size == target.config.hidden_size
     assert head.config.vocab_size == target.get_input_embeddings().weight.shape[0] == len(session.tokenizer)
     assert int(head.draft_token_ids.max()) < head.config.vocab_size
+    assert all(0 <= i < target.config.num_hidden_layers - 1 for i in head.config.feature_layers)
     assert_greedy_lossless_on_shared_prompts(session, "head")
     assert_greedy_lossless_on_shared_prompts(session, "ngram+head")
 
