@@ -74,6 +74,13 @@ def test_multi_layer_features_distil_fresh_and_widen_a_trained_head(tiny_pair, t
     cached = sorted(p.name for p in (corpus / "features-0").glob("shard-*.pt"))
     assert cached and cached == sorted(p.name for p in corpus.glob("shard-*.pt"))
     first = torch.load(corpus / "features-0" / cached[0])["features"][0]
+    stale = torch.load(corpus / "features-0" / cached[-1])  # a cache from other ids is computed again
+    torch.save({**stale, "key": [(1, 1)]}, corpus / "features-0" / cached[-1])
+    from localspec.distill.corpus import load_corpus
+
+    again = load_corpus(corpus, target, (0,))
+    assert torch.load(corpus / "features-0" / cached[-1])["key"] == stale["key"]
+    assert len(again) == fresh["corpus_sequences"] and all(f.shape[-1] == 128 for _, f in again)
     stored = torch.load(corpus / cached[0])["hidden"][0]
     assert first.shape[-1] == 2 * stored.shape[-1]
     torch.testing.assert_close(first[:, 64:].float(), stored.float(), atol=2e-2, rtol=2e-2)  # same last hidden
