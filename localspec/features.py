@@ -1,17 +1,13 @@
 """What a feature-level head reads from the target at each position: the last hidden state (after the final norm),
 optionally preceded by the outputs of some earlier decoder layers (EAGLE-3's low / middle / high features).
 
-One function serves the engine's verify forwards, teacher forcing and corpus building, so a head is trained on
-exactly the features it reads at inference.
+One function serves the engine's verify forwards and teacher forcing (the text stream and the corpus's
+multi-layer features), so a head is trained on exactly the features it reads at inference. The width F of one
+position's features is HeadConfig.feature_size.
 """
 from __future__ import annotations
 
 import torch
-
-
-def feature_width(hidden_size: int, feature_layers: tuple[int, ...]) -> int:
-    """F: the width of one position's features."""
-    return hidden_size * (len(feature_layers) + 1)
 
 
 def backbone_features(backbone: torch.nn.Module, feature_layers: tuple[int, ...] = (), **forward_kwargs):

@@ -304,8 +304,7 @@ def test_widening_a_head_keeps_its_drafts_until_the_new_layers_are_trained(tiny_
     widened = with_feature_layers(head, (0,))
     assert widened.config.feature_layers == (0,) and widened.feature_proj.weight.shape == (64, 128)
     assert torch.equal(widened.draft_token_ids, head.draft_token_ids)
-    narrow, _ = run_engine(target, HeadProposer(head), k=3)
-    _, narrow_stats = run_engine(target, HeadProposer(head), k=3)
+    narrow, narrow_stats = run_engine(target, HeadProposer(head), k=3)
     wide_ids, wide_stats = run_engine(target, HeadProposer(widened), k=3)
     assert wide_ids == narrow and (wide_stats.drafted, wide_stats.accepted) == (narrow_stats.drafted,
                                                                               narrow_stats.accepted)

@@ -76,7 +76,8 @@ def run(args) -> int:
     options = DistillOptions(
         kind=args.kind, out=Path(args.out), answer_tokens=args.tokens, text_tokens=args.text_tokens,
         stream_text=args.stream_text, answer_share=args.answer_share, init=Path(args.init) if args.init else None,
-        draft_vocab=args.draft_vocab, feature_layers=parse_feature_layers(args.feature_layers), minutes=args.minutes, resume=args.resume, steps=args.steps,
+        draft_vocab=args.draft_vocab, feature_layers=parse_feature_layers(args.feature_layers),
+        minutes=args.minutes, resume=args.resume, steps=args.steps,
         max_new_tokens=args.max_new_tokens, gen_batch_size=args.gen_batch_size, batch_size=args.batch_size,
         lr=args.lr, max_updates=args.max_updates,
         eval_every=args.eval_every, patience=args.patience, corpus_dir=Path(args.corpus) if args.corpus else None,

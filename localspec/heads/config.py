@@ -53,7 +53,7 @@ class HeadConfig:
         return min(step, self.num_modules) - 1 if self.kind == "mtp" else 0
 
     def to_json(self) -> dict:
-        return {"format": "localspec-head", **asdict(self), "feature_layers": list(self.feature_layers)}
+        return {"format": "localspec-head", **asdict(self)}  # json writes the feature_layers tuple as a list
 
     @staticmethod
     def from_json(data: dict) -> "HeadConfig":
