@@ -301,3 +301,7 @@ def test_stream_text_trains_on_fresh_text_and_init_continues_a_head(tiny_pair, t
     assert ids == baseline
     with pytest.raises(ConfigError, match="init"):
         tiny_options("draft", tmp_path / "d", init=tmp_path / "s").validate()
+    with pytest.raises(ConfigError, match="hard-label-weight"):
+        tiny_options("eagle", tmp_path / "h", hard_label_weight=1.5).validate()
+    with pytest.raises(ConfigError, match="hard-label-weight"):
+        tiny_options("draft", tmp_path / "h", hard_label_weight=0.5).validate()

@@ -266,6 +266,32 @@ def test_training_forward_equals_inference_drafting(tiny_models, kind, modules, 
         torch.testing.assert_close(th_logits[step][0, n + step - 1], logits_seen[step], atol=1e-4, rtol=1e-4)
 
 
+def test_hard_label_weight_mixes_soft_and_argmax_cross_entropy(tiny_models):
+    """hard_weight 1 trains cross-entropy to the target's argmax over the draft vocabulary, 0 the soft target,
+    and values between mix the two linearly."""
+    from localspec.distill.batches import make_batch
+    from localspec.distill.stream import teacher_forced_pieces
+    import localspec.distill.train_head as th
+
+    target, _ = tiny_models
+    head = make_head(target, "eagle", seed=2)
+    batch = make_batch(teacher_forced_pieces(target, [PROMPT + [33, 10, 87, 101]], ()))
+    seen = []
+    real_log_softmax = torch.log_softmax
+    th.torch.log_softmax = lambda logits, dim: seen.append(logits) or real_log_softmax(logits, dim=dim)
+    try:
+        with torch.no_grad():
+            losses = {w: float(th.ttt_forward(head, batch, 1, reg_weight=0.0, hard_weight=w)[0]) for w in (0.0, 0.5, 1.0)}
+    finally:
+        th.torch.log_softmax = real_log_softmax
+    logits = seen[-1][0]  # [S, Vd] the head's step-1 logits (the same with every weight)
+    teacher = (batch.target_hidden[0] @ head.draft_lm_weight.T).argmax(-1)  # [S]
+    expected = torch.nn.functional.cross_entropy(logits[batch.valid[0]], teacher[batch.valid[0]])
+    assert losses[1.0] == pytest.approx(float(expected), rel=1e-5)
+    assert losses[0.0] != pytest.approx(losses[1.0], rel=1e-3)
+    assert losses[0.5] == pytest.approx((losses[0.0] + losses[1.0]) / 2, rel=1e-5)
+
+
 def test_multi_layer_features_come_from_the_named_layers(tiny_models):
     """The runner's features are [layer outputs ; last hidden], the same with a KV cache, one step at a time, as
     in one teacher-forced prefill."""

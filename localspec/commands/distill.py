@@ -38,6 +38,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--minutes", type=float, default=None, help="time budget (corpus gets at most half)")
     parser.add_argument("--resume", action="store_true", help="reuse the corpus and continue from the checkpoint")
     parser.add_argument("--steps", type=int, default=4, help="draft steps trained (training-time test); mtp modules")
+    parser.add_argument("--hard-label-weight", type=float, default=0.0,
+                        help="heads: weight (0-1) of cross-entropy to the target's argmax, the rest on its "
+                             "distribution; the argmax is what greedy acceptance checks (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length when generating the corpus")
     parser.add_argument("--gen-batch-size", type=int, default=32,
                         help="answers generated at once when building the corpus (static KV cache, left padding)")
@@ -77,7 +80,7 @@ def run(args) -> int:
         kind=args.kind, out=Path(args.out), answer_tokens=args.tokens, text_tokens=args.text_tokens,
         stream_text=args.stream_text, answer_share=args.answer_share, init=Path(args.init) if args.init else None,
         draft_vocab=args.draft_vocab, feature_layers=parse_feature_layers(args.feature_layers),
-        minutes=args.minutes, resume=args.resume, steps=args.steps,
+        minutes=args.minutes, resume=args.resume, steps=args.steps, hard_label_weight=args.hard_label_weight,
         max_new_tokens=args.max_new_tokens, gen_batch_size=args.gen_batch_size, batch_size=args.batch_size,
         lr=args.lr, max_updates=args.max_updates,
         eval_every=args.eval_every, patience=args.patience, corpus_dir=Path(args.corpus) if args.corpus else None,

@@ -65,6 +65,42 @@ ESSAY_TEMPLATES = (
     "What are common misconceptions about {t}? Explain why they are wrong.",
     "Give three arguments for and three against {t}.",
 )
+# Advice, guides and explanations (session 5): the held-out chat prompts ask for lists, plans, principles with examples
+# and recommendations, a shape the topic and essay templates above cover thinly. New topics only (none above, none
+# in the held-out questions).
+GUIDE_TOPICS = (
+    "public speaking", "personal budgeting", "negotiating a salary", "starting a small business", "customer service",
+    "project management", "writing a cover letter", "team leadership", "marketing on social media", "brand design",
+    "pricing a product", "supply chains", "water conservation", "composting", "bird watching", "amateur astronomy",
+    "film editing", "modern architecture", "Renaissance painting", "abstract art", "sculpture", "pottery",
+    "calligraphy", "writing poetry", "writing short stories", "journalism", "fact-checking", "museum curation",
+    "archaeology", "ancient Egypt", "the Roman Republic", "the Industrial Age in cities", "the civil rights movement",
+    "world religions", "Norse mythology", "medical ethics", "animal welfare", "international trade", "cryptocurrency",
+    "microfinance", "behavioral economics", "consumer psychology", "child development", "adolescence",
+    "memory and learning", "stress management", "mindfulness", "nutrition", "home cooking", "baking bread",
+    "vegetarian diets", "running a first marathon", "yoga", "team sports", "board game design", "video game design",
+    "virtual reality", "online privacy", "password security", "homeschooling", "online courses", "study habits",
+    "exam preparation", "critical thinking", "debating", "volunteering", "community organizing", "urban planning",
+    "cycling in cities", "tourism", "travelling on a budget", "camping", "hiking safety", "first aid",
+    "disaster preparedness", "climate adaptation", "ocean conservation", "coral reefs", "rainforests", "deserts",
+    "earthquakes", "weather forecasting", "antibiotics", "genetics", "the immune system", "space exploration",
+    "missions to Mars", "3D printing", "smart homes", "parenting teenagers", "caring for elderly parents",
+    "adopting a pet", "dog training", "conflict resolution", "cultural festivals", "wedding traditions",
+    "the history of fashion", "interior design", "minimalism", "gardening with children", "moving to a new city",
+    "learning to play the guitar", "choir singing", "theatre lighting", "radio broadcasting", "podcasting",
+    "note-taking", "scientific writing", "translation between languages", "sign language", "mentoring",
+    "remote teams", "workplace safety", "job burnout", "retirement planning", "buying a first home",
+    "renting an apartment", "car maintenance", "electric bicycles", "solar panels at home", "food waste",
+    "local farmers' markets", "coffee roasting", "tea culture", "wine regions", "street food", "knitting",
+)
+GUIDE_TEMPLATES = (
+    "List five practical tips for {t}, with one sentence on each.", "Explain {t} to someone who has never heard of it.",
+    "What are the main benefits and drawbacks of {t}?", "Suggest a step-by-step plan for getting started with {t}.",
+    "Describe three key principles of {t} and give an example of each.", "Write a short beginner's guide to {t}.",
+    "How has {t} changed over the last fifty years?",
+    "Recommend four books or resources for learning about {t}, with a brief note on each.",
+    "Give a brief overview of {t} and why it matters.", "What mistakes do beginners often make with {t}?",
+)
 MATH_TEMPLATES = (
     "What is {a} times {b}? Show your steps.", "Solve for x: {a}x + {b} = {c}.",
     "A shop sells pens at {a} dollars each. How much do {b} pens cost, and how much change is left from {c} dollars?",
@@ -132,6 +168,7 @@ def template_prompts(seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     prompts = [template.format(t=topic) for topic in TOPICS for template in TEMPLATES]
     prompts += [template.format(t=topic) for topic in ESSAY_TOPICS for template in ESSAY_TEMPLATES]
+    prompts += [template.format(t=topic) for topic in GUIDE_TOPICS for template in GUIDE_TEMPLATES]
     for template in MATH_TEMPLATES:
         for _ in range(12):
             a, b = rng.randint(2, 99), rng.randint(2, 99)

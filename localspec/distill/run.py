@@ -2,6 +2,7 @@
 → training with validation and early stopping → a folder models.yaml can name."""
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from ..heads.io import load_head, read_head_config, save_head
 from ..heads.model import FeatureHead, with_feature_layers
 from .batches import pick_draft_vocab, split_validation, windows
 from .corpus import build_corpus, build_text_corpus, load_corpus
-from .train_head import expected_acceptance_length, train_head
+from .train_head import expected_acceptance_length, train_head, ttt_forward
 
 KINDS = HEAD_KINDS + ("draft",)
 
@@ -38,6 +39,7 @@ class DistillOptions:
     minutes: Optional[float] = None  # total budget; corpus building gets at most half
     resume: bool = False
     steps: int = 4  # draft steps trained with training-time test (and MTP modules)
+    hard_label_weight: float = 0.0  # heads: share of the loss on the target's argmax (greedy acceptance) vs its distribution
     max_new_tokens: int = 256
     gen_batch_size: int = 32  # static KV cache; 64 at once: ~170 answer tokens/s on 2 threads here (was ~50)
     temperatures: tuple = (0.0, 0.7)
@@ -77,6 +79,10 @@ class DistillOptions:
             raise ConfigError("--gen-batch-size and --batch-size must be at least 1")
         if not 1 <= self.steps <= 16:
             raise ConfigError("--steps must be from 1 to 16")
+        if not 0.0 <= self.hard_label_weight <= 1.0:
+            raise ConfigError("--hard-label-weight must be from 0 to 1")
+        if self.hard_label_weight and self.kind == "draft":
+            raise ConfigError("--hard-label-weight is for heads (eagle, eagle3, mtp)")
         return self
 
 
@@ -203,7 +209,9 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
             for norm in head.norms:
                 norm.weight.data.copy_(target.base_model.norm.weight.data)
             head.init_feature_proj()
-        result = train_head(head, train_pieces, val_pieces, save=lambda h: save_head(h, out), **common)
+        forward = functools.partial(ttt_forward, hard_weight=options.hard_label_weight)
+        result = train_head(head, train_pieces, val_pieces, save=lambda h: save_head(h, out), forward=forward,
+                            **common)
         model_size = trainable_parameters(head)
     summary = {
         "kind": options.kind, "corpus_tokens": corpus_tokens, "corpus_sequences": len(sequences),
@@ -211,6 +219,7 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
         "train_minutes": round(result["minutes"], 2), "updates": result["updates"],
         "stop_reason": result["stop_reason"], "best_val_loss": result["best_val_loss"],
         "trainable_parameters": model_size, "steps": options.steps,
+        "hard_label_weight": options.hard_label_weight,
         "draft_vocab": options.draft_vocab, "feature_layers": list(feature_layers), "history": result["history"],
     }
     last = [h for h in result["history"] if h.get("val_agreement")]

@@ -53,8 +53,13 @@ class StepMetrics:
 
 
 def ttt_forward(head: FeatureHead, batch: Batch, steps: int, reg_weight: float = 0.1,
-                step_decay: float = 0.8) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """Returns (loss, per-step agreement counts, per-step position counts)."""
+                step_decay: float = 0.8, hard_weight: float = 0.0) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """Returns (loss, per-step agreement counts, per-step position counts).
+
+    The distillation term is (1 - hard_weight) × soft cross-entropy to the target's distribution + hard_weight ×
+    cross-entropy to the target's argmax. Greedy acceptance asks only whether the head's argmax is the target's;
+    where the target's distribution is flat, the soft term spreads the head over the near-ties, the hard one
+    trains exactly that question."""
     config = head.config
     b, s = batch.tokens.shape
     prev_real = head.project_features(batch.prev_hidden)  # [B, S, H] what the head reads of the target at p - 1
@@ -93,7 +98,11 @@ def ttt_forward(head: FeatureHead, batch: Batch, steps: int, reg_weight: float =
         logits = hidden @ lm.T  # [B, S, Vd]
         mask = batch.valid & (torch.arange(s, device=prev.device) >= step - 1)[None]
         n = mask.sum().clamp(min=1)
-        ce = -(teacher_probs * torch.log_softmax(logits, dim=-1)).sum(-1)  # [B, S]
+        log_probs = torch.log_softmax(logits, dim=-1)  # [B, S, Vd]
+        ce = -(teacher_probs * log_probs).sum(-1)  # [B, S]
+        if hard_weight:
+            hard = -log_probs.gather(-1, teacher_top[..., None])[..., 0]  # [B, S]
+            ce = (1.0 - hard_weight) * ce + hard_weight * hard
         reg = F.smooth_l1_loss(hidden, target_last, reduction="none").mean(-1)  # [B, S]
         total = total + (step_decay ** (step - 1)) * ((ce + reg_weight * reg) * mask).sum() / n
         agree.append(((logits.argmax(-1) == teacher_top) & mask).sum().detach())
