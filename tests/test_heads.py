@@ -292,6 +292,36 @@ def test_hard_label_weight_mixes_soft_and_argmax_cross_entropy(tiny_models):
     assert losses[0.5] == pytest.approx((losses[0.0] + losses[1.0]) / 2, rel=1e-5)
 
 
+def test_teacher_forced_top_k_lines_up_with_what_the_proposer_drafts(tiny_models):
+    """The evaluation's top-k shares: an answer built so that every other token is the head's own first draft from
+    that prefix (and the others are not) gives step-1 top-1 exactly that share; more k never finds fewer; top-|Vd|
+    finds every answer token in the draft vocabulary."""
+    from localspec.distill.evaluate import teacher_forced_top_k
+
+    target, _ = tiny_models
+    head = make_head(target, "eagle", seed=3)
+    runner = ModelRunner(target)
+
+    def first_draft(prefix):
+        runner.reset()
+        proposer = HeadProposer(head)
+        proposer.begin(prefix, runner.extend(prefix[:-1], want_hidden=True).hidden)
+        return proposer.propose(prefix, 1, SamplingParams(), torch.Generator()).token_ids[0]
+
+    ids, drafted = list(PROMPT), []
+    for t in range(10):
+        draft = first_draft(ids)
+        ids.append(draft if t % 2 == 0 else (draft + 1) % 256)
+        drafted.append(t % 2 == 0)
+    answer = ids[len(PROMPT):]
+    shares = teacher_forced_top_k(head, target, [(ids, len(PROMPT))], steps=2, ks=(1, 2, DRAFT_VOCAB))
+    assert shares[0][0] == pytest.approx(sum(drafted) / len(answer))
+    for row in shares:
+        assert 0.0 <= row[0] <= row[1] <= row[2] <= 1.0
+    vocab = set(head.draft_token_ids.tolist())
+    assert shares[0][2] == pytest.approx(sum(token in vocab for token in answer) / len(answer))
+
+
 def test_multi_layer_features_come_from_the_named_layers(tiny_models):
     """The runner's features are [layer outputs ; last hidden], the same with a KV cache, one step at a time, as
     in one teacher-forced prefill."""

@@ -68,6 +68,34 @@ def measure_c(target, proposer_factory, prompt_ids: list[int], k: int, repeats: 
     return head_ms, target_ms
 
 
+@torch.no_grad()
+def teacher_forced_top_k(head, target, rows: list[tuple[list[int], int]], steps: int = 3,
+                         ks: tuple[int, ...] = (1, 2, 3, 4)) -> list[list[float]]:
+    """rows: (prompt + the target's greedy answer, prompt length). For each draft step (training-time test: steps
+    2.. read the head's own hidden states, with the answer's true tokens before them) and each k, the share of answer
+    positions where the target's token is among the head's top k drafts. Top-1 is what a chain can accept; top-k is
+    the ceiling of a token tree with k branches at that step."""
+    from .batches import make_batch
+    from .stream import teacher_forced_pieces
+    from .train_head import ttt_forward
+
+    hits = [[0] * len(ks) for _ in range(steps)]
+    counts = [0] * steps
+    for ids, prompt_len in rows:
+        batch = make_batch(teacher_forced_pieces(target, [ids], head.config.feature_layers))
+        step_logits: list[torch.Tensor] = []
+        ttt_forward(head, batch, steps, collect_logits=step_logits)
+        next_ids = torch.as_tensor(ids[2:], dtype=torch.long)  # [S] batch position i predicts ids[i + 2]
+        for step, logits in enumerate(step_logits):
+            first = prompt_len - 2 + step  # the first answer token, drafted at this step by a chain begun there
+            drafts = head.draft_token_ids[logits[0, first:].topk(max(ks), dim=-1).indices]  # [n, max k] token ids
+            found = drafts == next_ids[first:, None]  # [n, max k]
+            counts[step] += found.shape[0]
+            for j, k in enumerate(ks):
+                hits[step][j] += int(found[:, :k].any(-1).sum())
+    return [[h / max(c, 1) for h in row] for row, c in zip(hits, counts)]
+
+
 def evaluate_head(session, prompts: list[str], proposer_factory, k: int = 4, max_new_tokens: int = 128,
                   log=print) -> HeldOutReport:
     """Greedy; for each prompt, runs no-proposer then head (same engine, same moment)."""
@@ -112,7 +140,7 @@ def evaluate_head(session, prompts: list[str], proposer_factory, k: int = 4, max
 
 
 def main(argv=None) -> int:
-    """python -m localspec.distill.evaluate --head DIR [--prompts N] [--max-new-tokens M] [--k K] [--json OUT]"""
+    """python -m localspec.distill.evaluate --head DIR [--prompts N] [--max-new-tokens M] [--k K] [--top-k] [--json OUT]"""
     import argparse
     import json
 
@@ -132,6 +160,9 @@ def main(argv=None) -> int:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None, help="also write the report here")
+    parser.add_argument("--top-k", action="store_true",
+                        help="instead: teacher-forced on the target's greedy answers, how often its token is in the "
+                             "head's top 1-4 per draft step (the headroom of a token tree over a chain)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -139,6 +170,23 @@ def main(argv=None) -> int:
     prompts = held_out_prompts()
     n = args.prompts
     chosen = prompts if n >= len(prompts) else prompts[: n // 2] + prompts[len(prompts) - (n - n // 2):]
+    if args.top_k:
+        head = load_head_proposer(args.head, session.loaded.target, "cpu").head
+        rows = []
+        for prompt in chosen:
+            ids, _ = session.prompt_ids([{"role": "user", "content": prompt}], args.max_new_tokens)
+            answer = [t.token_id for event in session.engine.generate(
+                ids, SamplingParams(max_new_tokens=args.max_new_tokens), SpecConfig(proposer="none", k=1))
+                for t in event.tokens]
+            rows.append((ids + answer, len(ids)))
+        shares = teacher_forced_top_k(head, session.loaded.target, rows)
+        for step, row in enumerate(shares, start=1):
+            print(f"draft step {step}: " + "  ".join(f"top-{k} {share:.3f}" for k, share in zip((1, 2, 3, 4), row)))
+        if args.json:
+            from pathlib import Path
+
+            Path(args.json).write_text(json.dumps({"prompts": len(chosen), "top_k_by_step": shares}, indent=1) + "\n")
+        return 0
     report = evaluate_head(session, chosen, lambda: load_head_proposer(args.head, session.loaded.target, "cpu"),
                            k=args.k, max_new_tokens=args.max_new_tokens)
     text = json.dumps(report.to_dict(), indent=1)

@@ -53,8 +53,10 @@ class StepMetrics:
 
 
 def ttt_forward(head: FeatureHead, batch: Batch, steps: int, reg_weight: float = 0.1,
-                step_decay: float = 0.8, hard_weight: float = 0.0) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """Returns (loss, per-step agreement counts, per-step position counts).
+                step_decay: float = 0.8, hard_weight: float = 0.0,
+                collect_logits: Optional[list] = None) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """Returns (loss, per-step agreement counts, per-step position counts). collect_logits, when given, receives each
+    step's logits [B, S, Vd] over the draft vocabulary.
 
     The distillation term is (1 - hard_weight) × soft cross-entropy to the target's distribution + hard_weight ×
     cross-entropy to the target's argmax. Greedy acceptance asks only whether the head's argmax is the target's;
@@ -96,6 +98,8 @@ def ttt_forward(head: FeatureHead, batch: Batch, steps: int, reg_weight: float =
         out = chain_attention(q, *real_kv[module], step - 1, entries)
         hidden = head.norms[module](layer.finish(out, residual))  # [B, S, H]
         logits = hidden @ lm.T  # [B, S, Vd]
+        if collect_logits is not None:
+            collect_logits.append(logits.detach())
         mask = batch.valid & (torch.arange(s, device=prev.device) >= step - 1)[None]
         n = mask.sum().clamp(min=1)
         log_probs = torch.log_softmax(logits, dim=-1)  # [B, S, Vd]
