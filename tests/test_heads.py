@@ -281,7 +281,8 @@ def test_hard_label_weight_mixes_soft_and_argmax_cross_entropy(tiny_models):
     th.torch.log_softmax = lambda logits, dim: seen.append(logits) or real_log_softmax(logits, dim=dim)
     try:
         with torch.no_grad():
-            losses = {w: float(th.ttt_forward(head, batch, 1, reg_weight=0.0, hard_weight=w)[0]) for w in (0.0, 0.5, 1.0)}
+            losses = {w: float(th.ttt_forward(head, batch, 1, reg_weight=0.0, hard_weight=w)[0])
+                      for w in (0.0, 0.5, 1.0)}
     finally:
         th.torch.log_softmax = real_log_softmax
     logits = seen[-1][0]  # [S, Vd] the head's step-1 logits (the same with every weight)

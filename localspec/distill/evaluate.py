@@ -140,7 +140,8 @@ def evaluate_head(session, prompts: list[str], proposer_factory, k: int = 4, max
 
 
 def main(argv=None) -> int:
-    """python -m localspec.distill.evaluate --head DIR [--prompts N] [--max-new-tokens M] [--k K] [--top-k] [--json OUT]"""
+    """python -m localspec.distill.evaluate --head DIR [--prompts N] [--max-new-tokens M] [--k K] [--top-k]
+    [--json OUT]"""
     import argparse
     import json
 
