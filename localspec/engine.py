@@ -108,7 +108,8 @@ class Engine:
                     yield StepEvent((), 0.0, 0.0, 0.0, 0, 0, stats.snapshot(), True, "cancelled")
                     return
                 # never draft past the token budget: K+1 tokens may be emitted
-                k = min(max_k, max_new - produced - 1)
+                budget_k = min(max_k, max_new - produced - 1)
+                k = budget_k
                 if proposer is not None:
                     controller = controller_for(f"{proposer.name}:{part_of(context)}" if part_of else proposer.name)
                 if controller is not None and spec.adaptive:
@@ -190,7 +191,9 @@ class Engine:
                 pending = emitted[-1]
                 if controller is not None:
                     controller.observe(asked, k, num_accepted, t_score - t_propose, t_done - t_score)
-                    stats.k, stats.predicted_speedup = asked, controller.predicted(asked)
+                    stats.k = asked
+                    if budget_k > 0:  # the last step of a length-capped answer cannot draft: it predicts nothing
+                        stats.predicted_speedup = controller.predicted(asked)
                 stats.record_step(k, num_accepted, len(emitted), t_score - t_propose, t_sample - t_score,
                                   t_done - t_sample)
                 yield StepEvent(

@@ -209,3 +209,22 @@ def test_a_new_answer_with_predictable_text_is_probed_within_a_few_steps():
     ks = [step(controller, rng, [0.95] * 4, 0.2)[1] for _ in range(30)]
     assert 0 < ks.index(next(k for k in ks if k > 0)) <= 10
     assert controller.speculating and all(k > 0 for k in ks[15:])
+
+
+def test_a_step_the_token_budget_keeps_from_drafting_keeps_the_last_prediction(tiny_models):
+    """A length-capped answer ends with a step that may emit one token only (K = 0 by necessity). The predicted
+    speedup shown at the end is the last real prediction, not that step's 1.00×."""
+    from localspec.config import SamplingParams, SpecConfig
+    from localspec.engine import Engine
+    from localspec.proposers import DraftModelProposer
+
+    target, _ = tiny_models
+    engine = Engine(target)
+    sampling = SamplingParams(max_new_tokens=21)
+    # the target drafting for itself: every draft is accepted, so steps emit 4, 4, 4, 4, 4 and then the budget's 1
+    events = list(engine.generate([1, 72, 101, 108, 108, 111], sampling, SpecConfig(proposer="draft", k=3),
+                                  DraftModelProposer(target)))
+    assert [ev.propose_token_num for ev in events] == [3, 3, 3, 3, 3, 0]
+    assert [ev.stats.k for ev in events] == [3, 3, 3, 3, 3, 0]
+    assert events[-2].stats.predicted_speedup is not None
+    assert events[-1].stats.predicted_speedup == events[-2].stats.predicted_speedup != 1.0
