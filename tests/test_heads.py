@@ -246,21 +246,9 @@ def test_training_forward_equals_inference_drafting(tiny_models, kind, modules, 
     (piece,) = teacher_forced_pieces(target, [ids], layers)  # (ids, features [T-1, F])
     assert piece[1].shape[-1] == head.config.feature_size
     batch = make_batch([piece])
-    import localspec.distill.train_head as th
-
-    real_log_softmax = torch.log_softmax
     th_logits = []
-
-    def spy(logits, dim):
-        th_logits.append(logits)
-        return real_log_softmax(logits, dim=dim)
-
-    th.torch.log_softmax = spy
-    try:
-        with torch.no_grad():
-            ttt_forward(head, batch, 3)
-    finally:
-        th.torch.log_softmax = real_log_softmax
+    with torch.no_grad():
+        ttt_forward(head, batch, 3, collect_logits=th_logits)
     n = len(prompt) - 1  # draft step j predicts at position n + j - 1 → index n + j - 2
     for step in range(3):
         torch.testing.assert_close(th_logits[step][0, n + step - 1], logits_seen[step], atol=1e-4, rtol=1e-4)
@@ -271,20 +259,15 @@ def test_hard_label_weight_mixes_soft_and_argmax_cross_entropy(tiny_models):
     and values between mix the two linearly."""
     from localspec.distill.batches import make_batch
     from localspec.distill.stream import teacher_forced_pieces
-    import localspec.distill.train_head as th
+    from localspec.distill.train_head import ttt_forward
 
     target, _ = tiny_models
     head = make_head(target, "eagle", seed=2)
     batch = make_batch(teacher_forced_pieces(target, [PROMPT + [33, 10, 87, 101]], ()))
     seen = []
-    real_log_softmax = torch.log_softmax
-    th.torch.log_softmax = lambda logits, dim: seen.append(logits) or real_log_softmax(logits, dim=dim)
-    try:
-        with torch.no_grad():
-            losses = {w: float(th.ttt_forward(head, batch, 1, reg_weight=0.0, hard_weight=w)[0])
-                      for w in (0.0, 0.5, 1.0)}
-    finally:
-        th.torch.log_softmax = real_log_softmax
+    with torch.no_grad():
+        losses = {w: float(ttt_forward(head, batch, 1, reg_weight=0.0, hard_weight=w, collect_logits=seen)[0])
+                  for w in (0.0, 0.5, 1.0)}
     logits = seen[-1][0]  # [S, Vd] the head's step-1 logits (the same with every weight)
     teacher = (batch.target_hidden[0] @ head.draft_lm_weight.T).argmax(-1)  # [S]
     expected = torch.nn.functional.cross_entropy(logits[batch.valid[0]], teacher[batch.valid[0]])

@@ -166,9 +166,8 @@ def stdlib_prompts(limit: int, seed: int = 0) -> list[str]:
 
 def template_prompts(seed: int = 0) -> list[str]:
     rng = random.Random(seed)
-    prompts = [template.format(t=topic) for topic in TOPICS for template in TEMPLATES]
-    prompts += [template.format(t=topic) for topic in ESSAY_TOPICS for template in ESSAY_TEMPLATES]
-    prompts += [template.format(t=topic) for topic in GUIDE_TOPICS for template in GUIDE_TEMPLATES]
+    families = ((TOPICS, TEMPLATES), (ESSAY_TOPICS, ESSAY_TEMPLATES), (GUIDE_TOPICS, GUIDE_TEMPLATES))
+    prompts = [template.format(t=topic) for topics, templates in families for topic in topics for template in templates]
     for template in MATH_TEMPLATES:
         for _ in range(12):
             a, b = rng.randint(2, 99), rng.randint(2, 99)

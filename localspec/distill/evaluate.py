@@ -68,9 +68,12 @@ def measure_c(target, proposer_factory, prompt_ids: list[int], k: int, repeats: 
     return head_ms, target_ms
 
 
+TOP_KS = (1, 2, 3, 4)  # the branch counts `--top-k` reports
+
+
 @torch.no_grad()
 def teacher_forced_top_k(head, target, rows: list[tuple[list[int], int]], steps: int = 3,
-                         ks: tuple[int, ...] = (1, 2, 3, 4)) -> list[list[float]]:
+                         ks: tuple[int, ...] = TOP_KS) -> list[list[float]]:
     """rows: (prompt + the target's greedy answer, prompt length). For each draft step (training-time test: steps
     2.. read the head's own hidden states, with the answer's true tokens before them) and each k, the share of answer
     positions where the target's token is among the head's top k drafts. Top-1 is what a chain can accept; top-k is
@@ -182,7 +185,7 @@ def main(argv=None) -> int:
             rows.append((ids + answer, len(ids)))
         shares = teacher_forced_top_k(head, session.loaded.target, rows)
         for step, row in enumerate(shares, start=1):
-            print(f"draft step {step}: " + "  ".join(f"top-{k} {share:.3f}" for k, share in zip((1, 2, 3, 4), row)))
+            print(f"draft step {step}: " + "  ".join(f"top-{k} {share:.3f}" for k, share in zip(TOP_KS, row)))
         if args.json:
             from pathlib import Path
 
