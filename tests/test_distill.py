@@ -101,7 +101,7 @@ def test_multi_layer_features_distil_fresh_and_widen_a_trained_head(tiny_pair, t
     again = distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "again", corpus_dir=corpus,
                                                              init=tmp_path / "wide"), log=lambda m: None)
     assert again["feature_layers"] == [0]  # the --init head's layers when none are named
-    with pytest.raises(ConfigError, match="cannot be retrained"):
+    with pytest.raises(ConfigError, match="not retrained on"):
         distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "x", corpus_dir=corpus,
                                                          init=tmp_path / "wide", feature_layers=(1,)),
                 log=lambda m: None)

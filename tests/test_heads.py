@@ -363,6 +363,28 @@ def test_widening_a_head_keeps_its_drafts_until_the_new_layers_are_trained(tiny_
     assert changed.token_ids != reference.propose(PROMPT, 4, SamplingParams(), torch.Generator()).token_ids
 
 
+def test_widening_a_multi_layer_head_keeps_its_trained_columns(tiny_models):
+    """Widening (1,) to (0, 1): layer 1's trained projection columns and norm move to their new place, layer 0's
+    start at zero, so the drafts are unchanged; a set that drops a layer the head reads is refused."""
+    from localspec.heads.model import with_feature_layers
+
+    target, _ = tiny_models
+    head = make_head(target, "eagle", seed=3, feature_layers=(1,))
+    with torch.no_grad():
+        head.feature_norms[0].weight.mul_(1.5)  # a trained-looking norm, which must move with its columns
+    widened = with_feature_layers(head, (0, 1))
+    assert widened.feature_proj.weight.shape == (64, 3 * 64)
+    assert torch.equal(widened.feature_proj.weight[:, :64], torch.zeros(64, 64))
+    assert torch.equal(widened.feature_proj.weight[:, 64:], head.feature_proj.weight)
+    assert torch.equal(widened.feature_norms[1].weight, head.feature_norms[0].weight)
+    narrow, narrow_stats = run_engine(target, HeadProposer(head), k=3)
+    wide, wide_stats = run_engine(target, HeadProposer(widened), k=3)
+    assert wide == narrow and (wide_stats.drafted, wide_stats.accepted) == (narrow_stats.drafted,
+                                                                         narrow_stats.accepted)
+    with pytest.raises(ValueError, match="superset"):
+        with_feature_layers(widened, (1,))
+
+
 def test_bad_feature_layers_give_clear_errors(tiny_models, tmp_path):
     target, _ = tiny_models
     for layers in ([1, 0], [-1], [0, 0]):

@@ -100,9 +100,9 @@ def resolve_feature_layers(options: DistillOptions, target: torch.nn.Module) -> 
         wanted = default_feature_layers(num_layers)
     else:
         wanted = tuple(sorted(set(options.feature_layers))) or init_layers
-    if init_layers and wanted != init_layers:
-        raise ConfigError(f"--init {options.init} reads layers {list(init_layers)}; it cannot be retrained on "
-                          f"{list(wanted)}")
+    if not set(init_layers) <= set(wanted):
+        raise ConfigError(f"--init {options.init} reads layers {list(init_layers)}; it can be widened to more layers "
+                          f"but not retrained on {list(wanted)}")
     if any(i >= num_layers - 1 for i in wanted):
         raise ConfigError(f"--feature-layers must be below the last layer ({num_layers - 1}); got {list(wanted)}")
     return wanted
@@ -198,7 +198,7 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
             head = load_head(options.init, target).train()
             if head.config.kind != options.kind:
                 raise ConfigError(f"--init {options.init} is a {head.config.kind} head, not {options.kind}")
-            if head.config.feature_layers != feature_layers:  # widen a last-hidden head (checked in resolve)
+            if head.config.feature_layers != feature_layers:  # widen to more layers (a superset: checked in resolve)
                 head = with_feature_layers(head, feature_layers)
         else:
             head = FeatureHead(config, target.get_input_embeddings().weight)

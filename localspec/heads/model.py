@@ -103,14 +103,29 @@ class FeatureHead(nn.Module):
 
 
 def with_feature_layers(head: FeatureHead, feature_layers: tuple[int, ...]) -> FeatureHead:
-    """The same head reading multi-layer features: every trained weight is kept, and the new projection starts as
-    'the last hidden only', so it predicts exactly what `head` did until training moves it."""
+    """The same head reading more of the target's layers (a superset of those it reads): every trained weight is
+    kept, including the projection's columns and norms for the layers it already read; the new layers' columns start
+    at zero, so it predicts exactly what `head` did until training moves it."""
+    old_layers = head.config.feature_layers
+    if not set(old_layers) <= set(feature_layers):
+        raise ValueError(f"a head reading layers {list(old_layers)} can only be widened to a superset of them "
+                         f"(got {list(feature_layers)})")
     config = replace(head.config, feature_layers=tuple(feature_layers)).validate()
     widened = FeatureHead(config, head.embedding)
     widened.set_lm_weight(head.lm_weight)
     widened.set_draft_vocab(head.draft_token_ids)
-    missing, _ = widened.load_state_dict(head.state_dict(), strict=False)
-    widened.init_feature_proj()
+    kept = {name: value for name, value in head.state_dict().items() if not name.startswith("feature_")}
+    missing, _ = widened.load_state_dict(kept, strict=False)
     assert all(name.startswith("feature_") for name in missing), missing
+    widened.init_feature_proj()
+    if old_layers:
+        hidden = config.hidden_size
+        with torch.no_grad():
+            for old_index, layer in enumerate(old_layers):
+                new_index = config.feature_layers.index(layer)
+                widened.feature_norms[new_index].load_state_dict(head.feature_norms[old_index].state_dict())
+                widened.feature_proj.weight[:, new_index * hidden:(new_index + 1) * hidden].copy_(
+                    head.feature_proj.weight[:, old_index * hidden:(old_index + 1) * hidden])
+            widened.feature_proj.weight[:, -hidden:].copy_(head.feature_proj.weight[:, -hidden:])
     parameter = next(head.parameters())
     return widened.to(device=parameter.device, dtype=parameter.dtype).train(head.training)
