@@ -147,6 +147,7 @@ def main(argv=None) -> int:
     [--json OUT]"""
     import argparse
     import json
+    from pathlib import Path
 
     from ..chat import ChatSession
     from ..loading import load_pair
@@ -176,31 +177,24 @@ def main(argv=None) -> int:
     chosen = prompts if n >= len(prompts) else prompts[: n // 2] + prompts[len(prompts) - (n - n // 2):]
     if args.top_k:
         head = load_head_proposer(args.head, session.loaded.target, "cpu").head
+        sampling = SamplingParams(max_new_tokens=args.max_new_tokens)  # greedy
         rows = []
         for prompt in chosen:
             ids, _ = session.prompt_ids([{"role": "user", "content": prompt}], args.max_new_tokens)
-            answer = [t.token_id for event in session.engine.generate(
-                ids, SamplingParams(max_new_tokens=args.max_new_tokens), SpecConfig(proposer="none", k=1))
-                for t in event.tokens]
+            answer, _, _ = _run(session.engine, ids, sampling, SpecConfig(proposer="none", k=1), None)
             rows.append((ids + answer, len(ids)))
         shares = teacher_forced_top_k(head, session.loaded.target, rows)
         for step, row in enumerate(shares, start=1):
             print(f"draft step {step}: " + "  ".join(f"top-{k} {share:.3f}" for k, share in zip(TOP_KS, row)))
-        if args.json:
-            from pathlib import Path
-
-            Path(args.json).write_text(json.dumps({"prompts": len(chosen), "top_k_by_step": shares}, indent=1) + "\n")
-        return 0
-    report = evaluate_head(session, chosen, lambda: load_head_proposer(args.head, session.loaded.target, "cpu"),
-                           k=args.k, max_new_tokens=args.max_new_tokens)
-    text = json.dumps(report.to_dict(), indent=1)
-    print(text)
+        result, status = {"prompts": len(chosen), "top_k_by_step": shares}, 0
+    else:
+        report = evaluate_head(session, chosen, lambda: load_head_proposer(args.head, session.loaded.target, "cpu"),
+                               k=args.k, max_new_tokens=args.max_new_tokens)
+        result, status = report.to_dict(), 0 if report.lossless else 1
+        print(json.dumps(result, indent=1))
     if args.json:
-        from pathlib import Path
-
-        Path(args.json).write_text(text + "\n")
-    return 0 if report.lossless else 1
-
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return status
 
 if __name__ == "__main__":
     raise SystemExit(main())
