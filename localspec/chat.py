@@ -5,13 +5,13 @@ import threading
 from dataclasses import replace
 from typing import Iterator, Optional
 
-from .config import ConfigError, SamplingParams, SpecConfig
-from .engine import Engine
-from .events import StepEvent
-from .loading import LoadedPair
-from .proposers import DraftModelProposer, NgramProposer
-from .proposers.base import Proposer
-from .proposers.lookup_first import LookupFirstProposer
+from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.engine.loop import Engine
+from localspec.engine.events import StepEvent
+from localspec.models.loading import LoadedPair
+from localspec.proposers import DraftModelProposer, NgramProposer
+from localspec.proposers.base import Proposer
+from localspec.proposers.lookup_first import LookupFirstProposer
 
 TRUNCATION_POLICY = (
     "When a conversation no longer fits the model's context, the oldest turns are left out first (the system "
@@ -73,7 +73,7 @@ class ChatSession:
                 raise ConfigError(f"model pair {pair.name!r}: the draft model is not loaded")
             return DraftModelProposer(self.loaded.draft)
         if spec.proposer in ("head", "ngram+head"):
-            from .proposers.head import load_head_proposer
+            from localspec.proposers.head import load_head_proposer
 
             head = load_head_proposer(pair.head, self.loaded.target, self.loaded.device)
             if spec.proposer == "head":
@@ -94,7 +94,7 @@ class ChatSession:
 
     def prompt_ids(self, messages: list[dict], max_new_tokens: int) -> tuple[list[int], Optional[str]]:
         """Apply the chat template; drop the oldest turns (then cut the last message) to fit. Returns (ids, notice)."""
-        from .validation import validate_messages
+        from localspec.store.validation import validate_messages
 
         messages = validate_messages(messages)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:

@@ -61,12 +61,12 @@ if timeout 300 $PY -m pytest tests/test_triton_kernel.py -m "" -q -rs -p no:cach
 tail -n 25 "$OUT/pytest.log"
 
 echo "== 3. selftest (samplers only)"
-if timeout 120 $PY -m localspec.cli selftest --skip-model --json >"$OUT/selftest.json" 2>"$OUT/selftest.err"; then
+if timeout 120 $PY -m localspec selftest --skip-model --json >"$OUT/selftest.json" 2>"$OUT/selftest.err"; then
   record "selftest --skip-model" PASS; else record "selftest --skip-model" FAIL; cat "$OUT/selftest.err"; fi
 cat "$OUT/selftest.json"; echo
 
 echo "== 4. micro-benchmark"
-if timeout 240 $PY -m localspec.cli bench-sampler --json ${GPU_CHECK_BENCH_ARGS:-} >"$OUT/bench.json" 2>>"$OUT/selftest.err"; then
+if timeout 240 $PY -m localspec bench-sampler --json ${GPU_CHECK_BENCH_ARGS:-} >"$OUT/bench.json" 2>>"$OUT/selftest.err"; then
   record "bench-sampler" PASS
   $PY - "$OUT/bench.json" <<'EOF' | tee "$OUT/bench.txt"
 import json, sys
@@ -94,8 +94,8 @@ import torch
 
 from localspec.chat import ChatSession
 from localspec.config import SamplingParams
-from localspec.loading import load_pair
-from localspec.registry import load_registry
+from localspec.models.loading import load_pair
+from localspec.models.registry import load_registry
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of this script's plumbing only
 MAX_NEW = int(os.environ.get("GPU_CHECK_TOKENS", "96"))

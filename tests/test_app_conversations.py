@@ -11,7 +11,7 @@ import pytest
 
 from .apphelpers import AppProcess, send, send_from_two_clients, tiny_models_yaml
 
-pytest.importorskip("localspec.store")
+pytest.importorskip("localspec.store.db")
 
 
 
@@ -20,7 +20,7 @@ def span_kinds(transcript: str) -> list[str]:
 
 
 def open_store(home: Path):
-    from localspec.store import ConversationStore
+    from localspec.store.db import ConversationStore
 
     return ConversationStore(home / "conversations.db")
 

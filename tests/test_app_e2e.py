@@ -145,8 +145,7 @@ def test_broken_models_yaml_is_a_message(tmp_path):
 
 
 def test_loopback_detection():
-    sys.path.insert(0, str(REPO))
-    from app import is_loopback
+    from localspec.ui.serve import is_loopback
 
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
-from localspec.registry import parse_registry
+from localspec.models.registry import parse_registry
 
 GOOD_YAML = "- name: ok\n  target: {source: owner/model}\n"
 HELLO = [{"role": "user", "content": "hello"}]
@@ -112,7 +112,7 @@ def test_duplicate_names():
 
 
 def test_missing_models_yaml(tmp_path):
-    from localspec.registry import load_registry
+    from localspec.models.registry import load_registry
 
     with pytest.raises(ConfigError, match="not found"):
         load_registry(tmp_path / "nope.yaml")
@@ -132,7 +132,7 @@ def test_unusable_source_strings(source):
 # -- loading ---------------------------------------------------------------------------------------------------------
 
 def test_missing_local_model_path(tmp_path, tiny_pair):
-    from localspec.loading import load_pair
+    from localspec.models.loading import load_pair
 
     (pair,) = parse("- name: gone\n  target: {source: ./no-such-model}\n", tmp_path)
     with pytest.raises(ConfigError, match=r"local model path .*no-such-model does not exist"):
@@ -147,7 +147,7 @@ def test_missing_local_model_path(tmp_path, tiny_pair):
 
 
 def test_hub_id_with_no_network(monkeypatch, tmp_path):
-    from localspec.loading import load_pair
+    from localspec.models.loading import load_pair
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (pair,) = parse("- name: hub\n  target: {source: nobody-localspec/not-a-real-model}\n")
@@ -194,7 +194,7 @@ def odd_drafts(tmp_path_factory):
     ("smaller", r"does not share the target's tokenizer: vocabulary sizes \d+ \(draft\) vs \d+ \(target\)"),
 ])
 def test_draft_with_another_tokenizer(tiny_pair, odd_drafts, which, message):
-    from localspec.loading import load_pair
+    from localspec.models.loading import load_pair
 
     (pair,) = parse(tiny_yaml(tiny_pair, draft=odd_drafts[which]))
     with pytest.raises(ConfigError, match=message):
@@ -204,7 +204,7 @@ def test_draft_with_another_tokenizer(tiny_pair, odd_drafts, which, message):
 
 def test_quant_without_bitsandbytes(tiny_pair, monkeypatch):
     """bitsandbytes missing (or failing to import) on this platform: a clear message, and 'none' still loads."""
-    from localspec.loading import load_pair
+    from localspec.models.loading import load_pair
 
     (pair,) = parse(tiny_yaml(tiny_pair, quant="nf4"))
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # `import bitsandbytes` now raises ImportError
@@ -218,7 +218,7 @@ def test_quant_without_bitsandbytes(tiny_pair, monkeypatch):
 def test_nf4_on_cpu_loads_and_answers(tiny_pair):
     """bitsandbytes 0.50 runs nf4 on CPU (so on this platform nf4 is not a bad input; the test keeps it so)."""
     from localspec.chat import ChatSession
-    from localspec.loading import load_pair
+    from localspec.models.loading import load_pair
 
     (pair,) = parse(tiny_yaml(tiny_pair, quant="nf4"))
     session = ChatSession(load_pair(pair, device="cpu"))
@@ -228,7 +228,7 @@ def test_nf4_on_cpu_loads_and_answers(tiny_pair):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_quant_on_a_machine_without_cuda(tiny_pair):
-    from localspec.loading import load_pair
+    from localspec.models.loading import load_pair
 
     (pair,) = parse(tiny_yaml(tiny_pair, quant="nf4"))
     with pytest.raises(ConfigError, match="could not load|no CUDA GPU"):
@@ -238,7 +238,7 @@ def test_cuda_quant_on_a_machine_without_cuda(tiny_pair):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.parametrize("device", ["cuda", "banana"])
 def test_device_this_platform_cannot_use(tiny_pair, device):
-    from localspec.loading import load_pair
+    from localspec.models.loading import load_pair
 
     (pair,) = parse(tiny_yaml(tiny_pair))
     with pytest.raises(ConfigError, match="device"):
@@ -248,7 +248,7 @@ def test_device_this_platform_cannot_use(tiny_pair, device):
 def test_trust_remote_code_is_off_unless_an_entry_sets_it(tiny_pair, monkeypatch):
     import transformers
 
-    from localspec.loading import load_pair
+    from localspec.models.loading import load_pair
 
     (plain,) = parse("- name: a\n  target: {source: x/y}\n  proposers: {draft: {source: x/z}}\n")
     assert plain.target.trust_remote_code is False and plain.draft.trust_remote_code is False
@@ -349,7 +349,7 @@ def test_lone_surrogate_in_a_message(tiny_session):
 
 def test_validate_messages_helper():
     """The helper the fix above uses: it names the bad message, cleans surrogates, keeps good input as is."""
-    from localspec.validation import validate_messages
+    from localspec.store.validation import validate_messages
 
     good = [{"role": "system", "content": "s"}, {"role": "user", "content": "ünï 🙂\x00"}]
     assert validate_messages(good) == good

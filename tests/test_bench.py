@@ -53,7 +53,7 @@ def test_prompt_files_and_their_errors(tmp_path):
 
 
 def test_bench_end_to_end_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
-    from localspec.cli import main
+    from localspec.cli.main import main
 
     prompts = tmp_path / "two.jsonl"
     prompts.write_text(json.dumps({"prompt": "hello hello hello"}) + "\n"
@@ -107,7 +107,7 @@ def test_bench_end_to_end_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
 
 
 def test_bench_rejects_bad_options(tiny_pair, tmp_path, capsys):
-    from localspec.cli import main
+    from localspec.cli.main import main
 
     args = ["bench", "--models", str(tiny_pair["models_yaml"]), "--limit", "1", "--out", str(tmp_path),
             "--no-progress"]

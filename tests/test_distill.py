@@ -12,8 +12,8 @@ from localspec.distill.batches import pick_draft_vocab, split_validation, window
 from localspec.distill.data import HELD_OUT_HUMANEVAL, HELD_OUT_MT_BENCH, held_out_prompts, training_prompts
 from localspec.distill.run import DistillOptions, distill
 from localspec.distill.train_head import chain_attention, shift
-from localspec.engine import Engine
-from localspec.loading import share_target_embedding
+from localspec.engine.loop import Engine
+from localspec.models.loading import share_target_embedding
 from localspec.proposers import DraftModelProposer
 from localspec.proposers.head import load_head_proposer
 from tests.conftest import SHARED_DATA
@@ -138,8 +138,8 @@ def test_standalone_draft_distils_to_a_transformers_folder(tiny_pair, tiny_model
     with pytest.raises(ConfigError, match="draft"):
         load_head_proposer(tmp_path / "d", target, "cpu")
     # named in models.yaml, the loader fills the embedding from the target
-    from localspec.loading import load_pair
-    from localspec.registry import load_registry
+    from localspec.models.loading import load_pair
+    from localspec.models.registry import load_registry
 
     yaml_path = tmp_path / "models.yaml"
     yaml_path.write_text(f"- name: distilled\n  target: {{source: {tiny_pair['target']}, quant: none, dtype: float32}}\n"
@@ -164,7 +164,7 @@ def test_resume_reuses_the_corpus_and_continues_training(tiny_pair, tiny_models,
 
 
 def test_cli_distill_writes_a_head(tiny_pair, tmp_path):
-    from localspec.cli import main
+    from localspec.cli.main import main
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")

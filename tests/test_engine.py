@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
-from localspec.engine import Engine
+from localspec.engine.loop import Engine
 from localspec.proposers import DraftModelProposer, NgramProposer
 
 PROMPT = list(range(5, 45))

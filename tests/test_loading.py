@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
-from localspec.engine import Engine
-from localspec.loading import load_pair
-from localspec.registry import parse_registry
+from localspec.engine.loop import Engine
+from localspec.models.loading import load_pair
+from localspec.models.registry import parse_registry
 
 
 def pair_from(text, base):
@@ -88,8 +88,8 @@ def test_gguf_converts_once_then_loads_from_cache(tmp_path, monkeypatch):
     """The first start dequantizes the packaged GGUF into a safetensors folder; the second reuses it."""
     from pathlib import Path
 
-    from localspec.loading import gguf_cache_folder, gguf_file
-    from localspec.registry import load_registry
+    from localspec.models.loading import gguf_cache_folder, gguf_file
+    from localspec.models.registry import load_registry
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
     pair = load_registry(Path(__file__).resolve().parents[1] / "models.yaml")[0]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
-from localspec.engine import Engine
+from localspec.engine.loop import Engine
 from localspec.proposers import LookupFirstProposer, NgramProposer
 from localspec.proposers.head import HeadProposer
 from tests.stats import chi_square_p
@@ -97,8 +97,8 @@ def test_a_pair_with_a_head_builds_it_with_a_two_token_lookup(tiny_pair, tiny_mo
     (a 1-token match is a weaker guess than the head's), unless the entry's max_n is 1."""
     from localspec.chat import ChatSession
     from localspec.heads.io import save_head
-    from localspec.loading import load_pair
-    from localspec.registry import load_registry
+    from localspec.models.loading import load_pair
+    from localspec.models.registry import load_registry
 
     target, _ = tiny_models
     save_head(make_head(target, "eagle"), tmp_path / "head")

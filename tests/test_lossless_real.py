@@ -62,8 +62,8 @@ def test_nf4_speculative_equals_nf4_plain():
     from pathlib import Path
 
     from localspec.chat import ChatSession
-    from localspec.loading import load_pair
-    from localspec.registry import load_registry
+    from localspec.models.loading import load_pair
+    from localspec.models.registry import load_registry
 
     pair = load_registry(Path(__file__).resolve().parents[1] / "models.yaml")[0]
     session = ChatSession(load_pair(pair, quant="nf4", device="cpu"))

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
-from localspec.registry import DRAFT_KEYS, MODEL_KEYS, NGRAM_KEYS, PAIR_KEYS, PROPOSER_KEYS, parse_registry
+from localspec.models.registry import DRAFT_KEYS, MODEL_KEYS, NGRAM_KEYS, PAIR_KEYS, PROPOSER_KEYS, parse_registry
 
 FAST = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 SLOWER = settings(max_examples=30, deadline=None, database=None,
@@ -142,7 +142,7 @@ def test_garbage_histories_give_a_config_error(tiny_session, messages, max_new_t
 @given(messages=st.lists(garbage_message, max_size=4))
 def test_validate_messages_accepts_or_refuses_cleanly(tiny_session, messages):
     """With the helper in front (as chat.prompt_ids now does), garbage never gets further than a ConfigError."""
-    from localspec.validation import validate_messages
+    from localspec.store.validation import validate_messages
 
     def guarded(msgs):
         return tiny_session.prompt_ids(validate_messages(msgs), 64)
@@ -209,7 +209,7 @@ def test_spec_config_of_any_type(ngram_min, ngram_max):
 
 @pytest.fixture(scope="module")
 def property_store(tmp_path_factory):
-    from localspec.store import ConversationStore
+    from localspec.store.db import ConversationStore
 
     store = ConversationStore(tmp_path_factory.mktemp("store") / "conversations.db")
     yield store

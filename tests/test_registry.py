@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from localspec.config import ConfigError
-from localspec.registry import find_pair, load_registry, parse_registry
+from localspec.models.registry import find_pair, load_registry, parse_registry
 
 REPO = Path(__file__).resolve().parents[1]
 

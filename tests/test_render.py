@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
-from localspec.events import StatsSnapshot, TokenEvent
-from localspec.render import (acceptance_chart_html, compare_html, escape, legend_html, stats_html, token_record,
+from localspec.engine.events import StatsSnapshot, TokenEvent
+from localspec.ui.render import (acceptance_chart_html, compare_html, escape, legend_html, stats_html, token_record,
                               token_span, tokens_html, transcript_html)
 
 HOSTILE = ['<script>alert(1)</script>', '<img src=x onerror="alert(2)">', '"><b>bold</b>', "{{value}}", "${value}",

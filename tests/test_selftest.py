@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from localspec.cli import main
+from localspec.cli.main import main
 
 
 def _json_out(capsys):
@@ -23,7 +23,7 @@ def test_selftest_passes_on_the_tiny_pair(tiny_pair, capsys):
 
 def test_selftest_fails_with_a_wrong_sampler(monkeypatch, capsys):
     """A sampler that always accepts the draft breaks the target distribution: the chi-square check must fail."""
-    import localspec.commands.selftest as selftest
+    import localspec.cli.selftest as selftest
     from localspec.verify import rejection_sample
 
     def always_accept(target_logits, draft_token_ids, draft_probs, sampling, draws):
@@ -93,7 +93,7 @@ def test_bench_sampler_table(capsys):
 
 def test_greedy_losslessness_check_catches_a_lossy_verifier(tiny_pair, monkeypatch, capsys):
     """A verifier that accepts every draft makes speculative output differ from plain decoding: the check fails."""
-    import localspec.engine as engine
+    import localspec.engine.loop as engine
     from localspec.verify import rejection_sample
 
     def always_accept(target_logits, draft_token_ids, draft_probs, sampling, draws):

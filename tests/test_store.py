@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from localspec.config import ConfigError
-from localspec.store import ConversationStore, StoreError, default_path
-from localspec.store_schema import SCHEMA_VERSION, V1, migrate
+from localspec.store.db import ConversationStore, StoreError, default_path
+from localspec.store.schema import SCHEMA_VERSION, V1, migrate
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("accepted", "resampled", "bonus", "target")
@@ -203,7 +203,7 @@ def test_reopen_keeps_everything(tmp_path):
 
 KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    from localspec.store import ConversationStore
+    from localspec.store.db import ConversationStore
     store = ConversationStore(sys.argv[1])
     cid = store.create_conversation("killed", "tiny")
     store.add_message(cid, "user", "tell me a story")

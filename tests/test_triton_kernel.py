@@ -183,8 +183,8 @@ def session_on_device(request, tiny_pair):
     if not CUDA:
         return request.getfixturevalue("tiny_session")
     from localspec.chat import ChatSession
-    from localspec.loading import load_pair
-    from localspec.registry import load_registry
+    from localspec.models.loading import load_pair
+    from localspec.models.registry import load_registry
 
     return ChatSession(load_pair(load_registry(tiny_pair["models_yaml"])[0], device="cuda"))
 

@@ -161,7 +161,7 @@ def test_trust_remote_code_entries_are_marked(manager):
 # ---- the recorder ---------------------------------------------------------------------------------------------
 
 def test_recorder_saves_every_step_and_the_end(manager, tmp_path):
-    store_module = pytest.importorskip("localspec.store")
+    store_module = pytest.importorskip("localspec.store.db")
     from localspec.ui.recorder import Recorder, turns_from_conversation
 
     store = store_module.ConversationStore(tmp_path / "c.db")
@@ -270,10 +270,10 @@ def test_the_same_switch_asked_twice_shares_one_outcome(tiny_session):
 
 def test_an_answer_that_fails_before_its_first_token_is_taken_back_from_the_store(manager, tmp_path):
     """The window puts the message back in the box; the database must not keep it (a resend would store it twice)."""
-    store_module = pytest.importorskip("localspec.store")
+    store_module = pytest.importorskip("localspec.store.db")
     from localspec.config import SpecConfig
-    from localspec.events import StepEvent
-    from localspec.metrics import SpecStats
+    from localspec.engine.events import StepEvent
+    from localspec.engine.metrics import SpecStats
     from localspec.ui.manager import Message
     from localspec.ui.recorder import Recorder
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import ConfigError, SamplingParams
+from localspec.config import ConfigError, SamplingParams
 
 HF_MODES = ("hf", "hf-pld", "hf-assisted")
 ENGINE_MODES = ("none", "ngram", "draft", "head", "ngram+head", "adaptive")

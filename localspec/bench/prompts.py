@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import ConfigError
+from localspec.config import ConfigError
 
 MT_BENCH_FILE = "mt_bench_question.jsonl"
 HUMANEVAL_FILE = "HumanEval.jsonl.gz"
@@ -113,7 +113,7 @@ def load_prompt_file(path: Path, limit: int | None = None) -> list[BenchPrompt]:
 
 def is_held_out(prompt: BenchPrompt) -> bool:
     """One of the prompts `localspec distill` never trains on (MT-Bench ids 151–160, HumanEval tasks 150–163)."""
-    from ..distill.data import HELD_OUT_HUMANEVAL, HELD_OUT_MT_BENCH
+    from localspec.distill.data import HELD_OUT_HUMANEVAL, HELD_OUT_MT_BENCH
 
     number = prompt.prompt_id.rsplit("/", 1)[-1]
     if not number.isdigit():

@@ -9,7 +9,7 @@ import random
 import sysconfig
 from pathlib import Path
 
-from ..config import ConfigError
+from localspec.config import ConfigError
 
 HELD_OUT_MT_BENCH = frozenset(range(151, 161))  # MT-Bench question ids kept for evaluation
 HELD_OUT_HUMANEVAL = frozenset(range(150, 164))  # HumanEval task numbers kept for evaluation

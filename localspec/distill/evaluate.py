@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..config import SamplingParams, SpecConfig
-from ..model_runner import ModelRunner
+from localspec.config import SamplingParams, SpecConfig
+from localspec.engine.model_runner import ModelRunner
 
 
 @dataclass(frozen=True)
@@ -149,11 +149,11 @@ def main(argv=None) -> int:
     import json
     from pathlib import Path
 
-    from ..chat import ChatSession
-    from ..loading import load_pair
-    from ..proposers.head import load_head_proposer
-    from ..registry import find_pair, load_registry
-    from ..commands.common import DEFAULT_MODELS_YAML
+    from localspec.chat import ChatSession
+    from localspec.models.loading import load_pair
+    from localspec.proposers.head import load_head_proposer
+    from localspec.models.registry import find_pair, load_registry
+    from localspec.cli.common import DEFAULT_MODELS_YAML
     from .data import held_out_prompts
 
     parser = argparse.ArgumentParser(description="measure a head on the held-out prompts")

@@ -8,7 +8,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from ..features import backbone_features
+from localspec.engine.features import backbone_features
 from .batches import Batch, iterate_batches, make_batch
 from .text import chat_ids
 

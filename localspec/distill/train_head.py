@@ -11,7 +11,7 @@ from typing import Callable, Iterator, Optional
 import torch
 import torch.nn.functional as F
 
-from ..heads.model import FeatureHead
+from localspec.heads.model import FeatureHead
 from .batches import Batch, iterate_batches, make_batch
 
 

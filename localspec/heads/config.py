@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from ..config import ConfigError
+from localspec.config import ConfigError
 
 HEAD_KINDS = ("mtp", "eagle", "eagle3")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import ConfigError
+from localspec.config import ConfigError
 from .config import HeadConfig
 from .model import FeatureHead
 

@@ -6,7 +6,7 @@ from typing import Optional, Protocol, runtime_checkable
 
 import torch
 
-from ..config import SamplingParams
+from localspec.config import SamplingParams
 
 
 @dataclass(frozen=True)

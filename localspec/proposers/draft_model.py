@@ -5,9 +5,9 @@ from typing import Optional
 
 import torch
 
-from ..config import SamplingParams
-from ..model_runner import ModelRunner
-from ..sampling import logits_to_probs, sample_with_noise
+from localspec.config import SamplingParams
+from localspec.engine.model_runner import ModelRunner
+from localspec.engine.sampling import logits_to_probs, sample_with_noise
 from .base import Draft
 
 

@@ -12,10 +12,10 @@ from typing import Optional
 
 import torch
 
-from ..config import SamplingParams
-from ..heads.io import load_head
-from ..heads.model import FeatureHead
-from ..sampling import logits_to_probs, sample_with_noise
+from localspec.config import SamplingParams
+from localspec.heads.io import load_head
+from localspec.heads.model import FeatureHead
+from localspec.engine.sampling import logits_to_probs, sample_with_noise
 from .base import Draft
 
 
@@ -110,7 +110,7 @@ def _cached_head(folder: str, mtime: float, target_id: int, target_model, device
 
 def load_head_proposer(folder, target_model: torch.nn.Module, device=None) -> HeadProposer:
     """A fresh proposer (its own caches) over a head loaded once per folder and target."""
-    from ..config import ConfigError
+    from localspec.config import ConfigError
 
     if folder is None:
         raise ConfigError("this model pair names no head folder (models.yaml: proposers: head: <folder>)")

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..config import SamplingParams
+from localspec.config import SamplingParams
 from .base import Draft, Proposer
 
 

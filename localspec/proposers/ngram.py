@@ -6,7 +6,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..config import SamplingParams
+from localspec.config import SamplingParams
 from .base import Draft
 
 

@@ -1,4 +1,12 @@
 """The Gradio chat window. build_app(manager) → Blocks; ModelManager loads pairs and serialises answers."""
+import os
+
+# before gradio (or anything that imports it) is loaded
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+if os.environ.get("LOCALSPEC_ALLOW_DOWNLOAD") != "1":  # local first: no hub traffic unless asked for
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
 from .layout import build_app, launch_options
 from .manager import Busy, ModelManager, default_session_factory
 

@@ -9,8 +9,8 @@ from typing import Optional
 
 import gradio as gr
 
-from ..config import ConfigError
-from ..render import stats_html, status_html, transcript_html
+from localspec.config import ConfigError
+from .render import stats_html, status_html, transcript_html
 from .handlers import events_json, owner_of
 from .recorder import Recorder, turns_from_conversation
 

@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 import gradio as gr
 
-from ..config import ConfigError
-from ..render import compare_html, stats_html, status_html, transcript_html
+from localspec.config import ConfigError
+from .render import compare_html, stats_html, status_html, transcript_html
 from .manager import Busy, ModelManager, drain
 from .settings import (PROPOSER_LABELS, first_difference, proposer_choices, read_k, read_proposer, read_sampling,
                        sampling_dict)

@@ -6,8 +6,8 @@ from typing import Any, Optional
 
 import gradio as gr
 
-from ..chat import TRUNCATION_POLICY
-from ..render import legend_html, stats_html, status_html, transcript_html
+from localspec.chat import TRUNCATION_POLICY
+from .render import legend_html, stats_html, status_html, transcript_html
 from .conversations import conversations_panel
 from .handlers import Handlers
 from .manager import ModelManager

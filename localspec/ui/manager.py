@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
-from ..config import ConfigError, PairSpec, SamplingParams, SpecConfig
-from ..registry import find_pair
-from ..render import token_record
+from localspec.config import ConfigError, PairSpec, SamplingParams, SpecConfig
+from localspec.models.registry import find_pair
+from .render import token_record
 
 Progress = Callable[[str], None]
 SessionFactory = Callable[[PairSpec, Progress], object]  # (pair, progress) -> ChatSession
@@ -26,8 +26,8 @@ class Busy(ConfigError):
 
 def default_session_factory(device: Optional[str] = None) -> SessionFactory:
     def factory(pair: PairSpec, progress: Progress):
-        from ..chat import ChatSession
-        from ..loading import load_pair
+        from localspec.chat import ChatSession
+        from localspec.models.loading import load_pair
 
         return ChatSession(load_pair(pair, device=device, progress=progress))
 

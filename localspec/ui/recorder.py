@@ -98,7 +98,7 @@ class Recorder:
 
     def _start(self, owner: str, user_text: str, message: Message, state: dict,
                sampling: Optional[dict] = None) -> None:
-        from ..store import StoreError
+        from localspec.store.db import StoreError
 
         spec = message.spec
         with self._lock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from ..config import ConfigError, SamplingParams
+from localspec.config import ConfigError, SamplingParams
 
 MAX_SEED = 2**63  # torch.Generator.manual_seed takes a signed 64-bit value
 PROPOSER_LABELS = {"draft": "draft model", "ngram": "n-gram", "head": "trained head",

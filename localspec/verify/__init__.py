@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from ..config import ConfigError
+from localspec.config import ConfigError
 from .reference import rejection_sample
 from .types import SamplerDraws, VerifyOutput, make_draws
 
@@ -16,7 +16,7 @@ __all__ = ["SamplerDraws", "VerifyOutput", "make_draws", "rejection_sample", "ge
 
 def triton_available() -> bool:
     try:
-        from . import triton_fused  # noqa: F401
+        from localspec.verify import triton_fused  # noqa: F401
     except Exception:  # triton missing or broken: the torch reference is always there
         return False
     return True

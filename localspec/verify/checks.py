@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from ..config import SamplingParams
-from ..sampling import filter_logits
+from localspec.config import SamplingParams
+from localspec.engine.sampling import filter_logits
 from .types import SamplerDraws, VerifyOutput, make_draws
 
 Verifier = Callable[..., VerifyOutput]

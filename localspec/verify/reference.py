@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..config import SamplingParams
-from ..sampling import logits_to_probs, sample_with_noise
+from localspec.config import SamplingParams
+from localspec.engine.sampling import logits_to_probs, sample_with_noise
 from .types import SamplerDraws, VerifyOutput
 
 

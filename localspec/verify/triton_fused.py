@@ -41,8 +41,8 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from ..config import ConfigError, SamplingParams  # noqa: E402
-from ..sampling import process_logits  # noqa: E402
+from localspec.config import ConfigError, SamplingParams  # noqa: E402
+from localspec.engine.sampling import process_logits  # noqa: E402
 from .types import SamplerDraws, VerifyOutput  # noqa: E402
 
 INTERPRETED = bool(triton.knobs.runtime.interpret)  # what @triton.jit below decides with

@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..config import PROPOSERS, QUANTS, SAMPLERS
+from localspec.config import PROPOSERS, QUANTS, SAMPLERS
 
 DEFAULT_MODELS_YAML = Path(__file__).resolve().parents[2] / "models.yaml"
 
@@ -35,9 +35,9 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 def load_session(args, load_draft: bool = True):
     """Load the pair named by --model (progress on stderr) and return a ChatSession."""
-    from ..chat import ChatSession
-    from ..loading import load_pair
-    from ..registry import find_pair, load_registry
+    from localspec.chat import ChatSession
+    from localspec.models.loading import load_pair
+    from localspec.models.registry import find_pair, load_registry
 
     pair = find_pair(load_registry(args.models), args.model)
     loaded = load_pair(pair, quant=args.quant, device=args.device, load_draft=load_draft,

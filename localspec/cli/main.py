@@ -16,15 +16,15 @@ def main(argv: list[str] | None = None) -> int:
     modules = {}
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"localspec.commands.{name}")
+            module = importlib.import_module(f"localspec.cli.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"localspec.commands.{name}":
+            if exc.name == f"localspec.cli.{name}":
                 continue  # not built yet
             raise
         module.add_parser(sub)
         modules[name.replace("_", "-")] = module
     args = parser.parse_args(argv)
-    from .config import ConfigError
+    from localspec.config import ConfigError
 
     try:
         return int(modules[args.command].run(args) or 0)

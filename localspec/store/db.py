@@ -1,6 +1,6 @@
 """Saved conversations in a local SQLite database, written as the answer streams.
 
-- One file, `localspec.paths.home() / "conversations.db"` (LOCALSPEC_HOME moves it), in WAL mode.
+- One file, `localspec.models.paths.home() / "conversations.db"` (LOCALSPEC_HOME moves it), in WAL mode.
 - Every append_tokens call is its own transaction, so a killed process loses at most the step in flight and
   never half a step; an answer that was never finished stays marked incomplete (complete = 0).
 - Thread-safe: one connection, every operation under one lock (a Gradio app answers from worker threads; the GPU
@@ -22,8 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from .config import ConfigError
-from .store_schema import SCHEMA_VERSION, migrate, user_version
+from localspec.config import ConfigError
+from .schema import SCHEMA_VERSION, migrate, user_version
 from .validation import ROLES, clean_text
 
 DB_NAME = "conversations.db"
@@ -88,7 +88,7 @@ class Conversation:
 
 
 def default_path() -> Path:
-    from .paths import home
+    from localspec.models.paths import home
 
     return home() / DB_NAME
 

@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from ..verify import rejection_sample, triton_available
-from ..verify.checks import make_verify_case
+from localspec.verify import rejection_sample, triton_available
+from localspec.verify.checks import make_verify_case
 
 DEFAULT_VOCABS = (32000, 49152, 151936)
 DEFAULT_KS = (4, 8)
@@ -72,7 +72,7 @@ def run_bench(args) -> dict:
     if not triton_available():
         note = "triton is not installed: only the torch reference is timed"
     else:
-        from ..verify import triton_fused
+        from localspec.verify import triton_fused
 
         if cuda and not triton_fused.INTERPRETED:
             fused, fused_mode = triton_fused.fused_rejection_sample, "compiled"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from typing import Any, Callable, Iterable, Optional
 
-from .events import TOKEN_KINDS, StatsSnapshot, TokenEvent
+from localspec.engine.events import TOKEN_KINDS, StatsSnapshot, TokenEvent
 
 KIND_LABELS = {
     "accepted": "accepted draft token",

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .config import ConfigError, ModelSpec, PairSpec
+from localspec.config import ConfigError, ModelSpec, PairSpec
 from .paths import cache_dir
 from .registry import GGUF_PREFIX, looks_like_path
 

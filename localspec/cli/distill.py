@@ -56,7 +56,7 @@ def add_parser(sub) -> None:
 
 
 def parse_feature_layers(values: list[str]):
-    from ..config import ConfigError
+    from localspec.config import ConfigError
 
     if values == ["auto"]:
         return "auto"
@@ -69,9 +69,9 @@ def parse_feature_layers(values: list[str]):
 def run(args) -> int:
     import torch
 
-    from ..config import ConfigError
-    from ..distill.data import SHARED_DATA, prompt_file, training_prompts
-    from ..distill.run import DistillOptions, distill
+    from localspec.config import ConfigError
+    from localspec.distill.data import SHARED_DATA, prompt_file, training_prompts
+    from localspec.distill.run import DistillOptions, distill
     from .common import load_session
 
     if args.threads:

@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from .config import DTYPES, QUANTS, ConfigError, ModelSpec, NgramSpec, PairSpec
+from localspec.config import DTYPES, QUANTS, ConfigError, ModelSpec, NgramSpec, PairSpec
 
 PAIR_KEYS = {"name", "target", "proposers", "default_proposer", "k", "adaptive", "description"}
 MODEL_KEYS = {"source", "quant", "dtype", "trust_remote_code"}

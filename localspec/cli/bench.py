@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..config import ConfigError
+from localspec.config import ConfigError
 from .common import add_model_options
 
 DEFAULT_MODES = ("hf", "hf-pld", "hf-assisted", "none", "ngram", "draft", "head", "adaptive")
@@ -42,8 +42,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..bench import load_prompts, parse_modes, run_bench
-    from ..bench.report import to_markdown, write_report
+    from localspec.bench import load_prompts, parse_modes, run_bench
+    from localspec.bench.report import to_markdown, write_report
     from .common import load_session
 
     if args.max_new_tokens < 1:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import SamplingParams
+from localspec.config import SamplingParams
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..config import SamplingParams
+from localspec.config import SamplingParams
 from .common import add_model_options, add_sampling_options, add_spec_options, load_session
 
 

@@ -18,9 +18,9 @@ from typing import Callable
 
 import torch
 
-from ..config import SamplingParams
-from ..verify import get_verifier, rejection_sample, triton_available
-from ..verify.checks import compare_outputs, emitted_distribution_pvalues, make_verify_case
+from localspec.config import SamplingParams
+from localspec.verify import get_verifier, rejection_sample, triton_available
+from localspec.verify.checks import compare_outputs, emitted_distribution_pvalues, make_verify_case
 from .common import add_model_options
 
 # short answers that repeat themselves, so the n-gram proposer gets drafts accepted and rejected
@@ -55,7 +55,7 @@ def _device(args) -> torch.device:
 def _fused_mode(device: torch.device) -> str:
     if not triton_available():
         return "not installed"
-    from ..verify import triton_fused
+    from localspec.verify import triton_fused
 
     return "interpreter" if triton_fused.INTERPRETED else f"compiled ({device.type})"
 
@@ -69,7 +69,7 @@ def chi_square_cases() -> list[tuple[str, torch.Tensor, torch.Tensor | None, Sam
     ngram_target = _rand_probs(gen, 3, 8, sharp=1.0)
     ngram_target[:, -2:] += 0.5  # make the n-gram's fixed draft tokens likely enough to test later positions
     ngram_target /= ngram_target.sum(-1, keepdim=True)
-    from ..sampling import logits_to_probs
+    from localspec.engine.sampling import logits_to_probs
 
     filtered = SamplingParams(temperature=0.7, top_k=4)
     filtered_logits = torch.randn(3, 10, generator=gen) * 2
@@ -96,7 +96,7 @@ def check_kernel_vs_reference(device: torch.device) -> CheckResult:
     name = "fused kernel = reference"
     if not triton_available():
         return CheckResult(name, "skip", "triton is not installed: the torch reference is the only sampler")
-    from ..verify.triton_fused import INTERPRETED, fused_rejection_sample
+    from localspec.verify.triton_fused import INTERPRETED, fused_rejection_sample
 
     if device.type != "cuda" and not INTERPRETED:
         return CheckResult(name, "skip", f"Triton kernels do not run on {device.type}")
@@ -122,7 +122,7 @@ def check_kernel_vs_reference(device: torch.device) -> CheckResult:
 
 
 def check_greedy_lossless(args, device: torch.device) -> CheckResult:
-    from ..config import SpecConfig
+    from localspec.config import SpecConfig
     from .common import load_session
 
     name = "greedy losslessness"
@@ -167,7 +167,7 @@ def run_checks(args) -> tuple[list[CheckResult], dict]:
     results = [_timed(lambda: check_chi_square("sampler chi-square (torch reference)", rejection_sample, device),
                       "sampler chi-square (torch reference)")]
     if device.type == "cuda" and fused_mode.startswith("compiled"):
-        from ..verify.triton_fused import fused_rejection_sample
+        from localspec.verify.triton_fused import fused_rejection_sample
 
         results.append(_timed(lambda: check_chi_square("sampler chi-square (fused kernel)", fused_rejection_sample,
                                                        device), "sampler chi-square (fused kernel)"))

@@ -8,12 +8,12 @@ from typing import Iterator, Optional
 import torch
 
 from .adaptive import AdaptiveController
-from .config import ConfigError, SamplingParams, SpecConfig
+from localspec.config import ConfigError, SamplingParams, SpecConfig
 from .events import StepEvent, TokenEvent
 from .metrics import SpecStats
 from .model_runner import ModelRunner
-from .proposers.base import Proposer
-from .verify import get_verifier, make_draws
+from localspec.proposers.base import Proposer
+from localspec.verify import get_verifier, make_draws
 
 
 class NumericalError(RuntimeError):

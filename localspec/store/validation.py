@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .config import ConfigError
+from localspec.config import ConfigError
 
 ROLES: tuple[str, ...] = ("system", "user", "assistant")
 

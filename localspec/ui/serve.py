@@ -1,0 +1,114 @@
+"""The chat app's process: `python app.py` (this module's main) opens the local chat app on the first models.yaml entry.
+
+Options: --models PATH, --model NAME, --host, --port, --no-browser, --device, --password / LOCALSPEC_PASSWORD,
+--no-auth, --no-save. Conversations are saved in $LOCALSPEC_HOME/conversations.db (or the user data folder). Binds 127.0.0.1 unless --host says otherwise; another host needs a password (or --no-auth on purpose).
+There is never a public share link.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="app.py", description="localspec: a local speculative-decoding chat app")
+    parser.add_argument("--models", default=str(REPO / "models.yaml"), help="models.yaml to read (default: %(default)s)")
+    parser.add_argument("--model", default=None, help="pair to load first (default: the first entry)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
+    parser.add_argument("--port", type=int, default=None, help="port (default: the first free one from 7860)")
+    parser.add_argument("--no-browser", action="store_true", help="do not open the default web browser")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--password", default=None,
+                        help="password asked for when binding to a non-loopback --host (other users can see it in "
+                             "the process list: prefer LOCALSPEC_PASSWORD)")
+    parser.add_argument("--no-save", action="store_true", help="do not save conversations")
+    parser.add_argument("--no-auth", action="store_true",
+                        help="bind a non-loopback --host without a password (anyone who can reach it can use it)")
+    return parser.parse_args(argv)
+
+
+def auth_for(args: argparse.Namespace):
+    """None on loopback; otherwise a password check, unless --no-auth. Raises ConfigError when none is given."""
+    from localspec.config import ConfigError
+
+    if is_loopback(args.host) or args.no_auth:
+        return None
+    password = args.password or os.environ.get("LOCALSPEC_PASSWORD")
+    if not password:
+        raise ConfigError(f"binding to {args.host} makes the app reachable from other machines; give a password with "
+                          f"--password or LOCALSPEC_PASSWORD (or pass --no-auth on purpose)")
+    return lambda _user, given: given == password
+
+
+def open_store(args: argparse.Namespace):
+    """The conversation store (None with --no-save or when it cannot be opened) and a notice for the user."""
+    if args.no_save:
+        return None, "Conversations are not saved (--no-save)."
+    try:
+        from localspec.store.db import ConversationStore, StoreError
+    except ImportError:  # the store is not part of this checkout
+        return None, None
+    try:
+        store = ConversationStore()
+    except StoreError as exc:
+        print(f"localspec: conversations will not be saved: {exc}", file=sys.stderr, flush=True)
+        return None, f"Conversations will not be saved: {exc}"
+    print(f"Saving conversations to {store.path}", file=sys.stderr, flush=True)
+    if store.recovered_from is not None:
+        notice = (f"The conversation database was damaged; it was moved to {store.recovered_from} and a fresh one "
+                  f"was started.")
+        print(f"localspec: {notice}", file=sys.stderr, flush=True)
+        return store, notice
+    return store, None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from localspec.config import ConfigError
+    from localspec.models.registry import find_pair, load_registry
+
+    try:
+        auth = auth_for(args)
+        pairs = load_registry(args.models)
+        first = find_pair(pairs, args.model)
+    except ConfigError as exc:
+        print(f"localspec: {exc}", file=sys.stderr)
+        return 2
+    from . import ModelManager, build_app, default_session_factory, launch_options
+
+    manager = ModelManager(pairs, default_session_factory(args.device))
+    try:
+        seconds = manager.load(first.name, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        print(f"Loaded {first.name} in {seconds:.1f} s", file=sys.stderr, flush=True)
+    except ConfigError as exc:  # the app still opens: the window shows why and offers the other pairs
+        print(f"localspec: could not load {first.name}: {exc}", file=sys.stderr, flush=True)
+    store, notice = open_store(args)
+    demo = build_app(manager, store, notice)
+    demo.queue(default_concurrency_limit=None)
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, inbrowser=not args.no_browser, share=False,
+                    auth=auth, auth_message="localspec: enter the password (any user name)" if auth else None,
+                    show_error=True, **launch_options())
+    except OSError as exc:  # port taken, address not available
+        print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
