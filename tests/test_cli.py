@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def generate(*args, models=None):
-    cmd = [sys.executable, "-m", "localspec.cli.main", "generate", "--json", *args]
+    cmd = [sys.executable, "-m", "localspec", "generate", "--json", *args]
     if models:
         cmd += ["--models", str(models)]
     env = dict(os.environ, PYTHONPATH=str(REPO))
