@@ -23,12 +23,12 @@ $(VENV)/.installed: $(BIN)/python requirements.lock pyproject.toml
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q --no-deps -r requirements.lock
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
-	$(BIN)/pip check
+	$(BIN)/python scripts/lock_drift.py --strict requirements.lock
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed requirements-test.lock
 	$(BIN)/pip install -q --no-deps -r requirements-test.lock
-	$(BIN)/pip check
+	$(BIN)/python scripts/lock_drift.py --strict requirements-test.lock
 	@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 		echo "note: chromium not installed; browser tests will be skipped")
