@@ -6,7 +6,7 @@ import importlib
 import os
 import sys
 
-COMMANDS = ("generate", "selftest", "bench", "bench_sampler", "distill")
+COMMANDS = ("generate", "selftest", "bench", "bench_sampler", "distill", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,10 +14,12 @@ from typing import Callable, Iterator, Optional
 
 from localspec.config import ConfigError, PairSpec, SamplingParams, SpecConfig
 from localspec.models.registry import find_pair
+from localspec.server.admission import Admission, QueueFull
 from .render import token_record
 
 Progress = Callable[[str], None]
 SessionFactory = Callable[[PairSpec, Progress], object]  # (pair, progress) -> ChatSession
+EventObserver = Callable[[object, str, int], None]  # (StepEvent, pair name, prompt tokens): the metrics
 
 
 class Busy(ConfigError):
@@ -70,7 +72,8 @@ class _Out:
 
 
 class ModelManager:
-    def __init__(self, pairs: list[PairSpec], factory: SessionFactory) -> None:
+    def __init__(self, pairs: list[PairSpec], factory: SessionFactory, admission: Optional[Admission] = None,
+                 observer: Optional[EventObserver] = None) -> None:
         if not pairs:
             raise ConfigError("models.yaml lists no model pairs")
         self.pairs = pairs
@@ -80,7 +83,9 @@ class ModelManager:
         self.load_error: Optional[str] = None
         self.loading: Optional[str] = None
         self.answering = 0  # answers running or queued
-        self._lock = threading.Lock()  # held while an answer streams or a pair loads
+        # held while an answer streams or a pair loads; FIFO, and shared with the API when it runs (server/)
+        self._lock = admission if admission is not None else Admission()
+        self.observer = observer
         self._count_lock = threading.Lock()
         self._cancels: dict[str, threading.Event] = {}
         self._busy_owners: set[str] = set()  # tabs with an answer running or queued
@@ -158,18 +163,24 @@ class ModelManager:
 
     def _work(self, messages, sampling, spec_for, cancel, out, owner="") -> None:
         try:
+            try:
+                ticket = self._lock.enter("chat")
+            except QueueFull as exc:
+                out.put(Message("error", text=str(exc)))
+                return
             told_waiting = False
-            while not self._lock.acquire(timeout=0.1):
+            while not self._lock.wait(ticket, timeout=0.1):
                 if not told_waiting:
                     out.put(Message("waiting"))
                     told_waiting = True
                 if cancel.is_set():
+                    self._lock.leave(ticket)
                     out.put(Message("error", text="stopped while waiting for the model"))
                     return
             try:
                 self._answer_locked(messages, sampling, spec_for, cancel, out)
             finally:
-                self._lock.release()
+                self._lock.leave(ticket)
         finally:
             with self._count_lock:
                 self.answering -= 1
@@ -194,6 +205,8 @@ class ModelManager:
             decode = session.tokenizer.decode
             for event in session.stream_ids(ids, sampling, spec, cancel):
                 records = tuple(token_record(tok, decode) for tok in event.tokens)
+                if self.observer is not None:
+                    self.observer(event, self.name or "", len(ids))
                 out.put(Message("event", event=event, records=records))
         except ConfigError as exc:
             out.put(Message("error", text=str(exc)))

@@ -7,22 +7,13 @@ There is never a public share link.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
 from pathlib import Path
 
+from localspec.server.auth import is_loopback  # one loopback rule for the app and the API
+
 REPO = Path(__file__).resolve().parents[2]
-LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,6 +30,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-save", action="store_true", help="do not save conversations")
     parser.add_argument("--no-auth", action="store_true",
                         help="bind a non-loopback --host without a password (anyone who can reach it can use it)")
+    parser.add_argument("--api", action="store_true",
+                        help="also serve the OpenAI-compatible API (/v1/...) and /metrics on the same port; another "
+                             "--host needs LOCALSPEC_API_KEY (or --no-auth)")
     return parser.parse_args(argv)
 
 
@@ -53,6 +47,15 @@ def auth_for(args: argparse.Namespace):
         raise ConfigError(f"binding to {args.host} makes the app reachable from other machines; give a password with "
                           f"--password or LOCALSPEC_PASSWORD (or pass --no-auth on purpose)")
     return lambda _user, given: given == password
+
+
+def api_parts(args: argparse.Namespace):
+    """With --api: the shared queue, metrics and API routes (localspec/server/mount.py); None otherwise."""
+    if not args.api:
+        return None
+    from localspec.server.mount import ApiParts
+
+    return ApiParts.for_host(args.host, args.no_auth)
 
 
 def open_store(args: argparse.Namespace):
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         auth = auth_for(args)
+        api = api_parts(args)
         pairs = load_registry(args.models)
         first = find_pair(pairs, args.model)
     except ConfigError as exc:
@@ -91,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from . import ModelManager, build_app, default_session_factory, launch_options
 
-    manager = ModelManager(pairs, default_session_factory(args.device))
+    manager = ModelManager(pairs, default_session_factory(args.device), **api.manager_options if api else {})
     try:
         seconds = manager.load(first.name, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
         print(f"Loaded {first.name} in {seconds:.1f} s", file=sys.stderr, flush=True)
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         demo.launch(server_name=args.host, server_port=args.port, inbrowser=not args.no_browser, share=False,
                     auth=auth, auth_message="localspec: enter the password (any user name)" if auth else None,
-                    show_error=True, **launch_options())
+                    show_error=True, app_kwargs=api.app_kwargs(manager) if api else None, **launch_options())
     except OSError as exc:  # port taken, address not available
         print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,47 @@
+"""`localspec serve`: the OpenAI-compatible API (/v1/models, /v1/chat/completions, /v1/completions) and /metrics
+for one loaded pair, on 127.0.0.1 unless --host says otherwise (another host needs LOCALSPEC_API_KEY)."""
+from __future__ import annotations
+
+import sys
+
+from localspec.server.admission import DEFAULT_MAX_WAITING
+
+DEFAULT_PORT = 8000
+
+
+def add_parser(sub) -> None:
+    from .common import add_model_options
+
+    parser = sub.add_parser("serve", help="serve an OpenAI-compatible API with per-token provenance and /metrics")
+    add_model_options(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default: %(default)s)")
+    parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_WAITING,
+                        help="requests that may wait for the engine; one more gets 429 (default: %(default)s)")
+    parser.add_argument("--no-auth", action="store_true",
+                        help="bind a non-loopback --host without LOCALSPEC_API_KEY (anyone who can reach it can use it)")
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from localspec.models.registry import load_registry
+    from localspec.server.admission import Admission
+    from localspec.server.app import create_app
+    from localspec.server.auth import api_key_for
+    from localspec.server.metrics import MetricsRecorder
+    from localspec.server.runner import FixedBackend
+
+    from .common import load_session
+
+    api_key = api_key_for(args.host, args.no_auth)  # refuses before the model loads
+    admission = Admission(args.max_queue)
+    pairs = load_registry(args.models)
+    session = load_session(args)
+    name = session.loaded.spec.name
+    app = create_app(FixedBackend(pairs, name, session), admission, MetricsRecorder(admission), api_key)
+    print(f"Serving {name} on http://{args.host}:{args.port}/v1 (metrics: /metrics)"
+          f"{'; clients must send Authorization: Bearer $LOCALSPEC_API_KEY' if api_key else ''}",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0

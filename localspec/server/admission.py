@@ -1,0 +1,120 @@
+"""First come, first served admission to the one engine, shared by the chat window and the API.
+
+The engine answers one request at a time. Each caller takes a Ticket; tickets are served in the order they were
+taken, whoever took them, and at most `max_waiting` may wait at once (one more is refused with QueueFull, which the
+API turns into 429 + Retry-After and the chat window into a message). Loading a model pair uses the Lock-like
+acquire/release: a non-blocking acquire succeeds only when nobody holds or waits, so it never jumps the queue.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from localspec.config import ConfigError
+
+DEFAULT_MAX_WAITING = 8
+RETRY_AFTER_S = 2  # what a refused caller is told to wait before asking again
+
+
+class QueueFull(ConfigError):
+    """Too many requests are waiting for the engine; nothing was started."""
+
+    def __init__(self, waiting: int, retry_after_s: int = RETRY_AFTER_S) -> None:
+        super().__init__(f"the model is busy: {waiting} requests are already waiting; try again in a moment")
+        self.retry_after_s = retry_after_s
+
+
+class Ticket:
+    """A place in the queue. `source` says who took it (chat / api / load), for the metrics and messages."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.created = time.perf_counter()
+
+
+class Admission:
+    def __init__(self, max_waiting: int = DEFAULT_MAX_WAITING) -> None:
+        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
+            raise ConfigError(f"the queue size must be a whole number ≥ 0 (got {max_waiting!r})")
+        self.max_waiting = max_waiting
+        self._cond = threading.Condition()
+        self._queue: deque[Ticket] = deque()
+        self._holder: Ticket | None = None
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        return 0 if self._holder is None else 1
+
+    # ---- tickets ----------------------------------------------------------------------------------------------
+    def enter(self, source: str = "api") -> Ticket:
+        """Take a place at the end of the queue, or raise QueueFull."""
+        ticket = Ticket(source)
+        with self._cond:
+            if len(self._queue) >= self.max_waiting and not (self._holder is None and not self._queue):
+                raise QueueFull(len(self._queue))
+            self._queue.append(ticket)
+            self._cond.notify_all()
+        return ticket
+
+    def wait(self, ticket: Ticket, timeout: float | None = None) -> bool:
+        """Block until it is this ticket's turn and take the engine (True), or until timeout (False, place kept)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            if self._holder is ticket:
+                return True
+            while not (self._holder is None and self._queue and self._queue[0] is ticket):
+                if ticket not in self._queue:
+                    raise ValueError("this ticket has left the queue")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            self._queue.popleft()
+            self._holder = ticket
+            return True
+
+    def leave(self, ticket: Ticket) -> None:
+        """Give the engine back (when held) or the place up (when waiting). Safe to call twice."""
+        with self._cond:
+            if self._holder is ticket:
+                self._holder = None
+            else:
+                try:
+                    self._queue.remove(ticket)
+                except ValueError:
+                    pass
+            self._cond.notify_all()
+
+    # ---- Lock-compatible use (model loading) --------------------------------------------------------------------
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        with self._cond:
+            if not blocking:
+                if self._holder is None and not self._queue:
+                    self._holder = Ticket("load")
+                    return True
+                return False
+            ticket = Ticket("load")
+            self._queue.append(ticket)  # a blocking acquire waits its turn without counting against the bound
+        if self.wait(ticket, None if timeout < 0 else timeout):
+            return True
+        self.leave(ticket)
+        return False
+
+    def release(self) -> None:
+        with self._cond:
+            if self._holder is None:
+                raise RuntimeError("release of an Admission nobody holds")
+            self._holder = None
+            self._cond.notify_all()
+
+    def __enter__(self) -> Admission:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

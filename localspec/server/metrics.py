@@ -1,0 +1,116 @@
+"""Prometheus metrics of every answer (chat window and API), in vLLM's names and meanings where vLLM has them.
+
+Names (prefix `localspec:`), matched to vLLM's v1 metrics:
+  spec_decode_num_drafts_total                  steps that drafted (vLLM: number of drafts)
+  spec_decode_num_draft_tokens_total            draft tokens proposed
+  spec_decode_num_accepted_tokens_total         draft tokens the target accepted
+  spec_decode_num_accepted_tokens_per_pos_total{position}  accepted tokens at draft position 0, 1, …
+  request_success_total{finished_reason}        finished answers (stop, length; cancelled and error too here)
+  prompt_tokens_total, generation_tokens_total  tokens in and out
+  time_to_first_token_seconds, e2e_request_latency_seconds (histograms)
+  num_requests_running, num_requests_waiting    the shared FIFO queue (gauges)
+localspec's own (vLLM has none):
+  spec_decode_step_seconds{phase=propose|score|sample}  per-step time split (histogram)
+  spec_decode_adaptive_k, spec_decode_predicted_speedup  the adaptive controller's latest K and E / (K·c + v)
+Every metric carries model_name (as vLLM's do); the request counter also carries source (chat / api).
+This module imports prometheus_client and the engine's events only: never Gradio, never the server's app.
+"""
+from __future__ import annotations
+
+import threading
+
+import prometheus_client
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from localspec.engine.events import StepEvent
+
+prometheus_client.disable_created_metrics()  # no *_created series (vLLM's exposition has none either)
+
+PREFIX = "localspec:"
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class MetricsRecorder:
+    """One registry per recorder (so tests and two servers in one process do not share counters)."""
+
+    def __init__(self, admission=None) -> None:
+        self.registry = CollectorRegistry()
+        self._lock = threading.Lock()
+        reg = self.registry
+
+        def counter(name: str, doc: str, labels=("model_name",)) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=reg)
+
+        self.num_drafts = counter("spec_decode_num_drafts", "Number of spec decoding drafts (steps that drafted).")
+        self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        self.accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
+                                        "Accepted tokens per draft position.", ("model_name", "position"))
+        self.requests = counter("request_success", "Count of finished requests.",
+                                ("model_name", "finished_reason", "source"))
+        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
+        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token in seconds.",
+                              ("model_name",), buckets=LATENCY_BUCKETS, registry=reg)
+        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Engine time of a request in seconds.",
+                             ("model_name",), buckets=LATENCY_BUCKETS, registry=reg)
+        self.step_seconds = Histogram(PREFIX + "spec_decode_step_seconds",
+                                      "Time of one step's phase (propose, score, sample) in seconds.",
+                                      ("model_name", "phase"), buckets=STEP_BUCKETS, registry=reg)
+        self.adaptive_k = Gauge(PREFIX + "spec_decode_adaptive_k", "K of the latest step (the adaptive "
+                                "controller's choice when adaptive).", ("model_name",), registry=reg)
+        self.predicted_speedup = Gauge(PREFIX + "spec_decode_predicted_speedup",
+                                       "Predicted speedup E / (K*c + v) of the latest step.", ("model_name",),
+                                       registry=reg)
+        if admission is not None:
+            running = Gauge(PREFIX + "num_requests_running", "Requests the engine is answering.", registry=reg)
+            waiting = Gauge(PREFIX + "num_requests_waiting", "Requests waiting in the FIFO queue.", registry=reg)
+            running.set_function(lambda: admission.running)
+            waiting.set_function(lambda: admission.waiting)
+
+    def observe(self, event: StepEvent, *, model: str, source: str, prompt_tokens: int) -> None:
+        """Count one engine step; the answer's last event (finished) also counts the request."""
+        model = model or "unknown"
+        with self._lock:
+            if event.propose_token_num > 0:
+                self.num_drafts.labels(model).inc()
+                self.num_draft_tokens.labels(model).inc(event.propose_token_num)
+                self.num_accepted_tokens.labels(model).inc(event.accept_token_num)
+                for position in range(event.accept_token_num):
+                    self.accepted_per_pos.labels(model, str(position)).inc()
+            if event.tokens:
+                self.generation_tokens.labels(model).inc(len(event.tokens))
+                for phase, us in (("propose", event.propose_time_us), ("score", event.score_time_us),
+                                  ("sample", event.sampler_time_us)):
+                    self.step_seconds.labels(model, phase).observe(us / 1e6)
+                if event.stats.target_forwards == 1:
+                    self.ttft.labels(model).observe(event.stats.elapsed_s)
+            if event.stats.k:
+                self.adaptive_k.labels(model).set(event.stats.k)
+            if event.stats.predicted_speedup is not None:
+                self.predicted_speedup.labels(model).set(event.stats.predicted_speedup)
+            if event.finished:
+                self.requests.labels(model, event.finish_reason or "stop", source).inc()
+                self.prompt_tokens.labels(model).inc(prompt_tokens)
+                self.e2e.labels(model).observe(event.stats.elapsed_s)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def observer_for(recorder: MetricsRecorder | None):
+    """The manager's hook: (event, model, prompt_tokens) -> None, counting chat-window answers; None without one."""
+    if recorder is None:
+        return None
+    return lambda event, model, prompt_tokens: recorder.observe(event, model=model, source="chat",
+                                                                prompt_tokens=prompt_tokens)

@@ -1,0 +1,154 @@
+"""Engine events → OpenAI response bodies and chunks (chat.completion, text_completion), stop strings applied.
+
+Without `localspec: {provenance: true}` the bodies are plain OpenAI. With it, each choice (each streamed chunk's
+choice) gains `localspec: {tokens: [...]}` with every token's kind, p_target and p_draft, and `usage` gains
+drafted_tokens, accepted_tokens, acceptance_rate and mean_acceptance_length.
+"""
+from __future__ import annotations
+
+import math
+import time
+import uuid
+
+from localspec.engine.events import StatsSnapshot, StepEvent, TokenEvent
+
+from .schemas import GenerationRequest
+
+LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a probability that underflows
+
+
+def logprob(p: float) -> float:
+    return math.log(p) if p > 0 else LOGPROB_FLOOR
+
+
+class Collector:
+    """Accumulates one answer's tokens; releases text (holding back a possible start of a stop string)."""
+
+    def __init__(self, request: GenerationRequest, tokenizer) -> None:
+        self.request = request
+        self.tokenizer = tokenizer
+        self.text = ""
+        self.sent = 0
+        self.tokens: list[tuple[TokenEvent, int]] = []  # (token, offset of its text in self.text)
+        self.released = 0  # tokens handed out so far
+        self.cut: int | None = None  # where a stop string begins
+        self.finish_reason: str | None = None
+        self.stats = StatsSnapshot()
+        self.done = False
+        self.id = ("chatcmpl-" if request.endpoint == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def add(self, event: StepEvent) -> tuple[str, list[TokenEvent]]:
+        """The text and tokens this event releases. After a stop string (done), further events release nothing."""
+        if self.done:
+            return "", []
+        for tok in event.tokens:
+            self.tokens.append((tok, len(self.text)))
+            self.text += tok.text
+        self.stats = event.stats
+        stops = self.request.stop
+        if stops:
+            start = max(0, self.sent - max(len(s) for s in stops))
+            found = [i for i in (self.text.find(s, start) for s in stops) if i >= 0]
+            if found:
+                self.cut, self.finish_reason, self.done = min(found), "stop", True
+        if event.finished and not self.done:
+            self.finish_reason, self.done = event.finish_reason, True
+        if self.cut is not None:
+            upto = self.cut
+        elif self.done:
+            upto = len(self.text)
+        else:
+            upto = len(self.text) - self._held(stops)
+        piece, self.sent = self.text[self.sent:upto], max(self.sent, upto)
+        out = []
+        while self.released < len(self.tokens):
+            tok, offset = self.tokens[self.released]
+            if not (offset < upto or (self.done and self.cut is None)):
+                break
+            out.append(tok)
+            self.released += 1
+        return piece, out
+
+    def _held(self, stops: tuple[str, ...]) -> int:
+        """Length of the longest end of the text that may be the start of a stop string."""
+        best = 0
+        for s in stops:
+            for n in range(min(len(s) - 1, len(self.text)), best, -1):
+                if self.text.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+    # ---- pieces of the bodies -------------------------------------------------------------------------------
+    def provenance(self, tokens: list[TokenEvent]) -> dict:
+        return {"tokens": [tok.to_dict() for tok in tokens]}
+
+    def chat_logprobs(self, tokens: list[TokenEvent]) -> dict:
+        content = []
+        for tok in tokens:
+            text = self.tokenizer.decode([tok.token_id])
+            content.append({"token": text, "logprob": logprob(tok.target_prob),
+                            "bytes": list(text.encode("utf-8")), "top_logprobs": []})
+        return {"content": content}
+
+    def completion_logprobs(self, tokens: list[TokenEvent], first_offset: int) -> dict:
+        texts = [self.tokenizer.decode([tok.token_id]) for tok in tokens]
+        offsets, at = [], first_offset
+        for text in texts:
+            offsets.append(at)
+            at += len(text)
+        return {"tokens": texts, "token_logprobs": [logprob(t.target_prob) for t in tokens],
+                "top_logprobs": None, "text_offset": offsets}
+
+    def usage(self, prompt_tokens: int) -> dict:
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": self.released,
+                 "total_tokens": prompt_tokens + self.released}
+        if self.request.extension.provenance:
+            usage.update(drafted_tokens=self.stats.drafted, accepted_tokens=self.stats.accepted,
+                         acceptance_rate=self.stats.acceptance_rate,
+                         mean_acceptance_length=self.stats.mean_acceptance_length)
+        return usage
+
+    def _head(self, object_: str) -> dict:
+        return {"id": self.id, "object": object_, "created": self.created, "model": self.request.model}
+
+    def _decorate(self, choice: dict, tokens: list[TokenEvent], offset: int) -> dict:
+        if self.request.logprobs:
+            choice["logprobs"] = (self.chat_logprobs(tokens) if self.request.endpoint == "chat"
+                                  else self.completion_logprobs(tokens, offset))
+        if self.request.extension.provenance:
+            choice["localspec"] = self.provenance(tokens)
+        return choice
+
+    # ---- whole bodies -----------------------------------------------------------------------------------------
+    def chunk(self, piece: str, tokens: list[TokenEvent], finish_reason: str | None = None, first: bool = False,
+              offset: int = 0) -> dict:
+        if self.request.endpoint == "chat":
+            delta = {"role": "assistant", "content": piece} if first else ({"content": piece} if piece else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            body = self._head("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish_reason}
+            body = self._head("text_completion")
+        body["choices"] = [self._decorate(choice, tokens, offset)]
+        return body
+
+    def usage_chunk(self, prompt_tokens: int) -> dict:
+        body = self._head("chat.completion.chunk" if self.request.endpoint == "chat" else "text_completion")
+        body.update(choices=[], usage=self.usage(prompt_tokens))
+        return body
+
+    def final(self, prompt_tokens: int) -> dict:
+        """The non-streaming body of the whole answer."""
+        tokens = [tok for tok, _ in self.tokens[: self.released]]
+        text = self.text[: self.sent]
+        if self.request.endpoint == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": self.finish_reason}
+            body = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason}
+            body = self._head("text_completion")
+        body.update(choices=[self._decorate(choice, tokens, 0)], usage=self.usage(prompt_tokens))
+        return body

@@ -1,0 +1,235 @@
+"""Request bodies of the OpenAI-compatible API → checked records; each bad field → one OpenAI-style error.
+
+The ranges are the project's (SamplingParams.validate, SpecConfig.validate, chat.MAX_MESSAGE_CHARS,
+store.validation): a rule the chat window applies is applied here by the same code, with the field named.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from localspec.chat import MAX_MESSAGE_CHARS
+from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.store.validation import ROLES, clean_text
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_MESSAGES = 512
+MAX_STOPS = 4
+MAX_STOP_CHARS = 200
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; 0 is greedy
+DEFAULT_MAX_TOKENS = SamplingParams().max_new_tokens
+Endpoint = Literal["chat", "completions"]
+# accepted only with these values (what OpenAI's clients send by default); anything else is refused by name
+NEUTRAL = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None), "logit_bias": (None, {}),
+           "tools": (None, []), "tool_choice": (None, "none", "auto"), "response_format": (None, {"type": "text"}),
+           "echo": (False, None), "best_of": (1, None), "suffix": (None,)}
+
+
+class APIError(Exception):
+    """An error answered as {"error": {"message", "type", "param", "code"}} with an HTTP status."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 type_: str = "invalid_request_error", code: str | None = None,
+                 headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.type, self.code = message, param, status, type_, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Extension:
+    """The `localspec` field: speculation settings (None = the entry's default) and the provenance opt-in."""
+
+    proposer: str | None = None
+    k: int | None = None
+    adaptive: bool | None = None
+    provenance: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    endpoint: Endpoint
+    model: str
+    sampling: SamplingParams
+    messages: tuple = ()  # chat: ({'role', 'content'}, …)
+    prompt: str = ""  # completions
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    stop: tuple[str, ...] = ()
+    extension: Extension = field(default_factory=Extension)
+
+    def spec_for(self, session) -> SpecConfig:
+        """The entry's defaults with the request's overrides, checked against the loaded pair."""
+        ext = self.extension
+        try:
+            spec = session.default_spec(proposer=ext.proposer, k=ext.k, adaptive=ext.adaptive)
+            if spec.proposer not in session.proposers:
+                raise APIError(f"this model pair has no {spec.proposer!r} proposer; it has: "
+                               f"{', '.join(session.proposers)}", "localspec.proposer")
+            return spec.validate()
+        except ConfigError as exc:
+            raise APIError(str(exc), "localspec.k" if "K" in str(exc) else "localspec.proposer") from None
+
+
+def _bool(body: dict, name: str, default: bool = False, where: str = "") -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise APIError(f"{where}{name} must be true or false (got {value!r})", where + name)
+    return value
+
+
+def _int(body: dict, name: str, where: str = "") -> int | None:
+    value = body.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise APIError(f"{where}{name} must be a whole number (got {value!r})", where + name)
+    return value
+
+
+def _content(value: Any, index: int) -> str:
+    """A message's content: a string, or a list of {'type': 'text', 'text': …} parts (joined)."""
+    param = f"messages[{index}].content"
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        texts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise APIError("only text content parts are supported ({'type': 'text', 'text': ...})", param)
+            texts.append(part["text"])
+        value = "".join(texts)
+    try:
+        text = clean_text(value, param)
+    except ConfigError as exc:
+        raise APIError(str(exc), param) from None
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise APIError(f"{param} has {len(text)} characters; the limit is {MAX_MESSAGE_CHARS}", param)
+    return text
+
+
+def _messages(value: Any) -> tuple:
+    if not isinstance(value, list) or not value:
+        raise APIError("messages must be a non-empty list of {'role', 'content'} objects", "messages")
+    if len(value) > MAX_MESSAGES:
+        raise APIError(f"messages has {len(value)} entries; the limit is {MAX_MESSAGES}", "messages")
+    out = []
+    for index, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise APIError(f"messages[{index}] must be an object with 'role' and 'content'", f"messages[{index}]")
+        role = "system" if message.get("role") == "developer" else message.get("role")
+        if role not in ROLES:
+            raise APIError(f"messages[{index}].role is {message.get('role')!r}; choose one of "
+                           f"{', '.join(ROLES)}", f"messages[{index}].role")
+        out.append({"role": role, "content": _content(message.get("content"), index)})
+    if not out[-1]["content"].strip():
+        raise APIError("the last message is empty", f"messages[{len(out) - 1}].content")
+    return tuple(out)
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise APIError("stop must be a non-empty string or a list of them", "stop")
+    if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise APIError(f"stop takes at most {MAX_STOPS} strings of ≤ {MAX_STOP_CHARS} characters", "stop")
+    return tuple(stops)
+
+
+def _extension(value: Any) -> Extension:
+    if value is None:
+        return Extension()
+    if not isinstance(value, dict):
+        raise APIError("localspec must be an object: {proposer, k, adaptive, provenance}", "localspec")
+    unknown = set(value) - {"proposer", "k", "adaptive", "provenance"}
+    if unknown:
+        raise APIError(f"localspec has unknown field {sorted(unknown)[0]!r}; it takes proposer, k, adaptive, "
+                       f"provenance", f"localspec.{sorted(unknown)[0]}")
+    proposer = value.get("proposer")
+    if proposer is not None and not isinstance(proposer, str):
+        raise APIError(f"localspec.proposer must be a name (got {proposer!r})", "localspec.proposer")
+    k = _int(value, "k", "localspec.")
+    if k is not None:
+        try:
+            SpecConfig(k=k).validate()
+        except ConfigError as exc:
+            raise APIError(str(exc), "localspec.k") from None
+    adaptive = value.get("adaptive")
+    if adaptive is not None and not isinstance(adaptive, bool):
+        raise APIError(f"localspec.adaptive must be true or false (got {adaptive!r})", "localspec.adaptive")
+    return Extension(proposer, k, adaptive, _bool(value, "provenance", where="localspec."))
+
+
+def _sampling(body: dict) -> SamplingParams:
+    max_tokens = _int(body, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens")
+    seed = _int(body, "seed")
+    values = {
+        "temperature": body.get("temperature", DEFAULT_TEMPERATURE),
+        "top_p": body.get("top_p", 1.0),
+        "max_new_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+        "seed": secrets.randbelow(2 ** 63) if seed is None else seed,
+    }
+    values = {k: (SamplingParams.__dataclass_fields__[k].default if v is None else v) for k, v in values.items()}
+    params = SamplingParams(**values)
+    try:
+        return params.validate()
+    except ConfigError as exc:
+        message = str(exc)
+        param = next((p for p, words in (("temperature", "temperature"), ("top_p", "top-p"), ("seed", "seed"))
+                      if message.startswith(words)), "max_tokens")
+        raise APIError(message, param) from None
+
+
+def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
+    if not isinstance(body, dict):
+        raise APIError("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise APIError("model is required: one of the names GET /v1/models lists", "model")
+    n = body.get("n", 1)
+    if n not in (1, None) or isinstance(n, bool):
+        raise APIError(f"n must be 1: localspec returns one choice per request (got {n!r})", "n")
+    for name, allowed in NEUTRAL.items():
+        if name in body and body[name] not in allowed:
+            raise APIError(f"{name} is not supported by localspec (leave it out)", name)
+    stream = _bool(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or not stream):
+        raise APIError("stream_options is an object, allowed only with stream: true", "stream_options")
+    include_usage = _bool(options or {}, "include_usage", where="stream_options.")
+    if endpoint == "chat":
+        logprobs = _bool(body, "logprobs")
+        top = _int(body, "top_logprobs")
+    else:
+        top = _int(body, "logprobs")
+        logprobs = top is not None
+    if top:
+        raise APIError("top_logprobs is not supported: the engine reports the target's probability of each emitted "
+                       "token only; ask for logprobs: true (chat) or logprobs: 0 (completions)",
+                       "top_logprobs" if endpoint == "chat" else "logprobs")
+    request = GenerationRequest(endpoint=endpoint, model=model, sampling=_sampling(body), stream=stream,
+                                include_usage=include_usage, logprobs=logprobs, stop=_stop(body.get("stop")),
+                                extension=_extension(body.get("localspec")))
+    if endpoint == "chat":
+        return replace(request, messages=_messages(body.get("messages")))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise APIError("prompt must be a non-empty string (one prompt per request)", "prompt")
+    if len(prompt) > MAX_MESSAGE_CHARS:
+        raise APIError(f"prompt has {len(prompt)} characters; the limit is {MAX_MESSAGE_CHARS}", "prompt")
+    try:
+        prompt = clean_text(prompt, "prompt")
+    except ConfigError as exc:
+        raise APIError(str(exc), "prompt") from None
+    return replace(request, prompt=prompt)
