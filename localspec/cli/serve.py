@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_WAITING,
                         help="requests that may wait for the engine; one more gets 429 (default: %(default)s)")
     parser.add_argument("--no-auth", action="store_true",
-                        help="bind a non-loopback --host without LOCALSPEC_API_KEY (anyone who can reach it can use it)")
+                        help="bind a non-loopback --host without LOCALSPEC_API_KEY (anyone reaching it can use it)")
 
 
 def run(args) -> int:
