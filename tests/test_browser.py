@@ -162,6 +162,125 @@ def test_enter_sends_and_a_saved_conversation_reopens(browser, tiny_app):
     page.close()
 
 
+@pytest.fixture(scope="module")
+def echo_app():
+    """The window on a model-free session that answers with the user's message (localspec/ui/echo.py)."""
+    from localspec.ui import build_app, launch_options
+    from localspec.ui.echo import echo_manager
+
+    from .apphelpers import free_port
+
+    demo = build_app(echo_manager(0.01))
+    demo.queue(default_concurrency_limit=None)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, share=False, quiet=True,
+                **launch_options())
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+MARKDOWN_PROMPT = """## Why speculate
+
+Speculative decoding has **three** *benefits*:
+
+1. **Efficiency**: fewer target forwards
+2. Same output
+- a bullet with `inline code`
+
+> a quote
+
+| K | speedup |
+|---|---------|
+| 4 | 1.6 |
+
+```python
+def squares(xs):
+    return [x * x for x in xs]
+```
+"""
+MARKDOWN_CODE = "def squares(xs):\n    return [x * x for x in xs]\n"
+
+
+def coloured(page, selector: str) -> int:
+    """How many token spans under selector have a kind colour (a non-transparent background)."""
+    return page.evaluate("""([sel]) => [...document.querySelectorAll(sel)].filter(e =>
+        !['rgba(0, 0, 0, 0)', 'transparent'].includes(getComputedStyle(e).backgroundColor)).length""", [selector])
+
+
+def test_markdown_answer_keeps_coloured_tokens_in_the_browser(browser, echo_app):
+    context = browser.new_context(viewport=VIEWPORT, permissions=["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    page.goto(echo_app)
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    wait_status(page, "ready")
+    send_and_wait(page, MARKDOWN_PROMPT, 0)
+    answer = "#ls-transcript .ls-assistant"
+    for selector in ("li .tok", "strong .tok", "em .tok", "pre code .tok", "h2 .tok", "blockquote .tok", "td .tok",
+                     ":not(pre) > code .tok"):
+        assert coloured(page, f"{answer} {selector}") > 0, selector
+    kinds = page.evaluate(f"[...document.querySelectorAll('{answer} pre code .tok')].map(e => e.classList[1])")
+    assert {"tok-accepted", "tok-resampled", "tok-bonus", "tok-target"} <= set(kinds), kinds
+    assert page.inner_text(f"{answer} .ls-code-lang") == "python"
+    assert "Efficiency" in page.inner_text(f"{answer} li strong")
+    assert "**" not in page.inner_text(answer) and "```" not in page.inner_text(answer)
+
+    page.click(f"{answer} .ls-copy")
+    assert page.evaluate("navigator.clipboard.readText()") == MARKDOWN_CODE  # the plain code, no markup
+    page.click(f"{answer} .ls-copy-md")
+    assert page.evaluate("navigator.clipboard.readText()") == MARKDOWN_PROMPT  # the answer's markdown source
+
+    page.get_by_label("Colour tokens by kind").uncheck()
+    page.wait_for_selector("#ls-transcript .ls-nocolour", timeout=30_000)
+    assert page.locator(f"{answer} li .tok").count() > 0 and coloured(page, f"{answer} .tok") == 0
+    assert page.locator(f"{answer} pre code").count() == 1  # the same markdown, uncoloured
+    context.close()
+
+
+MARKDOWN_INJECTION = """Code: ```<script>alert('fence-inline')</script>```
+
+```html
+<script>alert('fence')</script>
+```
+
+<div onmouseover="alert('html-block')"><script>alert('block')</script></div>
+
+![pic](https://e.invalid/x.png" onerror="alert('img')) ![y](x onerror=alert('img2'))
+<img src=x onerror="alert('raw-img')">
+
+[click me](javascript:alert('js-link')) [data](data:text/html,<script>alert('data')</script>) [ok](https://example.com/)
+
+{{constructor.constructor('alert("braces")')()}} ${alert('dollar')} @children
+"""
+
+
+def test_markdown_injection_stays_inert_in_the_browser(browser, echo_app):
+    page = browser.new_page(viewport=VIEWPORT)
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.goto(echo_app)
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    wait_status(page, "ready")
+    send_and_wait(page, MARKDOWN_INJECTION, 0)
+    transcript = page.locator("#ls-transcript")
+    for link in transcript.locator("a").all():
+        assert link.get_attribute("href") == "https://example.com/"
+        assert link.get_attribute("target") == "_blank" and link.get_attribute("rel") == "noopener noreferrer"
+    # every event an injected handler could hang on, fired at every element of the transcript
+    page.evaluate("document.querySelectorAll('#ls-transcript .ls-assistant *').forEach(e => ['mouseover', "
+                  "'mouseenter', 'focus', 'error', 'load'].forEach(t => e.dispatchEvent(new Event(t))))")
+    transcript.locator(".ls-assistant .tok").filter(has_text=re.compile(r"\w")).first.hover()
+    page.wait_for_timeout(500)
+    assert dialogs == []
+    assert transcript.locator("script, img, iframe, object, embed, svg").count() == 0
+    handlers = page.evaluate("[...document.querySelectorAll('#ls-transcript *')].flatMap(e => "
+                             "[...e.attributes].map(a => a.name)).filter(n => n.startsWith('on'))")
+    assert handlers == []
+    shown = page.inner_text("#ls-transcript .ls-assistant")
+    assert "<script>alert('fence')</script>" in shown and "[click me](javascript:alert('js-link'))" in shown
+    assert "{{constructor" in shown and "${alert('dollar')}" in shown  # template braces shown, never evaluated
+    page.close()
+
+
 def take_screenshot(browser, out: Path) -> Path:
     """A finished chat on the embedded default with its default proposer (n-gram lookup, else the EAGLE head;
     adaptive K), at 1280×800."""

@@ -25,6 +25,12 @@ def stylesheet() -> str:
     return path.read_text(encoding="utf-8") if path.exists() else ""
 
 
+def transcript_script() -> str:
+    """The transcript's own script: the copy buttons of code blocks and answers (assets/transcript.js)."""
+    path = ASSETS / "transcript.js"
+    return path.read_text(encoding="utf-8") if path.exists() else None
+
+
 def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = None) -> gr.Blocks:
     """Build the Blocks for a ModelManager (which holds the registry and the session factory).
 
@@ -64,7 +70,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                         seed = gr.Number(0, label="Seed", precision=0, min_width=70, elem_id="ls-seed",
                                          elem_classes="ls-compact")
             with gr.Column(scale=5, min_width=420, elem_id="ls-chat"):
-                transcript = gr.HTML(transcript_html([]), js_on_load=None, autoscroll=True, max_height=440,
+                transcript = gr.HTML(transcript_html([]), js_on_load=transcript_script(), autoscroll=True, max_height=440,
                                      min_height=440, elem_id="ls-transcript", padding=False)
                 gr.HTML(legend_html(), js_on_load=None)
                 with gr.Row(equal_height=True):
