@@ -282,3 +282,15 @@ def test_markdown_injection_stays_inert():
     shown = "".join(t for t, _, _ in parsed.spans)
     assert "<script>alert(1)</script>" in shown and "<script>alert(3)</script>" in shown  # shown as text
     assert "[click](javascript:alert(6))" in shown
+
+
+def test_stats_panel_says_why_speculation_is_paused_and_what_runs():
+    paused = {"k": 4, "cost": 1.6, "tokens": 1.3, "speedup": 1.3 / 1.6, "probe_every": 30}
+    stats = StatsSnapshot(emitted=10, target_forwards=9, k=0, paused=paused)
+    runtime = {"device": "cuda:0", "dtype": "bfloat16", "quant": "int8", "sampler": "triton"}
+    text = " ".join(parse(stats_html(stats, "n-gram", 4, runtime=runtime)).text)
+    assert ("speculation paused: drafting 4 tokens would cost 1.60× a plain step here and win only 1.30× "
+            "(predicted speedup 0.81×); retrying every 30 steps") in text
+    assert "cuda:0 · bfloat16 · int8 · sampler triton" in text
+    assert "paused" not in " ".join(parse(stats_html(StatsSnapshot(emitted=3), "n-gram", 4)).text)
+    assert stats_html(stats.to_dict(), "n-gram", 4) == stats_html(stats, "n-gram", 4)

@@ -17,6 +17,7 @@ import gradio as gr
 from localspec.config import ConfigError
 from .render import compare_html, stats_html, status_html, transcript_html
 from .manager import Busy, ModelManager, drain
+from .runtime import runtime_of
 from .settings import (PROPOSER_LABELS, first_difference, proposer_choices, read_k, read_proposer, read_sampling,
                        sampling_dict)
 
@@ -136,7 +137,7 @@ class Handlers:
             yield (transcript_html(turns, colour, answer.get("notice")),
                    stats_html(answer["stats"], PROPOSER_LABELS.get(answer.get("proposer"), answer.get("proposer")),
                               answer.get("k") if answer.get("proposer") != "none" else None,
-                              answer.get("finish_reason") if done else None),
+                              answer.get("finish_reason") if done else None, runtime_of(self.manager.session)),
                    status_html(status, "error" if answer.get("finish_reason") == "error" else "info"),
                    events_json(answer), gr.skip(), turns)
 

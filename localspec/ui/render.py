@@ -87,12 +87,31 @@ def acceptance_chart_html(stats: StatsSnapshot | dict | None) -> str:
     return f'<div class="ls-chart"><div class="ls-chart-title">acceptance by draft position</div>{"".join(rows)}</div>'
 
 
+def pause_text(paused: dict) -> str:
+    """Why adaptive K switched speculation off, from AdaptiveController.pause_reason()'s numbers."""
+    k = paused.get("k", 0)
+    return (f"speculation paused: drafting {k} token{'s' if k != 1 else ''} would cost {paused.get('cost', 0.0):.2f}× "
+            f"a plain step here and win only {paused.get('tokens', 0.0):.2f}× (predicted speedup "
+            f"{paused.get('speedup', 0.0):.2f}×); retrying every {paused.get('probe_every', 0)} steps")
+
+
+def runtime_html(runtime: Optional[dict]) -> str:
+    """Device, dtype, quantization and sampler kernel of the pair in use."""
+    if not runtime:
+        return ""
+    parts = [runtime.get("device"), runtime.get("dtype"),
+             None if runtime.get("quant") in (None, "none") else runtime.get("quant"),
+             f"sampler {runtime['sampler']}" if runtime.get("sampler") else None]
+    return f'<div class="ls-runtime">{escape(" · ".join(str(p) for p in parts if p))}</div>'
+
+
 def stats_html(stats: StatsSnapshot | dict | None, proposer: Optional[str] = None, k: Optional[int] = None,
-               finish_reason: Optional[str] = None) -> str:
-    """The live stats panel for the current answer."""
+               finish_reason: Optional[str] = None, runtime: Optional[dict] = None) -> str:
+    """The live stats panel for the current answer; runtime: runtime.runtime_of(session) for the header."""
     data = _stats_dict(stats)
     if not data:
-        return '<div class="ls-stats ls-stats-empty">Stats of the current answer appear here while it streams.</div>'
+        return ('<div class="ls-stats ls-stats-empty">Stats of the current answer appear here while it streams.'
+                f'{runtime_html(runtime)}</div>')
     drafted, accepted = data.get("drafted", 0), data.get("accepted", 0)
     rate = data.get("acceptance_rate", 0.0)
     head = f'<div class="ls-stats-head">{escape(proposer or "")}{f" · K={k}" if k else ""}' \
@@ -108,7 +127,8 @@ def stats_html(stats: StatsSnapshot | dict | None, proposer: Optional[str] = Non
         rows.append(("predicted speedup", f"{data['predicted_speedup']:.2f}×"))
     table = "".join(f'<tr><th>{escape(name)}</th><td class="ls-stat-{i}">{escape(value)}</td></tr>'
                     for i, (name, value) in enumerate(rows))
-    return (f'<div class="ls-stats">{head}<table class="ls-stats-table">{table}</table>'
+    paused = f'<div class="ls-paused">{escape(pause_text(data["paused"]))}</div>' if data.get("paused") else ""
+    return (f'<div class="ls-stats">{head}{runtime_html(runtime)}{paused}<table class="ls-stats-table">{table}</table>'
             f'{timing_html(data)}{acceptance_chart_html(data)}</div>')
 
 
