@@ -281,6 +281,35 @@ def test_markdown_injection_stays_inert_in_the_browser(browser, echo_app):
     page.close()
 
 
+CONTRAST_JS = """() => {
+    const rgb = (c) => c.match(/[\\d.]+/g).slice(0, 3).map(Number);
+    const lum = (c) => { const [r, g, b] = rgb(c).map(v => { v /= 255;
+        return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+    const out = {};
+    for (const kind of ['accepted', 'resampled', 'bonus', 'target']) {
+        const e = document.querySelector('#ls-transcript .ls-assistant .tok-' + kind);
+        const s = getComputedStyle(e);
+        const [a, b] = [lum(s.color), lum(s.backgroundColor)].sort((x, y) => y - x);
+        out[kind] = (a + 0.05) / (b + 0.05);
+    }
+    return out;
+}"""
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_token_colours_stay_legible_in_both_themes(browser, echo_app, theme):
+    page = browser.new_page(viewport=VIEWPORT)
+    page.goto(f"{echo_app}?__theme={theme}")
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    wait_status(page, "ready")
+    assert page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
+    send_and_wait(page, "Some **bold** text and `code`, then more words to cycle every kind of token.", 0)
+    ratios = page.evaluate(CONTRAST_JS)
+    assert all(ratio >= 4.5 for ratio in ratios.values()), ratios  # WCAG AA for body text
+    page.close()
+
+
 def take_screenshot(browser, out: Path) -> Path:
     """A finished chat on the embedded default with its default proposer (n-gram lookup, else the EAGLE head;
     adaptive K), at 1280×800."""
