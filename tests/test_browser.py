@@ -19,7 +19,8 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1280, "height": 800}
-SCREENSHOT_PROMPT = "Write a Python function that returns the squares of a list of numbers, and show how to call it."
+SCREENSHOT_PROMPT = ("Write a Python function that reverses a string, in a code block, then a short bullet list of "
+                     "notes")
 
 pytestmark = [
     pytest.mark.browser,
@@ -312,7 +313,8 @@ def test_token_colours_stay_legible_in_both_themes(browser, echo_app, theme):
 
 def take_screenshot(browser, out: Path) -> Path:
     """A finished chat on the embedded default with its default proposer (n-gram lookup, else the EAGLE head;
-    adaptive K), at 1280×800."""
+    adaptive K), at 1280×800: the answer's code block renders with every token coloured. None when it has no code
+    block with coloured tokens or no accepted token."""
     # a fresh data folder (no saved conversations, no logs left behind) sharing the converted-model cache
     cache = Path(os.environ.get("LOCALSPEC_HOME", REPO / ".localspec-home")) / "cache"
     cache.mkdir(parents=True, exist_ok=True)
@@ -321,19 +323,18 @@ def take_screenshot(browser, out: Path) -> Path:
     app = AppProcess(REPO / "models.yaml", home).wait_ready(timeout_s=600)
     try:
         page = open_page(browser, app.url)
-        set_max_tokens(page, 120)
+        set_max_tokens(page, 200)
         send_and_wait(page, SCREENSHOT_PROMPT, 0, timeout_ms=300_000)
-        page.click("#ls-compare")
-        wait_status(page, "Baseline done", timeout_ms=600_000)
+        coloured_code = page.locator("#ls-transcript .ls-assistant pre .tok").count()
         # hover a token with something to see: a whitespace-only span (a newline) has no box to hover
-        visible = page.locator("#ls-transcript .tok-accepted").filter(has_text=re.compile(r"\S"))
+        visible = page.locator("#ls-transcript .tok-accepted").filter(has_text=re.compile(r"\w"))
         if visible.count():
             visible.first.hover()
         out.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(out))
         kinds = kinds_in_last_answer(page)
         page.close()
-        return out if kinds["accepted"] else None
+        return out if kinds["accepted"] and coloured_code else None
     finally:
         app.stop()
         shutil.rmtree(home, ignore_errors=True)
@@ -343,7 +344,7 @@ def take_screenshot(browser, out: Path) -> Path:
 def test_screenshot_of_the_embedded_default(browser, tmp_path):
     write = os.environ.get("LOCALSPEC_WRITE_SCREENSHOT") == "1"
     out = REPO / "assets" / "screenshot.png" if write else tmp_path / "screenshot.png"
-    assert take_screenshot(browser, out) is not None, "the embedded model's answer had no accepted tokens"
+    assert take_screenshot(browser, out) is not None, "the answer had no coloured code block or no accepted token"
     assert out.stat().st_size > 10_000
 
 
