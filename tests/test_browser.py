@@ -311,6 +311,32 @@ def test_token_colours_stay_legible_in_both_themes(browser, echo_app, theme):
     page.close()
 
 
+@pytest.mark.slow
+def test_regenerate_and_edit_the_last_message_in_the_browser(browser, echo_app):
+    page = browser.new_page(viewport=VIEWPORT)
+    page.goto(echo_app)
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    wait_status(page, "ready")
+    send_and_wait(page, "first words here", 0)
+    set_max_tokens(page, 2)
+    page.click("#ls-regenerate")
+    wait_status(page, "Done: 2 tokens")
+    answers = page.locator("#ls-transcript .ls-assistant")
+    assert answers.count() == 1 and "here" not in answers.first.inner_text()
+    page.click("#ls-edit")
+    wait_status(page, "Editing")
+    assert page.input_value("#ls-message textarea") == "first words here"
+    assert answers.count() == 0 and page.locator("#ls-cancel-edit").is_visible()
+    page.fill("#ls-message textarea", "edited words")
+    page.click("#ls-send")
+    wait_status(page, "Done: 2 tokens")
+    transcript = page.inner_text("#ls-transcript")
+    assert answers.count() == 1 and "edited words" in transcript and "first words" not in transcript
+    page.wait_for_function("() => !document.querySelector('#ls-cancel-edit') || "
+                           "!document.querySelector('#ls-cancel-edit').offsetParent", timeout=10_000)
+    page.close()
+
+
 def take_screenshot(browser, out: Path) -> Path:
     """A finished chat on the embedded default with its default proposer (n-gram lookup, else the EAGLE head;
     adaptive K), at 1280×800: the answer's code block renders with every token coloured. None when it has no code
