@@ -228,3 +228,40 @@ def test_a_step_the_token_budget_keeps_from_drafting_keeps_the_last_prediction(t
     assert [ev.stats.k for ev in events] == [3, 3, 3, 3, 3, 0]
     assert events[-2].stats.predicted_speedup is not None
     assert events[-1].stats.predicted_speedup == events[-2].stats.predicted_speedup != 1.0
+
+
+def test_a_paused_controller_explains_itself_in_its_own_numbers():
+    _, _, controller = run_world([0.5] * 8, slope=0.1, draft_c=0.6)
+    assert not controller.speculating
+    reason = controller.pause_reason()
+    k, speedup = controller.best()
+    draft_c, verify = controller.costs.ratios(controller.max_k)
+    assert reason["k"] == k and reason["speedup"] == pytest.approx(speedup) and speedup < 1.0
+    assert reason["cost"] == pytest.approx(k * draft_c + verify[k]) and reason["cost"] > 1.0
+    assert reason["tokens"] == pytest.approx(expected_tokens(controller.acceptance(), k))
+    assert reason["tokens"] / reason["cost"] == pytest.approx(speedup)
+    assert reason["probe_every"] == controller.probe_every(k)
+    _, _, speculating = run_world([0.9] * 8, slope=0.05)
+    assert speculating.speculating and speculating.pause_reason() is None
+
+
+def test_the_engine_reports_the_pause_in_its_stats(tiny_models):
+    from localspec.config import SamplingParams, SpecConfig
+    from localspec.engine.loop import Engine
+    from localspec.proposers import NgramProposer
+
+    target, _ = tiny_models
+    engine = Engine(target, stop_token_ids=set())
+    spec = SpecConfig(proposer="ngram", k=3, adaptive=True)
+    controller = AdaptiveController(3)
+    controller.speculating = False  # as after answers that lost
+    controller.costs.observe(3, 3, 0.3, 0.2)  # drafting costs 3 plain steps' worth: it stays off
+    controller.costs.observe(0, 0, 0.0, 0.05)
+    engine.controllers[("ngram", 3, True)] = controller
+    events = list(engine.generate([1, 5, 6, 7, 8], SamplingParams(max_new_tokens=6), spec, NgramProposer(1, 3)))
+    paused = [ev.stats.paused for ev in events if ev.tokens]
+    assert paused and all(p is not None and p["speedup"] < 1.0 for p in paused)
+    assert events[-1].stats.to_dict()["paused"] == paused[-1]
+    fixed = list(engine.generate([1, 5, 6], SamplingParams(max_new_tokens=4), SpecConfig(proposer="ngram", k=3),
+                                 NgramProposer(1, 3)))
+    assert all(ev.stats.paused is None for ev in fixed)  # fixed K never pauses

@@ -19,7 +19,8 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1280, "height": 800}
-SCREENSHOT_PROMPT = "Write a Python function that returns the squares of a list of numbers, and show how to call it."
+SCREENSHOT_PROMPT = ("Write a Python function that reverses a string, in a code block, then a short bullet list of "
+                     "notes")
 
 pytestmark = [
     pytest.mark.browser,
@@ -162,9 +163,184 @@ def test_enter_sends_and_a_saved_conversation_reopens(browser, tiny_app):
     page.close()
 
 
+@pytest.fixture(scope="module")
+def echo_app():
+    """The window on a model-free session that answers with the user's message (localspec/ui/echo.py)."""
+    from localspec.ui import build_app, launch_options
+    from localspec.ui.echo import echo_manager
+
+    from .apphelpers import free_port
+
+    demo = build_app(echo_manager(0.01))
+    demo.queue(default_concurrency_limit=None)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, share=False, quiet=True,
+                **launch_options())
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+MARKDOWN_PROMPT = """## Why speculate
+
+Speculative decoding has **three** *benefits*:
+
+1. **Efficiency**: fewer target forwards
+2. Same output
+- a bullet with `inline code`
+
+> a quote
+
+| K | speedup |
+|---|---------|
+| 4 | 1.6 |
+
+```python
+def squares(xs):
+    return [x * x for x in xs]
+```
+"""
+MARKDOWN_CODE = "def squares(xs):\n    return [x * x for x in xs]\n"
+
+
+def coloured(page, selector: str) -> int:
+    """How many token spans under selector have a kind colour (a non-transparent background)."""
+    return page.evaluate("""([sel]) => [...document.querySelectorAll(sel)].filter(e =>
+        !['rgba(0, 0, 0, 0)', 'transparent'].includes(getComputedStyle(e).backgroundColor)).length""", [selector])
+
+
+def test_markdown_answer_keeps_coloured_tokens_in_the_browser(browser, echo_app):
+    context = browser.new_context(viewport=VIEWPORT, permissions=["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    page.goto(echo_app)
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    wait_status(page, "ready")
+    send_and_wait(page, MARKDOWN_PROMPT, 0)
+    answer = "#ls-transcript .ls-assistant"
+    for selector in ("li .tok", "strong .tok", "em .tok", "pre code .tok", "h2 .tok", "blockquote .tok", "td .tok",
+                     ":not(pre) > code .tok"):
+        assert coloured(page, f"{answer} {selector}") > 0, selector
+    kinds = page.evaluate(f"[...document.querySelectorAll('{answer} pre code .tok')].map(e => e.classList[1])")
+    assert {"tok-accepted", "tok-resampled", "tok-bonus", "tok-target"} <= set(kinds), kinds
+    assert page.inner_text(f"{answer} .ls-code-lang") == "python"
+    assert "Efficiency" in page.inner_text(f"{answer} li strong")
+    assert "**" not in page.inner_text(answer) and "```" not in page.inner_text(answer)
+
+    page.click(f"{answer} .ls-copy")
+    assert page.evaluate("navigator.clipboard.readText()") == MARKDOWN_CODE  # the plain code, no markup
+    page.click(f"{answer} .ls-copy-md")
+    assert page.evaluate("navigator.clipboard.readText()") == MARKDOWN_PROMPT  # the answer's markdown source
+
+    page.get_by_label("Colour tokens by kind").uncheck()
+    page.wait_for_selector("#ls-transcript .ls-nocolour", timeout=30_000)
+    assert page.locator(f"{answer} li .tok").count() > 0 and coloured(page, f"{answer} .tok") == 0
+    assert page.locator(f"{answer} pre code").count() == 1  # the same markdown, uncoloured
+    context.close()
+
+
+MARKDOWN_INJECTION = """Code: ```<script>alert('fence-inline')</script>```
+
+```html
+<script>alert('fence')</script>
+```
+
+<div onmouseover="alert('html-block')"><script>alert('block')</script></div>
+
+![pic](https://e.invalid/x.png" onerror="alert('img')) ![y](x onerror=alert('img2'))
+<img src=x onerror="alert('raw-img')">
+
+[click me](javascript:alert('js-link')) [data](data:text/html,<script>alert('data')</script>) [ok](https://example.com/)
+
+{{constructor.constructor('alert("braces")')()}} ${alert('dollar')} @children
+"""
+
+
+def test_markdown_injection_stays_inert_in_the_browser(browser, echo_app):
+    page = browser.new_page(viewport=VIEWPORT)
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.goto(echo_app)
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    wait_status(page, "ready")
+    send_and_wait(page, MARKDOWN_INJECTION, 0)
+    transcript = page.locator("#ls-transcript")
+    for link in transcript.locator("a").all():
+        assert link.get_attribute("href") == "https://example.com/"
+        assert link.get_attribute("target") == "_blank" and link.get_attribute("rel") == "noopener noreferrer"
+    # every event an injected handler could hang on, fired at every element of the transcript
+    page.evaluate("document.querySelectorAll('#ls-transcript .ls-assistant *').forEach(e => ['mouseover', "
+                  "'mouseenter', 'focus', 'error', 'load'].forEach(t => e.dispatchEvent(new Event(t))))")
+    transcript.locator(".ls-assistant .tok").filter(has_text=re.compile(r"\w")).first.hover()
+    page.wait_for_timeout(500)
+    assert dialogs == []
+    assert transcript.locator("script, img, iframe, object, embed, svg").count() == 0
+    handlers = page.evaluate("[...document.querySelectorAll('#ls-transcript *')].flatMap(e => "
+                             "[...e.attributes].map(a => a.name)).filter(n => n.startsWith('on'))")
+    assert handlers == []
+    shown = page.inner_text("#ls-transcript .ls-assistant")
+    assert "<script>alert('fence')</script>" in shown and "[click me](javascript:alert('js-link'))" in shown
+    assert "{{constructor" in shown and "${alert('dollar')}" in shown  # template braces shown, never evaluated
+    page.close()
+
+
+CONTRAST_JS = """() => {
+    const rgb = (c) => c.match(/[\\d.]+/g).slice(0, 3).map(Number);
+    const lum = (c) => { const [r, g, b] = rgb(c).map(v => { v /= 255;
+        return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+    const out = {};
+    for (const kind of ['accepted', 'resampled', 'bonus', 'target']) {
+        const e = document.querySelector('#ls-transcript .ls-assistant .tok-' + kind);
+        const s = getComputedStyle(e);
+        const [a, b] = [lum(s.color), lum(s.backgroundColor)].sort((x, y) => y - x);
+        out[kind] = (a + 0.05) / (b + 0.05);
+    }
+    return out;
+}"""
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_token_colours_stay_legible_in_both_themes(browser, echo_app, theme):
+    page = browser.new_page(viewport=VIEWPORT)
+    page.goto(f"{echo_app}?__theme={theme}")
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    wait_status(page, "ready")
+    assert page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
+    send_and_wait(page, "Some **bold** text and `code`, then more words to cycle every kind of token.", 0)
+    ratios = page.evaluate(CONTRAST_JS)
+    assert all(ratio >= 4.5 for ratio in ratios.values()), ratios  # WCAG AA for body text
+    page.close()
+
+
+@pytest.mark.slow
+def test_regenerate_and_edit_the_last_message_in_the_browser(browser, echo_app):
+    page = browser.new_page(viewport=VIEWPORT)
+    page.goto(echo_app)
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    wait_status(page, "ready")
+    send_and_wait(page, "first words here", 0)
+    set_max_tokens(page, 2)
+    page.click("#ls-regenerate")
+    wait_status(page, "Done: 2 tokens")
+    answers = page.locator("#ls-transcript .ls-assistant")
+    assert answers.count() == 1 and "here" not in answers.first.inner_text()
+    page.click("#ls-edit")
+    wait_status(page, "Editing")
+    assert page.input_value("#ls-message textarea") == "first words here"
+    assert answers.count() == 0 and page.locator("#ls-cancel-edit").is_visible()
+    page.fill("#ls-message textarea", "edited words")
+    page.click("#ls-send")
+    wait_status(page, "Done: 2 tokens")
+    transcript = page.inner_text("#ls-transcript")
+    assert answers.count() == 1 and "edited words" in transcript and "first words" not in transcript
+    page.wait_for_function("() => !document.querySelector('#ls-cancel-edit') || "
+                           "!document.querySelector('#ls-cancel-edit').offsetParent", timeout=10_000)
+    page.close()
+
+
 def take_screenshot(browser, out: Path) -> Path:
     """A finished chat on the embedded default with its default proposer (n-gram lookup, else the EAGLE head;
-    adaptive K), at 1280×800."""
+    adaptive K), at 1280×800: the answer's code block renders with every token coloured. None when it has no code
+    block with coloured tokens or no accepted token."""
     # a fresh data folder (no saved conversations, no logs left behind) sharing the converted-model cache
     cache = Path(os.environ.get("LOCALSPEC_HOME", REPO / ".localspec-home")) / "cache"
     cache.mkdir(parents=True, exist_ok=True)
@@ -173,19 +349,18 @@ def take_screenshot(browser, out: Path) -> Path:
     app = AppProcess(REPO / "models.yaml", home).wait_ready(timeout_s=600)
     try:
         page = open_page(browser, app.url)
-        set_max_tokens(page, 120)
+        set_max_tokens(page, 200)
         send_and_wait(page, SCREENSHOT_PROMPT, 0, timeout_ms=300_000)
-        page.click("#ls-compare")
-        wait_status(page, "Baseline done", timeout_ms=600_000)
+        coloured_code = page.locator("#ls-transcript .ls-assistant pre .tok").count()
         # hover a token with something to see: a whitespace-only span (a newline) has no box to hover
-        visible = page.locator("#ls-transcript .tok-accepted").filter(has_text=re.compile(r"\S"))
+        visible = page.locator("#ls-transcript .tok-accepted").filter(has_text=re.compile(r"\w"))
         if visible.count():
             visible.first.hover()
         out.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(out))
         kinds = kinds_in_last_answer(page)
         page.close()
-        return out if kinds["accepted"] else None
+        return out if kinds["accepted"] and coloured_code else None
     finally:
         app.stop()
         shutil.rmtree(home, ignore_errors=True)
@@ -195,7 +370,7 @@ def take_screenshot(browser, out: Path) -> Path:
 def test_screenshot_of_the_embedded_default(browser, tmp_path):
     write = os.environ.get("LOCALSPEC_WRITE_SCREENSHOT") == "1"
     out = REPO / "assets" / "screenshot.png" if write else tmp_path / "screenshot.png"
-    assert take_screenshot(browser, out) is not None, "the embedded model's answer had no accepted tokens"
+    assert take_screenshot(browser, out) is not None, "the answer had no coloured code block or no accepted token"
     assert out.stat().st_size > 10_000
 
 

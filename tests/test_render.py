@@ -142,3 +142,155 @@ def test_legend_lists_every_kind_and_escape_is_total():
     for kind in ("accepted", "resampled", "bonus", "target"):
         assert f"tok-{kind}" in legend
     assert escape("<a href='x'>") == "&lt;a href=&#x27;x&#x27;&gt;"
+
+
+# -- markdown ------------------------------------------------------------------------------------------------------
+MARKDOWN_TOKENS = ["Here", " is", " a", " **Eff", "iciency**", " list", ":\n\n", "1.", " one", "\n2", ". *two*\n\n",
+                   "- a", "\n- b\n\n", "## Head", "ing\n\n", "```py", "thon\n", "def f", "(x):\n", "    return x",
+                   " * 2\n", "```\n\n", "| a | b |\n", "|---|---|\n", "| 1 | `2` |\n", "\n> quote", " end\n"]
+KINDS = ("accepted", "target", "bonus", "resampled")
+
+
+def records_of(texts: list[str]) -> list[dict]:
+    return [{"id": i, "text": t, "kind": KINDS[i % 4], "p_target": 0.5} for i, t in enumerate(texts)]
+
+
+class Tree(HTMLParser):
+    """For each token span: its text and the stack of elements it sits in."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.spans, self.tags = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag not in ("br", "hr", "img"):
+            self.stack.append((tag, dict(attrs)))
+
+    def handle_endtag(self, tag):
+        while self.stack and self.stack.pop()[0] != tag:
+            pass
+
+    def handle_data(self, data):
+        if self.stack and self.stack[-1][0] == "span" and "tok" in self.stack[-1][1].get("class", ""):
+            self.spans.append((data, self.stack[-1][1]["class"].split()[1][4:], [t for t, _ in self.stack[:-1]]))
+
+
+def tree(markup: str) -> Tree:
+    parsed = Tree()
+    parsed.feed(markup)
+    parsed.close()
+    return parsed
+
+
+def fresh(records: list[dict]) -> list[dict]:
+    return [dict(r) for r in records]  # equal records, other objects: no cached blocks apply
+
+
+def test_markdown_renders_structure_and_every_span_keeps_its_token_kind():
+    from localspec.ui.markdown import answer_markdown_html
+
+    records = records_of(MARKDOWN_TOKENS)
+    parsed = tree(answer_markdown_html(records))
+    tags = {t for t, _ in parsed.tags}
+    assert {"strong", "em", "ol", "ul", "li", "h2", "pre", "code", "table", "th", "td", "blockquote"} <= tags
+    by_text = {}
+    for text, kind, parents in parsed.spans:
+        by_text.setdefault(text, []).append((kind, parents))
+    # " **Eff" (resampled, index 3) colours " " outside and "Eff" inside <strong>; "iciency**" (accepted) only "iciency"
+    assert ("resampled", ["p", "strong"]) in by_text["Eff"]
+    assert ("accepted", ["p", "strong"]) in by_text["iciency"]
+    assert by_text["one"] == [("accepted", ["ol", "li"])]
+    assert [(k, p[-2:]) for k, p in by_text["(x):\n"]] == [("bonus", ["pre", "code"])]
+    assert by_text["2"][0][1][-2:] == ["td", "code"]
+    # every character of text the renderer shows came from a span of the token that produced it
+    shown = "".join(text for text, _, _ in parsed.spans)
+    for name in ("Eff", "iciency", "Heading", "def f(x):", "return x * 2", "quote end"):
+        assert name in shown.replace("Head" + "ing", "Heading")
+    code = [text for text, _, parents in parsed.spans if "pre" in parents]
+    assert "".join(code) == "def f(x):\n    return x * 2\n"
+    assert 'class="ls-code-lang">python<' in answer_markdown_html(records)
+
+
+def test_markdown_spans_split_at_token_boundaries_inside_one_word():
+    from localspec.ui.markdown import answer_markdown_html
+
+    parsed = tree(answer_markdown_html(records_of(["**Ef", "fic", "iency**"])))
+    assert [(t, k) for t, k, _ in parsed.spans] == [("Ef", "accepted"), ("fic", "target"), ("iency", "bonus")]
+    assert all(p == ["p", "strong"] for _, _, p in parsed.spans)
+
+
+def test_streaming_renders_every_prefix_as_a_fresh_render_would():
+    """The cache of finished blocks changes nothing: each prefix, rendered incrementally, equals its fresh render."""
+    from localspec.ui.markdown import answer_markdown_html
+
+    records = records_of(MARKDOWN_TOKENS)
+    for n in range(1, len(records) + 1):
+        for colour in (True, False):
+            assert answer_markdown_html(records[:n], colour) == answer_markdown_html(fresh(records[:n]), colour), n
+
+
+def test_half_written_answers_render_sensibly():
+    from localspec.ui.markdown import answer_markdown_html
+
+    open_fence = tree(answer_markdown_html(records_of(["Code:\n\n", "```python\n", "x = 1\n", "y ="])))
+    assert "pre" in {t for t, _ in open_fence.tags}  # an unclosed fence is a code block in progress
+    assert [p[-2:] for t, _, p in open_fence.spans if "y =" in t] == [["pre", "code"]]
+    half_table = tree(answer_markdown_html(records_of(["| a | b |\n", "|--"])))
+    assert "table" not in {t for t, _ in half_table.tags}  # half a table shows as text
+    assert "| a | b |" in "".join(t for t, _, _ in half_table.spans)
+    table = tree(answer_markdown_html(records_of(["| a | b |\n", "|--|--|\n"])))
+    assert "table" in {t for t, _ in table.tags}
+
+
+def test_colour_off_shows_the_same_markdown_uncoloured():
+    from localspec.ui.markdown import answer_markdown_html
+
+    records = records_of(MARKDOWN_TOKENS)
+    on, off = answer_markdown_html(records, True), answer_markdown_html(records, False)
+    assert off.count("tok-plain") == on.count('class="tok ') > 0
+    assert re.sub(r' tok-plain', "", off) == on
+
+
+MARKDOWN_HOSTILE = [
+    "```html\n<script>alert(1)</script>\n```\n",
+    "<div onclick=\"alert(2)\">\n<script>alert(3)</script>\n</div>\n\n",
+    "![x](https://e.invalid/x.png\" onerror=\"alert(4)) and ![y](x onerror=alert(5))\n\n",
+    ("[click](javascript:alert(6)) [data](data:text/html;base64,PHNjcmlwdD5hbGVydCg3KTwvc2NyaXB0Pg==) "
+     "[img](data:image/png;base64,AAAA) [ok](https://example.com/a?b={c}&d=${e})\n\n"),
+    "{{constructor.constructor('alert(8)')()}} ${alert(9)} @children `{{x}}` <img src=x onerror=alert(10)>\n",
+]
+
+
+def test_markdown_injection_stays_inert():
+    from localspec.ui.markdown import answer_markdown_html
+
+    markup = answer_markdown_html(records_of(MARKDOWN_HOSTILE))
+    parsed = tree(markup)
+    tags = {t for t, _ in parsed.tags}
+    assert not tags & {"script", "img", "iframe", "object", "embed", "svg", "style"}, tags
+    divs = [a for t, a in parsed.tags if t == "div"]
+    assert all(a.get("class", "").startswith("ls-code") for a in divs), divs  # only our code-block frame
+    links = [a for t, a in parsed.tags if t == "a"]
+    assert [a["href"] for a in links] == ["https://example.com/a?b=%7Bc%7D&d=$%7Be%7D"]
+    assert all(a["target"] == "_blank" and a["rel"] == "noopener noreferrer" for a in links)
+    for t, attrs in parsed.tags:  # no event handler, style or script URL in any attribute
+        assert not any(name.startswith("on") or name == "style" for name in attrs), (t, attrs)
+        assert not any(v and ("javascript:" in v or "data:" in v) for v in attrs.values()), (t, attrs)
+    for raw in ("{{", "${", "<script", "<img", "`"):
+        assert raw not in markup.replace("&lt;script", "").replace("&lt;img", ""), raw
+    shown = "".join(t for t, _, _ in parsed.spans)
+    assert "<script>alert(1)</script>" in shown and "<script>alert(3)</script>" in shown  # shown as text
+    assert "[click](javascript:alert(6))" in shown
+
+
+def test_stats_panel_says_why_speculation_is_paused_and_what_runs():
+    paused = {"k": 4, "cost": 1.6, "tokens": 1.3, "speedup": 1.3 / 1.6, "probe_every": 30}
+    stats = StatsSnapshot(emitted=10, target_forwards=9, k=0, paused=paused)
+    runtime = {"device": "cuda:0", "dtype": "bfloat16", "quant": "int8", "sampler": "triton"}
+    text = " ".join(parse(stats_html(stats, "n-gram", 4, runtime=runtime)).text)
+    assert ("speculation paused: drafting 4 tokens would cost 1.60× a plain step here and win only 1.30× "
+            "(predicted speedup 0.81×); retrying every 30 steps") in text
+    assert "cuda:0 · bfloat16 · int8 · sampler triton" in text
+    assert "paused" not in " ".join(parse(stats_html(StatsSnapshot(emitted=3), "n-gram", 4)).text)
+    assert stats_html(stats.to_dict(), "n-gram", 4) == stats_html(stats, "n-gram", 4)

@@ -180,6 +180,18 @@ class AdaptiveController:
         loss = max(k * draft_c + verify[k] - 1.0, 0.0)
         return int(min(max(math.ceil(loss / self.probe_budget), self.min_probe_every), self.max_probe_every))
 
+    def pause_reason(self) -> dict | None:
+        """Why speculation is off, in the controller's own numbers; None while it speculates.
+
+        k: the best draft length; cost: K·c + v(K) in plain steps; tokens: E(K) tokens such a step would emit;
+        speedup: tokens / cost; probe_every: steps between probes that draft K tokens to look again."""
+        if self.speculating:
+            return None
+        k, speedup = self.best()
+        draft_c, verify = self.costs.ratios(self.max_k)
+        return {"k": k, "cost": k * draft_c + verify[k], "tokens": expected_tokens(self.acceptance(), k),
+                "speedup": speedup, "probe_every": self.probe_every(k)}
+
     # -- the two calls the engine makes ----------------------------------------------------------------------------
     def choose_k(self) -> int:
         k, speedup = self.best()

@@ -60,6 +60,7 @@ class StatsSnapshot:
     per_position_accepted: tuple[int, ...] = ()
     k: int = 0  # K of the latest step (the adaptive controller may change it)
     predicted_speedup: Optional[float] = None  # E / (K·c + v) from measured costs, when known
+    paused: Optional[dict] = None  # adaptive K switched speculation off: AdaptiveController.pause_reason()
 
     @property
     def acceptance_rate(self) -> float:
@@ -96,6 +97,7 @@ class StatsSnapshot:
             "per_position_drafted": list(self.per_position_drafted),
             "k": self.k,
             "predicted_speedup": self.predicted_speedup,
+            "paused": self.paused,
         }
 
 

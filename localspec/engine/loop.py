@@ -194,6 +194,7 @@ class Engine:
                     stats.k = asked
                     if budget_k > 0:  # the last step of a length-capped answer cannot draft: it predicts nothing
                         stats.predicted_speedup = controller.predicted(asked)
+                    stats.paused = controller.pause_reason() if spec.adaptive else None
                 stats.record_step(k, num_accepted, len(emitted), t_score - t_propose, t_sample - t_score,
                                   t_done - t_sample)
                 yield StepEvent(

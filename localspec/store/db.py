@@ -403,6 +403,43 @@ class ConversationStore:
 
         return self._write(retract)
 
+    def drop_earlier_answers(self, answer_id: int) -> int:
+        """A regenerated answer replaces the ones before it: delete the other answers to the same user message (the
+        assistant messages after the last user message before answer_id). Returns how many went."""
+        aid = _int_or_none(answer_id)
+
+        def drop(conn) -> int:
+            row = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (aid,)).fetchone()
+            if row is None:
+                return 0
+            last_user = conn.execute("SELECT COALESCE(MAX(id), 0) FROM messages WHERE conversation_id = ? AND "
+                                     "role = 'user' AND id < ?", (row[0], aid)).fetchone()[0]
+            cur = conn.execute("DELETE FROM messages WHERE conversation_id = ? AND role = 'assistant' AND id > ? "
+                               "AND id <> ?", (row[0], last_user, aid))
+            return cur.rowcount
+
+        return self._write(drop)
+
+    def drop_previous_exchange(self, user_message_id: int) -> int:
+        """An edited message replaces the one before it: delete the user message before user_message_id and every
+        message between the two (its answers). Returns how many went."""
+        uid = _int_or_none(user_message_id)
+
+        def drop(conn) -> int:
+            row = conn.execute("SELECT conversation_id FROM messages WHERE id = ? AND role = 'user'",
+                               (uid,)).fetchone()
+            if row is None:
+                return 0
+            previous = conn.execute("SELECT MAX(id) FROM messages WHERE conversation_id = ? AND role = 'user' AND "
+                                    "id < ?", (row[0], uid)).fetchone()[0]
+            if previous is None:
+                return 0
+            cur = conn.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ? AND id < ?",
+                               (row[0], previous, uid))
+            return cur.rowcount
+
+        return self._write(drop)
+
     def delete_conversation(self, conversation_id: int) -> None:
         """Delete the conversation, its messages and their tokens. Deleting one that is already gone is a no-op."""
         cid = _int_or_none(conversation_id)

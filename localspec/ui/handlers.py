@@ -16,7 +16,9 @@ import gradio as gr
 
 from localspec.config import ConfigError
 from .render import compare_html, stats_html, status_html, transcript_html
+from .loadbar import LoadProgress
 from .manager import Busy, ModelManager, drain
+from .runtime import runtime_of
 from .settings import (PROPOSER_LABELS, first_difference, proposer_choices, read_k, read_proposer, read_sampling,
                        sampling_dict)
 
@@ -136,7 +138,7 @@ class Handlers:
             yield (transcript_html(turns, colour, answer.get("notice")),
                    stats_html(answer["stats"], PROPOSER_LABELS.get(answer.get("proposer"), answer.get("proposer")),
                               answer.get("k") if answer.get("proposer") != "none" else None,
-                              answer.get("finish_reason") if done else None),
+                              answer.get("finish_reason") if done else None, runtime_of(self.manager.session)),
                    status_html(status, "error" if answer.get("finish_reason") == "error" else "info"),
                    events_json(answer), gr.skip(), turns)
 
@@ -237,13 +239,14 @@ class Handlers:
             finally:
                 progress.put(None)
 
+        bar = LoadProgress(name, manager.pairs)
         threading.Thread(target=work, daemon=True, name="localspec-load").start()
-        yield status_html(f"Loading {name}…"), gr.skip(), gr.skip(), gr.skip()
+        yield bar.html(), gr.skip(), gr.skip(), gr.skip()
         while True:
             message = progress.get()
             if message is None:
                 break
-            yield status_html(message), gr.skip(), gr.skip(), gr.skip()
+            yield bar.advance(message), gr.skip(), gr.skip(), gr.skip()
         if "seconds" in result:
             yield (status_html(f"Loaded {name} in {result['seconds']:.1f} s."), name,
                    *self.proposer_updates())

@@ -8,6 +8,7 @@ import gradio as gr
 
 from localspec.chat import TRUNCATION_POLICY
 from .render import legend_html, stats_html, status_html, transcript_html
+from .actions import Actions
 from .conversations import conversations_panel
 from .handlers import Handlers
 from .manager import ModelManager
@@ -25,6 +26,12 @@ def stylesheet() -> str:
     return path.read_text(encoding="utf-8") if path.exists() else ""
 
 
+def transcript_script() -> str:
+    """The transcript's own script: the copy buttons of code blocks and answers (assets/transcript.js)."""
+    path = ASSETS / "transcript.js"
+    return path.read_text(encoding="utf-8") if path.exists() else None
+
+
 def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = None) -> gr.Blocks:
     """Build the Blocks for a ModelManager (which holds the registry and the session factory).
 
@@ -33,6 +40,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
     """
     recorder = Recorder(store) if store is not None else None
     handlers = Handlers(manager, recorder, notice)
+    actions = Actions(handlers)
     session = manager.session
     available = tuple(session.proposers) if session is not None else ("none",)
     spec = session.default_spec() if session is not None else None
@@ -64,7 +72,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                         seed = gr.Number(0, label="Seed", precision=0, min_width=70, elem_id="ls-seed",
                                          elem_classes="ls-compact")
             with gr.Column(scale=5, min_width=420, elem_id="ls-chat"):
-                transcript = gr.HTML(transcript_html([]), js_on_load=None, autoscroll=True, max_height=440,
+                transcript = gr.HTML(transcript_html([]), js_on_load=transcript_script(), autoscroll=True, max_height=440,
                                      min_height=440, elem_id="ls-transcript", padding=False)
                 gr.HTML(legend_html(), js_on_load=None)
                 with gr.Row(equal_height=True):
@@ -77,6 +85,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                 with gr.Row():
                     clear = gr.Button("Clear", size="sm", elem_id="ls-clear")
                     compare = gr.Button("Compare with baseline", size="sm", elem_id="ls-compare")
+                    redo = actions.buttons()
                 gr.HTML(f'<div class="ls-policy">Long conversations: {TRUNCATION_POLICY}</div>', js_on_load=None)
             with gr.Column(scale=3, min_width=300, elem_id="ls-side"):
                 stats = gr.HTML(stats_html(None), js_on_load=None, elem_id="ls-stats")
@@ -92,9 +101,11 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
         send_outputs = [transcript, stats, status, events, message, turns]
         sent = gr.on([send.click, message.submit], handlers.send, [message, turns, *sampling_inputs], send_outputs,
                      api_name="send", concurrency_limit=None, show_progress="hidden")
+        redone = actions.wire(redo, sent, clear, dict(parts, message=message), sampling_inputs)
         if "refresh_list" in parts:  # a new or longer conversation moves to the top of the saved list
             refresh_list, chooser = parts["refresh_list"]
             sent.then(refresh_list, None, [chooser], api_name=False, show_progress="hidden")
+            redone.then(refresh_list, None, [chooser], api_name=False, show_progress="hidden")
             demo.load(refresh_list, None, [chooser], api_name=False)
         stop.click(handlers.stop, None, [status], api_name="stop", concurrency_limit=None, queue=False)
         clear.click(handlers.clear, None, [transcript, stats, status, events, compare_panel, turns],

@@ -3,13 +3,19 @@
 Each browser tab (owner) has a current conversation. An answer is written when the model starts on it: the user
 message, then an incomplete assistant message, then every step's token records, then finish_answer. A killed
 app leaves the answer marked incomplete, with every step that was written.
+
+A regenerated answer (replaces="answer") is saved under the user message already stored, and an edited message
+(see begin_edit) is saved as a new exchange; either way what it replaces is deleted when the new answer says its
+first token, so an answer that fails before saying anything leaves the saved conversation as it was.
 """
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Literal, Optional
 
 from .manager import Message
+
+Replaces = Literal["nothing", "answer", "exchange"]  # answer: regenerated; exchange: an edited message and its answer
 
 TITLE_CHARS = 60
 
@@ -39,6 +45,7 @@ class Recorder:
     def __init__(self, store) -> None:
         self.store = store
         self._current: dict[str, int] = {}  # owner → conversation id
+        self._editing: set[str] = set()  # owners whose next exchange replaces their last one
         self._lock = threading.Lock()
 
     def conversation_of(self, owner: str) -> Optional[int]:
@@ -46,6 +53,7 @@ class Recorder:
 
     def set_conversation(self, owner: str, conversation_id: Optional[int]) -> None:
         with self._lock:
+            self._editing.discard(owner)
             if conversation_id is None:
                 self._current.pop(owner, None)
             else:
@@ -56,11 +64,28 @@ class Recorder:
         with self._lock:
             for owner in [o for o, c in self._current.items() if c == conversation_id]:
                 del self._current[owner]
+                self._editing.discard(owner)
 
-    def sink(self, owner: str, user_text: str, sampling: Optional[dict] = None):
-        """A Message sink for one answer of this owner (see ModelManager.answer); sampling is saved with the answer."""
+    def begin_edit(self, owner: str) -> None:
+        """The owner's next exchange replaces its last stored one (the last user message and its answers)."""
+        with self._lock:
+            self._editing.add(owner)
+
+    def end_edit(self, owner: str) -> None:
+        with self._lock:
+            self._editing.discard(owner)
+
+    def is_editing(self, owner: str) -> bool:
+        return owner in self._editing
+
+    def sink(self, owner: str, user_text: str, sampling: Optional[dict] = None, replaces: Replaces = "nothing"):
+        """A Message sink for one answer of this owner (see ModelManager.answer); sampling is saved with the answer.
+
+        replaces="answer": the answer regenerates the last one, under the user message already saved (a new
+        conversation holding user_text when the tab has none). Otherwise a pending edit (begin_edit) makes this
+        exchange replace the last one."""
         state: dict = {"message_id": None, "user_message_id": None, "conversation_id": None, "finished": False,
-                       "said": False}
+                       "said": False, "replaces": replaces}
 
         def on_message(message: Message) -> None:
             if message.kind == "started":
@@ -70,6 +95,8 @@ class Recorder:
             elif message.kind == "event":
                 if message.records:
                     self.store.append_tokens(state["message_id"], list(message.records))
+                    if not state["said"]:
+                        self._replace(owner, state)
                     state["said"] = True
                 event = message.event
                 if event.finished and event.finish_reason == "error" and not state["said"]:
@@ -88,6 +115,15 @@ class Recorder:
 
         return on_message
 
+    def _replace(self, owner: str, state: dict) -> None:
+        """The new answer said its first token: what it replaces goes from the store."""
+        if state["replaces"] == "answer":
+            self.store.drop_earlier_answers(state["message_id"])
+        elif state["replaces"] == "exchange":
+            with self._lock:
+                self._editing.discard(owner)
+            self.store.drop_previous_exchange(state["user_message_id"])
+
     def _retract(self, owner: str, state: dict) -> None:
         """The answer failed before its first token: the window takes the message back, so does the database."""
         with self._lock:
@@ -101,18 +137,21 @@ class Recorder:
         from localspec.store.db import StoreError
 
         spec = message.spec
+        model, proposer, k = message.text, getattr(spec, "proposer", "none"), getattr(spec, "k", 0)
         with self._lock:
             conversation_id = self._current.get(owner)
+            if state["replaces"] == "nothing" and owner in self._editing:
+                state["replaces"] = "exchange"
             if conversation_id is not None:
                 try:
-                    state["user_message_id"] = self.store.add_message(conversation_id, "user", user_text)
+                    if state["replaces"] != "answer":
+                        state["user_message_id"] = self.store.add_message(conversation_id, "user", user_text)
+                    state["message_id"] = self.store.start_answer(conversation_id, model, proposer, k, sampling)
                 except StoreError:  # deleted in another tab: start a new one
                     conversation_id = None
             if conversation_id is None:
-                conversation_id = self.store.create_conversation(title_from(user_text), message.text)
+                conversation_id = self.store.create_conversation(title_from(user_text), model)
                 state["user_message_id"] = self.store.add_message(conversation_id, "user", user_text)
+                state["message_id"] = self.store.start_answer(conversation_id, model, proposer, k, sampling)
                 self._current[owner] = conversation_id
         state["conversation_id"] = conversation_id
-        state["message_id"] = self.store.start_answer(conversation_id, message.text,
-                                                      getattr(spec, "proposer", "none"), getattr(spec, "k", 0),
-                                                      sampling)

@@ -6,62 +6,12 @@ as text. Braces and dollar signs are escaped too, so no template engine downstre
 """
 from __future__ import annotations
 
-import html
-from typing import Any, Callable, Iterable, Optional
+from typing import Iterable, Optional
 
-from localspec.engine.events import TOKEN_KINDS, StatsSnapshot, TokenEvent
+from localspec.engine.events import TOKEN_KINDS, StatsSnapshot
 
-KIND_LABELS = {
-    "accepted": "accepted draft token",
-    "resampled": "resampled by the target (draft token rejected)",
-    "bonus": "bonus token (all drafts accepted)",
-    "target": "target token (speculation off)",
-}
-_TEMPLATE_CHARS = str.maketrans({"{": "&#123;", "}": "&#125;", "$": "&#36;", "`": "&#96;", "@": "&#64;"})
-
-
-def escape(text: Any) -> str:
-    """HTML-escape any text (quotes included) and neutralise template syntax ({ } $ ` @)."""
-    return html.escape(str(text), quote=True).translate(_TEMPLATE_CHARS)
-
-
-def token_record(token: TokenEvent, decode: Optional[Callable[[list[int]], str]] = None) -> dict:
-    """A TokenEvent as a plain dict (what the UI state and the store keep), with the rejected draft token's text."""
-    record = token.to_dict()
-    record["acceptance_prob"] = token.acceptance_prob
-    record["rejected_text"] = None
-    if token.rejected_token_id is not None and decode is not None:
-        try:
-            record["rejected_text"] = decode([token.rejected_token_id])
-        except Exception:  # a tokenizer that cannot decode one id alone: the id is still shown
-            record["rejected_text"] = None
-    return record
-
-
-def _prob(value: Optional[float]) -> str:
-    return "—" if value is None else f"{value:.3f}"
-
-
-def token_title(record: dict) -> str:
-    """The hover text of one token (plain text; escaped by the caller)."""
-    kind = record.get("kind", "target")
-    lines = [KIND_LABELS.get(kind, kind), f"p_target = {_prob(record.get('p_target'))}"]
-    if kind == "accepted":
-        lines.append(f"p_draft = {_prob(record.get('p_draft'))}")
-        lines.append(f"acceptance min(1, p_target/p_draft) = {_prob(record.get('acceptance_prob'))}")
-    elif kind == "resampled":
-        rejected = record.get("rejected_text")
-        shown = repr(rejected) if rejected is not None else f"id {record.get('rejected_id')}"
-        lines.append(f"rejected draft token {shown}: p_target = {_prob(record.get('rejected_p_target'))}, "
-                     f"p_draft = {_prob(record.get('rejected_p_draft'))}")
-        lines.append(f"acceptance min(1, p_target/p_draft) = {_prob(record.get('acceptance_prob'))}")
-    return "\n".join(lines)
-
-
-def token_span(record: dict, colour: bool = True) -> str:
-    kind = record.get("kind") if record.get("kind") in TOKEN_KINDS else "target"
-    classes = f"tok tok-{kind}" + ("" if colour else " tok-plain")
-    return f'<span class="{classes}" title="{escape(token_title(record))}">{escape(record.get("text", ""))}</span>'
+from .markdown import answer_markdown_html, plain_markdown_html
+from .spans import KIND_LABELS, escape, token_record, token_span, token_title  # noqa: F401 (the render API)
 
 
 def tokens_html(records: Iterable[dict], colour: bool = True) -> str:
@@ -78,7 +28,7 @@ def _message_html(turn: dict, colour: bool) -> str:
     role = turn.get("role", "user")
     if role == "assistant":
         tokens = turn.get("tokens")
-        body = tokens_html(tokens, colour) if tokens else escape(turn.get("content", ""))
+        body = answer_markdown_html(tokens, colour) if tokens else plain_markdown_html(turn.get("content", ""))
         note = ""
         reason = turn.get("finish_reason")
         if turn.get("pending"):
@@ -91,8 +41,16 @@ def _message_html(turn: dict, colour: bool) -> str:
             note = '<div class="ls-note">incomplete — the app stopped during this answer</div>'
         meta = turn.get("label")
         head = f'<div class="ls-meta">{escape(meta)}</div>' if meta else ""
-        return f'<div class="ls-msg ls-assistant">{head}<div class="ls-body">{body}</div>{note}</div>'
+        tools = "" if turn.get("pending") or not turn.get("content") else copy_markdown_html(turn["content"])
+        return (f'<div class="ls-msg ls-assistant">{head}<div class="ls-body ls-md">{body}</div>{tools}{note}'
+                f'</div>')
     return f'<div class="ls-msg ls-{escape(role)}"><div class="ls-body">{escape(turn.get("content", ""))}</div></div>'
+
+
+def copy_markdown_html(content: str) -> str:
+    """The answer's markdown source (hidden) and a button that copies it (assets/transcript.js)."""
+    return (f'<div class="ls-tools"><button type="button" class="ls-copy-md" title="copy the answer as markdown">'
+            f'copy markdown</button><pre class="ls-raw" hidden>{escape(content)}</pre></div>')
 
 
 def transcript_html(turns: list[dict], colour: bool = True, notice: Optional[str] = None) -> str:
@@ -129,12 +87,31 @@ def acceptance_chart_html(stats: StatsSnapshot | dict | None) -> str:
     return f'<div class="ls-chart"><div class="ls-chart-title">acceptance by draft position</div>{"".join(rows)}</div>'
 
 
+def pause_text(paused: dict) -> str:
+    """Why adaptive K switched speculation off, from AdaptiveController.pause_reason()'s numbers."""
+    k = paused.get("k", 0)
+    return (f"speculation paused: drafting {k} token{'s' if k != 1 else ''} would cost {paused.get('cost', 0.0):.2f}× "
+            f"a plain step here and win only {paused.get('tokens', 0.0):.2f}× (predicted speedup "
+            f"{paused.get('speedup', 0.0):.2f}×); retrying every {paused.get('probe_every', 0)} steps")
+
+
+def runtime_html(runtime: Optional[dict]) -> str:
+    """Device, dtype, quantization and sampler kernel of the pair in use."""
+    if not runtime:
+        return ""
+    parts = [runtime.get("device"), runtime.get("dtype"),
+             None if runtime.get("quant") in (None, "none") else runtime.get("quant"),
+             f"sampler {runtime['sampler']}" if runtime.get("sampler") else None]
+    return f'<div class="ls-runtime">{escape(" · ".join(str(p) for p in parts if p))}</div>'
+
+
 def stats_html(stats: StatsSnapshot | dict | None, proposer: Optional[str] = None, k: Optional[int] = None,
-               finish_reason: Optional[str] = None) -> str:
-    """The live stats panel for the current answer."""
+               finish_reason: Optional[str] = None, runtime: Optional[dict] = None) -> str:
+    """The live stats panel for the current answer; runtime: runtime.runtime_of(session) for the header."""
     data = _stats_dict(stats)
     if not data:
-        return '<div class="ls-stats ls-stats-empty">Stats of the current answer appear here while it streams.</div>'
+        return ('<div class="ls-stats ls-stats-empty">Stats of the current answer appear here while it streams.'
+                f'{runtime_html(runtime)}</div>')
     drafted, accepted = data.get("drafted", 0), data.get("accepted", 0)
     rate = data.get("acceptance_rate", 0.0)
     head = f'<div class="ls-stats-head">{escape(proposer or "")}{f" · K={k}" if k else ""}' \
@@ -150,7 +127,8 @@ def stats_html(stats: StatsSnapshot | dict | None, proposer: Optional[str] = Non
         rows.append(("predicted speedup", f"{data['predicted_speedup']:.2f}×"))
     table = "".join(f'<tr><th>{escape(name)}</th><td class="ls-stat-{i}">{escape(value)}</td></tr>'
                     for i, (name, value) in enumerate(rows))
-    return (f'<div class="ls-stats">{head}<table class="ls-stats-table">{table}</table>'
+    paused = f'<div class="ls-paused">{escape(pause_text(data["paused"]))}</div>' if data.get("paused") else ""
+    return (f'<div class="ls-stats">{head}{runtime_html(runtime)}{paused}<table class="ls-stats-table">{table}</table>'
             f'{timing_html(data)}{acceptance_chart_html(data)}</div>')
 
 

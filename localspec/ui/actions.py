@@ -1,0 +1,166 @@
+"""Regenerate the last answer, and edit and resend the last message.
+
+Regenerate drops the last answer and answers the same user message again with the controls' current settings; the
+saved conversation keeps one answer to it. Edit takes the last exchange out of the transcript and puts its message
+back in the box; the next Send replaces that exchange (in the window and in the saved conversation), and Cancel
+edit puts it back. The edit in progress lives in a gr.State: None, or {"turns": [the user turn, its answer],
+"at": how many turns stayed}.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import gradio as gr
+
+from localspec.config import ConfigError
+from .handlers import Handlers, events_json, history_of, owner_of
+from .manager import Busy
+from .render import stats_html, status_html, transcript_html
+from .runtime import runtime_of
+from .settings import PROPOSER_LABELS, read_k, read_sampling, sampling_dict
+
+STREAMING = "an answer is still streaming in this window; press Stop or wait for it"
+NOTHING_TO_REDO = "Send a message first: there is no answer to regenerate or message to edit."
+EDITING = "Editing your last message: change it and press Send to replace it and its answer, or Cancel edit."
+
+
+def last_exchange(turns: list[dict]) -> Optional[int]:
+    """Index of the last user turn when it is followed by its finished answer (the last turn), else None."""
+    if len(turns) >= 2 and turns[-1]["role"] == "assistant" and turns[-2]["role"] == "user" \
+            and "pending" not in turns[-1]:
+        return len(turns) - 2
+    return None
+
+
+class Actions:
+    def __init__(self, handlers: Handlers) -> None:
+        self.handlers = handlers
+        self.manager = handlers.manager
+        self.recorder = handlers.recorder
+
+    def _editing(self, editing, turns: list[dict], owner: str) -> bool:
+        """An edit is in progress in this window (not ended by Clear or by opening another conversation)."""
+        if not editing or len(turns) != editing["at"]:
+            return False
+        return self.recorder is None or self.recorder.is_editing(owner)
+
+    def _stats(self, answer: dict, done: bool) -> str:
+        proposer = answer.get("proposer")
+        return stats_html(answer.get("stats"), PROPOSER_LABELS.get(proposer, proposer),
+                          answer.get("k") if proposer != "none" else None,
+                          answer.get("finish_reason") if done else None, runtime_of(self.manager.session))
+
+    # ---- regenerate ------------------------------------------------------------------------------------------
+    def regenerate(self, turns, editing, proposer, k, temperature, top_p, top_k, max_new_tokens, seed, colour,
+                   request: gr.Request = None):
+        """Outputs: transcript, stats, status, events, state."""
+        owner = owner_of(request)
+        turns = list(turns or [])
+        at = last_exchange(turns)
+        try:
+            if self._editing(editing, turns, owner):
+                raise ConfigError("finish the edit first: press Send, or Cancel edit")
+            if self.manager.is_answering(owner):
+                raise Busy(STREAMING)
+            if at is None:
+                raise ConfigError(NOTHING_TO_REDO)
+            sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed)
+            k_value = read_k(k)
+        except ConfigError as exc:
+            yield gr.skip(), gr.skip(), status_html(str(exc), "error"), gr.skip(), turns
+            return
+        old = turns[-1]
+        user_text = turns[at]["content"]
+        answer = {"role": "assistant", "content": "", "tokens": [], "pending": True, "stats": None,
+                  "finish_reason": None, "error": None, "proposer": proposer, "k": k_value,
+                  "sampling": sampling_dict(sampling)}
+        kept = turns[:-1]
+        turns = kept + [answer]
+        yield transcript_html(turns, colour), stats_html(None), status_html("Regenerating…"), gr.skip(), turns
+        sink = None
+        if self.recorder is not None:
+            sink = self.recorder.sink(owner, user_text, sampling_dict(sampling), replaces="answer")
+        for answer, status in self.handlers._run(owner, history_of(kept), sampling, proposer, k_value, answer, sink):
+            if answer.get("finish_reason") == "error" and not answer["tokens"]:
+                turns = kept + [old]  # nothing was said: the previous answer stays
+                yield (transcript_html(turns, colour), gr.skip(),
+                       status_html(f"{answer['error']} (the previous answer is kept)", "error"), gr.skip(), turns)
+                return
+            done = "pending" not in answer
+            if done:
+                status = self.handlers._final_status(answer)
+            yield (transcript_html(turns, colour, answer.get("notice")), self._stats(answer, done),
+                   status_html(status, "error" if answer.get("finish_reason") == "error" else "info"),
+                   events_json(answer), turns)
+
+    # ---- edit and resend -------------------------------------------------------------------------------------
+    def edit(self, turns, editing, colour, request: gr.Request = None):
+        """Outputs: transcript, status, message box, state, edit state, Cancel edit button."""
+        owner = owner_of(request)
+        turns = list(turns or [])
+        at = last_exchange(turns)
+        problem = ("already editing: press Send or Cancel edit" if self._editing(editing, turns, owner) else
+                   STREAMING if self.manager.is_answering(owner) else
+                   NOTHING_TO_REDO if at is None else None)
+        if problem:
+            return gr.skip(), status_html(problem, "error"), gr.skip(), turns, editing, gr.skip()
+        if self.recorder is not None:
+            self.recorder.begin_edit(owner)
+        kept, taken = turns[:at], turns[at:]
+        return (transcript_html(kept, colour), status_html(EDITING), taken[0]["content"], kept,
+                {"turns": taken, "at": len(kept)}, gr.update(visible=True))
+
+    def cancel_edit(self, turns, editing, colour, request: gr.Request = None):
+        """Put the exchange taken out by edit back. Outputs: transcript, status, message box, state, edit state,
+        Cancel edit button."""
+        turns = list(turns or [])
+        hidden = gr.update(visible=False)
+        if not editing:
+            return gr.skip(), status_html("Nothing is being edited."), gr.skip(), turns, None, hidden
+        owner = owner_of(request)
+        active = self._editing(editing, turns, owner)  # not when Clear or another conversation ended it
+        if self.recorder is not None:
+            self.recorder.end_edit(owner)
+        if not active:
+            return gr.skip(), status_html("The edit was dropped; the window has changed since."), gr.skip(), \
+                turns, None, hidden
+        turns = turns + list(editing["turns"])
+        return transcript_html(turns, colour), status_html("Edit cancelled."), "", turns, None, hidden
+
+    def after_send(self, turns, editing):
+        """After Send: an edit is done once an answer followed it. Outputs: edit state, Cancel edit button."""
+        turns = list(turns or [])
+        if editing and len(turns) > editing["at"] and turns[-1]["role"] == "assistant":
+            return None, gr.update(visible=False)
+        return gr.skip(), gr.skip()
+
+    def reset(self, request: gr.Request = None):
+        """Clear: no edit any more. Outputs: edit state, Cancel edit button."""
+        if self.recorder is not None:
+            self.recorder.end_edit(owner_of(request))
+        return None, gr.update(visible=False)
+
+
+    # ---- the buttons and their wiring (called by layout.build_app) -------------------------------------------
+    def buttons(self) -> dict:
+        """Render the buttons where called (inside a gr.Row) and the edit state."""
+        return {"editing": gr.State(None),
+                "regenerate": gr.Button("Regenerate", size="sm", elem_id="ls-regenerate"),
+                "edit": gr.Button("Edit last message", size="sm", elem_id="ls-edit"),
+                "cancel": gr.Button("Cancel edit", size="sm", visible=False, elem_id="ls-cancel-edit")}
+
+    def wire(self, redo: dict, sent, clear, parts: dict, sampling_inputs: list):
+        """Wire the buttons; parts holds turns, transcript, stats, status, events, colour, message. Returns the
+        regenerate event (for what follows a new answer)."""
+        editing, cancel, turns = redo["editing"], redo["cancel"], parts["turns"]
+        sent.then(self.after_send, [turns, editing], [editing, cancel], api_name=False, show_progress="hidden")
+        clear.click(self.reset, None, [editing, cancel], api_name=False, show_progress="hidden")
+        edit_outputs = [parts["transcript"], parts["status"], parts["message"], turns, editing, cancel]
+        redo["edit"].click(self.edit, [turns, editing, parts["colour"]], edit_outputs, api_name="edit_last",
+                           show_progress="hidden")
+        cancel.click(self.cancel_edit, [turns, editing, parts["colour"]], edit_outputs, api_name="cancel_edit",
+                     show_progress="hidden")
+        return redo["regenerate"].click(
+            self.regenerate, [turns, editing, *sampling_inputs],
+            [parts["transcript"], parts["stats"], parts["status"], parts["events"], turns], api_name="regenerate",
+            concurrency_limit=None, show_progress="hidden")

@@ -1,0 +1,55 @@
+"""The progress bar of a model pair that loads: its stages counted from the pair, advanced by each progress message.
+
+A pair loads in these stages (models/loading.py says each one through its progress callback): converting a
+packaged GGUF that is not cached yet, loading the target, the same two for a draft, and "Ready.". The bar shows
+how many of them have been said; the switch handler's own "Loaded … in … s" ends it.
+"""
+from __future__ import annotations
+
+from html import escape
+from typing import Optional
+
+from localspec.config import ModelSpec, PairSpec
+
+
+def _converts(spec: Optional[ModelSpec]) -> bool:
+    """True when loading spec will first convert a packaged GGUF (it is not in the cache yet)."""
+    from localspec.config import ConfigError
+    from localspec.models.loading import gguf_cache_folder, gguf_file
+    from localspec.models.registry import GGUF_PREFIX
+
+    if spec is None or not str(spec.source).startswith(GGUF_PREFIX):
+        return False
+    try:
+        return not (gguf_cache_folder(gguf_file(spec.source)) / "done").exists()
+    except (ConfigError, OSError):  # the load itself will say what is wrong
+        return False
+
+
+def expected_stages(pair: PairSpec) -> int:
+    stages = 1 + _converts(pair.target)  # the target, and its conversion
+    if pair.draft is not None:
+        stages += 1 + _converts(pair.draft)
+    return stages + 1  # "Ready."
+
+
+class LoadProgress:
+    """Counts a pair's progress messages against its expected stages."""
+
+    def __init__(self, name: Optional[str], pairs: list[PairSpec]) -> None:
+        pair = next((p for p in pairs if p.name == name), None)  # an unknown name fails in the load itself
+        self.name = name
+        self.total = expected_stages(pair) if pair is not None else 1
+        self.done = 0
+
+    def advance(self, message: str) -> str:
+        """One more stage said: the status line with the bar."""
+        self.done += 1
+        return self.html(message)
+
+    def html(self, message: Optional[str] = None) -> str:
+        shown = min(self.done, self.total)
+        text = message or f"Loading {self.name}…"
+        return (f'<div class="ls-status ls-status-info ls-loading">{escape(text)}'
+                f'<progress class="ls-load" max="{self.total}" value="{shown}"></progress>'
+                f'<span class="ls-load-stage">stage {shown} of {self.total}</span></div>')

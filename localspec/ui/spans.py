@@ -1,0 +1,59 @@
+"""One token as a coloured span: its kind class, its hover card, its text escaped."""
+from __future__ import annotations
+
+import html
+from typing import Any, Callable, Optional
+
+from localspec.engine.events import TOKEN_KINDS, TokenEvent
+
+KIND_LABELS = {
+    "accepted": "accepted draft token",
+    "resampled": "resampled by the target (draft token rejected)",
+    "bonus": "bonus token (all drafts accepted)",
+    "target": "target token (speculation off)",
+}
+_TEMPLATE_CHARS = str.maketrans({"{": "&#123;", "}": "&#125;", "$": "&#36;", "`": "&#96;", "@": "&#64;"})
+
+
+def escape(text: Any) -> str:
+    """HTML-escape any text (quotes included) and neutralise template syntax ({ } $ ` @)."""
+    return html.escape(str(text), quote=True).translate(_TEMPLATE_CHARS)
+
+
+def token_record(token: TokenEvent, decode: Optional[Callable[[list[int]], str]] = None) -> dict:
+    """A TokenEvent as a plain dict (what the UI state and the store keep), with the rejected draft token's text."""
+    record = token.to_dict()
+    record["acceptance_prob"] = token.acceptance_prob
+    record["rejected_text"] = None
+    if token.rejected_token_id is not None and decode is not None:
+        try:
+            record["rejected_text"] = decode([token.rejected_token_id])
+        except Exception:  # a tokenizer that cannot decode one id alone: the id is still shown
+            record["rejected_text"] = None
+    return record
+
+
+def _prob(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def token_title(record: dict) -> str:
+    """The hover text of one token (plain text; escaped by the caller)."""
+    kind = record.get("kind", "target")
+    lines = [KIND_LABELS.get(kind, kind), f"p_target = {_prob(record.get('p_target'))}"]
+    if kind == "accepted":
+        lines.append(f"p_draft = {_prob(record.get('p_draft'))}")
+        lines.append(f"acceptance min(1, p_target/p_draft) = {_prob(record.get('acceptance_prob'))}")
+    elif kind == "resampled":
+        rejected = record.get("rejected_text")
+        shown = repr(rejected) if rejected is not None else f"id {record.get('rejected_id')}"
+        lines.append(f"rejected draft token {shown}: p_target = {_prob(record.get('rejected_p_target'))}, "
+                     f"p_draft = {_prob(record.get('rejected_p_draft'))}")
+        lines.append(f"acceptance min(1, p_target/p_draft) = {_prob(record.get('acceptance_prob'))}")
+    return "\n".join(lines)
+
+
+def token_span(record: dict, colour: bool = True) -> str:
+    kind = record.get("kind") if record.get("kind") in TOKEN_KINDS else "target"
+    classes = f"tok tok-{kind}" + ("" if colour else " tok-plain")
+    return f'<span class="{classes}" title="{escape(token_title(record))}">{escape(record.get("text", ""))}</span>'

@@ -1,0 +1,150 @@
+"""Regenerate, and edit and resend (localspec/ui/actions.py): the handlers run in-process on the echo session
+(it answers with the user's own message) with a real ConversationStore."""
+from __future__ import annotations
+
+import pytest
+
+from localspec.ui.actions import Actions
+from localspec.ui.echo import echo_manager, pieces
+from localspec.ui.handlers import Handlers
+from localspec.ui.recorder import Recorder
+
+store_db = pytest.importorskip("localspec.store.db")
+
+# proposer, k, temperature, top_p, top_k, max_new_tokens, seed, colour
+SETTINGS = ("ngram", 3, 0.0, 1.0, 0, 256, 0, True)
+
+
+def last(generator):
+    out = None
+    for out in generator:
+        pass
+    return out
+
+
+@pytest.fixture
+def app(tmp_path):
+    store = store_db.ConversationStore(tmp_path / "conversations.db")
+    handlers = Handlers(echo_manager(), Recorder(store))
+    yield handlers, Actions(handlers), store
+    store.close()
+
+
+def send(handlers, text, turns, settings=SETTINGS):
+    """Send through the Send handler; returns (status html, message box, turns)."""
+    _transcript, _stats, status, _events, box, turns = last(handlers.send(text, turns, *settings))
+    return status, box, turns
+
+
+def saved(store) -> list[tuple[str, str]]:
+    (summary,) = store.list_conversations()
+    return [(m.role, m.content) for m in store.get_conversation(summary.id).messages]
+
+
+def test_regenerate_answers_the_same_message_again_with_the_current_settings(app):
+    handlers, actions, store = app
+    _, _, turns = send(handlers, "first question here", [])
+    _, _, turns = send(handlers, "tell me about speculative decoding", turns)
+    assert turns[-1]["content"] == "tell me about speculative decoding"
+    shorter = SETTINGS[:5] + (3,) + SETTINGS[6:]  # max new tokens 3 now
+    transcript, _stats, status, _events, turns = last(actions.regenerate(turns, None, *shorter))
+    assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant"]
+    assert turns[-1]["content"] == "".join(pieces("tell me about speculative decoding")[:3])
+    assert turns[-1]["sampling"]["max_new_tokens"] == 3 and "Done: 3 tokens" in status
+    assert transcript.count('class="tok tok-') == len(pieces("first question here")) + 3
+    assert saved(store) == [("user", "first question here"), ("assistant", "first question here"),
+                            ("user", "tell me about speculative decoding"), ("assistant", turns[-1]["content"])]
+    (summary,) = store.list_conversations()
+    answer = store.get_conversation(summary.id).messages[-1]
+    assert answer.complete and answer.sampling["max_new_tokens"] == 3 and len(answer.tokens) == 3
+
+
+def test_regenerate_with_nothing_to_regenerate_says_so(app):
+    _handlers, actions, store = app
+    *_, status, _events, turns = last(actions.regenerate([], None, *SETTINGS))
+    assert "Send a message first" in status and turns == [] and store.list_conversations() == []
+
+
+def test_a_regenerate_that_fails_before_its_first_token_keeps_the_previous_answer(app, monkeypatch):
+    handlers, actions, store = app
+    _, _, turns = send(handlers, "keep this answer", [])
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("the model broke")
+
+    monkeypatch.setattr(handlers.manager.session, "stream_ids", broken)
+    *_, status, _events, after = last(actions.regenerate(turns, None, *SETTINGS))
+    assert "the model broke" in status and "previous answer is kept" in status
+    assert after[-1]["content"] == "keep this answer" and len(after) == 2
+    assert saved(store) == [("user", "keep this answer"), ("assistant", "keep this answer")]
+
+
+def test_edit_puts_the_last_message_back_and_send_replaces_that_exchange(app):
+    handlers, actions, store = app
+    _, _, turns = send(handlers, "hello", [])
+    _, _, turns = send(handlers, "a message with a typo", turns)
+    transcript, status, box, turns, editing, cancel = actions.edit(turns, None, True)
+    assert box == "a message with a typo" and "Editing" in status
+    assert [t["content"] for t in turns] == ["hello", "hello"] and "typo" not in transcript
+    assert cancel["visible"] is True and editing["at"] == 2
+    assert saved(store)[-1] == ("assistant", "a message with a typo")  # stored until the resend answers
+    _, _, turns = send(handlers, "a message without it", turns)
+    assert [t["content"] for t in turns] == ["hello", "hello", "a message without it", "a message without it"]
+    assert saved(store) == [("user", "hello"), ("assistant", "hello"), ("user", "a message without it"),
+                            ("assistant", "a message without it")]
+    editing, cancel = actions.after_send(turns, editing)
+    assert editing is None and cancel["visible"] is False
+    _, _, turns = send(handlers, "and one more", turns)  # the edit is over: this one is added, not replacing
+    assert len(saved(store)) == 6 and len(turns) == 6
+
+
+def test_cancel_edit_puts_the_exchange_back_and_the_next_send_adds_to_it(app):
+    handlers, actions, store = app
+    _, _, turns = send(handlers, "hello", [])
+    _, _, turns = send(handlers, "second", turns)
+    _, _, _, trimmed, editing, _ = actions.edit(turns, None, True)
+    _transcript, status, box, restored, editing, cancel = actions.cancel_edit(trimmed, editing, True)
+    assert restored == turns and box == "" and editing is None and cancel["visible"] is False
+    assert "cancelled" in status
+    _, _, turns = send(handlers, "third", restored)
+    assert [c for _, c in saved(store)] == ["hello", "hello", "second", "second", "third", "third"]
+
+
+def test_edit_while_nothing_was_said_or_while_editing_is_refused(app):
+    handlers, actions, _store = app
+    _transcript, status, _box, turns, editing, _ = actions.edit([], None, True)
+    assert "Send a message first" in status and editing is None
+    _, _, turns = send(handlers, "hello", [])
+    _, _, _, trimmed, editing, _ = actions.edit(turns, None, True)
+    _transcript, status, *_ = actions.edit(trimmed, editing, True)
+    assert "already editing" in status
+    *_, status, _events, _turns = last(actions.regenerate(trimmed, editing, *SETTINGS))
+    assert "finish the edit first" in status
+
+
+def test_an_edited_resend_that_fails_before_its_first_token_leaves_the_edit_pending(app, monkeypatch):
+    handlers, actions, store = app
+    _, _, turns = send(handlers, "hello", [])
+    _, _, turns = send(handlers, "second", turns)
+    _, _, _, trimmed, _editing, _ = actions.edit(turns, None, True)
+    original = handlers.manager.session.stream_ids
+    monkeypatch.setattr(handlers.manager.session, "stream_ids", lambda *a, **k: iter(()).throw(RuntimeError("x")))
+    status, box, after = send(handlers, "second, edited", trimmed)
+    assert box == "second, edited" and after == trimmed and "x" in status
+    assert [c for _, c in saved(store)] == ["hello", "hello", "second", "second"]
+    monkeypatch.setattr(handlers.manager.session, "stream_ids", original)
+    _, _, after = send(handlers, "second, edited", after)
+    assert [c for _, c in saved(store)] == ["hello", "hello", "second, edited", "second, edited"]
+
+
+def test_clearing_ends_an_edit(app):
+    handlers, actions, store = app
+    _, _, turns = send(handlers, "hello", [])
+    *_, editing, _ = actions.edit(turns, None, True)
+    handlers.clear()
+    assert actions.reset()[0] is None
+    _, _, turns = send(handlers, "a new conversation", [])
+    conversations = [store.get_conversation(s.id) for s in store.list_conversations()]
+    assert sorted(len(c.messages) for c in conversations) == [2, 2]  # the first one keeps its exchange
+    _transcript, status, *_ = actions.cancel_edit(turns, editing, True)  # a stale edit state puts nothing back
+    assert "dropped" in status
