@@ -115,7 +115,7 @@ class Handlers:
             if self.manager.is_answering(owner):
                 raise Busy("an answer is still streaming in this window; press Stop or wait for it, then send")
         except ConfigError as exc:
-            yield (gr.skip(), gr.skip(), status_html(str(exc), "error"), gr.skip(), text, turns)
+            yield self._refused(str(exc), text, turns, colour)
             return
         history = history_of(turns) + [{"role": "user", "content": text}]
         answer = {"role": "assistant", "content": "", "tokens": [], "pending": True, "stats": None,
@@ -126,9 +126,7 @@ class Handlers:
         sink = self.recorder.sink(owner, text, sampling_dict(sampling)) if self.recorder is not None else None
         for answer, status in self._run(owner, history, sampling, proposer, k_value, answer, sink):
             if answer.get("finish_reason") == "error" and not answer["tokens"]:
-                turns = turns[:-2]  # nothing was said: take the message back into the box
-                yield (transcript_html(turns, colour), gr.skip(), status_html(answer["error"], "error"), gr.skip(),
-                       text, turns)
+                yield self._refused(answer["error"], text, turns[:-2], colour)  # nothing was said: message back
                 return
             done = "pending" not in answer
             if done:
@@ -139,6 +137,16 @@ class Handlers:
                               answer.get("finish_reason") if done else None),
                    status_html(status, "error" if answer.get("finish_reason") == "error" else "info"),
                    events_json(answer), gr.skip(), turns)
+
+    @staticmethod
+    def _refused(reason: str, text: str, turns: list[dict], colour) -> tuple:
+        """Send's outputs for a refused message: real values everywhere (an API caller cannot read gr.skip()), the
+        window as it was, the reason in the status line and the message back in the box."""
+        last = next((t for t in reversed(turns) if t["role"] == "assistant"), None)
+        stats = (stats_html(last.get("stats"), PROPOSER_LABELS.get(last.get("proposer"), last.get("proposer")),
+                            last.get("k") if last.get("proposer") != "none" else None, last.get("finish_reason"))
+                 if last else stats_html(None))
+        return transcript_html(turns, colour), stats, status_html(reason, "error"), events_json(last), text, turns
 
     @staticmethod
     def _final_status(answer: dict) -> str:
@@ -221,8 +229,13 @@ class Handlers:
     def switch(self, name, request: gr.Request = None):
         """Outputs: status, model dropdown, proposer, K."""
         manager = self.manager
+        if name is None or name not in {p.name for p in manager.pairs}:
+            kept = f" Still using {manager.name}." if manager.name else ""
+            yield (status_html(f"Could not switch: choose a model pair from the list (got {name!r}).{kept}", "error"),
+                   manager.name, *self.proposer_updates())
+            return
         if name == manager.name and manager.session is not None:
-            yield status_html(f"{name} is already loaded."), gr.skip(), gr.skip(), gr.skip()
+            yield status_html(f"{name} is already loaded."), name, gr.update(), gr.update()  # the tab's choices stay
             return
         progress: "queue.Queue[Optional[str]]" = queue.Queue()
         result: dict = {}
