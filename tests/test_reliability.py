@@ -55,7 +55,7 @@ def api(inproc_app):
 @pytest.mark.parametrize("kwargs, words", [
     ({"message": "   "}, "the message is empty"),
     ({"k": 2.5}, "K must be a whole number"),
-    ({"seed": -1}, "seed must be a whole number from 0"),
+    ({"seed": -1}, "seed must be between 0 and"),
     ({"max_new": 0}, "max new tokens must be a whole number ≥ 1"),
 ])
 def test_rejected_send_gives_api_callers_the_message(api, kwargs, words):
@@ -80,3 +80,52 @@ def test_switch_handler_refuses_none(tiny_session):
     handlers = Handlers(two_pair_manager(tiny_session))
     status, model, *_ = list(handlers.switch(None))[-1]
     assert "choose a model pair" in status and model == "tiny"
+
+
+# -- 7: the window's limits are the documented ones, and every value goes through the app's own validation ----------
+
+def test_temperature_slider_reaches_the_documented_maximum(tiny_session):
+    from localspec.config import TEMPERATURE_MAX
+    from localspec.ui import build_app
+
+    demo = build_app(two_pair_manager(tiny_session))
+    slider = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "ls-temperature")
+    assert slider.maximum == TEMPERATURE_MAX == 5.0
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"max_new": 2.5}, "max new tokens must be a whole number"),
+    ({"top_k": 1.5}, "top-k must be a whole number"),
+    ({"temperature": float("nan")}, "temperature must be a finite number"),
+    ({"temperature": float("inf")}, "temperature must be a finite number"),
+    ({"temperature": 7}, "temperature must be between 0 and 5"),
+    ({"k": 17}, r"K (draft tokens per step) must be between 1 and 16"),
+    ({"seed": float("nan")}, "seed must be a finite number"),
+])
+def test_api_values_get_the_documented_messages(inproc_app, kwargs, words):
+    args = {"proposer": "ngram", "k": 3, "temperature": 0.0, "top_k": 0, "max_new": 8, "seed": 0, **kwargs}
+    status = raw_send(inproc_app.url, ["hello", args["proposer"], args["k"], args["temperature"], 1.0, args["top_k"],
+                                       args["max_new"], args["seed"], True])[2]
+    assert words in status and "Could not preprocess" not in status
+
+
+def raw_send(url: str, data: list) -> list:
+    """POST /send over Gradio's plain HTTP API (JSON as Python writes it, NaN and Infinity included); the last
+    outputs, or the error text as the only item."""
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(url + "gradio_api/call/send", data=json.dumps({"data": data}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        event_id = json.loads(response.read())["event_id"]
+    with urllib.request.urlopen(f"{url}gradio_api/call/send/{event_id}", timeout=60) as response:
+        lines = response.read().decode().splitlines()
+    event, last = None, None
+    for line in lines:
+        if line.startswith("event:"):
+            event = line.split(":", 1)[1].strip()
+        elif line.startswith("data:") and event in ("complete", "error", "generating"):
+            payload = line.split(":", 1)[1].strip()
+            last = json.loads(payload) if event != "error" else [None, None, str(payload)]
+    return last
