@@ -129,3 +129,58 @@ def raw_send(url: str, data: list) -> list:
             payload = line.split(":", 1)[1].strip()
             last = json.loads(payload) if event != "error" else [None, None, str(payload)]
     return last
+
+
+# -- 4: one bad models.yaml entry never blocks the others -------------------------------------------------------------
+
+TYPO_YAML = ("- name: good\n  target: {source: owner/model}\n"
+             "- name: typo\n  target: {source: owner/other, qaunt: nf4}\n"
+             "- name: good\n  target: {source: owner/again}\n")
+
+
+def test_valid_entries_load_and_broken_ones_keep_their_error():
+    from pathlib import Path
+
+    from localspec.models.registry import parse_registry, parse_registry_lenient
+
+    pairs, broken = parse_registry_lenient(TYPO_YAML, Path("/tmp"))
+    assert [p.name for p in pairs] == ["good"]
+    assert [(b.index, b.name) for b in broken] == [(1, "typo"), (2, "good")]
+    assert "unknown key(s) 'qaunt'" in broken[0].error and "two entries are named 'good'" in broken[1].error
+    with pytest.raises(Exception, match="qaunt"):  # the strict reader (the CLI) still refuses the file
+        parse_registry(TYPO_YAML, Path("/tmp"))
+
+
+def test_broken_entries_are_offered_as_unavailable_and_refused_with_their_error(tiny_session):
+    from pathlib import Path
+
+    from localspec.models.registry import parse_registry_lenient
+    from localspec.ui.handlers import Handlers
+    from localspec.ui.manager import ModelManager
+
+    _pairs, broken = parse_registry_lenient(TYPO_YAML, Path("/tmp"))
+    manager = two_pair_manager(tiny_session)
+    manager = ModelManager(manager.pairs, manager.factory, broken=broken)
+    manager.load("tiny")
+    labels = dict((value, label) for label, value in manager.choices())
+    assert "unknown key(s) 'qaunt'" in labels[broken[0].value] and "unavailable" in labels[broken[0].value]
+    status, model, *_ = list(Handlers(manager).switch(broken[0].value))[-1]
+    assert "Could not switch" in status and "qaunt" in status and "Still using tiny" in status
+    assert model == "tiny" and manager.name == "tiny"
+
+
+@pytest.mark.slow
+def test_app_opens_with_a_broken_entry(tiny_pair, tmp_path):
+    from gradio_client import Client
+
+    from .apphelpers import AppProcess, tiny_models_yaml
+
+    models = tiny_models_yaml(tiny_pair, tmp_path)
+    models.write_text(models.read_text() + "- name: typo\n  target: {source: owner/other, qaunt: nf4}\n")
+    app = AppProcess(models, tmp_path).wait_ready()
+    try:
+        status, model, *_ = Client(app.url, verbose=False).predict("unavailable:3", api_name="/switch_model")
+        assert "qaunt" in status and model == "tiny"
+        assert "skipped models.yaml entry 3 ('typo')" in app.log_text()
+    finally:
+        app.stop()

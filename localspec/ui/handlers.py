@@ -231,8 +231,10 @@ class Handlers:
         manager = self.manager
         if name is None or name not in {p.name for p in manager.pairs}:
             kept = f" Still using {manager.name}." if manager.name else ""
-            yield (status_html(f"Could not switch: choose a model pair from the list (got {name!r}).{kept}", "error"),
-                   manager.name, *self.proposer_updates())
+            broken = manager.broken_entry(name)
+            reason = (f"this models.yaml entry is unavailable: {broken.error}" if broken else
+                      f"choose a model pair from the list (got {name!r})")
+            yield status_html(f"Could not switch: {reason}.{kept}", "error"), manager.name, *self.proposer_updates()
             return
         if name == manager.name and manager.session is not None:
             yield status_html(f"{name} is already loaded."), name, gr.update(), gr.update()  # the tab's choices stay

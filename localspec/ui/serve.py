@@ -80,18 +80,20 @@ def open_store(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from localspec.config import ConfigError
-    from localspec.models.registry import find_pair, load_registry
+    from localspec.models.registry import find_pair, load_registry_lenient
 
     try:
         auth = auth_for(args)
-        pairs = load_registry(args.models)
+        pairs, broken = load_registry_lenient(args.models)
         first = find_pair(pairs, args.model)
     except ConfigError as exc:
         print(f"localspec: {exc}", file=sys.stderr)
         return 2
+    for entry in broken:  # offered in the window as unavailable, with this error
+        print(f"localspec: skipped {entry.error}", file=sys.stderr, flush=True)
     from . import ModelManager, build_app, default_session_factory, launch_options
 
-    manager = ModelManager(pairs, default_session_factory(args.device))
+    manager = ModelManager(pairs, default_session_factory(args.device), broken)
     try:
         seconds = manager.load(first.name, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
         print(f"Loaded {first.name} in {seconds:.1f} s", file=sys.stderr, flush=True)
