@@ -184,3 +184,25 @@ def test_app_opens_with_a_broken_entry(tiny_pair, tmp_path):
         assert "skipped models.yaml entry 3 ('typo')" in app.log_text()
     finally:
         app.stop()
+
+
+# -- 9: the CLI checks its arguments before it loads a model ----------------------------------------------------------
+
+@pytest.mark.parametrize("extra, words", [
+    (["--prompt", ""], "the message is empty"),
+    (["--prompt", "  \n"], "the message is empty"),
+    (["--prompt", "hi", "--k", "0"], r"K (draft tokens per step) must be between 1 and 16 (got 0)"),
+    (["--prompt", "hi", "--proposer", "head"], "model pair 'tiny' has no 'head' proposer"),
+    (["--prompt", "hi", "--model", "nope"], "no model pair named 'nope'"),
+    (["--prompt", "hi", "--temperature", "9"], "temperature must be between 0 and 5"),
+])
+def test_generate_refuses_bad_arguments_before_loading(tiny_pair, monkeypatch, capsys, extra, words):
+    from localspec.cli.main import main
+    from localspec.models import loading
+
+    def no_load(*_args, **_kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(loading, "load_pair", no_load)
+    assert main(["generate", "--models", str(tiny_pair["models_yaml"]), "--device", "cpu", *extra]) == 2
+    assert words in capsys.readouterr().err
