@@ -162,7 +162,7 @@ def test_broken_entries_are_offered_as_unavailable_and_refused_with_their_error(
     manager = two_pair_manager(tiny_session)
     manager = ModelManager(manager.pairs, manager.factory, broken=broken)
     manager.load("tiny")
-    labels = dict((value, label) for label, value in manager.choices())
+    labels = {value: label for label, value in manager.choices()}
     assert "unknown key(s) 'qaunt'" in labels[broken[0].value] and "unavailable" in labels[broken[0].value]
     status, model, *_ = list(Handlers(manager).switch(broken[0].value))[-1]
     assert "Could not switch" in status and "qaunt" in status and "Still using tiny" in status

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from localspec.config import ConfigError, SpecConfig
+from localspec.config import ConfigError
 from .common import add_model_options
 
 DEFAULT_MODES = ("hf", "hf-pld", "hf-assisted", "none", "ngram", "draft", "head", "adaptive")
@@ -56,8 +56,6 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    for k in args.k or ():
-        SpecConfig(k=k).validate()  # before the model loads
     prompts = load_prompts(args.prompts, args.limit, args.held_out)
     wants_draft = any(m in args.modes for m in ("draft", "hf-assisted"))
     session = load_session(args, load_draft=wants_draft)

@@ -7,8 +7,14 @@ import sys
 from localspec.config import ConfigError, SamplingParams
 from localspec.store.validation import validate_messages
 
-from .common import (add_model_options, add_sampling_options, add_spec_options, check_spec_options, load_session,
-                     resolve_pair)
+from .common import (
+    add_model_options,
+    add_sampling_options,
+    add_spec_options,
+    check_spec_options,
+    load_session,
+    resolve_pair,
+)
 
 
 def add_parser(sub) -> None:
