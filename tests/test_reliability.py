@@ -206,3 +206,119 @@ def test_generate_refuses_bad_arguments_before_loading(tiny_pair, monkeypatch, c
     monkeypatch.setattr(loading, "load_pair", no_load)
     assert main(["generate", "--models", str(tiny_pair["models_yaml"]), "--device", "cpu", *extra]) == 2
     assert words in capsys.readouterr().err
+
+
+# -- 6: a damaged database is moved aside exactly as found; a replaced one is noticed; shutdown checkpoints ----------
+
+WAL_SCRIPT = """
+import os, signal, sys
+from localspec.store.db import ConversationStore
+store = ConversationStore(sys.argv[1])
+cid = store.create_conversation("killed", "tiny")
+for i in range(200):
+    store.add_message(cid, "user", f"message {i} " * 30)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _killed_with_a_wal(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from .apphelpers import REPO
+
+    path = tmp_path / "conversations.db"
+    subprocess.run([sys.executable, "-c", WAL_SCRIPT, str(path)], env={**os.environ, "PYTHONPATH": str(REPO)},
+                   timeout=60)
+    wal = path.with_name(path.name + "-wal")
+    assert wal.exists() and wal.stat().st_size > 50_000, "the killed writer should leave a WAL behind"
+    return path, wal
+
+
+def test_damaged_database_is_moved_exactly_as_found(tmp_path):
+    from localspec.store.db import ConversationStore
+
+    path, wal = _killed_with_a_wal(tmp_path)
+    with path.open("r+b") as fh:
+        fh.truncate(path.stat().st_size // 2 + 100)
+    found = {suffix: path.with_name(path.name + suffix).read_bytes() for suffix in ("", "-wal", "-shm")
+             if path.with_name(path.name + suffix).exists()}
+    with ConversationStore(path) as store:
+        moved = store.recovered_from
+        assert moved is not None and store.list_conversations() == []
+    for suffix, data in found.items():
+        assert moved.with_name(moved.name + suffix).read_bytes() == data, f"{suffix or 'db'} was altered"
+
+
+def test_database_replaced_while_a_wal_remains_is_detected(tmp_path):
+    import shutil
+
+    from localspec.store.db import ConversationStore
+
+    path, _wal = _killed_with_a_wal(tmp_path)
+    other = tmp_path / "other.db"
+    with ConversationStore(other) as store:
+        store.create_conversation("another file", "m")
+    shutil.copyfile(other, path)  # overwrite the main file; the old WAL stays next to it
+    with ConversationStore(path) as store:
+        assert store.recovered_from is not None
+        assert store.list_conversations() == []
+
+
+def test_killed_writer_keeps_its_wal_data(tmp_path):
+    from localspec.store.db import ConversationStore
+
+    path, _wal = _killed_with_a_wal(tmp_path)
+    with ConversationStore(path) as store:  # a plain kill is not damage: everything committed is there
+        assert store.recovered_from is None
+        (summary,) = store.list_conversations()
+        assert len(store.get_conversation(summary.id).messages) == 200
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_the_wal(tiny_pair, tmp_path):
+    from .apphelpers import AppProcess, tiny_models_yaml
+
+    app = AppProcess(tiny_models_yaml(tiny_pair, tmp_path), tmp_path).wait_ready()
+    from gradio_client import Client
+
+    send(Client(app.url, verbose=False), "hello there", max_new=24).result(timeout=120)
+    app.proc.terminate()
+    app.proc.wait(timeout=30)
+    app.stop()
+    wal = tmp_path / "conversations.db-wal"
+    assert not wal.exists() or wal.stat().st_size == 0, f"{wal.stat().st_size} bytes left unmerged"
+
+
+# -- 2: Gradio's temporary files stay under LOCALSPEC_HOME, owner-only, and go at exit -------------------------------
+
+@pytest.mark.slow
+def test_exports_are_private_and_removed_at_exit(tiny_pair, tmp_path):
+    import stat
+    from pathlib import Path
+
+    from gradio_client import Client
+
+    from .apphelpers import AppProcess, tiny_models_yaml
+
+    home = tmp_path / "home"
+    home.mkdir()
+    app = AppProcess(tiny_models_yaml(tiny_pair, tmp_path), home).wait_ready()
+    try:
+        client = Client(app.url, verbose=False, download_files=False)  # the server's own path comes back
+        send(client, "hello there", max_new=8).result(timeout=120)
+        chooser = client.predict(api_name="/list_conversations")
+        cid = chooser["choices"][0][1] if isinstance(chooser, dict) else chooser
+        exported, _status = client.predict(cid, api_name="/export_json")
+        served = Path(exported["path"])
+        assert served.is_relative_to(home / "tmp"), served
+        assert stat.S_IMODE(served.stat().st_mode) == 0o600
+        for parent in served.relative_to(home).parents:
+            if parent != Path("."):
+                assert stat.S_IMODE((home / parent).stat().st_mode) == 0o700, parent
+    finally:
+        app.proc.terminate()
+        app.proc.wait(timeout=30)
+        app.stop()
+    assert not list((home / "tmp").glob("gradio-*")), "the temporary folder outlived the app"

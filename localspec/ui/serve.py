@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -79,6 +80,7 @@ def open_store(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.umask(0o077)  # everything the app writes (database, exports, Gradio's copies) is readable by its owner only
     from localspec.config import ConfigError
     from localspec.models.registry import find_pair, load_registry_lenient
 
@@ -102,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     store, notice = open_store(args)
     demo = build_app(manager, store, notice)
     demo.queue(default_concurrency_limit=None)
+    # SIGTERM ends the process like Ctrl+C: the store checkpoints its WAL, the temporary files go (atexit)
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
     try:
         demo.launch(server_name=args.host, server_port=args.port, inbrowser=not args.no_browser, share=False,
                     auth=auth, auth_message="localspec: enter the password (any user name)" if auth else None,
@@ -109,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # port taken, address not available
         print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if store is not None:
+            store.close()
     return 0
 
 
