@@ -322,3 +322,65 @@ def test_exports_are_private_and_removed_at_exit(tiny_pair, tmp_path):
         app.proc.wait(timeout=30)
         app.stop()
     assert not list((home / "tmp").glob("gradio-*")), "the temporary folder outlived the app"
+    log = app.log_path.read_text()
+    assert "share=True" not in log and "localspec: serving on http://127.0.0.1:" in log  # item 8's log line
+
+
+# -- 8: wrong passwords are slowed down per client; no "public link" line ---------------------------------------------
+
+def test_throttle_grows_per_client_and_resets_on_success():
+    import asyncio
+
+    from localspec.ui.auth import CLIENT, FREE_FAILURES, ThrottledPassword
+
+    waits: list[tuple[str, float]] = []
+
+    async def fake_sleep(seconds):
+        waits.append((CLIENT.get(), seconds))
+
+    throttle = ThrottledPassword(lambda _user, given: given == "right", sleep=fake_sleep)
+
+    async def attempt(client, password):
+        CLIENT.set(client)
+        return await throttle.attempt("u", password)
+
+    async def scenario():
+        for _ in range(FREE_FAILURES + 4):
+            assert not await attempt("10.0.0.1", "wrong")
+        assert await attempt("10.0.0.2", "right")  # another client is not slowed down
+        assert await attempt("10.0.0.1", "right")  # the right password still works (after its wait)
+        assert not await attempt("10.0.0.1", "wrong")  # and clears the record
+
+    asyncio.run(scenario())
+    delays = [s for c, s in waits if c == "10.0.0.1"]
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0] and all(c == "10.0.0.1" for c, _ in waits)
+
+
+def test_login_route_throttles_by_client_address(tiny_session):
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from localspec.ui import build_app
+    from localspec.ui.auth import CLIENT, launch_kwargs
+
+    options = launch_kwargs(lambda _user, given: given == "secret")
+    waits = []
+
+    async def fake_sleep(seconds):
+        waits.append((CLIENT.get(), seconds))
+
+    options["auth"].__self__.sleep = fake_sleep
+    demo = build_app(two_pair_manager(tiny_session))
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **options)
+    try:
+        for password in ["a", "b", "c", "d", "e", "secret"]:
+            body = urllib.parse.urlencode({"username": "x", "password": password}).encode()
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/login", data=body, timeout=10)
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 400 and password != "secret"
+    finally:
+        demo.close()
+    assert waits == [("127.0.0.1", 0.5), ("127.0.0.1", 1.0), ("127.0.0.1", 2.0)]

@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     for entry in broken:  # offered in the window as unavailable, with this error
         print(f"localspec: skipped {entry.error}", file=sys.stderr, flush=True)
     from . import ModelManager, build_app, default_session_factory, launch_options
+    from .auth import launch_kwargs
 
     manager = ModelManager(pairs, default_session_factory(args.device), broken)
     try:
@@ -107,9 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM ends the process like Ctrl+C: the store checkpoints its WAL, the temporary files go (atexit)
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
     try:
+        # quiet: Gradio's own lines include "To create a public link, set `share=True`", which this app never does
         demo.launch(server_name=args.host, server_port=args.port, inbrowser=not args.no_browser, share=False,
-                    auth=auth, auth_message="localspec: enter the password (any user name)" if auth else None,
-                    show_error=True, **launch_options())
+                    auth_message="localspec: enter the password (any user name)" if auth else None,
+                    show_error=True, quiet=True, prevent_thread_lock=True, **launch_kwargs(auth), **launch_options())
+        reach = "this machine only" if is_loopback(args.host) else "other machines can connect; password required" \
+            if auth else "other machines can connect, WITHOUT a password (--no-auth)"
+        print(f"localspec: serving on {demo.local_url} ({reach}; never shared publicly). Ctrl+C stops it.",
+              file=sys.stderr, flush=True)
+        demo.block_thread()
     except OSError as exc:  # port taken, address not available
         print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)
         return 2
