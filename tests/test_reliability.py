@@ -384,3 +384,43 @@ def test_login_route_throttles_by_client_address(tiny_session):
     finally:
         demo.close()
     assert waits == [("127.0.0.1", 0.5), ("127.0.0.1", 1.0), ("127.0.0.1", 2.0)]
+
+
+# -- 3: a switch in one tab reaches the others --------------------------------------------------------------------------
+
+def tab(name: str):
+    return SimpleNamespace(session_hash=name)
+
+
+def test_other_tabs_learn_about_a_switch(tiny_session):
+    from localspec.ui.handlers import Handlers
+
+    handlers = Handlers(two_pair_manager(tiny_session))
+    tab_a, tab_b = tab("a"), tab("b")
+    handlers.on_load(request=tab_a)
+    handlers.on_load(request=tab_b)
+    assert list(handlers.switch("tiny-ngram", request=tab_b))[-1][1] == "tiny-ngram"
+
+    # A still shows the old pair's proposers: its send says what happened instead of a bare "not available"
+    out = list(handlers.send("hello", [], "draft", 3, 0.0, 1.0, 0, 8, 0, True, request=tab_a))[-1]
+    assert "switched to tiny-ngram in another window" in out[2] and out[4] == "hello"
+
+    # A's controls catch up on the next tick (gr.Timer), once
+    model, proposer, _k, status = handlers.refresh_pair(request=tab_a)
+    assert model == "tiny-ngram" and "switched to tiny-ngram in another window" in status
+    assert [value for _label, value in proposer["choices"]] == ["ngram", "none"]
+    again = handlers.refresh_pair(request=tab_a)
+    assert all(isinstance(part, dict) and part.get("__type__") == "update" and len(part) == 1 for part in again)
+    # B, which switched, is not disturbed, and A's next send answers with the new pair
+    assert handlers.refresh_pair(request=tab_b)[0] == {"__type__": "update"}
+    out = list(handlers.send("hello", [], "ngram", 3, 0.0, 1.0, 0, 8, 0, True, request=tab_a))[-1]
+    assert out[3]["model"] == "tiny-ngram"
+
+
+def test_the_window_polls_for_a_switch(tiny_session):
+    import gradio as gr
+
+    from localspec.ui import build_app
+
+    demo = build_app(two_pair_manager(tiny_session))
+    assert any(isinstance(block, gr.Timer) for block in demo.blocks.values())

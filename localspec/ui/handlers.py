@@ -45,6 +45,7 @@ class Handlers:
         self.manager = manager
         self.notice = notice
         self.recorder = recorder  # optional Recorder: saves answers into the ConversationStore as they stream
+        self.shown: dict[str, Optional[str]] = {}  # the pair each tab's controls show, by owner
 
     # ---- one answer ------------------------------------------------------------------------------------------
     def _run(self, owner: str, history: list[dict], sampling, proposer: str, k: int, answer: dict, sink=None):
@@ -112,6 +113,7 @@ class Handlers:
                 raise ConfigError("the message is empty; type something to send")
             sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed)
             k_value = read_k(k)
+            self._check_pair_shown(owner, proposer)
             if self.manager.is_answering(owner):
                 raise Busy("an answer is still streaming in this window; press Stop or wait for it, then send")
         except ConfigError as exc:
@@ -137,6 +139,31 @@ class Handlers:
                               answer.get("finish_reason") if done else None),
                    status_html(status, "error" if answer.get("finish_reason") == "error" else "info"),
                    events_json(answer), gr.skip(), turns)
+
+    def _switched_away(self, owner: str) -> Optional[str]:
+        """The pair now loaded, when another tab switched to it after this tab's controls were drawn."""
+        shown, current = self.shown.get(owner), self.manager.name
+        return current if owner in self.shown and shown != current and current and not self.manager.loading else None
+
+    def _check_pair_shown(self, owner: str, proposer) -> None:
+        switched, session = self._switched_away(owner), self.manager.session
+        if switched and session is not None and proposer not in session.proposers:
+            raise ConfigError(f"the model pair was switched to {switched} in another window; it has no "
+                              f"{PROPOSER_LABELS.get(proposer, proposer)} proposer. The controls here now show its "
+                              f"proposers: choose one and send again")
+
+    def refresh_pair(self, request: gr.Request = None):
+        """Timer tick: when another tab switched the pair, redraw this tab's controls for it (once).
+        Outputs: model dropdown, proposer, K, status."""
+        owner = owner_of(request)
+        switched = self._switched_away(owner)
+        if switched is None:
+            self.shown.setdefault(owner, self.manager.name)
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        self.shown[owner] = switched
+        return (switched, *self.proposer_updates(),
+                status_html(f"The model pair was switched to {switched} in another window; the controls here now "
+                            f"show its proposers."))
 
     @staticmethod
     def _refused(reason: str, text: str, turns: list[dict], colour) -> tuple:
@@ -234,9 +261,11 @@ class Handlers:
             broken = manager.broken_entry(name)
             reason = (f"this models.yaml entry is unavailable: {broken.error}" if broken else
                       f"choose a model pair from the list (got {name!r})")
+            self.shown[owner_of(request)] = manager.name
             yield status_html(f"Could not switch: {reason}.{kept}", "error"), manager.name, *self.proposer_updates()
             return
         if name == manager.name and manager.session is not None:
+            self.shown[owner_of(request)] = name
             yield status_html(f"{name} is already loaded."), name, gr.update(), gr.update()  # the tab's choices stay
             return
         progress: "queue.Queue[Optional[str]]" = queue.Queue()
@@ -260,6 +289,7 @@ class Handlers:
                 break
             yield status_html(message), gr.skip(), gr.skip(), gr.skip()
         if "seconds" in result:
+            self.shown[owner_of(request)] = name
             yield (status_html(f"Loaded {name} in {result['seconds']:.1f} s."), name,
                    *self.proposer_updates())
             return
@@ -275,9 +305,10 @@ class Handlers:
         spec = session.default_spec()
         return gr.update(choices=proposer_choices(tuple(session.proposers)), value=spec.proposer), gr.update(value=spec.k)
 
-    def on_load(self):
+    def on_load(self, request: gr.Request = None):
         """Page (re)load: show the pair in use. Outputs: model dropdown, proposer, K, status."""
         manager = self.manager
+        self.shown[owner_of(request)] = manager.name
         if manager.session is None and manager.load_error:  # a failed switch leaves the old pair: not shown here
             status = status_html(f"Model load failed: {manager.load_error}", "error")
         else:

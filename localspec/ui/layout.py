@@ -18,6 +18,7 @@ from .settings import proposer_choices
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TITLE = "localspec"
+PAIR_POLL_S = 2.0  # how often a tab checks whether another tab switched the pair
 INTRO = ("Local chat with speculative decoding. Each token of an answer is coloured by how it was made; "
          "hover one for its probabilities.")
 
@@ -107,6 +108,9 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
         model.input(handlers.switch, [model], [status, model, proposer, k], api_name="switch_model",
                     concurrency_limit=None, show_progress="hidden")
         demo.load(handlers.on_load, None, [model, proposer, k, status], api_name=False)
+        # a switch in another tab redraws this tab's pair and proposer controls within a tick
+        gr.Timer(PAIR_POLL_S).tick(handlers.refresh_pair, None, [model, proposer, k, status], api_name=False,
+                                    concurrency_limit=None, show_progress="hidden")
     return demo
 
 
