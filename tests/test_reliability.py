@@ -210,29 +210,30 @@ def test_generate_refuses_bad_arguments_before_loading(tiny_pair, monkeypatch, c
 
 # -- 6: a damaged database is moved aside exactly as found; a replaced one is noticed; shutdown checkpoints ----------
 
-WAL_SCRIPT = """
-import os, signal, sys
-from localspec.store.db import ConversationStore
-store = ConversationStore(sys.argv[1])
-cid = store.create_conversation("killed", "tiny")
-for i in range(200):
-    store.add_message(cid, "user", f"message {i} " * 30)
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
 def _killed_with_a_wal(tmp_path):
-    import os
-    import subprocess
-    import sys
+    """The files a killed writer leaves: the database and a WAL full of committed, unmerged transactions (copied
+    while the writer still holds them open, so nothing was checkpointed)."""
+    import json
+    import shutil
 
-    from .apphelpers import REPO
+    from localspec.store.db import STATE_SUFFIX, ConversationStore, file_fingerprint
 
-    path = tmp_path / "conversations.db"
-    subprocess.run([sys.executable, "-c", WAL_SCRIPT, str(path)], env={**os.environ, "PYTHONPATH": str(REPO)},
-                   timeout=60)
+    live = tmp_path / "live"
+    live.mkdir()
+    store = ConversationStore(live / "conversations.db")
+    try:
+        cid = store.create_conversation("killed", "tiny")
+        for i in range(200):
+            store.add_message(cid, "user", f"message {i} " * 30)
+        path = tmp_path / "conversations.db"
+        for suffix in ("", "-wal"):
+            shutil.copyfile(live / f"conversations.db{suffix}", tmp_path / f"conversations.db{suffix}")
+    finally:
+        store.close()
+    # the record the writer's last checkpoint left, for this copy
+    (tmp_path / f"conversations.db{STATE_SUFFIX}").write_text(json.dumps(file_fingerprint(path)))
     wal = path.with_name(path.name + "-wal")
-    assert wal.exists() and wal.stat().st_size > 50_000, "the killed writer should leave a WAL behind"
+    assert wal.stat().st_size > 50_000, "the writer should leave a WAL behind"
     return path, wal
 
 

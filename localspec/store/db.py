@@ -147,6 +147,12 @@ def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
     return any(s in text for s in ("file is not a database", "disk image is malformed", "file is encrypted"))
 
 
+def file_fingerprint(path: Path) -> list[int]:
+    """What changes when a file is replaced or rewritten: [inode, size, mtime in ns]."""
+    st = path.stat()
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
 class ConversationStore:
     """Conversations, messages and per-token records in one SQLite file. See the module docstring."""
 
@@ -179,8 +185,7 @@ class ConversationStore:
         return self.path.with_name(self.path.name + suffix)
 
     def _fingerprint(self) -> list[int]:
-        st = self.path.stat()
-        return [st.st_ino, st.st_size, st.st_mtime_ns]
+        return file_fingerprint(self.path)
 
     def _probe(self) -> Optional[str]:
         """Why the file on disk is damaged, or None. Reads through a read-only connection (which never checkpoints
