@@ -240,7 +240,7 @@ def _killed_with_a_wal(tmp_path):
 def test_damaged_database_is_moved_exactly_as_found(tmp_path):
     from localspec.store.db import ConversationStore
 
-    path, wal = _killed_with_a_wal(tmp_path)
+    path, _wal = _killed_with_a_wal(tmp_path)
     with path.open("r+b") as fh:
         fh.truncate(path.stat().st_size // 2 + 100)
     found = {suffix: path.with_name(path.name + suffix).read_bytes() for suffix in ("", "-wal", "-shm")

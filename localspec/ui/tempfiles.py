@@ -8,10 +8,9 @@ import atexit
 import os
 import shutil
 from pathlib import Path
-from typing import Optional
 
 PREFIX = "gradio-"
-_folder: Optional[Path] = None
+_folder: Path | None = None
 
 
 def _alive(pid: int) -> bool:
