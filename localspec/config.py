@@ -13,6 +13,11 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "auto")
 # ngram+head: the n-gram lookup when it matches, the trained head otherwise (proposers/lookup_first.py)
 PROPOSERS: tuple[str, ...] = ("none", "ngram", "draft", "head", "ngram+head")
 SAMPLERS: tuple[str, ...] = ("auto", "torch", "triton")
+# Limits every front end (UI controls, CLI, API) shows and SamplingParams / SpecConfig.validate enforce
+K_MIN, K_MAX = 1, 16
+TEMPERATURE_MAX = 5.0
+SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
+FIELD_LABELS = {"top_k": "top-k", "top_p": "top-p", "k": "K", "max_new_tokens": "max new tokens"}
 
 
 class ConfigError(ValueError):
@@ -45,13 +50,14 @@ class SamplingParams:
         for name in ("top_k", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{name.replace('_', ' ')} must be a whole number (got {value!r})")
-        if not 0 <= self.seed < 2 ** 63:
+                raise ConfigError(f"{FIELD_LABELS.get(name, name)} must be a whole number (got {value!r})")
+        if not 0 <= self.seed <= SEED_MAX:
             raise ConfigError(f"seed must be between 0 and 2**63 - 1 (got {self.seed!r})")
         if self.max_new_tokens < 1:
             raise ConfigError(f"max new tokens must be a whole number ≥ 1 (got {self.max_new_tokens!r})")
-        if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 5.0:
-            raise ConfigError(f"temperature must be between 0 and 5 (got {self.temperature!r}); 0 means greedy")
+        if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= TEMPERATURE_MAX:
+            raise ConfigError(f"temperature must be between 0 and {TEMPERATURE_MAX:g} (got {self.temperature!r}); "
+                              f"0 means greedy")
         if not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top-p must be in (0, 1] (got {self.top_p!r}); 1 turns it off")
         if not isinstance(self.top_k, int) or self.top_k < 0:
@@ -74,13 +80,14 @@ class SpecConfig:
         for name in ("k", "ngram_min", "ngram_max"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{name.replace('_', ' ')} must be a whole number (got {value!r})")
+                raise ConfigError(f"{FIELD_LABELS.get(name, name.replace('_', ' '))} must be a whole number "
+                                  f"(got {value!r})")
         if self.proposer not in PROPOSERS:
             raise ConfigError(f"unknown proposer {self.proposer!r}; choose one of {', '.join(PROPOSERS)}")
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"unknown sampler {self.sampler!r}; choose one of {', '.join(SAMPLERS)}")
-        if not 1 <= self.k <= 16:
-            raise ConfigError(f"K (draft tokens per step) must be between 1 and 16 (got {self.k!r})")
+        if not K_MIN <= self.k <= K_MAX:
+            raise ConfigError(f"K (draft tokens per step) must be between {K_MIN} and {K_MAX} (got {self.k!r})")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"n-gram sizes need 1 ≤ min_n ≤ max_n (got {self.ngram_min}, {self.ngram_max})")
         return self

@@ -3,6 +3,7 @@ it still works afterwards. Tests marked xfail(strict=True) pin a gap in a file t
 the fix. When the fix lands the test XPASSes, which strict mode reports as a failure: then delete the marker."""
 from __future__ import annotations
 
+import html
 import math
 import sys
 from pathlib import Path
@@ -472,3 +473,126 @@ def test_nan_logits_from_the_draft(tiny_session):
         handle.remove()
     assert events[-1].finish_reason == "error" and "NaN" in events[-1].error
     assert_session_usable(tiny_session)
+
+
+# -- the window, the API and the CLI: the rows README's Troubleshooting table gained with issue 19 -----------------
+
+def _manager(tiny_session, broken=()):
+    from dataclasses import replace
+
+    from localspec.chat import ChatSession
+    from localspec.ui.manager import ModelManager
+
+    pair = tiny_session.loaded.spec
+    pairs = [pair, replace(pair, name="tiny-b", draft=None, default_proposer="ngram")]
+    manager = ModelManager(pairs, lambda spec, _progress: ChatSession(replace(tiny_session.loaded, spec=spec)),
+                           broken=broken)
+    manager.load("tiny")
+    return manager
+
+
+def test_one_broken_entry_is_listed_unavailable_with_its_error(tiny_session):
+    from localspec.models.registry import parse_registry_lenient
+    from localspec.ui.handlers import Handlers
+
+    pairs, broken = parse_registry_lenient(GOOD_YAML + "- name: typo\n  target: {source: x/y, qaunt: nf4}\n",
+                                           Path("/tmp"))
+    assert [p.name for p in pairs] == ["ok"]
+    error = ("models.yaml entry 2 ('typo'): unknown key(s) 'qaunt' in 'target'; allowed: dtype, quant, source, "
+             "trust_remote_code")
+    assert broken[0].error == error and broken[0].label == f"typo  ✗ unavailable: {error}"
+    status = html.unescape(list(Handlers(_manager(tiny_session, broken)).switch(broken[0].value))[-1][0])
+    assert f"Could not switch: this models.yaml entry is unavailable: {error}. Still using tiny." in status
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_new_tokens", 2.5, "max new tokens must be a whole number ≥ 1 (got 2.5)"),
+    ("top_k", 1.5, "top-k must be a whole number (got 1.5)"),
+    ("seed", -1, "seed must be between 0 and 2**63 - 1 (got -1)"),
+    ("temperature", 7, "temperature must be between 0 and 5 (got 7.0); 0 means greedy"),
+    ("temperature", math.nan, "temperature must be a finite number (got nan)"),
+    ("top_p", math.inf, "top-p must be a finite number (got inf)"),
+    ("seed", math.nan, "seed must be a finite number (got nan)"),
+])
+def test_window_values_get_the_shared_messages(field, value, message):
+    from localspec.ui.settings import read_sampling
+
+    values = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 16, "seed": 0, field: value}
+    with pytest.raises(ConfigError) as caught:
+        read_sampling(**values)
+    assert str(caught.value) == message
+
+
+def test_window_limits_are_the_validation_limits():
+    from localspec.config import K_MAX, K_MIN, TEMPERATURE_MAX
+
+    SamplingParams(temperature=TEMPERATURE_MAX).validate()
+    SpecConfig(k=K_MIN).validate() and SpecConfig(k=K_MAX).validate()
+    with pytest.raises(ConfigError, match="between 0 and 5"):
+        SamplingParams(temperature=TEMPERATURE_MAX + 0.01).validate()
+
+
+def test_a_refused_send_answers_real_values(tiny_session):
+    from localspec.ui.handlers import Handlers
+
+    outputs = list(Handlers(_manager(tiny_session)).send("hi", [], "ngram", 3, math.nan, 1.0, 0, 8, 0, True))
+    transcript, stats, status, events, box, turns = outputs[-1]
+    assert "temperature must be a finite number (got nan)" in status
+    assert isinstance(transcript, str) and isinstance(stats, str) and events is None and box == "hi" and turns == []
+
+
+def test_switch_in_another_tab_messages(tiny_session):
+    from types import SimpleNamespace
+
+    from localspec.ui.handlers import Handlers
+
+    handlers = Handlers(_manager(tiny_session))
+    tab_a, tab_b = SimpleNamespace(session_hash="a"), SimpleNamespace(session_hash="b")
+    handlers.on_load(request=tab_a)
+    list(handlers.switch("tiny-b", request=tab_b))
+    status = list(handlers.send("hi", [], "draft", 3, 0.0, 1.0, 0, 8, 0, True, request=tab_a))[-1][2]
+    assert ("the model pair was switched to tiny-b in another window; it has no draft model proposer. The controls "
+            "here now show its proposers: choose one and send again") in status
+    assert ("The model pair was switched to tiny-b in another window; the controls here now show its proposers."
+            in handlers.refresh_pair(request=tab_a)[3])
+    assert "Could not switch: choose a model pair from the list (got None). Still using tiny-b." in \
+        list(handlers.switch(None, request=tab_a))[-1][0]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--prompt", ""], "localspec: the message is empty; give --prompt some text"),
+    (["--prompt", "hi", "--k", "0"], "localspec: K (draft tokens per step) must be between 1 and 16 (got 0)"),
+    (["--prompt", "hi", "--proposer", "head"],
+     "localspec: model pair 'tiny' has no 'head' proposer; it has: none, ngram, draft"),
+])
+def test_cli_refuses_before_loading(tiny_pair, monkeypatch, capsys, extra, message):
+    from localspec.cli.main import main
+    from localspec.models import loading
+
+    monkeypatch.setattr(loading, "load_pair", lambda *a, **k: pytest.fail("loaded before checking the arguments"))
+    assert main(["generate", "--models", str(tiny_pair["models_yaml"]), *extra]) == 2
+    assert capsys.readouterr().err.strip() == message
+
+
+def test_wrong_passwords_back_off():
+    from localspec.ui.auth import ThrottledPassword
+
+    assert [ThrottledPassword.delay_for(n) for n in range(10)] == [0, 0, 0, 0.5, 1, 2, 4, 8, 16, 30]
+
+
+def test_database_replaced_while_its_wal_remains(tmp_path):
+    import shutil
+
+    from localspec.store.db import ConversationStore
+
+    path = tmp_path / "conversations.db"
+    writer = ConversationStore(path)
+    cid = writer.create_conversation("old", "m")
+    for i in range(50):
+        writer.add_message(cid, "user", f"message {i} " * 30)
+    with ConversationStore(tmp_path / "other.db") as other:
+        other.create_conversation("another file", "m")
+    shutil.copyfile(tmp_path / "other.db", path)  # replaced under a live WAL (the writer is "killed": never closed)
+    with ConversationStore(path) as store:
+        assert store.recovered_from is not None and store.list_conversations() == []
+    writer._conn.close()

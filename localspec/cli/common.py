@@ -33,13 +33,29 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
 
 
-def load_session(args, load_draft: bool = True):
-    """Load the pair named by --model (progress on stderr) and return a ChatSession."""
-    from localspec.chat import ChatSession
-    from localspec.models.loading import load_pair
+def resolve_pair(args):
+    """The models.yaml entry --model names (every entry must be valid), read without loading anything."""
     from localspec.models.registry import find_pair, load_registry
 
-    pair = find_pair(load_registry(args.models), args.model)
-    loaded = load_pair(pair, quant=args.quant, device=args.device, load_draft=load_draft,
-                       progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    return find_pair(load_registry(args.models), args.model)
+
+
+def check_spec_options(args, pair) -> None:
+    """--proposer, --k and --sampler against the entry, before any model loads (a refusal takes no time)."""
+    from localspec.config import ConfigError, SpecConfig
+
+    spec = SpecConfig(proposer=args.proposer or pair.default_proposer, k=pair.k if args.k is None else args.k,
+                      sampler=args.sampler).validate()
+    if spec.proposer not in pair.proposers:
+        raise ConfigError(f"model pair {pair.name!r} has no {spec.proposer!r} proposer; it has: "
+                          f"{', '.join(pair.proposers)}")
+
+
+def load_session(args, load_draft: bool = True, pair=None):
+    """Load the pair named by --model (or the given one; progress on stderr) and return a ChatSession."""
+    from localspec.chat import ChatSession
+    from localspec.models import loading
+
+    loaded = loading.load_pair(pair or resolve_pair(args), quant=args.quant, device=args.device,
+                               load_draft=load_draft, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     return ChatSession(loaded)

@@ -4,8 +4,17 @@ from __future__ import annotations
 import json
 import sys
 
-from localspec.config import SamplingParams
-from .common import add_model_options, add_sampling_options, add_spec_options, load_session
+from localspec.config import ConfigError, SamplingParams
+from localspec.store.validation import validate_messages
+
+from .common import (
+    add_model_options,
+    add_sampling_options,
+    add_spec_options,
+    check_spec_options,
+    load_session,
+    resolve_pair,
+)
 
 
 def add_parser(sub) -> None:
@@ -21,11 +30,15 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, seed=args.seed).validate()
-    session = load_session(args, load_draft=args.proposer in (None, "draft"))
+    messages = validate_messages(([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}])
+    if not args.prompt.strip():
+        raise ConfigError("the message is empty; give --prompt some text")
+    pair = resolve_pair(args)
+    check_spec_options(args, pair)
+    session = load_session(args, load_draft=args.proposer in (None, "draft"), pair=pair)
     adaptive = None if args.adaptive is None else args.adaptive == "on"
     spec = session.default_spec(proposer=args.proposer, k=args.k, sampler=args.sampler, adaptive=adaptive).validate()
-    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-        {"role": "user", "content": args.prompt}]
     tokens, last = [], None
     for event in session.stream(messages, sampling, spec):
         tokens.extend(event.tokens)

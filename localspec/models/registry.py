@@ -1,6 +1,7 @@
 """models.yaml → PairSpec list, with errors that name the entry and the field."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,58 @@ def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
     return pair
 
 
+@dataclass(frozen=True)
+class BrokenEntry:
+    """A models.yaml entry that could not be read: shown as unavailable, with its error, next to the good ones."""
+
+    index: int  # 0-based position in models.yaml
+    name: str | None
+    error: str
+
+    @property
+    def value(self) -> str:
+        """The dropdown value standing for this entry (never a pair name)."""
+        return f"unavailable:{self.index + 1}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.name or f'entry {self.index + 1}'}  ✗ unavailable: {self.error}"
+
+
 def parse_registry(text: str, base_dir: Path, origin: str = "models.yaml") -> list[PairSpec]:
+    """Every entry, or a ConfigError naming the first broken one."""
+    pairs, broken = parse_registry_lenient(text, base_dir, origin)
+    if broken:
+        raise ConfigError(broken[0].error)
+    return pairs
+
+
+def parse_registry_lenient(text: str, base_dir: Path,
+                           origin: str = "models.yaml") -> tuple[list[PairSpec], list[BrokenEntry]]:
+    """The entries that parse, and (entry, error) for those that do not. Raises ConfigError only when the file as a
+    whole is unusable (not YAML, not a list) or no entry at all is valid."""
+    data = _entries(text, origin)
+    pairs: list[PairSpec] = []
+    broken: list[BrokenEntry] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(data):
+        name = raw.get("name") if isinstance(raw, dict) and isinstance(raw.get("name"), str) else None
+        try:
+            pair = parse_pair(raw, i, base_dir)
+            if pair.name in seen:
+                raise ConfigError(f"{origin}: two entries are named {pair.name!r}; names must be unique")
+        except ConfigError as exc:
+            broken.append(BrokenEntry(i, name, str(exc)))
+            continue
+        seen.add(pair.name)
+        pairs.append(pair)
+    if not pairs:
+        raise ConfigError(broken[0].error if len(broken) == 1 else
+                          f"{origin} has no usable entry: " + "; ".join(b.error for b in broken))
+    return pairs, broken
+
+
+def _entries(text: str, origin: str) -> list:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -127,20 +179,24 @@ def parse_registry(text: str, base_dir: Path, origin: str = "models.yaml") -> li
         raise ConfigError(f"{origin} is not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
     if not isinstance(data, list) or not data:
         raise ConfigError(f"{origin} must be a non-empty list of model pairs (entries starting with '- name:')")
-    pairs = [parse_pair(raw, i, base_dir) for i, raw in enumerate(data)]
-    seen: set[str] = set()
-    for pair in pairs:
-        if pair.name in seen:
-            raise ConfigError(f"{origin}: two entries are named {pair.name!r}; names must be unique")
-        seen.add(pair.name)
-    return pairs
+    return data
 
 
 def load_registry(path: str | Path) -> list[PairSpec]:
+    """Strict: every entry must be valid (the CLI)."""
+    pairs, broken = load_registry_lenient(path)
+    if broken:
+        raise ConfigError(broken[0].error)
+    return pairs
+
+
+def load_registry_lenient(path: str | Path) -> tuple[list[PairSpec], list[BrokenEntry]]:
+    """The valid entries and the broken ones (the app: one bad entry never blocks the others)."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"model list {path} not found")
-    return parse_registry(path.read_text(encoding="utf-8", errors="replace"), path.parent.resolve(), str(path))
+    return parse_registry_lenient(path.read_text(encoding="utf-8", errors="replace"), path.parent.resolve(),
+                                  str(path))
 
 
 def find_pair(pairs: list[PairSpec], name: str | None) -> PairSpec:

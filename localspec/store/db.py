@@ -30,6 +30,9 @@ DB_NAME = "conversations.db"
 EXPORT_FORMAT = "localspec-conversation"
 TOKEN_FIELDS = ("id", "text", "kind", "p_target", "p_draft", "rejected_id", "rejected_p_target", "rejected_p_draft")
 UNTITLED = "Untitled conversation"
+STATE_SUFFIX = "-state"  # the main file's (inode, size, mtime) after our last checkpoint
+WAL_HEADER_BYTES = 32  # a WAL no longer than its header holds no frames
+CHECKPOINT_BYTES = 4 << 20  # merge the WAL into the main file once it grows past this
 
 
 class StoreError(ConfigError):
@@ -144,6 +147,12 @@ def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
     return any(s in text for s in ("file is not a database", "disk image is malformed", "file is encrypted"))
 
 
+def file_fingerprint(path: Path) -> list[int]:
+    """What changes when a file is replaced or rewritten: [inode, size, mtime in ns]."""
+    st = path.stat()
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
 class ConversationStore:
     """Conversations, messages and per-token records in one SQLite file. See the module docstring."""
 
@@ -151,6 +160,7 @@ class ConversationStore:
         self.path = Path(path) if path is not None else default_path()
         self.recovered_from: Optional[Path] = None  # where a corrupt file was moved, when one was
         self._lock = threading.RLock()
+        self._closed = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -158,14 +168,68 @@ class ConversationStore:
         if self.path.is_dir():
             raise StoreError(f"{self.path} is a folder, not a conversation database; move it or set LOCALSPEC_HOME")
         try:
+            damage = self._probe()  # before SQLite may touch the files for writing
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open the conversation database {self.path}: {exc}") from None
+        if damage is not None:
+            self.recovered_from = self._move_aside()
+        try:
             self._conn = self._open()
         except sqlite3.DatabaseError as exc:
-            if not _is_corruption(exc):
-                raise StoreError(f"cannot open the conversation database {self.path}: {exc}") from None
-            self.recovered_from = self._move_aside()
-            self._conn = self._open()
+            raise StoreError(f"cannot open the conversation database {self.path}: {exc}") from None
+        self._checkpoint("PASSIVE")
 
     # -- opening -------------------------------------------------------------------------------------------------
+
+    def _side(self, suffix: str) -> Path:
+        return self.path.with_name(self.path.name + suffix)
+
+    def _fingerprint(self) -> list[int]:
+        return file_fingerprint(self.path)
+
+    def _probe(self) -> Optional[str]:
+        """Why the file on disk is damaged, or None. Reads through a read-only connection (which never checkpoints
+        a WAL into the main file) and puts the -shm back as it was, so a damaged set is moved aside as found."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return None
+        wal, state = self._side("-wal"), self._side(STATE_SUFFIX)
+        if wal.exists() and wal.stat().st_size > WAL_HEADER_BYTES and state.exists():
+            try:
+                recorded = json.loads(state.read_text())
+            except (OSError, ValueError):
+                recorded = None
+            if recorded != self._fingerprint():  # the main file changed since our last checkpoint
+                return "the database file was replaced or changed while its write-ahead log remained"
+        shm = self._side("-shm")
+        shm_before = shm.read_bytes() if shm.exists() else None
+        try:
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0)
+            try:
+                check = conn.execute("PRAGMA quick_check").fetchone()[0]
+                return None if check == "ok" else f"database disk image is malformed: {check}"
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError as exc:
+            if not _is_corruption(exc):
+                raise
+            return str(exc)
+        finally:
+            if shm_before is None:
+                shm.unlink(missing_ok=True)
+            elif shm.exists() and shm.read_bytes() != shm_before:
+                shm.write_bytes(shm_before)
+
+    def _checkpoint(self, mode: str) -> None:
+        """Merge the WAL into the main file and record the main file's fingerprint (see _probe)."""
+        with self._lock:
+            try:
+                self._conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+                state = self._side(STATE_SUFFIX)
+                tmp = state.with_name(state.name + ".tmp")
+                tmp.write_text(json.dumps(self._fingerprint()))
+                tmp.replace(state)
+            except (sqlite3.Error, OSError):  # a busy reader or a read-only folder: the next checkpoint catches up
+                pass
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
@@ -175,6 +239,7 @@ class ConversationStore:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(f"the conversation database {self.path} could not switch to WAL mode ({mode})")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints are ours, so each one is recorded
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a killed process loses nothing committed
             conn.execute("PRAGMA foreign_keys = ON")
             check = conn.execute("PRAGMA quick_check").fetchone()[0]
@@ -200,7 +265,7 @@ class ConversationStore:
             target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
         try:
             self.path.rename(target)
-            for suffix in ("-wal", "-shm"):  # a stale WAL must never be replayed into the fresh file
+            for suffix in ("-wal", "-shm", STATE_SUFFIX):  # a stale WAL must never be replayed into the fresh file
                 side = self.path.with_name(self.path.name + suffix)
                 if side.exists():
                     side.rename(target.with_name(target.name + suffix))
@@ -210,8 +275,13 @@ class ConversationStore:
         return target
 
     def close(self) -> None:
+        """Checkpoint the WAL into the main file (a clean shutdown leaves no WAL to replay), then close."""
         with self._lock:
+            if self._closed:
+                return
+            self._checkpoint("TRUNCATE")
             self._conn.close()
+            self._closed = True
 
     def __enter__(self) -> "ConversationStore":
         return self
@@ -242,6 +312,9 @@ class ConversationStore:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            wal = self._side("-wal")
+            if wal.exists() and wal.stat().st_size > CHECKPOINT_BYTES:
+                self._checkpoint("PASSIVE")
             return result
 
     def _require_conversation(self, conn: sqlite3.Connection, conversation_id: Any) -> int:

@@ -6,6 +6,9 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 if os.environ.get("LOCALSPEC_ALLOW_DOWNLOAD") != "1":  # local first: no hub traffic unless asked for
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from . import tempfiles  # noqa: E402  (no Gradio import inside)
+
+tempfiles.use()  # Gradio's temporary files go under LOCALSPEC_HOME, owner-only, removed at exit
 
 from .layout import build_app, launch_options
 from .manager import Busy, ModelManager, default_session_factory

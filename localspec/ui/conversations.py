@@ -10,6 +10,7 @@ from typing import Optional
 import gradio as gr
 
 from localspec.config import ConfigError
+from . import tempfiles
 from .render import stats_html, status_html, transcript_html
 from .handlers import events_json, owner_of
 from .recorder import Recorder, turns_from_conversation
@@ -32,7 +33,7 @@ def _id(value) -> Optional[int]:
 class ConversationHandlers:
     def __init__(self, store, recorder: Recorder, manager) -> None:
         self.store, self.recorder, self.manager = store, recorder, manager
-        self.export_dir = Path(tempfile.mkdtemp(prefix="localspec-export-"))
+        self.export_dir = Path(tempfile.mkdtemp(prefix="localspec-export-", dir=tempfiles.folder()))
 
     def choices(self) -> list[tuple[str, int]]:
         return [(conversation_label(s), s.id) for s in self.store.list_conversations()]

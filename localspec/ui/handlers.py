@@ -47,6 +47,7 @@ class Handlers:
         self.manager = manager
         self.notice = notice
         self.recorder = recorder  # optional Recorder: saves answers into the ConversationStore as they stream
+        self.shown: dict[str, Optional[str]] = {}  # the pair each tab's controls show, by owner
 
     # ---- one answer ------------------------------------------------------------------------------------------
     def _run(self, owner: str, history: list[dict], sampling, proposer: str, k: int, answer: dict, sink=None):
@@ -114,10 +115,11 @@ class Handlers:
                 raise ConfigError("the message is empty; type something to send")
             sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed)
             k_value = read_k(k)
+            self._check_pair_shown(owner, proposer)
             if self.manager.is_answering(owner):
                 raise Busy("an answer is still streaming in this window; press Stop or wait for it, then send")
         except ConfigError as exc:
-            yield (gr.skip(), gr.skip(), status_html(str(exc), "error"), gr.skip(), text, turns)
+            yield self._refused(str(exc), text, turns, colour)
             return
         history = history_of(turns) + [{"role": "user", "content": text}]
         answer = {"role": "assistant", "content": "", "tokens": [], "pending": True, "stats": None,
@@ -128,9 +130,7 @@ class Handlers:
         sink = self.recorder.sink(owner, text, sampling_dict(sampling)) if self.recorder is not None else None
         for answer, status in self._run(owner, history, sampling, proposer, k_value, answer, sink):
             if answer.get("finish_reason") == "error" and not answer["tokens"]:
-                turns = turns[:-2]  # nothing was said: take the message back into the box
-                yield (transcript_html(turns, colour), gr.skip(), status_html(answer["error"], "error"), gr.skip(),
-                       text, turns)
+                yield self._refused(answer["error"], text, turns[:-2], colour)  # nothing was said: message back
                 return
             done = "pending" not in answer
             if done:
@@ -141,6 +141,41 @@ class Handlers:
                               answer.get("finish_reason") if done else None, runtime_of(self.manager.session)),
                    status_html(status, "error" if answer.get("finish_reason") == "error" else "info"),
                    events_json(answer), gr.skip(), turns)
+
+    def _switched_away(self, owner: str) -> Optional[str]:
+        """The pair now loaded, when another tab switched to it after this tab's controls were drawn."""
+        shown, current = self.shown.get(owner), self.manager.name
+        return current if owner in self.shown and shown != current and current and not self.manager.loading else None
+
+    def _check_pair_shown(self, owner: str, proposer) -> None:
+        switched, session = self._switched_away(owner), self.manager.session
+        if switched and session is not None and proposer not in session.proposers:
+            raise ConfigError(f"the model pair was switched to {switched} in another window; it has no "
+                              f"{PROPOSER_LABELS.get(proposer, proposer)} proposer. The controls here now show its "
+                              f"proposers: choose one and send again")
+
+    def refresh_pair(self, request: gr.Request = None):
+        """Timer tick: when another tab switched the pair, redraw this tab's controls for it (once).
+        Outputs: model dropdown, proposer, K, status."""
+        owner = owner_of(request)
+        switched = self._switched_away(owner)
+        if switched is None:
+            self.shown.setdefault(owner, self.manager.name)
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        self.shown[owner] = switched
+        return (switched, *self.proposer_updates(),
+                status_html(f"The model pair was switched to {switched} in another window; the controls here now "
+                            f"show its proposers."))
+
+    @staticmethod
+    def _refused(reason: str, text: str, turns: list[dict], colour) -> tuple:
+        """Send's outputs for a refused message: real values everywhere (an API caller cannot read gr.skip()), the
+        window as it was, the reason in the status line and the message back in the box."""
+        last = next((t for t in reversed(turns) if t["role"] == "assistant"), None)
+        stats = (stats_html(last.get("stats"), PROPOSER_LABELS.get(last.get("proposer"), last.get("proposer")),
+                            last.get("k") if last.get("proposer") != "none" else None, last.get("finish_reason"))
+                 if last else stats_html(None))
+        return transcript_html(turns, colour), stats, status_html(reason, "error"), events_json(last), text, turns
 
     @staticmethod
     def _final_status(answer: dict) -> str:
@@ -223,8 +258,17 @@ class Handlers:
     def switch(self, name, request: gr.Request = None):
         """Outputs: status, model dropdown, proposer, K."""
         manager = self.manager
+        if name is None or name not in {p.name for p in manager.pairs}:
+            kept = f" Still using {manager.name}." if manager.name else ""
+            broken = manager.broken_entry(name)
+            reason = (f"this models.yaml entry is unavailable: {broken.error}" if broken else
+                      f"choose a model pair from the list (got {name!r})")
+            self.shown[owner_of(request)] = manager.name
+            yield status_html(f"Could not switch: {reason}.{kept}", "error"), manager.name, *self.proposer_updates()
+            return
         if name == manager.name and manager.session is not None:
-            yield status_html(f"{name} is already loaded."), gr.skip(), gr.skip(), gr.skip()
+            self.shown[owner_of(request)] = name
+            yield status_html(f"{name} is already loaded."), name, gr.update(), gr.update()  # the tab's choices stay
             return
         progress: "queue.Queue[Optional[str]]" = queue.Queue()
         result: dict = {}
@@ -248,6 +292,7 @@ class Handlers:
                 break
             yield bar.advance(message), gr.skip(), gr.skip(), gr.skip()
         if "seconds" in result:
+            self.shown[owner_of(request)] = name
             yield (status_html(f"Loaded {name} in {result['seconds']:.1f} s."), name,
                    *self.proposer_updates())
             return
@@ -263,9 +308,10 @@ class Handlers:
         spec = session.default_spec()
         return gr.update(choices=proposer_choices(tuple(session.proposers)), value=spec.proposer), gr.update(value=spec.k)
 
-    def on_load(self):
+    def on_load(self, request: gr.Request = None):
         """Page (re)load: show the pair in use. Outputs: model dropdown, proposer, K, status."""
         manager = self.manager
+        self.shown[owner_of(request)] = manager.name
         if manager.session is None and manager.load_error:  # a failed switch leaves the old pair: not shown here
             status = status_html(f"Model load failed: {manager.load_error}", "error")
         else:

@@ -7,8 +7,10 @@ from typing import Any, Optional
 import gradio as gr
 
 from localspec.chat import TRUNCATION_POLICY
+from localspec.config import K_MAX, K_MIN, TEMPERATURE_MAX
 from .render import legend_html, stats_html, status_html, transcript_html
 from .actions import Actions
+from .controls import CheckedNumber, CheckedSlider
 from .conversations import conversations_panel
 from .handlers import Handlers
 from .manager import ModelManager
@@ -17,6 +19,7 @@ from .settings import proposer_choices
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TITLE = "localspec"
+PAIR_POLL_S = 2.0  # how often a tab checks whether another tab switched the pair
 INTRO = ("Local chat with speculative decoding. Each token of an answer is coloured by how it was made; "
          "hover one for its probabilities.")
 
@@ -58,19 +61,19 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                                  elem_id="ls-status")
                 proposer = gr.Radio(proposer_choices(available), value=spec.proposer if spec else "none",
                                     label="Proposer", elem_id="ls-proposer")
-                k = gr.Slider(1, 16, value=spec.k if spec else 4, step=1, label="K (draft tokens per step)",
-                              elem_id="ls-k")
-                max_new = gr.Number(256, label="Max new tokens", precision=0, elem_id="ls-max-new")
+                k = CheckedSlider(K_MIN, K_MAX, value=spec.k if spec else 4, step=1, label="K (draft tokens per step)",
+                                  elem_id="ls-k")
+                max_new = CheckedNumber(256, label="Max new tokens", elem_id="ls-max-new")
                 colour = gr.Checkbox(True, label="Colour tokens by kind", elem_id="ls-colour")
                 with gr.Accordion("Sampling (temperature, top-p, top-k, seed)", open=False):
-                    temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)",
-                                            elem_id="ls-temperature")
-                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="ls-top-p")
+                    temperature = CheckedSlider(0.0, TEMPERATURE_MAX, value=0.0, step=0.05,
+                                                label="Temperature (0 = greedy)", elem_id="ls-temperature")
+                    top_p = CheckedSlider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="ls-top-p")
                     with gr.Row():
-                        top_k = gr.Number(0, label="Top-k", info="0 = off", precision=0, minimum=0, min_width=70,
-                                          elem_id="ls-top-k", elem_classes="ls-compact")
-                        seed = gr.Number(0, label="Seed", precision=0, min_width=70, elem_id="ls-seed",
-                                         elem_classes="ls-compact")
+                        top_k = CheckedNumber(0, label="Top-k", info="0 = off", min_width=70, elem_id="ls-top-k",
+                                              elem_classes="ls-compact")
+                        seed = CheckedNumber(0, label="Seed", min_width=70, elem_id="ls-seed",
+                                             elem_classes="ls-compact")
             with gr.Column(scale=5, min_width=420, elem_id="ls-chat"):
                 transcript = gr.HTML(transcript_html([]), js_on_load=transcript_script(), autoscroll=True, max_height=440,
                                      min_height=440, elem_id="ls-transcript", padding=False)
@@ -116,6 +119,9 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
         model.input(handlers.switch, [model], [status, model, proposer, k], api_name="switch_model",
                     concurrency_limit=None, show_progress="hidden")
         demo.load(handlers.on_load, None, [model, proposer, k, status], api_name=False)
+        # a switch in another tab redraws this tab's pair and proposer controls within a tick
+        gr.Timer(PAIR_POLL_S).tick(handlers.refresh_pair, None, [model, proposer, k, status], api_name=False,
+                                    concurrency_limit=None, show_progress="hidden")
     return demo
 
 

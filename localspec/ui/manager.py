@@ -10,10 +10,10 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
 from localspec.config import ConfigError, PairSpec, SamplingParams, SpecConfig
-from localspec.models.registry import find_pair
+from localspec.models.registry import BrokenEntry, find_pair
 from localspec.server.admission import Admission, QueueFull
 from .render import token_record
 
@@ -73,10 +73,11 @@ class _Out:
 
 class ModelManager:
     def __init__(self, pairs: list[PairSpec], factory: SessionFactory, admission: Optional[Admission] = None,
-                 observer: Optional[EventObserver] = None) -> None:
+                 observer: Optional[EventObserver] = None, broken: Sequence[BrokenEntry] = ()) -> None:
         if not pairs:
             raise ConfigError("models.yaml lists no model pairs")
         self.pairs = pairs
+        self.broken = tuple(broken)  # models.yaml entries that could not be read: offered as unavailable
         self.factory = factory
         self.session = None
         self.name: Optional[str] = None
@@ -97,7 +98,10 @@ class ModelManager:
     def choices(self) -> list[tuple[str, str]]:
         """Dropdown entries (label, value); entries that run the model's own code are marked."""
         return [((f"{p.name}  ⚠ runs model code (trust_remote_code)" if trust_marker(p) else p.name), p.name)
-                for p in self.pairs]
+                for p in self.pairs] + [(b.label, b.value) for b in self.broken]
+
+    def broken_entry(self, value: object) -> Optional[BrokenEntry]:
+        return next((b for b in self.broken if b.value == value), None)
 
     def load(self, name: Optional[str], progress: Progress = lambda _msg: None) -> float:
         """Load a pair and make it current. On failure the previous pair stays loaded and usable."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -82,20 +83,25 @@ def open_store(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.umask(0o077)  # everything the app writes (database, exports, Gradio's copies) is readable by its owner only
     from localspec.config import ConfigError
-    from localspec.models.registry import find_pair, load_registry
+    from localspec.models.registry import find_pair, load_registry_lenient
 
     try:
         auth = auth_for(args)
         api = api_parts(args)
-        pairs = load_registry(args.models)
+        pairs, broken = load_registry_lenient(args.models)
         first = find_pair(pairs, args.model)
     except ConfigError as exc:
         print(f"localspec: {exc}", file=sys.stderr)
         return 2
+    for entry in broken:  # offered in the window as unavailable, with this error
+        print(f"localspec: skipped {entry.error}", file=sys.stderr, flush=True)
     from . import ModelManager, build_app, default_session_factory, launch_options
+    from .auth import launch_kwargs
 
-    manager = ModelManager(pairs, default_session_factory(args.device), **api.manager_options if api else {})
+    manager = ModelManager(pairs, default_session_factory(args.device), broken=broken,
+                           **api.manager_options if api else {})
     try:
         seconds = manager.load(first.name, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
         print(f"Loaded {first.name} in {seconds:.1f} s", file=sys.stderr, flush=True)
@@ -104,13 +110,27 @@ def main(argv: list[str] | None = None) -> int:
     store, notice = open_store(args)
     demo = build_app(manager, store, notice)
     demo.queue(default_concurrency_limit=None)
+    # SIGTERM ends the process like Ctrl+C: the store checkpoints its WAL, the temporary files go (atexit)
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
+    launch = launch_kwargs(auth)
+    if api:  # the API's routes go on the same FastAPI app as the login middleware
+        launch["app_kwargs"] = {**launch.get("app_kwargs", {}), **api.app_kwargs(manager)}
     try:
+        # quiet: Gradio's own lines include "To create a public link, set `share=True`", which this app never does
         demo.launch(server_name=args.host, server_port=args.port, inbrowser=not args.no_browser, share=False,
-                    auth=auth, auth_message="localspec: enter the password (any user name)" if auth else None,
-                    show_error=True, app_kwargs=api.app_kwargs(manager) if api else None, **launch_options())
+                    auth_message="localspec: enter the password (any user name)" if auth else None,
+                    show_error=True, quiet=True, prevent_thread_lock=True, **launch, **launch_options())
+        reach = "this machine only" if is_loopback(args.host) else "other machines can connect; password required" \
+            if auth else "other machines can connect, WITHOUT a password (--no-auth)"
+        print(f"localspec: serving on {demo.local_url} ({reach}; never shared publicly). Ctrl+C stops it.",
+              file=sys.stderr, flush=True)
+        demo.block_thread()
     except OSError as exc:  # port taken, address not available
         print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if store is not None:
+            store.close()
     return 0
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from localspec.config import ConfigError, SamplingParams
+from localspec.config import ConfigError, SamplingParams, SpecConfig
 
-MAX_SEED = 2**63  # torch.Generator.manual_seed takes a signed 64-bit value
 PROPOSER_LABELS = {"draft": "draft model", "ngram": "n-gram", "head": "trained head",
                    "ngram+head": "n-gram, else head", "none": "off"}
 
@@ -25,32 +24,35 @@ def _number(value: Any, name: str) -> float:
     return number
 
 
-def whole(value: Any, name: str) -> int:
+def _exact(value: Any, name: str) -> int | float:
+    """A control's value as a number: an int when it is whole (a browser sends 3.0 for 3), else the float, which
+    the validation below refuses as "not a whole number" where a whole number is needed."""
     number = _number(value, name)
-    if number != int(number):
+    return int(number) if number.is_integer() else number
+
+
+def whole(value: Any, name: str) -> int:
+    number = _exact(value, name)
+    if not isinstance(number, int):
         raise ConfigError(f"{name} must be a whole number (got {value!r})")
-    return int(number)
+    return number
 
 
 def read_sampling(temperature: Any, top_p: Any, top_k: Any, max_new_tokens: Any, seed: Any) -> SamplingParams:
-    """Raises ConfigError with a message for the user on any bad value."""
-    seed_value = whole(seed, "seed")
-    if not 0 <= seed_value < MAX_SEED:
-        raise ConfigError(f"seed must be a whole number from 0 to {MAX_SEED - 1} (got {seed_value})")
+    """Control values → SamplingParams, checked by SamplingParams.validate (the limits the CLI and API share).
+    Raises ConfigError with a message for the user on any bad value."""
     return SamplingParams(
         temperature=_number(temperature, "temperature"),
         top_p=_number(top_p, "top-p"),
-        top_k=whole(top_k, "top-k"),
-        max_new_tokens=whole(max_new_tokens, "max new tokens"),
-        seed=seed_value,
+        top_k=_exact(top_k, "top-k"),
+        max_new_tokens=_exact(max_new_tokens, "max new tokens"),
+        seed=_exact(seed, "seed"),
     ).validate()
 
 
 def read_k(k: Any) -> int:
-    value = whole(k, "K")
-    if not 1 <= value <= 16:
-        raise ConfigError(f"K (draft tokens per step) must be between 1 and 16 (got {value})")
-    return value
+    """K checked by SpecConfig.validate."""
+    return SpecConfig(k=_exact(k, "K")).validate().k
 
 
 def read_proposer(proposer: Any, available: tuple[str, ...]) -> str:
