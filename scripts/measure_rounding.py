@@ -39,7 +39,7 @@ PATHS = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "floa
 
 def cpu_name() -> str:
     try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(["lscpu"], check=False, capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return platform.processor() or platform.machine()
     return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
@@ -118,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated: " + ", ".join(PATHS))
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--mt-bench", type=int, default=6, help="MT-Bench prompts (default: %(default)s)")
+    parser.add_argument("--humaneval", type=int, default=4, help="HumanEval prompts (default: %(default)s)")
     args = parser.parse_args(argv)
-    prompts = shared_prompts(limit_mt=6, limit_code=4)
+    prompts = shared_prompts(limit_mt=args.mt_bench, limit_code=args.humaneval)
     machine = f"{cpu_name()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
     print(f"# rounding: 1-token vs (K+1)-token forwards, K+1 in {CHUNKS}, {len(prompts)} prompts × {NEW_TOKENS} "
           f"tokens, SmolLM2-135M-Instruct on CPU ({machine})")

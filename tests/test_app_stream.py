@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 
@@ -24,7 +25,7 @@ def gated_session_class():
         """A ChatSession whose stream_ids hands out one engine step per gate release; `steps` lists those handed."""
 
         gate = threading.Semaphore(0)
-        steps: list = []
+        steps: ClassVar[list] = []
 
         def stream_ids(self, ids, sampling, spec, cancel=None):
             for event in super().stream_ids(ids, sampling, spec, cancel):
@@ -103,7 +104,7 @@ def test_every_step_reaches_the_client_with_its_own_stats(gated_app):
         stats_strings.append(update[1])
         if event.finished:
             break
-    transcript, stats, status, events, box = job.result(timeout=STEP_TIMEOUT_S)
+    transcript, stats, status, events, _box = job.result(timeout=STEP_TIMEOUT_S)
     steps = session.steps
     assert len(steps) >= 3 and steps[-1].finished, "the answer should take several engine steps"
     assert len(stats_strings) == len(steps)  # one update per step, each seen before the next step ran

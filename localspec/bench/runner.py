@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import torch
 
 from localspec.verify.guarantee import guarantee_for_model
+
 from .modes import Mode, RunResult, run_mode
 from .prompts import BenchPrompt
 

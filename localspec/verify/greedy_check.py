@@ -6,8 +6,6 @@ last token prefilled, then one token per forward."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
-
 import torch
 
 from .guarantee import Guarantee
@@ -16,12 +14,12 @@ from .guarantee import Guarantee
 @dataclass(frozen=True)
 class GreedyComparison:
     ok: bool  # identical, or parted where the guarantee allows it
-    at: Optional[int]  # the first position where they part; None when identical
-    gap: Optional[float]  # plain decoding's top-2 logit gap there
+    at: int | None  # the first position where they part; None when identical
+    gap: float | None  # plain decoding's top-2 logit gap there
     detail: str
 
 
-def first_difference(a: list[int], b: list[int]) -> Optional[int]:
+def first_difference(a: list[int], b: list[int]) -> int | None:
     if a == b:
         return None
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
