@@ -9,7 +9,6 @@ import pytest
 
 from .apphelpers import REPO, AppProcess, send, send_from_two_clients, tiny_models_yaml
 
-KINDS = {"accepted", "resampled", "bonus", "target"}
 # send(message, proposer, K, temperature, top_p, top_k, max_new_tokens, seed, colour)
 # → (transcript, stats, status, events, message box)
 
@@ -33,29 +32,7 @@ def span_kinds(transcript: str) -> list[str]:
     return re.findall(r'class="tok tok-(\w+)', transcript)
 
 
-def accepted_counts(stats: str) -> tuple[int, int]:
-    match = re.search(r"Accepted (\d+)/(\d+) draft tokens", stats)
-    assert match, stats
-    return int(match.group(1)), int(match.group(2))
-
-
-
-def test_answer_streams_with_token_kinds_and_changing_stats(client):
-    job = send(client, "Count with me: one two three", max_new=64)
-    updates = list(job)
-    transcript, stats, status, events, box = job.result()
-    assert len(updates) >= 3, "the answer should arrive in several updates"
-    assert updates[0][4] == ""  # the box is emptied as soon as the message is taken
-    assert "Done" in status
-    kinds = span_kinds(transcript)
-    assert len(kinds) >= 10 and set(kinds) <= KINDS
-    assert len(set(kinds)) >= 2  # n-gram drafts on the tiny model's loops: some accepted, some not
-    assert {t["kind"] for t in events["tokens"]} <= KINDS
-    assert [t["kind"] for t in events["tokens"] if t["text"]] == kinds
-    streamed_stats = [u[1] for u in updates if "Accepted" in str(u[1])]
-    assert len(set(streamed_stats)) >= 2, "stats should change while the answer streams"
-    accepted, drafted = accepted_counts(stats)
-    assert drafted > 0 and accepted == events["stats"]["accepted"] and drafted == events["stats"]["drafted"]
+# streaming step by step, with each step's stats: test_app_stream.py (gated, so independent of machine speed)
 
 
 def test_proposer_off_gives_target_tokens(client):

@@ -19,6 +19,11 @@ def test_selftest_passes_on_the_tiny_pair(tiny_pair, capsys):
     assert {c["status"] for c in out["checks"]} <= {"pass", "skip"}
     lossless = next(c for c in out["checks"] if c["name"] == "greedy losslessness")
     assert lossless["status"] == "pass" and "identical" in lossless["detail"]
+    from localspec.verify.guarantee import guarantee_for
+
+    stated = guarantee_for("float32", "none", "cpu")
+    assert out["guarantee"] == stated.to_dict()  # the loaded path's guarantee, as guarantee.py states it
+    assert stated.path in lossless["detail"] and f"greedy guarantee {stated.greedy}" in lossless["detail"]
 
 
 def test_selftest_fails_with_a_wrong_sampler(monkeypatch, capsys):
@@ -48,6 +53,7 @@ def test_selftest_reports_a_missing_model_as_a_failed_check(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 1
     assert "greedy losslessness" in out and "FAIL" in out
+    assert "guarantee (" not in out  # no model loaded, no guarantee claimed
 
 
 def test_selftest_table(capsys):
@@ -109,4 +115,5 @@ def test_greedy_losslessness_check_catches_a_lossy_verifier(tiny_pair, monkeypat
     code = main(["selftest", "--json", "--models", str(tiny_pair["models_yaml"]), "--device", "cpu"])
     out = _json_out(capsys)
     lossless = next(c for c in out["checks"] if c["name"] == "greedy losslessness")
-    assert code == 1 and lossless["status"] == "fail" and "differs from plain decoding" in lossless["detail"]
+    assert code == 1 and lossless["status"] == "fail" and "outputs differ at token" in lossless["detail"]
+    assert "not below the cpu float32 bound" in lossless["detail"]  # a real difference, not a near-tie flip

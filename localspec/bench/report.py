@@ -137,6 +137,7 @@ def to_json(run: BenchRun, summary: dict) -> dict:
         "greedy": True,
         "machine": run.machine,
         "notes": run.notes,
+        "guarantee": run.guarantee,
         "modes": [{"label": m.label, "name": m.name, "k": m.k, "proposer": m.proposer} for m in run.modes],
         "summary": summary,
         "prompts": [{
@@ -153,6 +154,17 @@ def to_json(run: BenchRun, summary: dict) -> dict:
 
 def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def same_as_hf_note(data: dict) -> str:
+    """Which greedy guarantee the *same as hf* column is read against (the loaded compute path's)."""
+    guarantee = data.get("guarantee") or {}
+    if not guarantee:
+        return ("Ids can part where two logits tie within float rounding, since a K+1-token forward sums in "
+                "another order.")
+    if guarantee["greedy"] == "identical":
+        return f"Guarantee on this path, greedy identical: {guarantee['text']}."
+    return f"Guarantee on this path, greedy equal except at near-ties: {guarantee['text']}."
 
 
 def to_markdown(data: dict) -> str:
@@ -191,8 +203,7 @@ def to_markdown(data: dict) -> str:
                          f"{_fmt(row.get('mean_acceptance_length'))} | {split} | {same} |")
     lines += ["", "*tok/CPU-s*: tokens per second of CPU time this process used (wall time minus the time other "
               "processes held the cores); with one torch thread it estimates the speed on an idle machine.",
-              "*same as hf*: greedy token ids equal to `hf`'s up to the shorter answer (ids can part where two "
-              "logits tie within float rounding, since a K+1-token forward sums in another order).", ""]
+              "*same as hf*: greedy token ids equal to `hf`'s up to the shorter answer. " + same_as_hf_note(data), ""]
     if summary["k_sweep"]:
         lines += ["## K sweep (tokens/s)", ""]
         for name, sweep in summary["k_sweep"].items():

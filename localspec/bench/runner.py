@@ -14,6 +14,8 @@ from typing import Callable, Optional
 
 import torch
 
+from localspec.verify.guarantee import guarantee_for_model
+
 from .modes import Mode, RunResult, run_mode
 from .prompts import BenchPrompt
 
@@ -35,6 +37,7 @@ class BenchRun:
     max_new_tokens: int
     notes: list[str]
     machine: dict
+    guarantee: dict = field(default_factory=dict)  # Guarantee.to_dict() of the loaded compute path
 
 
 def load_average() -> dict:
@@ -91,4 +94,6 @@ def run_bench(session, prompts: list[BenchPrompt], modes: list[Mode], max_new_to
         bar.close()
     machine["load_after"] = load_average()
     machine["load_1m_during"] = {"min": min(samples), "max": max(samples), "mean": sum(samples) / len(samples)}
-    return BenchRun(session.loaded.spec.name, modes, encoded, max_new_tokens, list(notes or []), machine)
+    loaded = session.loaded
+    guarantee = guarantee_for_model(loaded.target, loaded.quant, loaded.device.type).to_dict()
+    return BenchRun(loaded.spec.name, modes, encoded, max_new_tokens, list(notes or []), machine, guarantee)

@@ -68,10 +68,10 @@ class Handlers:
             yield answer, str(exc)
             return
         status, last_yield, finished = "Thinking…", 0.0, False
+        unsent = False  # a change not yet yielded (one that came too soon after the last yield waits for the next)
         while not finished:
-            changed = False
             for msg in drain(out, 0.1):
-                changed = True
+                unsent = True
                 if msg.kind == "waiting":
                     status = WAITING
                 elif msg.kind == "started":
@@ -99,8 +99,8 @@ class Handlers:
                     answer["finish_reason"] = "stop"
             now = time.monotonic()
             failed = answer.get("finish_reason") == "error"  # shown once the worker is done (and the window free)
-            if finished or (changed and not failed and now - last_yield >= YIELD_EVERY_S):
-                last_yield = now
+            if finished or (unsent and not failed and now - last_yield >= YIELD_EVERY_S):
+                last_yield, unsent = now, False
                 yield answer, status
 
     # ---- events ----------------------------------------------------------------------------------------------

@@ -1,0 +1,56 @@
+"""The per-path greedy guarantee: read from the measured rounding (verify/guarantee.py), refused for unknown paths."""
+import math
+
+import pytest
+
+from localspec.config import ConfigError
+from localspec.verify.greedy_check import compare_greedy, first_difference
+from localspec.verify.guarantee import MEASURED, guarantee_for
+
+
+def test_measured_cpu_paths_state_twice_their_largest_rounding_difference():
+    for (device, dtype, quant), rounding in MEASURED.items():
+        stated = guarantee_for(dtype, quant, device)
+        assert stated.measured and stated.greedy == "near-tie"  # no path was bitwise batch-invariant
+        assert stated.flip_bound == 2 * rounding.max_abs_diff
+        assert rounding.max_flip_gap < stated.flip_bound  # every flip measured lies below the stated bound
+        assert f"{stated.flip_bound:.2g}" in stated.text and stated.measured_on in stated.text
+
+
+def test_unmeasured_paths_say_so_and_claim_no_bound():
+    stated = guarantee_for("bfloat16", "nf4", "cuda")
+    assert not stated.measured and stated.measured_on == "not measured" and "not measured" in stated.text
+    assert math.isinf(stated.flip_bound) and stated.to_dict()["flip_bound"] is None
+
+
+@pytest.mark.parametrize("args, word", [(("float8", "none", "cpu"), "dtype"), (("float32", "gptq", "cpu"), "quant"),
+                                        (("float32", "none", "mps"), "device")])
+def test_unknown_paths_are_refused_with_a_message(args, word):
+    with pytest.raises(ConfigError, match=word):
+        guarantee_for(*args)
+
+
+def test_a_flip_is_allowed_only_below_the_bound(tiny_models, monkeypatch):
+    import localspec.verify.greedy_check as check
+
+    target, _draft = tiny_models
+    stated = guarantee_for("float32", "none", "cpu")
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None and first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert compare_greedy(target, [1, 2, 3], [4, 5], [4, 5], stated).ok
+    monkeypatch.setattr(check, "plain_top2_gap", lambda *_: stated.flip_bound / 2)
+    assert compare_greedy(target, [1, 2, 3], [4, 5], [4, 6], stated).ok
+    monkeypatch.setattr(check, "plain_top2_gap", lambda *_: stated.flip_bound)
+    result = compare_greedy(target, [1, 2, 3], [4, 5], [4, 6], stated)
+    assert not result.ok and result.at == 1 and "not below" in result.detail
+
+
+def test_plain_top2_gap_reads_plain_decodings_logits(tiny_models):
+    import torch
+
+    from localspec.verify.greedy_check import plain_top2_gap
+
+    target, _draft = tiny_models
+    with torch.inference_mode():
+        logits = target(torch.tensor([[1, 5, 9, 13]])).logits[0, -1]
+    top = torch.topk(logits, 2).values
+    assert plain_top2_gap(target, [1, 5, 9], [13, 40], 1) == pytest.approx(float(top[0] - top[1]), abs=1e-4)
