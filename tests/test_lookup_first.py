@@ -8,6 +8,7 @@ import torch
 from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.engine.loop import Engine
 from localspec.proposers import LookupFirstProposer, NgramProposer
+from localspec.proposers.base import Proposer
 from localspec.proposers.head import HeadProposer
 from tests.stats import chi_square_p
 from tests.test_heads import make_head
@@ -16,7 +17,7 @@ from tests.test_heads import make_head
 PROMPT = [1, 72, 101, 108, 108, 111, 44, 32, 119, 72, 101, 108, 108, 111]
 
 
-class Counting:
+class Counting(Proposer):
     """Wraps a proposer and counts the steps it was asked to draft and those where it returned a draft."""
 
     def __init__(self, inner) -> None:

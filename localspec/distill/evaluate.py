@@ -48,7 +48,7 @@ def measure_c(target, proposer_factory, prompt_ids: list[int], k: int, repeats: 
     runner.reset()
     prefix = prompt_ids[:-1]
     proposer = proposer_factory()
-    hidden = runner.extend(prefix, want_hidden=True, feature_layers=getattr(proposer, "feature_layers", ())).hidden
+    hidden = runner.extend(prefix, want_hidden=True, feature_layers=proposer.feature_layers).hidden
     proposer.begin(list(prompt_ids), hidden)
     sampling = SamplingParams()
     generator = torch.Generator()

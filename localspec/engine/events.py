@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 TokenKind = Literal["accepted", "resampled", "bonus", "target"]
-TOKEN_KINDS: tuple[str, ...] = ("accepted", "resampled", "bonus", "target")
+TOKEN_KINDS: tuple[TokenKind, ...] = get_args(TokenKind)
+FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 
 @dataclass(frozen=True)
@@ -13,13 +14,25 @@ class TokenEvent:
     """One emitted token and how it was made."""
 
     token_id: int
-    kind: str  # one of TOKEN_KINDS
+    kind: TokenKind
     target_prob: float  # p_target(token) at its position
     draft_prob: Optional[float] = None  # p_draft(token) for accepted draft tokens (1.0 for n-gram drafts)
     rejected_token_id: Optional[int] = None  # for 'resampled': the draft token the target rejected
     rejected_target_prob: Optional[float] = None
     rejected_draft_prob: Optional[float] = None
     text: str = ""  # filled by the chat layer; the engine knows only ids
+
+    @classmethod
+    def accepted(cls, token_id: int, target_prob: float, draft_prob: float) -> "TokenEvent":
+        """A draft token the target kept."""
+        return cls(token_id, "accepted", target_prob, draft_prob)
+
+    @classmethod
+    def resampled(cls, token_id: int, target_prob: float, rejected_token_id: int, rejected_target_prob: float,
+                  rejected_draft_prob: float) -> "TokenEvent":
+        """The target's token in place of the draft token it rejected."""
+        return cls(token_id, "resampled", target_prob, rejected_token_id=rejected_token_id,
+                   rejected_target_prob=rejected_target_prob, rejected_draft_prob=rejected_draft_prob)
 
     @property
     def acceptance_prob(self) -> Optional[float]:
@@ -103,13 +116,19 @@ class StatsSnapshot:
 class StepEvent:
     """One engine step: propose K → one target forward over K+1 positions → rejection sampling."""
 
-    tokens: tuple[TokenEvent, ...]
-    propose_time_us: float
-    score_time_us: float
-    sampler_time_us: float
-    propose_token_num: int  # draft tokens proposed this step (K, or fewer when the n-gram found fewer)
-    accept_token_num: int  # draft tokens accepted this step
+    tokens: tuple[TokenEvent, ...] = ()
+    propose_time_us: float = 0.0
+    score_time_us: float = 0.0
+    sampler_time_us: float = 0.0
+    propose_token_num: int = 0  # draft tokens proposed this step (K, or fewer when the n-gram found fewer)
+    accept_token_num: int = 0  # draft tokens accepted this step
     stats: StatsSnapshot = field(default_factory=StatsSnapshot)
     finished: bool = False
-    finish_reason: Optional[str] = None  # 'stop' | 'length' | 'cancelled' | 'error'
+    finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None
+
+    @classmethod
+    def finished_early(cls, stats: StatsSnapshot, reason: FinishReason, error: Optional[str] = None,
+                       drafted: int = 0) -> "StepEvent":
+        """The answer ends without emitting this step: cancelled, or an error (with its message)."""
+        return cls(propose_token_num=drafted, stats=stats, finished=True, finish_reason=reason, error=error)
