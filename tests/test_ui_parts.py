@@ -298,3 +298,10 @@ def test_an_answer_that_fails_before_its_first_token_is_taken_back_from_the_stor
     assert len(store.get_conversation(summary.id).messages) == 2  # "kept" and its answer, no failed leftovers
     assert recorder.conversation_of("tab") == summary.id
     store.close()
+
+
+def test_loopback_detection():
+    from localspec.ui.serve import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")
