@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from localspec.config import ConfigError, SamplingParams
+from localspec.config import K_MAX, K_MIN, ConfigError, SamplingParams, k_error
 
 HF_MODES = ("hf", "hf-pld", "hf-assisted")
 ENGINE_MODES = ("none", "ngram", "draft", "head", "ngram+head", "adaptive")
@@ -62,7 +62,8 @@ def available_modes(session) -> dict[str, str | None]:
         "ngram": None if pair.ngram is not None else f"pair {pair.name!r} has no n-gram proposer",
         "draft": why_draft,
         "head": None if pair.head is not None else f"pair {pair.name!r} has no trained head",
-        "ngram+head": None if "ngram+head" in pair.proposers else f"pair {pair.name!r} lacks an n-gram proposer or a head",
+        "ngram+head": (None if "ngram+head" in pair.proposers
+                       else f"pair {pair.name!r} lacks an n-gram proposer or a head"),
         "adaptive": None if len(pair.proposers) > 1 else f"pair {pair.name!r} has no proposer to adapt",
     }
 
@@ -79,9 +80,9 @@ def parse_modes(names: list[str], ks: list[int], session, adaptive_max_k: int = 
     unknown = [n for n in names if n not in ALL_MODES]
     if unknown:
         raise ConfigError(f"unknown bench mode(s) {', '.join(unknown)}; choose from {', '.join(ALL_MODES)}")
-    bad_k = [k for k in ks if not 1 <= k <= 16]
+    bad_k = [k for k in ks if not K_MIN <= k <= K_MAX]
     if bad_k:
-        raise ConfigError(f"--k values must be between 1 and 16 (got {bad_k})")
+        raise k_error(bad_k, "--k values")
     why_not = available_modes(session)
     modes, notes = [], []
     for name in dict.fromkeys(names):

@@ -17,8 +17,8 @@ import gradio as gr
 from localspec.config import ConfigError
 from .render import compare_html, stats_html, status_html, transcript_html
 from .manager import Busy, ModelManager, drain
-from .settings import (PROPOSER_LABELS, first_difference, proposer_choices, read_k, read_proposer, read_sampling,
-                       sampling_dict)
+from .settings import (answer_label, first_difference, proposer_choices, proposer_label, read_k, read_proposer,
+                       read_sampling, sampling_dict)
 
 YIELD_EVERY_S = 0.08  # at most ~12 screen updates a second while streaming
 WAITING = "Waiting: another answer is streaming (the model answers one request at a time)…"
@@ -73,8 +73,7 @@ class Handlers:
                     status = WAITING
                 elif msg.kind == "started":
                     answer.update(model=msg.text, proposer=chosen.get("proposer"), k=chosen.get("k"))
-                    answer["label"] = (f"{msg.text} · {PROPOSER_LABELS.get(answer['proposer'], answer['proposer'])}"
-                                       + (f" · K={answer['k']}" if answer["proposer"] != "none" else ""))
+                    answer["label"] = answer_label(msg.text, answer["proposer"], answer["k"])
                     status = "Answering… (Stop keeps the partial answer)"
                 elif msg.kind == "notice":
                     answer["notice"] = msg.text
@@ -134,7 +133,7 @@ class Handlers:
             if done:
                 status = self._final_status(answer)
             yield (transcript_html(turns, colour, answer.get("notice")),
-                   stats_html(answer["stats"], PROPOSER_LABELS.get(answer.get("proposer"), answer.get("proposer")),
+                   stats_html(answer["stats"], proposer_label(answer.get("proposer")),
                               answer.get("k") if answer.get("proposer") != "none" else None,
                               answer.get("finish_reason") if done else None),
                    status_html(status, "error" if answer.get("finish_reason") == "error" else "info"),
@@ -213,7 +212,7 @@ class Handlers:
             if "cancelled" in (spec_answer.get("finish_reason"), baseline.get("finish_reason")):
                 note = " (one of the two answers was stopped early)"
             yield (compare_html(spec_answer.get("stats"), baseline.get("stats"),
-                                PROPOSER_LABELS.get(spec_answer.get("proposer"), spec_answer.get("proposer")),
+                                proposer_label(spec_answer.get("proposer")),
                                 greedy=sampling.greedy, identical=diff is None, first_difference=diff),
                    status_html(f"Baseline done: {len(base_ids)} tokens{note}."))
 

@@ -10,6 +10,7 @@ import threading
 from typing import Optional
 
 from .manager import Message
+from .settings import answer_label
 
 TITLE_CHARS = 60
 
@@ -27,11 +28,9 @@ def turns_from_conversation(conversation) -> list[dict]:
             turns.append({"role": m.role, "content": m.content})
             continue
         reason = m.finish_reason if m.complete else "incomplete"
-        label = " · ".join(x for x in (m.model, m.proposer, f"K={m.k}" if m.k and m.proposer != "none" else None)
-                           if x)
         turns.append({"role": "assistant", "content": m.content, "tokens": list(m.tokens), "stats": m.stats,
                       "finish_reason": reason, "error": m.error, "model": m.model, "proposer": m.proposer,
-                      "k": m.k, "label": label, "sampling": m.sampling})
+                      "k": m.k, "label": answer_label(m.model, m.proposer, m.k), "sampling": m.sampling})
     return turns
 
 
@@ -100,7 +99,7 @@ class Recorder:
                sampling: Optional[dict] = None) -> None:
         from localspec.store.db import StoreError
 
-        spec = message.spec
+        proposer, k = (message.spec.proposer, message.spec.k) if message.spec is not None else ("none", 0)
         with self._lock:
             conversation_id = self._current.get(owner)
             if conversation_id is not None:
@@ -114,5 +113,4 @@ class Recorder:
                 self._current[owner] = conversation_id
         state["conversation_id"] = conversation_id
         state["message_id"] = self.store.start_answer(conversation_id, message.text,
-                                                      getattr(spec, "proposer", "none"), getattr(spec, "k", 0),
-                                                      sampling)
+                                                      proposer, k, sampling)

@@ -4,11 +4,20 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from localspec.config import ConfigError, SamplingParams
+from localspec.config import K_NAME, ConfigError, SamplingParams, check_k, check_seed
 
-MAX_SEED = 2**63  # torch.Generator.manual_seed takes a signed 64-bit value
 PROPOSER_LABELS = {"draft": "draft model", "ngram": "n-gram", "head": "trained head",
                    "ngram+head": "n-gram, else head", "none": "off"}
+
+
+def proposer_label(proposer: Optional[str]) -> Optional[str]:
+    return PROPOSER_LABELS.get(proposer, proposer)
+
+
+def answer_label(model: Optional[str], proposer: Optional[str], k: Optional[int]) -> str:
+    """The line above an answer, live and reopened alike: model · proposer · K."""
+    parts = (model, proposer_label(proposer), f"K={k}" if k and proposer != "none" else None)
+    return " · ".join(part for part in parts if part)
 
 
 def _number(value: Any, name: str) -> float:
@@ -34,9 +43,7 @@ def whole(value: Any, name: str) -> int:
 
 def read_sampling(temperature: Any, top_p: Any, top_k: Any, max_new_tokens: Any, seed: Any) -> SamplingParams:
     """Raises ConfigError with a message for the user on any bad value."""
-    seed_value = whole(seed, "seed")
-    if not 0 <= seed_value < MAX_SEED:
-        raise ConfigError(f"seed must be a whole number from 0 to {MAX_SEED - 1} (got {seed_value})")
+    seed_value = check_seed(whole(seed, "seed"))
     return SamplingParams(
         temperature=_number(temperature, "temperature"),
         top_p=_number(top_p, "top-p"),
@@ -47,16 +54,13 @@ def read_sampling(temperature: Any, top_p: Any, top_k: Any, max_new_tokens: Any,
 
 
 def read_k(k: Any) -> int:
-    value = whole(k, "K")
-    if not 1 <= value <= 16:
-        raise ConfigError(f"K (draft tokens per step) must be between 1 and 16 (got {value})")
-    return value
+    return check_k(whole(k, "K"), K_NAME)
 
 
 def read_proposer(proposer: Any, available: tuple[str, ...]) -> str:
     name = str(proposer or "").strip()
     if name not in available:
-        shown = ", ".join(f"{PROPOSER_LABELS.get(p, p)} ({p})" for p in available)
+        shown = ", ".join(f"{proposer_label(p)} ({p})" for p in available)
         raise ConfigError(f"proposer {name!r} is not available for this model pair; choose one of: {shown}")
     return name
 
