@@ -273,13 +273,13 @@ def test_an_answer_that_fails_before_its_first_token_is_taken_back_from_the_stor
     store_module = pytest.importorskip("localspec.store.db")
     from localspec.config import SpecConfig
     from localspec.engine.events import StepEvent
-    from localspec.engine.metrics import SpecStats
+    from localspec.engine.metrics import StatsSnapshot
     from localspec.ui.manager import Message
     from localspec.ui.recorder import Recorder
 
     store = store_module.ConversationStore(tmp_path / "c.db")
     recorder = Recorder(store)
-    failed = StepEvent((), 0.0, 0.0, 0.0, 0, 0, SpecStats(0).snapshot(), True, "error", "generation failed: boom")
+    failed = StepEvent.finished_early(StatsSnapshot.start(0), "error", "generation failed: boom")
 
     def fail(text, end_with_done_only=False):
         sink = recorder.sink("tab", text)

@@ -4,9 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, get_args
 
+from .metrics import StatsSnapshot
+
 TokenKind = Literal["accepted", "resampled", "bonus", "target"]
 TOKEN_KINDS: tuple[TokenKind, ...] = get_args(TokenKind)
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+__all__ = ["TokenKind", "TOKEN_KINDS", "FinishReason", "TokenEvent", "StatsSnapshot", "StepEvent"]
 
 
 @dataclass(frozen=True)
@@ -53,62 +57,6 @@ class TokenEvent:
             "rejected_id": self.rejected_token_id,
             "rejected_p_target": self.rejected_target_prob,
             "rejected_p_draft": self.rejected_draft_prob,
-        }
-
-
-@dataclass(frozen=True)
-class StatsSnapshot:
-    """Running statistics of one answer, as of the latest step."""
-
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    target_forwards: int = 0
-    elapsed_s: float = 0.0
-    prefill_s: float = 0.0
-    propose_s: float = 0.0
-    score_s: float = 0.0
-    sampler_s: float = 0.0
-    per_position_drafted: tuple[int, ...] = ()
-    per_position_accepted: tuple[int, ...] = ()
-    k: int = 0  # K of the latest step (the adaptive controller may change it)
-    predicted_speedup: Optional[float] = None  # E / (K·c + v) from measured costs, when known
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens per target forward; the bonus / resampled token counts."""
-        return self.emitted / self.target_forwards if self.target_forwards else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.emitted / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def per_position_acceptance(self) -> tuple[float, ...]:
-        return tuple(a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted))
-
-    def to_dict(self) -> dict:
-        return {
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "emitted": self.emitted,
-            "acceptance_rate": self.acceptance_rate,
-            "mean_acceptance_length": self.mean_acceptance_length,
-            "tokens_per_s": self.tokens_per_s,
-            "target_forwards": self.target_forwards,
-            "elapsed_s": self.elapsed_s,
-            "prefill_s": self.prefill_s,
-            "propose_s": self.propose_s,
-            "score_s": self.score_s,
-            "sampler_s": self.sampler_s,
-            "per_position_acceptance": list(self.per_position_acceptance),
-            "per_position_drafted": list(self.per_position_drafted),
-            "k": self.k,
-            "predicted_speedup": self.predicted_speedup,
         }
 
 

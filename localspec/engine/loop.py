@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Iterator, Optional
 
 import torch
@@ -16,7 +17,7 @@ from localspec.proposers.base import Proposer
 from localspec.verify import VerifyOutput, get_verifier, make_draws
 from .adaptive import AdaptiveController
 from .events import StepEvent
-from .metrics import SpecStats
+from .metrics import StatsSnapshot
 from .model_runner import ModelRunner
 from .step import ControllerKey, Proposal, Run, StepOutcome, cut_at_stop, token_events
 
@@ -47,7 +48,7 @@ class Engine:
                 self._prefill(run, prompt_ids)
                 yield from self._steps(run, cancel)
         except Exception as exc:  # a model that breaks mid-answer ends the answer with a message, not a traceback
-            yield StepEvent.finished_early(run.stats.snapshot(), "error",
+            yield StepEvent.finished_early(run.snapshot(), "error",
                                            f"generation failed: {type(exc).__name__}: {exc}")
 
     def _start(self, prompt_ids: list[int], sampling: SamplingParams, spec: SpecConfig,
@@ -63,7 +64,7 @@ class Engine:
         return Run(sampling=sampling, spec=spec, proposer=proposer, verify=verify,
                    generator=torch.Generator(device=self.target.device).manual_seed(sampling.seed),
                    max_new=min(sampling.max_new_tokens, self.max_context - len(prompt_ids)), max_k=max_k,
-                   context=list(prompt_ids), controllers=self.controllers, stats=SpecStats(max_k),
+                   context=list(prompt_ids), controllers=self.controllers, stats=StatsSnapshot.start(max_k),
                    pending=prompt_ids[-1])
 
     def _prefill(self, run: Run, prompt_ids: list[int]) -> None:
@@ -76,16 +77,16 @@ class Engine:
                                         feature_layers=run.feature_layers).hidden
         if run.proposer is not None:
             run.proposer.begin(list(prompt_ids), hidden)
-        run.stats.prefill_s = time.perf_counter() - started
+        run.stats = replace(run.stats, prefill_s=time.perf_counter() - started)
 
     def _steps(self, run: Run, cancel: Optional[threading.Event]) -> Iterator[StepEvent]:
         while run.produced < run.max_new:
             if cancel is not None and cancel.is_set():
-                yield StepEvent.finished_early(run.stats.snapshot(), "cancelled")
+                yield StepEvent.finished_early(run.snapshot(), "cancelled")
                 return
             outcome = self._verify(run, self._draft(run))
             if not outcome.verdict.finite:
-                yield StepEvent.finished_early(run.stats.snapshot(), "error", NON_FINITE, drafted=outcome.proposal.k)
+                yield StepEvent.finished_early(run.snapshot(), "error", NON_FINITE, drafted=outcome.proposal.k)
                 return
             event = self._advance(run, outcome)
             yield event
@@ -133,14 +134,7 @@ class Engine:
             hidden = outcome.hidden[: verdict.num_accepted + 1] if run.wants_hidden else None
             run.proposer.on_verified(verdict.num_accepted, emitted, hidden)
         run.pending = emitted[-1]
-        verify_s = outcome.score_s + outcome.sampler_s
-        if run.controller is not None:
-            run.controller.observe(proposal.asked, proposal.k, verdict.num_accepted, proposal.propose_s, verify_s)
-            run.stats.k = proposal.asked
-            if proposal.budget_k > 0:  # the last step of a length-capped answer cannot draft: it predicts nothing
-                run.stats.predicted_speedup = run.controller.predicted(proposal.asked)
-        run.stats.record_step(proposal.k, verdict.num_accepted, len(emitted), proposal.propose_s, outcome.score_s,
-                              outcome.sampler_s)
+        run.observe(outcome, len(emitted))
         return StepEvent(tuple(tokens), proposal.propose_s * 1e6, outcome.score_s * 1e6, outcome.sampler_s * 1e6,
                          propose_token_num=proposal.k, accept_token_num=verdict.num_accepted,
-                         stats=run.stats.snapshot(), finished=finish_reason is not None, finish_reason=finish_reason)
+                         stats=run.snapshot(), finished=finish_reason is not None, finish_reason=finish_reason)

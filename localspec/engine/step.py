@@ -1,7 +1,8 @@
 """What the engine loop carries between steps (Run) and what one step decided (Proposal, StepOutcome)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -11,8 +12,8 @@ from localspec.proposers.base import Proposer
 from localspec.verify import Verifier
 from localspec.verify.types import HostVerdict
 from .adaptive import AdaptiveController
-from .events import StatsSnapshot, TokenEvent
-from .metrics import SpecStats
+from .events import TokenEvent
+from .metrics import StatsSnapshot
 
 ControllerKey = tuple[str, int, bool]  # (proposer or proposer:part, K, adaptive)
 
@@ -30,11 +31,12 @@ class Run:
     max_k: int  # draft tokens per step at most (0 without a proposer)
     context: list[int]  # the prompt plus every emitted token
     controllers: dict[ControllerKey, AdaptiveController]  # the engine's, kept across answers
-    stats: SpecStats
+    stats: StatsSnapshot
     pending: int = 0  # the last known token: its logits are the next verified position
     produced: int = 0
     controller: Optional[AdaptiveController] = None  # of the part drafting this step
     begun: set[str] = field(default_factory=set)  # the parts whose controllers this answer has begun
+    started: float = field(default_factory=time.perf_counter)
 
     @property
     def wants_hidden(self) -> bool:
@@ -44,6 +46,22 @@ class Run:
     def feature_layers(self) -> tuple[int, ...]:
         """The earlier target layers a head reads besides the last (multi-layer features), from the same forwards."""
         return tuple(self.proposer.feature_layers) if self.wants_hidden else ()
+
+    def snapshot(self) -> StatsSnapshot:
+        return replace(self.stats, elapsed_s=time.perf_counter() - self.started)
+
+    def observe(self, outcome: StepOutcome, emitted: int) -> None:
+        """Tell the controller and the statistics what the step cost and kept."""
+        proposal, num_accepted = outcome.proposal, outcome.verdict.num_accepted
+        stats = self.stats
+        if self.controller is not None:
+            self.controller.observe(proposal.asked, proposal.k, num_accepted, proposal.propose_s,
+                                    outcome.score_s + outcome.sampler_s)
+            stats = replace(stats, k=proposal.asked)
+            if proposal.budget_k > 0:  # the last step of a length-capped answer cannot draft: it predicts nothing
+                stats = replace(stats, predicted_speedup=self.controller.predicted(proposal.asked))
+        self.stats = stats.after_step(proposal.k, num_accepted, emitted, proposal.propose_s, outcome.score_s,
+                                      outcome.sampler_s)
 
     def choose_k(self) -> tuple[int, int]:
         """(the budget's K, the K to ask for). Never drafts past the token budget, since K+1 tokens may be emitted;
