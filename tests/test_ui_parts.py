@@ -305,3 +305,19 @@ def test_loopback_detection():
 
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")
+
+
+def test_turns_round_trip_through_the_state_form():
+    from localspec.ui.settings import answer_label
+    from localspec.ui.turns import AssistantTurn, UserTurn, turns_from_state, turns_to_state
+
+    answer = AssistantTurn(content="hi", tokens=[{"id": 5, "text": "hi", "kind": "target"}], streaming=True,
+                           model="tiny", proposer="ngram", k=3, label=answer_label("tiny", "ngram", 3))
+    state = turns_to_state([UserTurn("hello"), answer])
+    assert state[0] == {"role": "user", "content": "hello"}
+    assert state[1]["role"] == "assistant" and state[1]["pending"] is True and state[1]["label"] == "tiny · n-gram · K=3"
+    back = turns_from_state(state)
+    assert back == [UserTurn("hello"), answer]
+    answer.streaming = False
+    assert "pending" not in answer.to_state()
+    assert answer_label("tiny", "none", 3) == "tiny · off"  # K means nothing without a proposer

@@ -11,6 +11,7 @@ from typing import Optional
 
 from .manager import Message
 from .settings import answer_label
+from .turns import AssistantTurn, Turn, UserTurn, turns_to_state
 
 TITLE_CHARS = 60
 
@@ -21,17 +22,18 @@ def title_from(text: str) -> str:
 
 
 def turns_from_conversation(conversation) -> list[dict]:
-    """A stored Conversation → the UI's turns (token records and stats included, so highlighting comes back)."""
-    turns = []
+    """A stored Conversation → the UI's turns in their gr.State form (token records and stats included, so
+    highlighting comes back)."""
+    turns: list[Turn] = []
     for m in conversation.messages:
         if m.role != "assistant":
-            turns.append({"role": m.role, "content": m.content})
+            turns.append(UserTurn(m.content, m.role))
             continue
-        reason = m.finish_reason if m.complete else "incomplete"
-        turns.append({"role": "assistant", "content": m.content, "tokens": list(m.tokens), "stats": m.stats,
-                      "finish_reason": reason, "error": m.error, "model": m.model, "proposer": m.proposer,
-                      "k": m.k, "label": answer_label(m.model, m.proposer, m.k), "sampling": m.sampling})
-    return turns
+        turns.append(AssistantTurn(content=m.content, tokens=list(m.tokens), stats=m.stats,
+                                   finish_reason=m.finish_reason if m.complete else "incomplete", error=m.error,
+                                   model=m.model, proposer=m.proposer, k=m.k, sampling=m.sampling,
+                                   label=answer_label(m.model, m.proposer, m.k)))
+    return turns_to_state(turns)
 
 
 class Recorder:
