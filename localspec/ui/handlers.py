@@ -24,7 +24,7 @@ WAITING = "Waiting: another answer is streaming (the model answers one request a
 
 
 def owner_of(request: Optional[gr.Request]) -> str:
-    return getattr(request, "session_hash", None) or "local"
+    return (request.session_hash if request is not None else None) or "local"
 
 
 def history_of(turns: list[Turn]) -> list[dict]:
