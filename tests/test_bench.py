@@ -52,6 +52,7 @@ def test_prompt_files_and_their_errors(tmp_path):
     assert len(load_humaneval(SHARED_DATA / "HumanEval.jsonl.gz", 3)) == 3
 
 
+@pytest.mark.slow
 def test_bench_end_to_end_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
     from localspec.cli.main import main
 

@@ -23,6 +23,7 @@ SCREENSHOT_PROMPT = "Write a Python function that returns the squares of a list 
 
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.slow,  # starts the app in a subprocess, and Chromium
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
 ]
 

@@ -315,7 +315,8 @@ def test_turns_round_trip_through_the_state_form():
                            model="tiny", proposer="ngram", k=3, label=answer_label("tiny", "ngram", 3))
     state = turns_to_state([UserTurn("hello"), answer])
     assert state[0] == {"role": "user", "content": "hello"}
-    assert state[1]["role"] == "assistant" and state[1]["pending"] is True and state[1]["label"] == "tiny · n-gram · K=3"
+    assert state[1]["role"] == "assistant" and state[1]["pending"] is True
+    assert state[1]["label"] == "tiny · n-gram · K=3"
     back = turns_from_state(state)
     assert back == [UserTurn("hello"), answer]
     answer.streaming = False

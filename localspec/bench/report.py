@@ -180,7 +180,8 @@ def to_markdown(data: dict) -> str:
     if data["notes"]:
         lines += ["Notes: " + "; ".join(data["notes"]) + ".", ""]
     lines += ["| mode | prompts | tok/s | × hf | × none | tok/CPU-s | × none (CPU) | acceptance | mean acc. len "
-              "| propose / score / sample / other | same as hf |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+              "| propose / score / sample / other | same as hf |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for category in categories:
         for mode in data["modes"]:
             row = summary["rows"][mode["label"]][category]
@@ -189,10 +190,11 @@ def to_markdown(data: dict) -> str:
             same = f"{row['same_as_hf']}/{row['prompts']}" if "same_as_hf" in row else "–"
             label = mode["label"] + (f" (mean K {row['mean_k']:.1f}, {row['plain_step_share']:.0%} plain steps)"
                                      if "mean_k" in row else "")
-            lines.append(f"| {label} | {category} | {row['tokens_per_s']:.1f} | {_fmt(row['speedup_vs_hf'], '.2f', '×')}"
-                         f" | {_fmt(row['speedup_vs_none'], '.2f', '×')} | {row['tokens_per_cpu_s']:.1f} | "
-                         f"{_fmt(row['cpu_speedup_vs_none'], '.2f', '×')} | {_fmt(row.get('acceptance_rate'), '.0%')} | "
-                         f"{_fmt(row.get('mean_acceptance_length'))} | {split} | {same} |")
+            lines.append(f"| {label} | {category} | {row['tokens_per_s']:.1f} | "
+                         f"{_fmt(row['speedup_vs_hf'], '.2f', '×')} | {_fmt(row['speedup_vs_none'], '.2f', '×')} | "
+                         f"{row['tokens_per_cpu_s']:.1f} | {_fmt(row['cpu_speedup_vs_none'], '.2f', '×')} | "
+                         f"{_fmt(row.get('acceptance_rate'), '.0%')} | {_fmt(row.get('mean_acceptance_length'))} | "
+                         f"{split} | {same} |")
     lines += ["", "*tok/CPU-s*: tokens per second of CPU time this process used (wall time minus the time other "
               "processes held the cores); with one torch thread it estimates the speed on an idle machine.",
               "*same as hf*: greedy token ids equal to `hf`'s up to the shorter answer (ids can part where two "

@@ -114,7 +114,8 @@ def evaluate_head(session, prompts: list[str], proposer_factory, k: int = 4, max
     for index, prompt in enumerate(prompts):
         ids, _ = session.prompt_ids([{"role": "user", "content": prompt}], max_new_tokens)
         base, _, t_none = generate_ids(engine, ids, sampling, SpecConfig(proposer="none", k=k), None)
-        spec_out, stats, t_head = generate_ids(engine, ids, sampling, SpecConfig(proposer="head", k=k), proposer_factory())
+        head_spec = SpecConfig(proposer="head", k=k)
+        spec_out, stats, t_head = generate_ids(engine, ids, sampling, head_spec, proposer_factory())
         none_tokens += len(base)
         head_tokens += len(spec_out)
         none_s += t_none
