@@ -5,10 +5,11 @@ import threading
 from dataclasses import replace
 from typing import Iterator, Optional
 
-from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.config import ConfigError, SamplingParams, SpecConfig, check_max_new_tokens, require_proposer
 from localspec.engine.loop import Engine
 from localspec.engine.events import StepEvent
 from localspec.models.loading import LoadedPair
+from localspec.models.stop_tokens import stop_token_ids
 from localspec.proposers import DraftModelProposer, NgramProposer
 from localspec.proposers.base import Proposer
 from localspec.proposers.lookup_first import LookupFirstProposer
@@ -47,12 +48,7 @@ class ChatSession:
     def __init__(self, loaded: LoadedPair) -> None:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
-        stop_ids = {i for i in [self.tokenizer.eos_token_id] if i is not None}
-        for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"):
-            token_id = self.tokenizer.convert_tokens_to_ids(token)
-            if isinstance(token_id, int) and token_id != self.tokenizer.unk_token_id:
-                stop_ids.add(token_id)
-        self.engine = Engine(loaded.target, stop_ids)
+        self.engine = Engine(loaded.target, stop_token_ids(self.tokenizer))
         self._head = None
 
     @property
@@ -63,9 +59,7 @@ class ChatSession:
         pair = self.loaded.spec
         if spec.proposer == "none":
             return None
-        if spec.proposer not in pair.proposers:
-            raise ConfigError(f"model pair {pair.name!r} has no {spec.proposer!r} proposer; "
-                              f"it has: {', '.join(pair.proposers)}")
+        require_proposer(pair.name, spec.proposer, self.proposers)
         if spec.proposer == "ngram":
             return NgramProposer(spec.ngram_min, spec.ngram_max)
         if spec.proposer == "draft":
@@ -97,8 +91,7 @@ class ChatSession:
         from localspec.store.validation import validate_messages
 
         messages = validate_messages(messages)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ConfigError(f"max new tokens must be a whole number ≥ 1 (got {max_new_tokens!r})")
+        check_max_new_tokens(max_new_tokens)
         if not messages or not str(messages[-1].get("content", "")).strip():
             raise ConfigError("the message is empty; type something to send")
         budget = self.engine.max_context - min(max_new_tokens, self.engine.max_context // 2)

@@ -1,27 +1,53 @@
 """Frozen configuration records shared by the engine, the CLI and the UI."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, get_args
 
 Quant = Literal["nf4", "int8", "none"]
+Dtype = Literal["float32", "bfloat16", "float16", "auto"]
+# ngram+head: the n-gram lookup when it matches, the trained head otherwise (proposers/lookup_first.py)
 ProposerName = Literal["none", "ngram", "draft", "head", "ngram+head"]
 SamplerName = Literal["auto", "torch", "triton"]
 
-QUANTS: tuple[str, ...] = ("nf4", "int8", "none")
-DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "auto")
-# ngram+head: the n-gram lookup when it matches, the trained head otherwise (proposers/lookup_first.py)
-PROPOSERS: tuple[str, ...] = ("none", "ngram", "draft", "head", "ngram+head")
-SAMPLERS: tuple[str, ...] = ("auto", "torch", "triton")
-# Limits every front end (UI controls, CLI, API) shows and SamplingParams / SpecConfig.validate enforce
-K_MIN, K_MAX = 1, 16
-TEMPERATURE_MAX = 5.0
+QUANTS: tuple[Quant, ...] = get_args(Quant)
+DTYPES: tuple[Dtype, ...] = get_args(Dtype)
+PROPOSERS: tuple[ProposerName, ...] = get_args(ProposerName)
+SAMPLERS: tuple[SamplerName, ...] = get_args(SamplerName)
+
+K_MIN, K_MAX = 1, 16  # draft tokens per step
+K_NAME = "K (draft tokens per step)"
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
+TEMPERATURE_MAX = 5.0
 FIELD_LABELS = {"top_k": "top-k", "top_p": "top-p", "k": "K", "max_new_tokens": "max new tokens"}
 
 
 class ConfigError(ValueError):
     """A user-facing configuration or input problem, with a message meant to be shown as is."""
+
+
+def k_error(got: Any, what: str = K_NAME) -> ConfigError:
+    """The message for a K (or list of K values) outside K_MIN..K_MAX."""
+    return ConfigError(f"{what} must be between {K_MIN} and {K_MAX} (got {got!r})")
+
+
+def check_k(value: int, what: str = K_NAME) -> int:
+    if not K_MIN <= value <= K_MAX:
+        raise k_error(value, what)
+    return value
+
+
+def check_seed(value: int) -> int:
+    if not 0 <= value <= SEED_MAX:
+        raise ConfigError(f"seed must be between 0 and 2**63 - 1 (got {value!r})")
+    return value
+
+
+def check_max_new_tokens(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"max new tokens must be a whole number ≥ 1 (got {value!r})")
+    return value
 
 
 @dataclass(frozen=True)
@@ -39,25 +65,20 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate(self) -> "SamplingParams":
-        import math
-
         for name in ("temperature", "top_p"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int) and abs(value) > 10 ** 300):
+            too_big = isinstance(value, int) and abs(value) > 10**300
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or too_big:
                 raise ConfigError(f"{name.replace('_', '-')} must be a number in range (got {value!r})")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
-            raise ConfigError(f"max new tokens must be a whole number ≥ 1 (got {self.max_new_tokens!r})")
+        check_max_new_tokens(self.max_new_tokens)
         for name in ("top_k", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"{FIELD_LABELS.get(name, name)} must be a whole number (got {value!r})")
-        if not 0 <= self.seed <= SEED_MAX:
-            raise ConfigError(f"seed must be between 0 and 2**63 - 1 (got {self.seed!r})")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max new tokens must be a whole number ≥ 1 (got {self.max_new_tokens!r})")
+        check_seed(self.seed)
         if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= TEMPERATURE_MAX:
             raise ConfigError(f"temperature must be between 0 and {TEMPERATURE_MAX:g} (got {self.temperature!r}); "
-                              f"0 means greedy")
+                              "0 means greedy")
         if not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top-p must be in (0, 1] (got {self.top_p!r}); 1 turns it off")
         if not isinstance(self.top_k, int) or self.top_k < 0:
@@ -69,9 +90,9 @@ class SamplingParams:
 class SpecConfig:
     """How the engine speculates. proposer 'none' is plain decoding through the same loop."""
 
-    proposer: str = "ngram"
+    proposer: ProposerName = "ngram"
     k: int = 4
-    sampler: str = "auto"
+    sampler: SamplerName = "auto"
     ngram_min: int = 1
     ngram_max: int = 4
     adaptive: bool = False  # pick K ≤ k each step from measured costs and acceptance; 0 = plain step
@@ -86,11 +107,16 @@ class SpecConfig:
             raise ConfigError(f"unknown proposer {self.proposer!r}; choose one of {', '.join(PROPOSERS)}")
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"unknown sampler {self.sampler!r}; choose one of {', '.join(SAMPLERS)}")
-        if not K_MIN <= self.k <= K_MAX:
-            raise ConfigError(f"K (draft tokens per step) must be between {K_MIN} and {K_MAX} (got {self.k!r})")
+        check_k(self.k)
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"n-gram sizes need 1 ≤ min_n ≤ max_n (got {self.ngram_min}, {self.ngram_max})")
         return self
+
+
+def require_proposer(pair_name: str, name: str, available: tuple[str, ...]) -> None:
+    """The one message for a proposer a pair (or what of it loaded) does not have."""
+    if name not in available:
+        raise ConfigError(f"model pair {pair_name!r} has no {name!r} proposer; it has: {', '.join(available)}")
 
 
 @dataclass(frozen=True)
@@ -101,8 +127,8 @@ class ModelSpec:
     """
 
     source: str
-    quant: str = "none"
-    dtype: str = "float32"
+    quant: Quant = "none"
+    dtype: Dtype = "float32"
     trust_remote_code: bool = False
 
 
@@ -119,15 +145,18 @@ class PairSpec:
     name: str
     target: ModelSpec
     k: int = 4
-    default_proposer: str = "ngram"
+    default_proposer: ProposerName = "ngram"
     adaptive: bool = False  # pick K ≤ k each step from measured costs and acceptance (and switch off when it loses)
     ngram: NgramSpec | None = field(default_factory=NgramSpec)
     draft: ModelSpec | None = None
     head: str | None = None  # folder of a trained feature-level head (EAGLE / Eagle3 / MTP)
     description: str = ""
 
+    def require_proposer(self, name: str) -> None:
+        require_proposer(self.name, name, self.proposers)
+
     @property
-    def proposers(self) -> tuple[str, ...]:
+    def proposers(self) -> tuple[ProposerName, ...]:
         names = ["none"]
         if self.ngram is not None:
             names.append("ngram")

@@ -12,6 +12,7 @@ import pytest
 from .apphelpers import AppProcess, send, send_from_two_clients, tiny_models_yaml
 
 pytest.importorskip("localspec.store.db")
+pytestmark = pytest.mark.slow  # every test starts the app in a subprocess
 
 
 

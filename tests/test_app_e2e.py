@@ -9,6 +9,9 @@ import pytest
 
 from .apphelpers import REPO, AppProcess, send, send_from_two_clients, tiny_models_yaml
 
+pytestmark = pytest.mark.slow  # every test starts the app in a subprocess
+
+KINDS = {"accepted", "resampled", "bonus", "target"}
 # send(message, proposer, K, temperature, top_p, top_k, max_new_tokens, seed, colour)
 # → (transcript, stats, status, events, message box)
 
@@ -119,13 +122,6 @@ def test_broken_models_yaml_is_a_message(tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "app.py"), "--models", str(broken), "--no-browser"],
                             capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 2 and "not valid YAML" in result.stderr and "Traceback" not in result.stderr
-
-
-def test_loopback_detection():
-    from localspec.ui.serve import is_loopback
-
-    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
-    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")
 
 
 def test_switch_during_an_answer_is_refused(client):

@@ -52,6 +52,7 @@ def test_prompt_files_and_their_errors(tmp_path):
     assert len(load_humaneval(SHARED_DATA / "HumanEval.jsonl.gz", 3)) == 3
 
 
+@pytest.mark.slow
 def test_bench_end_to_end_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
     from localspec.cli.main import main
 
@@ -125,6 +126,7 @@ def test_bench_rejects_bad_options(tiny_pair, tmp_path, capsys):
 
 def test_summary_ratios_sweep_and_targets_from_known_numbers():
     from localspec.bench.modes import Mode, RunResult
+    from localspec.engine.metrics import StatsSnapshot
     from localspec.bench.prompts import BenchPrompt
     from localspec.bench.report import summarize, to_markdown, to_json
     from localspec.bench.runner import BenchRun, PromptRecord
@@ -140,10 +142,10 @@ def test_summary_ratios_sweep_and_targets_from_known_numbers():
         for mode in modes:
             ids = list(range(10)) if mode.label != "ngram K=2" or category == "chat" else list(range(9)) + [99]
             engine = mode.name not in ("hf", "hf-pld")
-            record.results[mode.label] = RunResult(
-                ids, seconds[mode.label][index], seconds[mode.label][index] / 2,
-                target_forwards=5 if engine else None, drafted=8 if engine else None, accepted=4 if engine else None,
-                per_position_drafted=[5, 3] if engine else [], per_position_accepted=[3, 1] if engine else [])
+            stats = StatsSnapshot(target_forwards=5, drafted=8, accepted=4, per_position_drafted=(5, 3),
+                                  per_position_accepted=(3, 1))
+            record.results[mode.label] = RunResult(ids, seconds[mode.label][index], seconds[mode.label][index] / 2,
+                                                   stats=stats if engine else None)
         records.append(record)
     run = BenchRun("fake", modes, records, 10, [], {"cpu_count": 2, "processor": "x", "torch": "t",
                                                     "torch_threads": 1, "load_before": {"load_1m": 1.0},

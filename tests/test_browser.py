@@ -24,6 +24,7 @@ SCREENSHOT_PROMPT = ("Write a Python function that reverses a string, in a code 
 
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.slow,  # starts the app in a subprocess, and Chromium
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
 ]
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test starts `python -m localspec` in a subprocess
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -40,7 +40,8 @@ def greedy(target, proposer, spec_name, k=3, max_new=30):
     return ids, stats
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp"])
+@pytest.mark.parametrize("kind", ["eagle", pytest.param("eagle3", marks=pytest.mark.slow),
+                                  pytest.param("mtp", marks=pytest.mark.slow)])
 def test_each_head_kind_distils_loads_and_is_lossless(tiny_pair, tiny_models, tmp_path, kind):
     from transformers import AutoTokenizer
 
@@ -57,6 +58,7 @@ def test_each_head_kind_distils_loads_and_is_lossless(tiny_pair, tiny_models, tm
     assert ids == baseline and stats.drafted > 0
 
 
+@pytest.mark.slow
 def test_multi_layer_features_distil_fresh_and_widen_a_trained_head(tiny_pair, tiny_models, tmp_path):
     """--feature-layers: a fresh head reads [layer 0 ; last hidden] (teacher-forced once, cached next to the
     corpus); --init on a last-hidden head widens it ('auto' on a 2-layer target is layer 0)."""
@@ -267,6 +269,7 @@ def test_batched_generation_matches_the_target_alone_and_its_features(tiny_model
         torch.testing.assert_close(hidden.float(), features, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.slow
 def test_stream_text_trains_on_fresh_text_and_init_continues_a_head(tiny_pair, tiny_models, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 

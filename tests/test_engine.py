@@ -82,6 +82,7 @@ def test_kv_rollback_matches_fresh_forward(engine, tiny_models):
     torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_sampling_is_reproducible_and_seed_dependent(engine, tiny_models):
     spec = SpecConfig(proposer="draft", k=4)
     a, _, _ = run(engine, DraftModelProposer(tiny_models[1]), spec, SamplingParams(temperature=1.0, seed=7))

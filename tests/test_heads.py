@@ -46,8 +46,14 @@ def run_engine(target, proposer, k: int = 3, temperature: float = 0.0, max_new: 
     return ids, last.stats
 
 
-@pytest.mark.parametrize("kind,modules,layers", [("eagle", 1, ()), ("eagle3", 1, ()), ("mtp", 3, ()),
-                                                 ("eagle", 1, (0,)), ("eagle3", 1, (0,)), ("mtp", 2, (0,))])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("kind,modules,layers", [("eagle", 1, ()), pytest.param("eagle3", 1, (), marks=SLOW),
+                                                 pytest.param("mtp", 3, (), marks=SLOW),
+                                                 pytest.param("eagle", 1, (0,), marks=SLOW),
+                                                 pytest.param("eagle3", 1, (0,), marks=SLOW),
+                                                 pytest.param("mtp", 2, (0,), marks=SLOW)])
 def test_head_proposer_greedy_is_lossless(tiny_models, tmp_path, kind, modules, layers):
     target, _ = tiny_models
     save_head(make_head(target, kind, modules, feature_layers=layers), tmp_path / kind)
@@ -363,6 +369,7 @@ def test_widening_a_head_keeps_its_drafts_until_the_new_layers_are_trained(tiny_
     assert changed.token_ids != reference.propose(PROMPT, 4, SamplingParams(), torch.Generator()).token_ids
 
 
+@pytest.mark.slow
 def test_widening_a_multi_layer_head_keeps_its_trained_columns(tiny_models):
     """Widening (1,) to (0, 1): layer 1's trained projection columns and norm move to their new place, layer 0's
     start at zero, so the drafts are unchanged; a set that drops a layer the head reads is refused."""

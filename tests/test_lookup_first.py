@@ -8,6 +8,7 @@ import torch
 from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.engine.loop import Engine
 from localspec.proposers import LookupFirstProposer, NgramProposer
+from localspec.proposers.base import Proposer
 from localspec.proposers.head import HeadProposer
 from tests.stats import chi_square_p
 from tests.test_heads import make_head
@@ -16,7 +17,7 @@ from tests.test_heads import make_head
 PROMPT = [1, 72, 101, 108, 108, 111, 44, 32, 119, 72, 101, 108, 108, 111]
 
 
-class Counting:
+class Counting(Proposer):
     """Wraps a proposer and counts the steps it was asked to draft and those where it returned a draft."""
 
     def __init__(self, inner) -> None:
@@ -62,6 +63,7 @@ def test_greedy_is_lossless_and_both_sides_draft(tiny_models, kind):
         assert head.drafts == head.asked
 
 
+@pytest.mark.slow  # thousands of sampled answers for the chi-square test
 def test_sampled_output_has_the_target_distribution(tiny_models):
     """First two tokens over many seeds against the target's exact joint distribution of those two tokens."""
     target, _ = tiny_models
@@ -133,4 +135,5 @@ def test_adaptive_k_keeps_one_controller_per_part(tiny_models):
     parts = {key[0]: controller for key, controller in engine.controllers.items()}
     assert set(parts) == {"ngram+head:ngram", "ngram+head:head"}
     assert all(sum(controller.reached) > 0 for controller in parts.values())  # each saw its own drafted steps
-    assert parts["ngram+head:ngram"].costs.propose_per_token_s.value < parts["ngram+head:head"].costs.propose_per_token_s.value
+    lookup, head = parts["ngram+head:ngram"], parts["ngram+head:head"]
+    assert lookup.costs.propose_per_token_s.value < head.costs.propose_per_token_s.value

@@ -205,6 +205,10 @@ def test_metrics_add_up_to_the_answers_stats(client, tiny_pair):
     # a chat-window answer counts in the same recorder
     manager = ModelManager(load_registry(tiny_pair["models_yaml"]), default_session_factory("cpu"),
                            client.admission, observer_for(client.metrics))
+    # a response is complete once its last token is sent; its worker leaves the queue a moment later
+    deadline = time.monotonic() + 30
+    while client.admission.running and time.monotonic() < deadline:
+        time.sleep(0.01)
     manager.load(None)
     out = manager.answer(CHAT, SamplingParams(max_new_tokens=10), lambda s: s.default_spec(), threading.Event())
     last = None

@@ -224,6 +224,7 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.parametrize("killer", ["self", "parent"])
 def test_killed_process_leaves_the_partial_answer_marked_incomplete(tmp_path, killer):
     path = tmp_path / "conversations.db"

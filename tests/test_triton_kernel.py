@@ -283,6 +283,7 @@ for fn, consts in variants_for_vectors:
 '''
 
 
+@pytest.mark.slow  # a subprocess
 def test_kernels_compile_for_hopper_without_a_gpu(tmp_path):
     """The interpreter does not check what compiled Triton rejects (global access, loop-carried types, ...):
     compile every kernel for sm_90 here, with Triton's bundled ptxas, in a process where the interpreter is off,
@@ -300,6 +301,7 @@ def test_kernels_compile_for_hopper_without_a_gpu(tmp_path):
     assert proc.stdout.count("compiled") == 6 and proc.stdout.count("vectorised") == 2
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.skipif(CUDA, reason="about the interpreter, which only runs without CUDA")
 def test_interpreter_works_when_triton_was_imported_first():
     """bitsandbytes imports Triton before localspec can set TRITON_INTERPRET: the kernels must still run."""

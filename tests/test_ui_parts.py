@@ -273,13 +273,13 @@ def test_an_answer_that_fails_before_its_first_token_is_taken_back_from_the_stor
     store_module = pytest.importorskip("localspec.store.db")
     from localspec.config import SpecConfig
     from localspec.engine.events import StepEvent
-    from localspec.engine.metrics import SpecStats
+    from localspec.engine.metrics import StatsSnapshot
     from localspec.ui.manager import Message
     from localspec.ui.recorder import Recorder
 
     store = store_module.ConversationStore(tmp_path / "c.db")
     recorder = Recorder(store)
-    failed = StepEvent((), 0.0, 0.0, 0.0, 0, 0, SpecStats(0).snapshot(), True, "error", "generation failed: boom")
+    failed = StepEvent.finished_early(StatsSnapshot.start(0), "error", "generation failed: boom")
 
     def fail(text, end_with_done_only=False):
         sink = recorder.sink("tab", text)
@@ -298,3 +298,27 @@ def test_an_answer_that_fails_before_its_first_token_is_taken_back_from_the_stor
     assert len(store.get_conversation(summary.id).messages) == 2  # "kept" and its answer, no failed leftovers
     assert recorder.conversation_of("tab") == summary.id
     store.close()
+
+
+def test_loopback_detection():
+    from localspec.ui.serve import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")
+
+
+def test_turns_round_trip_through_the_state_form():
+    from localspec.ui.settings import answer_label
+    from localspec.ui.turns import AssistantTurn, UserTurn, turns_from_state, turns_to_state
+
+    answer = AssistantTurn(content="hi", tokens=[{"id": 5, "text": "hi", "kind": "target"}], streaming=True,
+                           model="tiny", proposer="ngram", k=3, label=answer_label("tiny", "ngram", 3))
+    state = turns_to_state([UserTurn("hello"), answer])
+    assert state[0] == {"role": "user", "content": "hello"}
+    assert state[1]["role"] == "assistant" and state[1]["pending"] is True
+    assert state[1]["label"] == "tiny · n-gram · K=3"
+    back = turns_from_state(state)
+    assert back == [UserTurn("hello"), answer]
+    answer.streaming = False
+    assert "pending" not in answer.to_state()
+    assert answer_label("tiny", "none", 3) == "tiny · off"  # K means nothing without a proposer

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from localspec.config import ConfigError, SamplingParams
+from localspec.config import K_MAX, K_MIN, ConfigError, SamplingParams, k_error
+from localspec.engine.metrics import StatsSnapshot
 
 HF_MODES = ("hf", "hf-pld", "hf-assisted")
 ENGINE_MODES = ("none", "ngram", "draft", "head", "ngram+head", "adaptive")
@@ -33,21 +34,13 @@ class Mode:
 
 @dataclass
 class RunResult:
-    """One prompt through one mode. Engine-only fields stay at their defaults for the Hugging Face modes."""
+    """One prompt through one mode. The Hugging Face modes have no engine statistics (stats None)."""
 
     token_ids: list[int]
     seconds: float  # wall time of the whole answer, prefill included
     cpu_seconds: float  # CPU time this process used meanwhile: on a shared machine the steadier measure
-    target_forwards: int | None = None
-    drafted: int | None = None
-    accepted: int | None = None
-    propose_s: float = 0.0
-    score_s: float = 0.0
-    sampler_s: float = 0.0
-    per_position_drafted: list[int] = field(default_factory=list)
-    per_position_accepted: list[int] = field(default_factory=list)
+    stats: StatsSnapshot | None = None  # the engine's, at the answer's last step
     k_per_step: list[int] = field(default_factory=list)  # adaptive: the K asked for at each step (0 = plain)
-    predicted_speedup: float | None = None
 
 
 def available_modes(session) -> dict[str, str | None]:
@@ -62,7 +55,8 @@ def available_modes(session) -> dict[str, str | None]:
         "ngram": None if pair.ngram is not None else f"pair {pair.name!r} has no n-gram proposer",
         "draft": why_draft,
         "head": None if pair.head is not None else f"pair {pair.name!r} has no trained head",
-        "ngram+head": None if "ngram+head" in pair.proposers else f"pair {pair.name!r} lacks an n-gram proposer or a head",
+        "ngram+head": (None if "ngram+head" in pair.proposers
+                       else f"pair {pair.name!r} lacks an n-gram proposer or a head"),
         "adaptive": None if len(pair.proposers) > 1 else f"pair {pair.name!r} has no proposer to adapt",
     }
 
@@ -79,9 +73,9 @@ def parse_modes(names: list[str], ks: list[int], session, adaptive_max_k: int = 
     unknown = [n for n in names if n not in ALL_MODES]
     if unknown:
         raise ConfigError(f"unknown bench mode(s) {', '.join(unknown)}; choose from {', '.join(ALL_MODES)}")
-    bad_k = [k for k in ks if not 1 <= k <= 16]
+    bad_k = [k for k in ks if not K_MIN <= k <= K_MAX]
     if bad_k:
-        raise ConfigError(f"--k values must be between 1 and 16 (got {bad_k})")
+        raise k_error(bad_k, "--k values")
     why_not = available_modes(session)
     modes, notes = [], []
     for name in dict.fromkeys(names):
@@ -152,9 +146,4 @@ def run_engine(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) 
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     if last is not None and last.finish_reason == "error":
         raise RuntimeError(f"{mode.label}: {last.error}")
-    stats = last.stats
-    return RunResult(
-        token_ids=token_ids, seconds=seconds, cpu_seconds=cpu_seconds, target_forwards=stats.target_forwards, drafted=stats.drafted,
-        accepted=stats.accepted, propose_s=stats.propose_s, score_s=stats.score_s, sampler_s=stats.sampler_s,
-        per_position_drafted=list(stats.per_position_drafted), per_position_accepted=list(stats.per_position_accepted),
-        k_per_step=ks if mode.name == "adaptive" else [], predicted_speedup=stats.predicted_speedup)
+    return RunResult(token_ids, seconds, cpu_seconds, last.stats, ks if mode.name == "adaptive" else [])

@@ -39,23 +39,25 @@ def summarize(run: BenchRun) -> dict:
             row = {"mode": mode.name, "k": mode.k, "proposer": mode.proposer, "prompts": len(results),
                    "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0,
                    "cpu_seconds": cpu_seconds, "tokens_per_cpu_s": tokens / cpu_seconds if cpu_seconds else 0.0}
-            if results and results[0].target_forwards is not None:
-                drafted = sum(x.drafted or 0 for x in results)
-                accepted = sum(x.accepted or 0 for x in results)
-                forwards = sum(x.target_forwards or 0 for x in results)
-                width = max(len(x.per_position_drafted) for x in results)
-                pos_drafted = [sum(x.per_position_drafted[i] for x in results if i < len(x.per_position_drafted))
+            if results and results[0].stats is not None:
+                stats = [x.stats for x in results]
+                drafted = sum(s.drafted for s in stats)
+                accepted = sum(s.accepted for s in stats)
+                forwards = sum(s.target_forwards for s in stats)
+                width = max(len(s.per_position_drafted) for s in stats)
+                pos_drafted = [sum(s.per_position_drafted[i] for s in stats if i < len(s.per_position_drafted))
                                for i in range(width)]
-                pos_accepted = [sum(x.per_position_accepted[i] for x in results if i < len(x.per_position_accepted))
+                pos_accepted = [sum(s.per_position_accepted[i] for s in stats if i < len(s.per_position_accepted))
                                 for i in range(width)]
+                time_s = {"propose": sum(s.propose_s for s in stats), "score": sum(s.score_s for s in stats),
+                          "sampler": sum(s.sampler_s for s in stats)}
                 row.update({
                     "drafted": drafted, "accepted": accepted, "target_forwards": forwards,
                     "acceptance_rate": accepted / drafted if drafted else None,
                     "mean_acceptance_length": tokens / forwards if forwards else None,
                     "per_position_acceptance": [a / d if d else None for a, d in zip(pos_accepted, pos_drafted)],
                     "per_position_drafted": pos_drafted,
-                    "time_share": {name: sum(getattr(x, f"{name}_s") for x in results) / seconds if seconds else 0.0
-                                   for name in ("propose", "score", "sampler")},
+                    "time_share": {name: spent / seconds if seconds else 0.0 for name, spent in time_s.items()},
                 })
                 row["time_share"]["other"] = 1.0 - sum(row["time_share"].values())
                 steps = [k for x in results for k in x.k_per_step]
@@ -145,7 +147,9 @@ def to_json(run: BenchRun, summary: dict) -> dict:
             "prompt_tokens": len(r.prompt_ids),
             "results": {label: {"new_tokens": len(x.token_ids), "seconds": x.seconds, "cpu_seconds": x.cpu_seconds,
                                 "tokens_per_s": len(x.token_ids) / x.seconds if x.seconds else 0.0,
-                                "drafted": x.drafted, "accepted": x.accepted, "target_forwards": x.target_forwards,
+                                "drafted": x.stats.drafted if x.stats else None,
+                                "accepted": x.stats.accepted if x.stats else None,
+                                "target_forwards": x.stats.target_forwards if x.stats else None,
                                 "token_ids": x.token_ids}
                         for label, x in r.results.items()},
         } for r in run.records],
@@ -188,7 +192,8 @@ def to_markdown(data: dict) -> str:
     if data["notes"]:
         lines += ["Notes: " + "; ".join(data["notes"]) + ".", ""]
     lines += ["| mode | prompts | tok/s | × hf | × none | tok/CPU-s | × none (CPU) | acceptance | mean acc. len "
-              "| propose / score / sample / other | same as hf |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+              "| propose / score / sample / other | same as hf |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for category in categories:
         for mode in data["modes"]:
             row = summary["rows"][mode["label"]][category]
@@ -197,10 +202,11 @@ def to_markdown(data: dict) -> str:
             same = f"{row['same_as_hf']}/{row['prompts']}" if "same_as_hf" in row else "–"
             label = mode["label"] + (f" (mean K {row['mean_k']:.1f}, {row['plain_step_share']:.0%} plain steps)"
                                      if "mean_k" in row else "")
-            lines.append(f"| {label} | {category} | {row['tokens_per_s']:.1f} | {_fmt(row['speedup_vs_hf'], '.2f', '×')}"
-                         f" | {_fmt(row['speedup_vs_none'], '.2f', '×')} | {row['tokens_per_cpu_s']:.1f} | "
-                         f"{_fmt(row['cpu_speedup_vs_none'], '.2f', '×')} | {_fmt(row.get('acceptance_rate'), '.0%')} | "
-                         f"{_fmt(row.get('mean_acceptance_length'))} | {split} | {same} |")
+            lines.append(f"| {label} | {category} | {row['tokens_per_s']:.1f} | "
+                         f"{_fmt(row['speedup_vs_hf'], '.2f', '×')} | {_fmt(row['speedup_vs_none'], '.2f', '×')} | "
+                         f"{row['tokens_per_cpu_s']:.1f} | {_fmt(row['cpu_speedup_vs_none'], '.2f', '×')} | "
+                         f"{_fmt(row.get('acceptance_rate'), '.0%')} | {_fmt(row.get('mean_acceptance_length'))} | "
+                         f"{split} | {same} |")
     lines += ["", "*tok/CPU-s*: tokens per second of CPU time this process used (wall time minus the time other "
               "processes held the cores); with one torch thread it estimates the speed on an idle machine.",
               "*same as hf*: greedy token ids equal to `hf`'s up to the shorter answer. " + same_as_hf_note(data), ""]

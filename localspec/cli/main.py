@@ -1,4 +1,4 @@
-"""The `localspec` command. Each subcommand lives in localspec/commands/<name>.py with add_parser() and run()."""
+"""The `localspec` command. Each subcommand lives in localspec/cli/<name>.py with add_parser() and run()."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import importlib
 import os
 import sys
 
-COMMANDS = ("generate", "selftest", "bench", "bench_sampler", "distill", "serve")
+COMMANDS = ("generate", "selftest", "bench", "bench_sampler", "distill", "evaluate_head", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
 
 
 def _device(args) -> torch.device:
-    if getattr(args, "device", None):
+    if args.device:  # add_model_options declares it
         return torch.device(args.device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

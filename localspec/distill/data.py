@@ -65,7 +65,7 @@ ESSAY_TEMPLATES = (
     "What are common misconceptions about {t}? Explain why they are wrong.",
     "Give three arguments for and three against {t}.",
 )
-# Advice, guides and explanations (session 5): the held-out chat prompts ask for lists, plans, principles with examples
+# Advice, guides and explanations: the held-out chat prompts ask for lists, plans, principles with examples
 # and recommendations, a shape the topic and essay templates above cover thinly. New topics only (none above, none
 # in the held-out questions).
 GUIDE_TOPICS = (

@@ -32,7 +32,8 @@ class HeldOutReport:
         return asdict(self)
 
 
-def _run(engine, ids, sampling, spec, proposer):
+def generate_ids(engine, ids, sampling, spec, proposer):
+    """One answer through the engine: (emitted ids, the last step's stats, seconds)."""
     out, stats = [], None
     t0 = time.perf_counter()
     for event in engine.generate(ids, sampling, spec, proposer):
@@ -48,7 +49,7 @@ def measure_c(target, proposer_factory, prompt_ids: list[int], k: int, repeats: 
     runner.reset()
     prefix = prompt_ids[:-1]
     proposer = proposer_factory()
-    hidden = runner.extend(prefix, want_hidden=True, feature_layers=getattr(proposer, "feature_layers", ())).hidden
+    hidden = runner.extend(prefix, want_hidden=True, feature_layers=proposer.feature_layers).hidden
     proposer.begin(list(prompt_ids), hidden)
     sampling = SamplingParams()
     generator = torch.Generator()
@@ -112,8 +113,9 @@ def evaluate_head(session, prompts: list[str], proposer_factory, k: int = 4, max
     mismatched = []
     for index, prompt in enumerate(prompts):
         ids, _ = session.prompt_ids([{"role": "user", "content": prompt}], max_new_tokens)
-        base, _, t_none = _run(engine, ids, sampling, SpecConfig(proposer="none", k=k), None)
-        spec_out, stats, t_head = _run(engine, ids, sampling, SpecConfig(proposer="head", k=k), proposer_factory())
+        base, _, t_none = generate_ids(engine, ids, sampling, SpecConfig(proposer="none", k=k), None)
+        head_spec = SpecConfig(proposer="head", k=k)
+        spec_out, stats, t_head = generate_ids(engine, ids, sampling, head_spec, proposer_factory())
         none_tokens += len(base)
         head_tokens += len(spec_out)
         none_s += t_none
@@ -140,61 +142,3 @@ def evaluate_head(session, prompts: list[str], proposer_factory, k: int = 4, max
         tokens_per_s_head=head_tokens / head_s, tokens_per_s_none=none_tokens / none_s,
         speedup=(head_tokens / head_s) / (none_tokens / none_s), lossless=not mismatched,
         mismatched_prompts=mismatched, head_step_ms=head_ms, target_step_ms=target_ms, c=head_ms / target_ms)
-
-
-def main(argv=None) -> int:
-    """python -m localspec.distill.evaluate --head DIR [--prompts N] [--max-new-tokens M] [--k K] [--top-k]
-    [--json OUT]"""
-    import argparse
-    import json
-    from pathlib import Path
-
-    from localspec.chat import ChatSession
-    from localspec.models.loading import load_pair
-    from localspec.proposers.head import load_head_proposer
-    from localspec.models.registry import find_pair, load_registry
-    from localspec.cli.common import DEFAULT_MODELS_YAML
-    from .data import held_out_prompts
-
-    parser = argparse.ArgumentParser(description="measure a head on the held-out prompts")
-    parser.add_argument("--head", required=True)
-    parser.add_argument("--models", default=str(DEFAULT_MODELS_YAML))
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--prompts", type=int, default=24, help="how many held-out prompts (both sets, from the ends)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--json", default=None, help="also write the report here")
-    parser.add_argument("--top-k", action="store_true",
-                        help="instead: teacher-forced on the target's greedy answers, how often its token is in the "
-                             "head's top 1-4 per draft step (the headroom of a token tree over a chain)")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    session = ChatSession(load_pair(find_pair(load_registry(args.models), args.model), device="cpu"))
-    prompts = held_out_prompts()
-    n = args.prompts
-    chosen = prompts if n >= len(prompts) else prompts[: n // 2] + prompts[len(prompts) - (n - n // 2):]
-    if args.top_k:
-        head = load_head_proposer(args.head, session.loaded.target, "cpu").head
-        sampling = SamplingParams(max_new_tokens=args.max_new_tokens)  # greedy
-        rows = []
-        for prompt in chosen:
-            ids, _ = session.prompt_ids([{"role": "user", "content": prompt}], args.max_new_tokens)
-            answer, _, _ = _run(session.engine, ids, sampling, SpecConfig(proposer="none", k=1), None)
-            rows.append((ids + answer, len(ids)))
-        shares = teacher_forced_top_k(head, session.loaded.target, rows)
-        for step, row in enumerate(shares, start=1):
-            print(f"draft step {step}: " + "  ".join(f"top-{k} {share:.3f}" for k, share in zip(TOP_KS, row)))
-        result, status = {"prompts": len(chosen), "top_k_by_step": shares}, 0
-    else:
-        report = evaluate_head(session, chosen, lambda: load_head_proposer(args.head, session.loaded.target, "cpu"),
-                               k=args.k, max_new_tokens=args.max_new_tokens)
-        result, status = report.to_dict(), 0 if report.lossless else 1
-        print(json.dumps(result, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return status
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -16,6 +16,7 @@ from localspec.engine.features import default_feature_layers
 from localspec.heads.config import HEAD_KINDS, HeadConfig, target_shapes
 from localspec.heads.io import load_head, read_head_config, save_head
 from localspec.heads.model import FeatureHead, with_feature_layers
+from localspec.models.stop_tokens import stop_token_ids
 from .batches import pick_draft_vocab, split_validation, windows
 from .corpus import build_corpus, build_text_corpus, load_corpus
 from .train_head import expected_acceptance_length, train_head, ttt_forward
@@ -42,7 +43,7 @@ class DistillOptions:
     # heads: share of the loss on the target's argmax (what greedy acceptance checks); the rest on its distribution
     hard_label_weight: float = 0.0
     max_new_tokens: int = 256
-    gen_batch_size: int = 32  # static KV cache; 64 at once: ~170 answer tokens/s on 2 threads here (was ~50)
+    gen_batch_size: int = 32  # static KV cache; 64 at once: ~170 answer tokens/s on 2 threads here
     temperatures: tuple = (0.0, 0.7)
     batch_size: int = 8
     window: int = 256
@@ -67,7 +68,8 @@ class DistillOptions:
         if self.init is not None and self.kind == "draft":
             raise ConfigError("--init continues a trained head; it does not apply to --kind draft")
         if self.feature_layers and self.kind == "draft":
-            raise ConfigError("--feature-layers is for heads (eagle, eagle3, mtp); a standalone draft reads tokens only")
+            raise ConfigError("--feature-layers is for heads (eagle, eagle3, mtp); "
+                              "a standalone draft reads tokens only")
         if self.feature_layers != "auto" and any(not isinstance(i, int) or i < 0 for i in self.feature_layers):
             raise ConfigError(f"--feature-layers takes layer indices or 'auto' (got {self.feature_layers!r})")
         if self.draft_vocab < 0:
@@ -106,15 +108,6 @@ def resolve_feature_layers(options: DistillOptions, target: torch.nn.Module) -> 
     if any(i >= num_layers - 1 for i in wanted):
         raise ConfigError(f"--feature-layers must be below the last layer ({num_layers - 1}); got {list(wanted)}")
     return wanted
-
-
-def stop_token_ids(tokenizer) -> set[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"):
-        token_id = tokenizer.convert_tokens_to_ids(token)
-        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
-            ids.add(token_id)
-    return ids
 
 
 def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: DistillOptions,

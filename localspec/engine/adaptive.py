@@ -42,8 +42,10 @@ class _RecentMedian:
 class CostModel:
     """Step costs of one (target, proposer) pair on this machine. Kept by the engine across answers."""
 
-    verify_s: dict[int, _RecentMedian] = field(default_factory=dict)  # tokens verified (K+1) → seconds of score + sample
-    propose_per_token_s: _RecentMedian = field(default_factory=_RecentMedian)  # proposer seconds per drafted token asked for
+    # tokens verified (K+1) → seconds of score + sample
+    verify_s: dict[int, _RecentMedian] = field(default_factory=dict)
+    # proposer seconds per drafted token asked for
+    propose_per_token_s: _RecentMedian = field(default_factory=_RecentMedian)
 
     def observe(self, asked: int, drafted: int, propose_s: float, verify_s: float) -> None:
         self.verify_s.setdefault(drafted + 1, _RecentMedian()).add(verify_s)

@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
+
+from .metrics import StatsSnapshot
 
 TokenKind = Literal["accepted", "resampled", "bonus", "target"]
-TOKEN_KINDS: tuple[str, ...] = ("accepted", "resampled", "bonus", "target")
+TOKEN_KINDS: tuple[TokenKind, ...] = get_args(TokenKind)
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+__all__ = ["TokenKind", "TOKEN_KINDS", "FinishReason", "TokenEvent", "StatsSnapshot", "StepEvent"]
 
 
 @dataclass(frozen=True)
@@ -13,13 +18,25 @@ class TokenEvent:
     """One emitted token and how it was made."""
 
     token_id: int
-    kind: str  # one of TOKEN_KINDS
+    kind: TokenKind
     target_prob: float  # p_target(token) at its position
     draft_prob: Optional[float] = None  # p_draft(token) for accepted draft tokens (1.0 for n-gram drafts)
     rejected_token_id: Optional[int] = None  # for 'resampled': the draft token the target rejected
     rejected_target_prob: Optional[float] = None
     rejected_draft_prob: Optional[float] = None
     text: str = ""  # filled by the chat layer; the engine knows only ids
+
+    @classmethod
+    def accepted(cls, token_id: int, target_prob: float, draft_prob: float) -> "TokenEvent":
+        """A draft token the target kept."""
+        return cls(token_id, "accepted", target_prob, draft_prob)
+
+    @classmethod
+    def resampled(cls, token_id: int, target_prob: float, rejected_token_id: int, rejected_target_prob: float,
+                  rejected_draft_prob: float) -> "TokenEvent":
+        """The target's token in place of the draft token it rejected."""
+        return cls(token_id, "resampled", target_prob, rejected_token_id=rejected_token_id,
+                   rejected_target_prob=rejected_target_prob, rejected_draft_prob=rejected_draft_prob)
 
     @property
     def acceptance_prob(self) -> Optional[float]:
@@ -44,74 +61,22 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
-class StatsSnapshot:
-    """Running statistics of one answer, as of the latest step."""
-
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    target_forwards: int = 0
-    elapsed_s: float = 0.0
-    prefill_s: float = 0.0
-    propose_s: float = 0.0
-    score_s: float = 0.0
-    sampler_s: float = 0.0
-    per_position_drafted: tuple[int, ...] = ()
-    per_position_accepted: tuple[int, ...] = ()
-    k: int = 0  # K of the latest step (the adaptive controller may change it)
-    predicted_speedup: Optional[float] = None  # E / (K·c + v) from measured costs, when known
-    paused: Optional[dict] = None  # adaptive K switched speculation off: AdaptiveController.pause_reason()
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens per target forward; the bonus / resampled token counts."""
-        return self.emitted / self.target_forwards if self.target_forwards else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.emitted / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def per_position_acceptance(self) -> tuple[float, ...]:
-        return tuple(a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted))
-
-    def to_dict(self) -> dict:
-        return {
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "emitted": self.emitted,
-            "acceptance_rate": self.acceptance_rate,
-            "mean_acceptance_length": self.mean_acceptance_length,
-            "tokens_per_s": self.tokens_per_s,
-            "target_forwards": self.target_forwards,
-            "elapsed_s": self.elapsed_s,
-            "prefill_s": self.prefill_s,
-            "propose_s": self.propose_s,
-            "score_s": self.score_s,
-            "sampler_s": self.sampler_s,
-            "per_position_acceptance": list(self.per_position_acceptance),
-            "per_position_drafted": list(self.per_position_drafted),
-            "k": self.k,
-            "predicted_speedup": self.predicted_speedup,
-            "paused": self.paused,
-        }
-
-
-@dataclass(frozen=True)
 class StepEvent:
     """One engine step: propose K → one target forward over K+1 positions → rejection sampling."""
 
-    tokens: tuple[TokenEvent, ...]
-    propose_time_us: float
-    score_time_us: float
-    sampler_time_us: float
-    propose_token_num: int  # draft tokens proposed this step (K, or fewer when the n-gram found fewer)
-    accept_token_num: int  # draft tokens accepted this step
+    tokens: tuple[TokenEvent, ...] = ()
+    propose_time_us: float = 0.0
+    score_time_us: float = 0.0
+    sampler_time_us: float = 0.0
+    propose_token_num: int = 0  # draft tokens proposed this step (K, or fewer when the n-gram found fewer)
+    accept_token_num: int = 0  # draft tokens accepted this step
     stats: StatsSnapshot = field(default_factory=StatsSnapshot)
     finished: bool = False
-    finish_reason: Optional[str] = None  # 'stop' | 'length' | 'cancelled' | 'error'
+    finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None
+
+    @classmethod
+    def finished_early(cls, stats: StatsSnapshot, reason: FinishReason, error: Optional[str] = None,
+                       drafted: int = 0) -> "StepEvent":
+        """The answer ends without emitting this step: cancelled, or an error (with its message)."""
+        return cls(propose_token_num=drafted, stats=stats, finished=True, finish_reason=reason, error=error)

@@ -1,23 +1,27 @@
-"""The speculative decoding loop. Knows only token ids; yields one StepEvent per target forward."""
+"""The speculative decoding loop. Knows only token ids; yields one StepEvent per target forward.
+
+Each step: draft K tokens → score K+1 positions in one target forward → rejection-sample → roll the cache back
+to what was kept → tell the proposer. Run (step.py) carries the answer's state from step to step.
+"""
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Iterator, Optional
 
 import torch
 
-from .adaptive import AdaptiveController
 from localspec.config import ConfigError, SamplingParams, SpecConfig
-from .events import StepEvent, TokenEvent
-from .metrics import SpecStats
-from .model_runner import ModelRunner
 from localspec.proposers.base import Proposer
-from localspec.verify import get_verifier, make_draws
+from localspec.verify import VerifyOutput, get_verifier, make_draws
+from .adaptive import AdaptiveController
+from .events import StepEvent
+from .metrics import StatsSnapshot
+from .model_runner import ModelRunner
+from .step import ControllerKey, Proposal, Run, StepOutcome, cut_at_stop, token_events
 
-
-class NumericalError(RuntimeError):
-    """The model produced NaN or infinite logits."""
+NON_FINITE = "the model produced NaN or infinite logits (target or draft); the answer was stopped"
 
 
 class Engine:
@@ -27,186 +31,110 @@ class Engine:
         self.target = ModelRunner(target_model)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.lock = threading.Lock()
-        # per (proposer, K, adaptive): measured costs and acceptance, kept across answers (costs are the machine's)
-        self.controllers: dict[tuple[str, int, bool], AdaptiveController] = {}
+        # measured costs and acceptance, kept across answers (costs are the machine's)
+        self.controllers: dict[ControllerKey, AdaptiveController] = {}
 
     @property
     def max_context(self) -> int:
         return self.target.max_context
 
-    def generate(
-        self,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        spec: SpecConfig,
-        proposer: Optional[Proposer] = None,
-        cancel: Optional[threading.Event] = None,
-    ) -> Iterator[StepEvent]:
-        """Propose K → score K+1 positions in one target forward → rejection-sample → roll caches back.
+    def generate(self, prompt_ids: list[int], sampling: SamplingParams, spec: SpecConfig,
+                 proposer: Optional[Proposer] = None, cancel: Optional[threading.Event] = None) -> Iterator[StepEvent]:
+        """Answer prompt_ids, one StepEvent per target forward. proposer None (or spec.proposer 'none') is plain
+        autoregressive decoding through the same loop: the baseline every speedup is measured against."""
+        run = self._start(prompt_ids, sampling, spec, None if spec.proposer == "none" else proposer)
+        try:
+            with self.lock:
+                self._prefill(run, prompt_ids)
+                yield from self._steps(run, cancel)
+        except Exception as exc:  # a model that breaks mid-answer ends the answer with a message, not a traceback
+            yield StepEvent.finished_early(run.snapshot(), "error",
+                                           f"generation failed: {type(exc).__name__}: {exc}")
 
-        proposer None (or spec.proposer == 'none') is plain autoregressive decoding through the same loop: the
-        baseline every speedup is measured against.
-        """
+    def _start(self, prompt_ids: list[int], sampling: SamplingParams, spec: SpecConfig,
+               proposer: Optional[Proposer]) -> Run:
         sampling.validate()
         spec.validate()
         if not prompt_ids:
             raise ConfigError("the prompt is empty")
         if len(prompt_ids) >= self.max_context:
-            raise ConfigError(
-                f"the prompt has {len(prompt_ids)} tokens; this model's context holds {self.max_context}")
-        if spec.proposer == "none":
-            proposer = None
-        max_new = min(sampling.max_new_tokens, self.max_context - len(prompt_ids))
+            raise ConfigError(f"the prompt has {len(prompt_ids)} tokens; this model's context holds {self.max_context}")
         max_k = spec.k if proposer is not None else 0
         self.sampler_name, verify = get_verifier(spec.sampler, self.target.device)
-        generator = torch.Generator(device=self.target.device).manual_seed(sampling.seed)
-        stats = SpecStats(max_k)
-        wants_hidden = proposer is not None and proposer.wants_hidden
-        # a head may read earlier target layers too (multi-layer features); they come from the same forwards
-        feature_layers = tuple(getattr(proposer, "feature_layers", ())) if wants_hidden else ()
-        try:
-            yield from self._loop(prompt_ids, sampling, spec, proposer, cancel, max_new, max_k, verify, generator, stats,
-                                  wants_hidden, feature_layers)
-        except Exception as exc:  # a model that breaks mid-answer ends the answer with a message, not a traceback
-            yield StepEvent((), 0.0, 0.0, 0.0, 0, 0, stats.snapshot(), True, "error",
-                            f"generation failed: {type(exc).__name__}: {exc}")
+        return Run(sampling=sampling, spec=spec, proposer=proposer, verify=verify,
+                   generator=torch.Generator(device=self.target.device).manual_seed(sampling.seed),
+                   max_new=min(sampling.max_new_tokens, self.max_context - len(prompt_ids)), max_k=max_k,
+                   context=list(prompt_ids), controllers=self.controllers, stats=StatsSnapshot.start(max_k),
+                   pending=prompt_ids[-1])
 
-    def _loop(self, prompt_ids, sampling, spec, proposer, cancel, max_new, max_k, verify, generator, stats, wants_hidden,
-              feature_layers):
-        target = self.target
-        device = target.device
-        with self.lock:
-            # told each step's costs and outcome, it predicts the speedup (the break-even meter); when adaptive it
-            # also picks K each step (0 = plain step)
-            # A proposer made of parts (ngram+head) names the part that will draft next (`part(context)`); each part
-            # gets its own controller, since the parts differ in cost and acceptance (and so in their best K).
-            controller = None
-            begun: set[str] = set()
+    def _prefill(self, run: Run, prompt_ids: list[int]) -> None:
+        """Cache the prompt but its last token (whose logits are the first verified position); start the proposer."""
+        self.target.reset()
+        started = time.perf_counter()
+        hidden = None
+        if len(prompt_ids) > 1:
+            hidden = self.target.extend(prompt_ids[:-1], want_hidden=run.wants_hidden, logits_to_keep=0,
+                                        feature_layers=run.feature_layers).hidden
+        if run.proposer is not None:
+            run.proposer.begin(list(prompt_ids), hidden)
+        run.stats = replace(run.stats, prefill_s=time.perf_counter() - started)
 
-            def controller_for(part: str) -> AdaptiveController:
-                found = self.controllers.setdefault((part, max_k, spec.adaptive), AdaptiveController(max_k))
-                if part not in begun:
-                    found.begin()
-                    begun.add(part)
-                return found
+    def _steps(self, run: Run, cancel: Optional[threading.Event]) -> Iterator[StepEvent]:
+        while run.produced < run.max_new:
+            if cancel is not None and cancel.is_set():
+                yield StepEvent.finished_early(run.snapshot(), "cancelled")
+                return
+            outcome = self._verify(run, self._draft(run))
+            if not outcome.verdict.finite:
+                yield StepEvent.finished_early(run.snapshot(), "error", NON_FINITE, drafted=outcome.proposal.k)
+                return
+            event = self._advance(run, outcome)
+            yield event
+            if event.finished:
+                return
 
-            part_of = getattr(proposer, "part", None)
-            target.reset()
-            t0 = time.perf_counter()
-            prompt_hidden = None
-            if len(prompt_ids) > 1:
-                prompt_hidden = target.extend(prompt_ids[:-1], want_hidden=wants_hidden, logits_to_keep=0,
-                                              feature_layers=feature_layers).hidden
-            if proposer is not None:
-                proposer.begin(list(prompt_ids), prompt_hidden)
-            stats.prefill_s = time.perf_counter() - t0
-            context = list(prompt_ids)
-            pending = prompt_ids[-1]  # the last known token: its logits are the first verified position
-            produced = 0
-            while produced < max_new:
-                if cancel is not None and cancel.is_set():
-                    yield StepEvent((), 0.0, 0.0, 0.0, 0, 0, stats.snapshot(), True, "cancelled")
-                    return
-                # never draft past the token budget: K+1 tokens may be emitted
-                budget_k = min(max_k, max_new - produced - 1)
-                k = budget_k
-                if proposer is not None:
-                    controller = controller_for(f"{proposer.name}:{part_of(context)}" if part_of else proposer.name)
-                if controller is not None and spec.adaptive:
-                    k = min(k, controller.choose_k())
-                asked = k
+    def _draft(self, run: Run) -> Proposal:
+        budget_k, asked = run.choose_k()
+        started = time.perf_counter()
+        token_ids, probs = [], None
+        if run.proposer is not None and asked > 0:
+            draft = run.proposer.propose(run.context, asked, run.sampling, run.generator)
+            token_ids = list(draft.token_ids[:asked])
+            if draft.probs is not None and token_ids:
+                probs = draft.probs[: len(token_ids)].unsqueeze(0)  # [1, K, V]
+        return Proposal(budget_k, asked, token_ids, probs, time.perf_counter() - started)
 
-                t_propose = time.perf_counter()
-                draft_ids: list[int] = []
-                draft_probs = None
-                if proposer is not None and k > 0:
-                    draft = proposer.propose(context, k, sampling, generator)
-                    draft_ids = list(draft.token_ids[:k])
-                    if draft.probs is not None and draft_ids:
-                        draft_probs = draft.probs[: len(draft_ids)].unsqueeze(0)  # [1, K, V]
-                k = len(draft_ids)
+    def _verify(self, run: Run, proposal: Proposal) -> StepOutcome:
+        """One target forward over the pending token and the K drafts, the rejection sampler, one host read."""
+        device, k = self.target.device, proposal.k
+        started = time.perf_counter()
+        forward = self.target.extend([run.pending] + proposal.token_ids, want_hidden=run.wants_hidden,
+                                     feature_layers=run.feature_layers)
+        logits = forward.logits.unsqueeze(0)  # [1, K+1, V]
+        scored = time.perf_counter()
+        draws = None if run.sampling.greedy else make_draws(run.generator, 1, k, logits.shape[-1], device)
+        drafts = torch.tensor([proposal.token_ids], dtype=torch.long, device=device).view(1, k)
+        result = run.verify(logits, drafts, proposal.probs, run.sampling, draws)
+        finite = torch.isfinite(logits).all()
+        if proposal.probs is not None:
+            finite = finite & torch.isfinite(proposal.probs).all()
+        verdict = VerifyOutput.from_host(result.to_host(finite), k)  # the step's one host read
+        return StepOutcome(proposal, verdict, forward.hidden, scored - started, time.perf_counter() - scored)
 
-                t_score = time.perf_counter()
-                forward = target.extend([pending] + draft_ids, want_hidden=wants_hidden, feature_layers=feature_layers)
-                target_logits = forward.logits.unsqueeze(0)  # [1, K+1, V]
-
-                t_sample = time.perf_counter()
-                draws = None if sampling.greedy else make_draws(generator, 1, k, target_logits.shape[-1], device)
-                draft_tensor = torch.tensor([draft_ids], dtype=torch.long, device=device).view(1, k)
-                result = verify(target_logits, draft_tensor, draft_probs, sampling, draws)
-                finite = torch.isfinite(target_logits).all()
-                if draft_probs is not None:
-                    finite = finite & torch.isfinite(draft_probs).all()
-                finite = finite.to(torch.float32).view(1)
-                # the one host transfer of the step: ids, count, probabilities, finiteness
-                packed = torch.cat([
-                    result.output_token_ids[0].to(torch.float64),
-                    result.num_accepted.to(torch.float64),
-                    result.target_probs_of_drafts[0].to(torch.float64),
-                    result.draft_probs_of_drafts[0].to(torch.float64),
-                    result.target_prob_of_last.to(torch.float64),
-                    finite.to(torch.float64),
-                ]).tolist()
-                t_done = time.perf_counter()
-
-                if packed[-1] != 1.0:
-                    yield StepEvent((), 0.0, 0.0, 0.0, k, 0, stats.snapshot(), True, "error",
-                                    "the model produced NaN or infinite logits (target or draft); the answer was stopped")
-                    return
-                num_accepted = int(packed[k + 1])
-                emitted = [int(t) for t in packed[: num_accepted + 1]]
-                target_probs_of_drafts = packed[k + 2: 2 * k + 2]
-                draft_probs_of_drafts = packed[2 * k + 2: 3 * k + 2]
-                target_prob_of_last = packed[3 * k + 2]
-
-                # roll the target cache back to the accepted length (drop the rejected drafts)
-                target.crop(len(target.tokens) - (k - num_accepted))
-
-                tokens = []
-                for i, token_id in enumerate(emitted):
-                    if i < num_accepted:
-                        tokens.append(TokenEvent(token_id, "accepted", target_probs_of_drafts[i],
-                                                 draft_probs_of_drafts[i]))
-                    elif num_accepted < k:
-                        tokens.append(TokenEvent(
-                            token_id, "resampled", target_prob_of_last,
-                            rejected_token_id=draft_ids[num_accepted],
-                            rejected_target_prob=target_probs_of_drafts[num_accepted],
-                            rejected_draft_prob=draft_probs_of_drafts[num_accepted]))
-                    else:
-                        tokens.append(TokenEvent(token_id, "bonus" if k > 0 else "target", target_prob_of_last))
-
-                finish_reason = None
-                for i, token_id in enumerate(emitted):
-                    if token_id in self.stop_token_ids:
-                        emitted, tokens, finish_reason = emitted[: i + 1], tokens[: i + 1], "stop"
-                        break
-                produced += len(emitted)
-                if finish_reason is None and produced >= max_new:
-                    finish_reason = "length"
-                context.extend(emitted)
-                if proposer is not None and finish_reason is None:
-                    hidden = forward.hidden[: num_accepted + 1] if wants_hidden else None
-                    proposer.on_verified(num_accepted, emitted, hidden)
-                pending = emitted[-1]
-                if controller is not None:
-                    controller.observe(asked, k, num_accepted, t_score - t_propose, t_done - t_score)
-                    stats.k = asked
-                    if budget_k > 0:  # the last step of a length-capped answer cannot draft: it predicts nothing
-                        stats.predicted_speedup = controller.predicted(asked)
-                    stats.paused = controller.pause_reason() if spec.adaptive else None
-                stats.record_step(k, num_accepted, len(emitted), t_score - t_propose, t_sample - t_score,
-                                  t_done - t_sample)
-                yield StepEvent(
-                    tokens=tuple(tokens),
-                    propose_time_us=(t_score - t_propose) * 1e6,
-                    score_time_us=(t_sample - t_score) * 1e6,
-                    sampler_time_us=(t_done - t_sample) * 1e6,
-                    propose_token_num=k,
-                    accept_token_num=num_accepted,
-                    stats=stats.snapshot(),
-                    finished=finish_reason is not None,
-                    finish_reason=finish_reason,
-                )
-                if finish_reason is not None:
-                    return
+    def _advance(self, run: Run, outcome: StepOutcome) -> StepEvent:
+        """Keep what the target accepted, up to a stop token, and tell the proposer, the controller and the stats."""
+        proposal, verdict = outcome.proposal, outcome.verdict
+        self.target.crop(len(self.target.tokens) - (proposal.k - verdict.num_accepted))  # drop the rejected drafts
+        tokens, stopped = cut_at_stop(token_events(outcome), self.stop_token_ids)
+        emitted = [token.token_id for token in tokens]
+        run.produced += len(emitted)
+        finish_reason = "stop" if stopped else "length" if run.produced >= run.max_new else None
+        run.context.extend(emitted)
+        if run.proposer is not None and finish_reason is None:
+            hidden = outcome.hidden[: verdict.num_accepted + 1] if run.wants_hidden else None
+            run.proposer.on_verified(verdict.num_accepted, emitted, hidden)
+        run.pending = emitted[-1]
+        run.observe(outcome, len(emitted))
+        return StepEvent(tuple(tokens), proposal.propose_s * 1e6, outcome.score_s * 1e6, outcome.sampler_s * 1e6,
+                         propose_token_num=proposal.k, accept_token_num=verdict.num_accepted,
+                         stats=run.snapshot(), finished=finish_reason is not None, finish_reason=finish_reason)

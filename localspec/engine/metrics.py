@@ -1,62 +1,75 @@
-"""Running statistics of one answer: acceptance, per-position acceptance, time split."""
+"""Running statistics of one answer: acceptance, per-position acceptance, time split.
+
+StatsSnapshot is the one record. The engine folds each step into it (after_step); every other form is derived:
+the JSON form (to_dict: the fields plus the derived rates), the bench's sums, the UI's table.
+"""
 from __future__ import annotations
 
-import time
+from dataclasses import asdict, dataclass, replace
+from typing import Optional
 
-from .events import StatsSnapshot
 
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """Statistics of one answer as of its latest step. Mean acceptance length counts the bonus / resampled token."""
 
-class SpecStats:
-    """Accumulates step metrics. Mean acceptance length counts the bonus / resampled token."""
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    target_forwards: int = 0
+    elapsed_s: float = 0.0
+    prefill_s: float = 0.0
+    propose_s: float = 0.0
+    score_s: float = 0.0
+    sampler_s: float = 0.0
+    per_position_drafted: tuple[int, ...] = ()
+    per_position_accepted: tuple[int, ...] = ()
+    k: int = 0  # K of the latest step (the adaptive controller may change it)
+    predicted_speedup: Optional[float] = None  # E / (K·c + v) from measured costs, when known
+    paused: Optional[dict] = None  # adaptive K switched speculation off, and why: AdaptiveController.pause_reason()
 
-    def __init__(self, max_k: int) -> None:
-        self.started = time.perf_counter()
-        self.drafted = 0
-        self.accepted = 0
-        self.emitted = 0
-        self.target_forwards = 0
-        self.prefill_s = 0.0
-        self.propose_s = 0.0
-        self.score_s = 0.0
-        self.sampler_s = 0.0
-        self.per_position_drafted = [0] * max_k
-        self.per_position_accepted = [0] * max_k
-        self.k = max_k
-        self.predicted_speedup: float | None = None
-        self.paused: dict | None = None
+    @classmethod
+    def start(cls, max_k: int) -> StatsSnapshot:
+        return cls(per_position_drafted=(0,) * max_k, per_position_accepted=(0,) * max_k, k=max_k)
 
-    def record_step(self, drafted: int, accepted: int, emitted: int, propose_s: float, score_s: float,
-                    sampler_s: float) -> None:
-        self.drafted += drafted
-        self.accepted += accepted
-        self.emitted += emitted
-        self.target_forwards += 1
-        self.propose_s += propose_s
-        self.score_s += score_s
-        self.sampler_s += sampler_s
-        if drafted > len(self.per_position_drafted):
-            grow = drafted - len(self.per_position_drafted)
-            self.per_position_drafted += [0] * grow
-            self.per_position_accepted += [0] * grow
+    def after_step(self, drafted: int, accepted: int, emitted: int, propose_s: float, score_s: float,
+                   sampler_s: float) -> StatsSnapshot:
+        """These statistics with one more step: `drafted` tokens proposed, `accepted` kept, `emitted` emitted."""
+        width = max(len(self.per_position_drafted), drafted)
+        pos_drafted = list(self.per_position_drafted) + [0] * (width - len(self.per_position_drafted))
+        pos_accepted = list(self.per_position_accepted) + [0] * (width - len(self.per_position_accepted))
         for position in range(drafted):
-            self.per_position_drafted[position] += 1
-            if position < accepted:
-                self.per_position_accepted[position] += 1
+            pos_drafted[position] += 1
+            pos_accepted[position] += position < accepted
+        return replace(self, drafted=self.drafted + drafted, accepted=self.accepted + accepted,
+                       emitted=self.emitted + emitted, target_forwards=self.target_forwards + 1,
+                       propose_s=self.propose_s + propose_s, score_s=self.score_s + score_s,
+                       sampler_s=self.sampler_s + sampler_s, per_position_drafted=tuple(pos_drafted),
+                       per_position_accepted=tuple(pos_accepted))
 
-    def snapshot(self) -> StatsSnapshot:
-        return StatsSnapshot(
-            drafted=self.drafted,
-            accepted=self.accepted,
-            emitted=self.emitted,
-            target_forwards=self.target_forwards,
-            elapsed_s=time.perf_counter() - self.started,
-            prefill_s=self.prefill_s,
-            propose_s=self.propose_s,
-            score_s=self.score_s,
-            sampler_s=self.sampler_s,
-            per_position_drafted=tuple(self.per_position_drafted),
-            per_position_accepted=tuple(self.per_position_accepted),
-            k=self.k,
-            predicted_speedup=self.predicted_speedup,
-            paused=self.paused,
-        )
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per target forward; the bonus / resampled token counts."""
+        return self.emitted / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.emitted / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def per_position_acceptance(self) -> tuple[float, ...]:
+        return tuple(a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted))
+
+    def to_dict(self) -> dict:
+        """The JSON form: every field, plus the derived rates."""
+        data = asdict(self)
+        data.update(per_position_drafted=list(self.per_position_drafted),
+                    per_position_accepted=list(self.per_position_accepted),
+                    per_position_acceptance=list(self.per_position_acceptance),
+                    acceptance_rate=self.acceptance_rate, mean_acceptance_length=self.mean_acceptance_length,
+                    tokens_per_s=self.tokens_per_s)
+        return data

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from localspec.config import DTYPES, QUANTS, ConfigError, ModelSpec, NgramSpec, PairSpec
+from localspec.config import DTYPES, K_MAX, K_MIN, QUANTS, ConfigError, ModelSpec, NgramSpec, PairSpec
 
 PAIR_KEYS = {"name", "target", "proposers", "default_proposer", "k", "adaptive", "description"}
 MODEL_KEYS = {"source", "quant", "dtype", "trust_remote_code"}
@@ -110,7 +110,8 @@ def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
     adaptive = raw.get("adaptive", False)
     if not isinstance(adaptive, bool):
         raise ConfigError(f"{where}: field 'adaptive' must be true or false")
-    pair = PairSpec(name=name.strip(), target=target, k=_int(raw.get("k", 4), where, "k", 1, 16), adaptive=adaptive,
+    k = _int(raw.get("k", 4), where, "k", K_MIN, K_MAX)
+    pair = PairSpec(name=name.strip(), target=target, k=k, adaptive=adaptive,
                     ngram=ngram, draft=draft, head=head, description=str(raw.get("description", "")),
                     default_proposer=raw.get("default_proposer", "ngram" if ngram else "none"))
     if pair.default_proposer not in pair.proposers:

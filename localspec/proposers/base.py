@@ -21,17 +21,22 @@ class Draft:
 class Proposer(Protocol):
     """Drafts tokens; is told after each step what the target kept.
 
+    Proposers subclass it, and inherit the defaults of the members they do not need.
+
     wants_hidden: when True, the engine passes the target's features (from the same verify forward, no extra pass)
     to begin() and on_verified(), so feature-level heads (EAGLE / MTP) plug in unchanged: the last-layer hidden
-    state, after the outputs of the decoder layers the proposer lists in its optional `feature_layers` (a tuple of
-    layer indices; F = H × (len + 1), see features.py).
-
-    Optional: part(context_ids) -> str, for a proposer made of parts (ngram+head): the part that drafts next, so
-    adaptive K keeps one controller per part.
+    state, after the outputs of the decoder layers listed in `feature_layers` (layer indices; F = H × (len + 1),
+    see features.py).
     """
 
     name: str
-    wants_hidden: bool
+    wants_hidden: bool = False
+    feature_layers: tuple[int, ...] = ()
+
+    def part(self, context_ids: list[int]) -> Optional[str]:
+        """For a proposer made of parts (ngram+head): the part that drafts after context_ids, so adaptive K keeps one
+        controller per part. None: a proposer of one part."""
+        return None
 
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
         """A new answer starts. prompt_hidden: [len(prompt_ids) - 1, F] for the prefilled prompt, or None."""

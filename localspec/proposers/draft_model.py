@@ -8,10 +8,10 @@ import torch
 from localspec.config import SamplingParams
 from localspec.engine.model_runner import ModelRunner
 from localspec.engine.sampling import logits_to_probs, sample_with_noise
-from .base import Draft
+from .base import Draft, Proposer
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     """Drafts with a small causal LM. Its cache always holds a prefix of the context: before each proposal it is
     cropped to the longest common prefix with the new context (the rollback after a rejection) and the missing
     tokens are fed (one token normally; two, the catch-up, after all K were accepted)."""

@@ -16,10 +16,10 @@ from localspec.config import SamplingParams
 from localspec.heads.io import load_head
 from localspec.heads.model import FeatureHead
 from localspec.engine.sampling import logits_to_probs, sample_with_noise
-from .base import Draft
+from .base import Draft, Proposer
 
 
-class HeadProposer:
+class HeadProposer(Proposer):
     name = "head"
     wants_hidden = True
 

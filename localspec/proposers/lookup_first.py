@@ -26,13 +26,13 @@ _PEEK = SamplingParams()  # the lookup is deterministic: peeking at it draws not
 _PEEK_GENERATOR = torch.Generator()
 
 
-class LookupFirstProposer:
+class LookupFirstProposer(Proposer):
     def __init__(self, lookup: Proposer, model: Proposer) -> None:
         self.lookup = lookup
         self.model = model
         self.name = f"{lookup.name}+{model.name}"
         self.wants_hidden = lookup.wants_hidden or model.wants_hidden
-        self.feature_layers = tuple(getattr(model, "feature_layers", ()))
+        self.feature_layers = tuple(model.feature_layers)
         self._no_match_at: Optional[int] = None  # context length where part() found no lookup match
 
     def part(self, context_ids: list[int]) -> str:

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from localspec.config import SamplingParams
-from .base import Draft
+from .base import Draft, Proposer
 
 
 def find_continuation(context: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
@@ -24,7 +24,7 @@ def find_continuation(context: np.ndarray, k: int, min_n: int, max_n: int) -> li
     return []
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     """Needs no weights. Its draft is one-hot: the rejection sampler treats p_draft(token) as 1."""
 
     name = "ngram"

@@ -17,7 +17,8 @@ from .handlers import Handlers, events_json, history_of, owner_of
 from .manager import Busy
 from .render import stats_html, status_html, transcript_html
 from .runtime import runtime_of
-from .settings import PROPOSER_LABELS, read_k, read_sampling, sampling_dict
+from .settings import proposer_label, read_k, read_sampling, sampling_dict
+from .turns import AssistantTurn, turns_from_state
 
 STREAMING = "an answer is still streaming in this window; press Stop or wait for it"
 NOTHING_TO_REDO = "Send a message first: there is no answer to regenerate or message to edit."
@@ -44,11 +45,9 @@ class Actions:
             return False
         return self.recorder is None or self.recorder.is_editing(owner)
 
-    def _stats(self, answer: dict, done: bool) -> str:
-        proposer = answer.get("proposer")
-        return stats_html(answer.get("stats"), PROPOSER_LABELS.get(proposer, proposer),
-                          answer.get("k") if proposer != "none" else None,
-                          answer.get("finish_reason") if done else None, runtime_of(self.manager.session))
+    def _stats(self, answer: AssistantTurn, done: bool) -> str:
+        return stats_html(answer.stats, proposer_label(answer.proposer), answer.k if answer.proposer != "none" else None,
+                          answer.finish_reason if done else None, runtime_of(self.manager.session))
 
     # ---- regenerate ------------------------------------------------------------------------------------------
     def regenerate(self, turns, editing, proposer, k, temperature, top_p, top_k, max_new_tokens, seed, colour,
@@ -71,26 +70,26 @@ class Actions:
             return
         old = turns[-1]
         user_text = turns[at]["content"]
-        answer = {"role": "assistant", "content": "", "tokens": [], "pending": True, "stats": None,
-                  "finish_reason": None, "error": None, "proposer": proposer, "k": k_value,
-                  "sampling": sampling_dict(sampling)}
+        answer = AssistantTurn(streaming=True, proposer=proposer, k=k_value, sampling=sampling_dict(sampling))
         kept = turns[:-1]
-        turns = kept + [answer]
+        turns = kept + [answer.to_state()]
         yield transcript_html(turns, colour), stats_html(None), status_html("Regenerating…"), gr.skip(), turns
         sink = None
         if self.recorder is not None:
             sink = self.recorder.sink(owner, user_text, sampling_dict(sampling), replaces="answer")
-        for answer, status in self.handlers._run(owner, history_of(kept), sampling, proposer, k_value, answer, sink):
-            if answer.get("finish_reason") == "error" and not answer["tokens"]:
+        history = history_of(turns_from_state(kept))
+        for _, status in self.handlers._run(owner, history, sampling, proposer, k_value, answer, sink):  # fills it
+            if answer.finish_reason == "error" and not answer.tokens:
                 turns = kept + [old]  # nothing was said: the previous answer stays
                 yield (transcript_html(turns, colour), gr.skip(),
-                       status_html(f"{answer['error']} (the previous answer is kept)", "error"), gr.skip(), turns)
+                       status_html(f"{answer.error} (the previous answer is kept)", "error"), gr.skip(), turns)
                 return
-            done = "pending" not in answer
+            done = not answer.streaming
             if done:
                 status = self.handlers._final_status(answer)
-            yield (transcript_html(turns, colour, answer.get("notice")), self._stats(answer, done),
-                   status_html(status, "error" if answer.get("finish_reason") == "error" else "info"),
+            turns = kept + [answer.to_state()]
+            yield (transcript_html(turns, colour, answer.notice), self._stats(answer, done),
+                   status_html(status, "error" if answer.finish_reason == "error" else "info"),
                    events_json(answer), turns)
 
     # ---- edit and resend -------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from . import tempfiles
 from .render import stats_html, status_html, transcript_html
 from .handlers import events_json, owner_of
 from .recorder import Recorder, turns_from_conversation
+from .turns import AssistantTurn, turns_from_state
 
 
 def conversation_label(summary) -> str:
@@ -56,12 +57,12 @@ class ConversationHandlers:
         self.manager.cancel(owner)  # an answer still streaming in this tab stops (and stays saved where it was)
         self.recorder.set_conversation(owner, cid)
         turns = turns_from_conversation(conversation)
-        last = next((t for t in reversed(turns) if t["role"] == "assistant"), None)
+        last = next((t for t in reversed(turns_from_state(turns)) if isinstance(t, AssistantTurn)), None)
         note = " Its last answer is incomplete (the app stopped while it streamed)." if conversation.incomplete else ""
-        return (transcript_html(turns, colour), stats_html(last.get("stats") if last else None,
-                                                           last.get("proposer") if last else None,
-                                                           last.get("k") if last else None,
-                                                           last.get("finish_reason") if last else None),
+        return (transcript_html(turns, colour), stats_html(last.stats if last else None,
+                                                           last.proposer if last else None,
+                                                           last.k if last else None,
+                                                           last.finish_reason if last else None),
                 status_html(f"Opened “{conversation.title}”.{note} New messages continue it."),
                 events_json(last), turns, conversation.title)
 

@@ -1,9 +1,7 @@
 """What each control does. Handlers render events from the manager; they never touch a model themselves.
 
-The conversation of a browser tab lives in a gr.State as a list of turns:
-  {"role": "user", "content": str}
-  {"role": "assistant", "content": str, "tokens": [token records], "stats": dict, "finish_reason": str | None,
-   "error": str | None, "model": str, "proposer": str, "k": int, "sampling": dict, "label": str}
+The conversation of a browser tab lives in a gr.State as a list of turns in their dict form; the handlers work on
+UserTurn / AssistantTurn (turns.py) and convert at that boundary.
 """
 from __future__ import annotations
 
@@ -19,27 +17,25 @@ from .render import compare_html, stats_html, status_html, transcript_html
 from .loadbar import LoadProgress
 from .manager import Busy, ModelManager, drain
 from .runtime import runtime_of
-from .settings import (PROPOSER_LABELS, first_difference, proposer_choices, read_k, read_proposer, read_sampling,
-                       sampling_dict)
+from .settings import (answer_label, first_difference, proposer_choices, proposer_label, read_k, read_proposer,
+                       read_sampling, sampling_dict)
+from .turns import AssistantTurn, Turn, UserTurn, turns_from_state
 
 YIELD_EVERY_S = 0.08  # at most ~12 screen updates a second while streaming
 WAITING = "Waiting: another answer is streaming (the model answers one request at a time)…"
 
 
 def owner_of(request: Optional[gr.Request]) -> str:
-    return getattr(request, "session_hash", None) or "local"
+    return (request.session_hash if request is not None else None) or "local"
 
 
-def history_of(turns: list[dict]) -> list[dict]:
+def history_of(turns: list[Turn]) -> list[dict]:
     """The messages the model sees: every turn's role and text (failed, empty answers left out)."""
-    return [{"role": t["role"], "content": t.get("content", "")} for t in turns
-            if t["role"] != "assistant" or t.get("content")]
+    return [{"role": t.role, "content": t.content} for t in turns if isinstance(t, UserTurn) or t.content]
 
 
-def events_json(turn: Optional[dict]) -> Optional[dict]:
-    if not turn:
-        return None
-    return {key: turn.get(key) for key in ("model", "proposer", "k", "finish_reason", "error", "stats", "tokens")}
+def events_json(turn: Optional[AssistantTurn]) -> Optional[dict]:
+    return turn.events_json() if turn is not None else None
 
 
 class Handlers:
@@ -50,8 +46,9 @@ class Handlers:
         self.shown: dict[str, Optional[str]] = {}  # the pair each tab's controls show, by owner
 
     # ---- one answer ------------------------------------------------------------------------------------------
-    def _run(self, owner: str, history: list[dict], sampling, proposer: str, k: int, answer: dict, sink=None):
-        """Stream one answer into `answer` (a turn dict); yields (answer, status) as it changes."""
+    def _run(self, owner: str, history: list[dict], sampling, proposer: str, k: int, answer: AssistantTurn,
+             sink=None):
+        """Stream one answer into `answer`; yields (answer, status) as it changes."""
         chosen: dict = {}
 
         def spec_for(session):
@@ -63,8 +60,8 @@ class Handlers:
         try:
             out = self.manager.answer(history, sampling, spec_for, threading.Event(), sink, owner)
         except Busy as exc:
-            answer.pop("pending", None)
-            answer["finish_reason"], answer["error"] = "error", str(exc)
+            answer.streaming = False
+            answer.finish_reason, answer.error = "error", str(exc)
             yield answer, str(exc)
             return
         status, last_yield, finished = "Thinking…", 0.0, False
@@ -75,30 +72,29 @@ class Handlers:
                 if msg.kind == "waiting":
                     status = WAITING
                 elif msg.kind == "started":
-                    answer.update(model=msg.text, proposer=chosen.get("proposer"), k=chosen.get("k"))
-                    answer["label"] = (f"{msg.text} · {PROPOSER_LABELS.get(answer['proposer'], answer['proposer'])}"
-                                       + (f" · K={answer['k']}" if answer["proposer"] != "none" else ""))
+                    answer.model, answer.proposer, answer.k = msg.text, chosen.get("proposer"), chosen.get("k")
+                    answer.label = answer_label(answer.model, answer.proposer, answer.k)
                     status = "Answering… (Stop keeps the partial answer)"
                 elif msg.kind == "notice":
-                    answer["notice"] = msg.text
+                    answer.notice = msg.text
                 elif msg.kind == "event":
                     event = msg.event
-                    answer["tokens"].extend(msg.records)
-                    answer["content"] += "".join(r["text"] for r in msg.records)
-                    answer["stats"] = event.stats.to_dict()
+                    answer.tokens.extend(msg.records)
+                    answer.content += "".join(r["text"] for r in msg.records)
+                    answer.stats = event.stats.to_dict()
                     if event.finished:
-                        answer["finish_reason"] = event.finish_reason
-                        answer["error"] = event.error
+                        answer.finish_reason = event.finish_reason
+                        answer.error = event.error
                 elif msg.kind == "error":
-                    answer["finish_reason"], answer["error"] = "error", msg.text
+                    answer.finish_reason, answer.error = "error", msg.text
                 elif msg.kind == "done":
                     finished = True
             if finished:
-                answer.pop("pending", None)
-                if answer.get("finish_reason") is None:
-                    answer["finish_reason"] = "stop"
+                answer.streaming = False
+                if answer.finish_reason is None:
+                    answer.finish_reason = "stop"
             now = time.monotonic()
-            failed = answer.get("finish_reason") == "error"  # shown once the worker is done (and the window free)
+            failed = answer.finish_reason == "error"  # shown once the worker is done (and the window free)
             if finished or (unsent and not failed and now - last_yield >= YIELD_EVERY_S):
                 last_yield, unsent = now, False
                 yield answer, status
@@ -108,7 +104,7 @@ class Handlers:
              request: gr.Request = None):
         """Outputs: transcript, stats, status, events, message box, state."""
         owner = owner_of(request)
-        turns = list(turns or [])
+        state = list(turns or [])
         text = "" if message is None else str(message)
         try:
             if not text.strip():
@@ -119,27 +115,27 @@ class Handlers:
             if self.manager.is_answering(owner):
                 raise Busy("an answer is still streaming in this window; press Stop or wait for it, then send")
         except ConfigError as exc:
-            yield self._refused(str(exc), text, turns, colour)
+            yield self._refused(str(exc), text, state, colour)
             return
-        history = history_of(turns) + [{"role": "user", "content": text}]
-        answer = {"role": "assistant", "content": "", "tokens": [], "pending": True, "stats": None,
-                  "finish_reason": None, "error": None, "proposer": proposer, "k": k_value,
-                  "sampling": sampling_dict(sampling)}
-        turns = turns + [{"role": "user", "content": text}, answer]
+        history = history_of(turns_from_state(state)) + [{"role": "user", "content": text}]
+        question = UserTurn(text).to_state()
+        answer = AssistantTurn(streaming=True, proposer=proposer, k=k_value, sampling=sampling_dict(sampling))
+        turns = state + [question, answer.to_state()]
         yield (transcript_html(turns, colour), stats_html(None), status_html("Thinking…"), gr.skip(), "", turns)
         sink = self.recorder.sink(owner, text, sampling_dict(sampling)) if self.recorder is not None else None
-        for answer, status in self._run(owner, history, sampling, proposer, k_value, answer, sink):
-            if answer.get("finish_reason") == "error" and not answer["tokens"]:
-                yield self._refused(answer["error"], text, turns[:-2], colour)  # nothing was said: message back
+        for _, status in self._run(owner, history, sampling, proposer, k_value, answer, sink):  # fills `answer`
+            if answer.finish_reason == "error" and not answer.tokens:
+                yield self._refused(answer.error, text, state, colour)  # nothing was said: message back
                 return
-            done = "pending" not in answer
+            done = not answer.streaming
             if done:
                 status = self._final_status(answer)
-            yield (transcript_html(turns, colour, answer.get("notice")),
-                   stats_html(answer["stats"], PROPOSER_LABELS.get(answer.get("proposer"), answer.get("proposer")),
-                              answer.get("k") if answer.get("proposer") != "none" else None,
-                              answer.get("finish_reason") if done else None, runtime_of(self.manager.session)),
-                   status_html(status, "error" if answer.get("finish_reason") == "error" else "info"),
+            turns = state + [question, answer.to_state()]
+            yield (transcript_html(turns, colour, answer.notice),
+                   stats_html(answer.stats, proposer_label(answer.proposer),
+                              answer.k if answer.proposer != "none" else None,
+                              answer.finish_reason if done else None, runtime_of(self.manager.session)),
+                   status_html(status, "error" if answer.finish_reason == "error" else "info"),
                    events_json(answer), gr.skip(), turns)
 
     def _switched_away(self, owner: str) -> Optional[str]:
@@ -151,7 +147,7 @@ class Handlers:
         switched, session = self._switched_away(owner), self.manager.session
         if switched and session is not None and proposer not in session.proposers:
             raise ConfigError(f"the model pair was switched to {switched} in another window; it has no "
-                              f"{PROPOSER_LABELS.get(proposer, proposer)} proposer. The controls here now show its "
+                              f"{proposer_label(proposer)} proposer. The controls here now show its "
                               f"proposers: choose one and send again")
 
     def refresh_pair(self, request: gr.Request = None):
@@ -168,23 +164,22 @@ class Handlers:
                             f"show its proposers."))
 
     @staticmethod
-    def _refused(reason: str, text: str, turns: list[dict], colour) -> tuple:
+    def _refused(reason: str, text: str, state: list[dict], colour) -> tuple:
         """Send's outputs for a refused message: real values everywhere (an API caller cannot read gr.skip()), the
         window as it was, the reason in the status line and the message back in the box."""
-        last = next((t for t in reversed(turns) if t["role"] == "assistant"), None)
-        stats = (stats_html(last.get("stats"), PROPOSER_LABELS.get(last.get("proposer"), last.get("proposer")),
-                            last.get("k") if last.get("proposer") != "none" else None, last.get("finish_reason"))
-                 if last else stats_html(None))
-        return transcript_html(turns, colour), stats, status_html(reason, "error"), events_json(last), text, turns
+        last = next((turn for turn in reversed(turns_from_state(state)) if isinstance(turn, AssistantTurn)), None)
+        stats = (stats_html(last.stats, proposer_label(last.proposer), last.k if last.proposer != "none" else None,
+                            last.finish_reason) if last else stats_html(None))
+        return transcript_html(state, colour), stats, status_html(reason, "error"), events_json(last), text, state
 
     @staticmethod
-    def _final_status(answer: dict) -> str:
-        reason = answer.get("finish_reason")
-        count = len(answer["tokens"])
+    def _final_status(answer: AssistantTurn) -> str:
+        reason = answer.finish_reason
+        count = len(answer.tokens)
         if reason == "cancelled":
             return f"Stopped after {count} tokens; the partial answer is kept."
         if reason == "error":
-            return answer.get("error") or "the answer failed"
+            return answer.error or "the answer failed"
         if reason == "length":
             return f"Done: {count} tokens (reached max new tokens)."
         return f"Done: {count} tokens."
@@ -206,24 +201,24 @@ class Handlers:
 
     def compare(self, turns, request: gr.Request = None):
         """Regenerate the last prompt with speculation off. Outputs: compare panel, status."""
-        turns = list(turns or [])
-        last = next((i for i in range(len(turns) - 1, -1, -1) if turns[i]["role"] == "assistant"
-                     and turns[i].get("tokens")), None)
+        turns = turns_from_state(turns)
+        last = next((i for i in range(len(turns) - 1, -1, -1) if isinstance(turns[i], AssistantTurn)
+                     and turns[i].tokens), None)
         if last is None:
             yield "", status_html("Send a message first; compare regenerates the last answer without speculation.",
                                   "error")
             return
         spec_answer = turns[last]
-        if spec_answer.get("proposer") == "none":
+        if spec_answer.proposer == "none":
             yield "", status_html("The last answer already ran with speculation off; pick a proposer and send "
                                   "again to compare.", "error")
             return
-        if not spec_answer.get("sampling"):
+        if not spec_answer.sampling:
             yield "", status_html("This answer was saved without its sampling settings (an older version of the "
                                   "app); send the message again to compare.", "error")
             return
         try:
-            sampling = read_sampling(**spec_answer["sampling"])
+            sampling = read_sampling(**spec_answer.sampling)
         except (ConfigError, KeyError, TypeError) as exc:
             yield "", status_html(f"cannot repeat the last answer's settings: {exc}", "error")
             return
@@ -232,25 +227,23 @@ class Handlers:
             yield gr.skip(), status_html("an answer is still streaming in this window; wait for it or press Stop",
                                          "error")
             return
-        baseline = {"role": "assistant", "content": "", "tokens": [], "pending": True, "stats": None}
+        baseline = AssistantTurn(streaming=True)
         yield gr.skip(), status_html("Baseline: regenerating the last prompt with speculation off…")
-        for baseline, status in self._run(owner_of(request), history, sampling, "none", spec_answer.get("k") or 1,
-                                          baseline):
-            if "pending" in baseline:
-                yield gr.skip(), status_html(f"Baseline: {len(baseline['tokens'])} tokens…"
+        for _, status in self._run(owner_of(request), history, sampling, "none", spec_answer.k or 1, baseline):
+            if baseline.streaming:
+                yield gr.skip(), status_html(f"Baseline: {len(baseline.tokens)} tokens…"
                                              if status != WAITING else status)
                 continue
-            if baseline.get("finish_reason") == "error":
-                yield "", status_html(baseline.get("error") or "the baseline failed", "error")
+            if baseline.finish_reason == "error":
+                yield "", status_html(baseline.error or "the baseline failed", "error")
                 return
-            spec_ids = [t["id"] for t in spec_answer["tokens"]]
-            base_ids = [t["id"] for t in baseline["tokens"]]
+            spec_ids = [t["id"] for t in spec_answer.tokens]
+            base_ids = [t["id"] for t in baseline.tokens]
             diff = first_difference(spec_ids, base_ids)
             note = ""
-            if "cancelled" in (spec_answer.get("finish_reason"), baseline.get("finish_reason")):
+            if "cancelled" in (spec_answer.finish_reason, baseline.finish_reason):
                 note = " (one of the two answers was stopped early)"
-            yield (compare_html(spec_answer.get("stats"), baseline.get("stats"),
-                                PROPOSER_LABELS.get(spec_answer.get("proposer"), spec_answer.get("proposer")),
+            yield (compare_html(spec_answer.stats, baseline.stats, proposer_label(spec_answer.proposer),
                                 greedy=sampling.greedy, identical=diff is None, first_difference=diff),
                    status_html(f"Baseline done: {len(base_ids)} tokens{note}."))
 
@@ -306,7 +299,8 @@ class Handlers:
         if session is None:
             return gr.update(choices=[("off", "none")], value="none"), gr.update()
         spec = session.default_spec()
-        return gr.update(choices=proposer_choices(tuple(session.proposers)), value=spec.proposer), gr.update(value=spec.k)
+        return (gr.update(choices=proposer_choices(tuple(session.proposers)), value=spec.proposer),
+                gr.update(value=spec.k))
 
     def on_load(self, request: gr.Request = None):
         """Page (re)load: show the pair in use. Outputs: model dropdown, proposer, K, status."""

@@ -10,9 +10,10 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Literal, Optional, Sequence
 
-from localspec.config import ConfigError, PairSpec, SamplingParams, SpecConfig
+from localspec.config import ConfigError, PairSpec, SamplingParams, SpecConfig, require_proposer
+from localspec.engine.events import StepEvent
 from localspec.models.registry import BrokenEntry, find_pair
 from localspec.server.admission import Admission, QueueFull
 from .render import token_record
@@ -40,15 +41,18 @@ def trust_marker(pair: PairSpec) -> bool:
     return bool(pair.target.trust_remote_code or (pair.draft is not None and pair.draft.trust_remote_code))
 
 
+MessageKind = Literal["waiting", "started", "notice", "event", "error", "done"]
+
+
 @dataclass
 class Message:
     """What an answer's worker sends to the handler streaming it."""
 
-    kind: str  # 'waiting' | 'started' | 'notice' | 'event' | 'error' | 'done'
-    event: object = None  # StepEvent for 'event'
-    records: tuple = ()  # token records (dicts) of this event's tokens
+    kind: MessageKind
+    event: Optional[StepEvent] = None  # for 'event'
+    records: tuple[dict, ...] = ()  # token records (TokenEvent.to_dict() plus text) of this event's tokens
     text: str = ""  # for 'notice' / 'error' / 'started' (the pair name)
-    spec: object = None  # for 'started': the SpecConfig the answer runs with
+    spec: Optional[SpecConfig] = None  # for 'started': the SpecConfig the answer runs with
 
 
 Sink = Callable[[Message], None]  # sees every Message in the worker thread (saving answers), even with no browser
@@ -198,9 +202,7 @@ class ModelManager:
             return
         try:
             spec = spec_for(session).validate()
-            if spec.proposer not in session.proposers:
-                raise ConfigError(f"model pair {self.name!r} has no {spec.proposer!r} proposer; it has: "
-                                  f"{', '.join(session.proposers)}")
+            require_proposer(self.name or "", spec.proposer, tuple(session.proposers))
             sampling.validate()
             ids, notice = session.prompt_ids(messages, sampling.max_new_tokens)
             out.put(Message("started", text=self.name or "", spec=spec))

@@ -14,6 +14,8 @@ import threading
 from typing import Literal, Optional
 
 from .manager import Message
+from .settings import answer_label
+from .turns import AssistantTurn, Turn, UserTurn, turns_to_state
 
 Replaces = Literal["nothing", "answer", "exchange"]  # answer: regenerated; exchange: an edited message and its answer
 
@@ -26,19 +28,18 @@ def title_from(text: str) -> str:
 
 
 def turns_from_conversation(conversation) -> list[dict]:
-    """A stored Conversation → the UI's turns (token records and stats included, so highlighting comes back)."""
-    turns = []
+    """A stored Conversation → the UI's turns in their gr.State form (token records and stats included, so
+    highlighting comes back)."""
+    turns: list[Turn] = []
     for m in conversation.messages:
         if m.role != "assistant":
-            turns.append({"role": m.role, "content": m.content})
+            turns.append(UserTurn(m.content, m.role))
             continue
-        reason = m.finish_reason if m.complete else "incomplete"
-        label = " · ".join(x for x in (m.model, m.proposer, f"K={m.k}" if m.k and m.proposer != "none" else None)
-                           if x)
-        turns.append({"role": "assistant", "content": m.content, "tokens": list(m.tokens), "stats": m.stats,
-                      "finish_reason": reason, "error": m.error, "model": m.model, "proposer": m.proposer,
-                      "k": m.k, "label": label, "sampling": m.sampling})
-    return turns
+        turns.append(AssistantTurn(content=m.content, tokens=list(m.tokens), stats=m.stats,
+                                   finish_reason=m.finish_reason if m.complete else "incomplete", error=m.error,
+                                   model=m.model, proposer=m.proposer, k=m.k, sampling=m.sampling,
+                                   label=answer_label(m.model, m.proposer, m.k)))
+    return turns_to_state(turns)
 
 
 class Recorder:
@@ -136,8 +137,8 @@ class Recorder:
                sampling: Optional[dict] = None) -> None:
         from localspec.store.db import StoreError
 
-        spec = message.spec
-        model, proposer, k = message.text, getattr(spec, "proposer", "none"), getattr(spec, "k", 0)
+        model = message.text
+        proposer, k = (message.spec.proposer, message.spec.k) if message.spec is not None else ("none", 0)
         with self._lock:
             conversation_id = self._current.get(owner)
             if state["replaces"] == "nothing" and owner in self._editing:

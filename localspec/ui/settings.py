@@ -10,6 +10,16 @@ PROPOSER_LABELS = {"draft": "draft model", "ngram": "n-gram", "head": "trained h
                    "ngram+head": "n-gram, else head", "none": "off"}
 
 
+def proposer_label(proposer: Optional[str]) -> Optional[str]:
+    return PROPOSER_LABELS.get(proposer, proposer)
+
+
+def answer_label(model: Optional[str], proposer: Optional[str], k: Optional[int]) -> str:
+    """The line above an answer, live and reopened alike: model · proposer · K."""
+    parts = (model, proposer_label(proposer), f"K={k}" if k and proposer != "none" else None)
+    return " · ".join(part for part in parts if part)
+
+
 def _number(value: Any, name: str) -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise ConfigError(f"{name} is empty; enter a number")
@@ -58,7 +68,7 @@ def read_k(k: Any) -> int:
 def read_proposer(proposer: Any, available: tuple[str, ...]) -> str:
     name = str(proposer or "").strip()
     if name not in available:
-        shown = ", ".join(f"{PROPOSER_LABELS.get(p, p)} ({p})" for p in available)
+        shown = ", ".join(f"{proposer_label(p)} ({p})" for p in available)
         raise ConfigError(f"proposer {name!r} is not available for this model pair; choose one of: {shown}")
     return name
 

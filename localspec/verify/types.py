@@ -27,6 +27,43 @@ class VerifyOutput:
     draft_probs_of_drafts: torch.Tensor  # [B, K] float32, p_draft(draft token i); 1.0 for n-gram drafts
     target_prob_of_last: torch.Tensor  # [B] float32, p_target of the resampled / bonus token
 
+    def to_host(self, finite: torch.Tensor, row: int = 0) -> list[float]:
+        """One row and a finiteness flag ([1], 1.0 = all finite) in one host transfer, laid out as from_host reads it:
+        K+1 output ids, the accepted count, K target probs, K draft probs, the last token's target prob, the flag."""
+        return torch.cat([
+            self.output_token_ids[row].to(torch.float64),
+            self.num_accepted[row: row + 1].to(torch.float64),
+            self.target_probs_of_drafts[row].to(torch.float64),
+            self.draft_probs_of_drafts[row].to(torch.float64),
+            self.target_prob_of_last[row: row + 1].to(torch.float64),
+            finite.to(torch.float64).view(1),
+        ]).tolist()
+
+    @staticmethod
+    def from_host(packed: list[float], k: int) -> "HostVerdict":
+        """Read what to_host transferred for a step that drafted k tokens."""
+        num_accepted = int(packed[k + 1])
+        return HostVerdict(
+            emitted=[int(t) for t in packed[: num_accepted + 1]],
+            num_accepted=num_accepted,
+            target_probs_of_drafts=packed[k + 2: 2 * k + 2],
+            draft_probs_of_drafts=packed[2 * k + 2: 3 * k + 2],
+            target_prob_of_last=packed[3 * k + 2],
+            finite=packed[-1] == 1.0,
+        )
+
+
+@dataclass(frozen=True)
+class HostVerdict:
+    """One row of a VerifyOutput on the host, as plain Python values."""
+
+    emitted: list[int]  # the accepted drafts plus the resampled / bonus token
+    num_accepted: int
+    target_probs_of_drafts: list[float]  # [K]
+    draft_probs_of_drafts: list[float]  # [K]
+    target_prob_of_last: float
+    finite: bool  # target logits (and draft probabilities) held no NaN / inf
+
 
 def make_draws(
     generator: torch.Generator, batch: int, k: int, vocab: int, device: torch.device | str

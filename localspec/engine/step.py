@@ -1,0 +1,137 @@
+"""What the engine loop carries between steps (Run) and what one step decided (Proposal, StepOutcome)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+import torch
+
+from localspec.config import SamplingParams, SpecConfig
+from localspec.proposers.base import Proposer
+from localspec.verify import Verifier
+from localspec.verify.types import HostVerdict
+from .adaptive import AdaptiveController
+from .events import TokenEvent
+from .metrics import StatsSnapshot
+
+ControllerKey = tuple[str, int, bool]  # (proposer or proposer:part, K, adaptive)
+
+
+@dataclass
+class Run:
+    """One answer in progress: its settings, where it stands, and its statistics."""
+
+    sampling: SamplingParams
+    spec: SpecConfig
+    proposer: Optional[Proposer]  # None: plain decoding
+    verify: Verifier
+    generator: torch.Generator
+    max_new: int  # the token budget: the request's, capped by the context left
+    max_k: int  # draft tokens per step at most (0 without a proposer)
+    context: list[int]  # the prompt plus every emitted token
+    controllers: dict[ControllerKey, AdaptiveController]  # the engine's, kept across answers
+    stats: StatsSnapshot
+    pending: int = 0  # the last known token: its logits are the next verified position
+    produced: int = 0
+    controller: Optional[AdaptiveController] = None  # of the part drafting this step
+    begun: set[str] = field(default_factory=set)  # the parts whose controllers this answer has begun
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def wants_hidden(self) -> bool:
+        return self.proposer is not None and self.proposer.wants_hidden
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The earlier target layers a head reads besides the last (multi-layer features), from the same forwards."""
+        return tuple(self.proposer.feature_layers) if self.wants_hidden else ()
+
+    def snapshot(self) -> StatsSnapshot:
+        return replace(self.stats, elapsed_s=time.perf_counter() - self.started)
+
+    def observe(self, outcome: StepOutcome, emitted: int) -> None:
+        """Tell the controller and the statistics what the step cost and kept."""
+        proposal, num_accepted = outcome.proposal, outcome.verdict.num_accepted
+        stats = self.stats
+        if self.controller is not None:
+            self.controller.observe(proposal.asked, proposal.k, num_accepted, proposal.propose_s,
+                                    outcome.score_s + outcome.sampler_s)
+            stats = replace(stats, k=proposal.asked)
+            if proposal.budget_k > 0:  # the last step of a length-capped answer cannot draft: it predicts nothing
+                stats = replace(stats, predicted_speedup=self.controller.predicted(proposal.asked))
+            stats = replace(stats, paused=self.controller.pause_reason() if self.spec.adaptive else None)
+        self.stats = stats.after_step(proposal.k, num_accepted, emitted, proposal.propose_s, outcome.score_s,
+                                      outcome.sampler_s)
+
+    def choose_k(self) -> tuple[int, int]:
+        """(the budget's K, the K to ask for). Never drafts past the token budget, since K+1 tokens may be emitted;
+        adaptive K asks for fewer, or none (a plain step), when the measured costs say so."""
+        budget_k = min(self.max_k, self.max_new - self.produced - 1)
+        if self.proposer is not None:
+            self.controller = self._controller_for(self.proposer.part(self.context))
+        if self.controller is not None and self.spec.adaptive:
+            return budget_k, min(budget_k, self.controller.choose_k())
+        return budget_k, budget_k
+
+    def _controller_for(self, part: Optional[str]) -> AdaptiveController:
+        """Each part of a proposer made of parts (ngram+head) has its own controller: the parts differ in cost and
+        acceptance, and so in their best K. Told each step's costs and outcome, a controller predicts the speedup
+        (the break-even meter); when adaptive it also picks K."""
+        name = self.proposer.name if part is None else f"{self.proposer.name}:{part}"
+        key = (name, self.max_k, self.spec.adaptive)
+        found = self.controllers.setdefault(key, AdaptiveController(self.max_k))
+        if name not in self.begun:
+            found.begin()
+            self.begun.add(name)
+        return found
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What the proposer drafted this step."""
+
+    budget_k: int
+    asked: int  # K asked for (adaptive may ask fewer than the budget)
+    token_ids: list[int]  # may be fewer than asked, or none
+    probs: Optional[torch.Tensor]  # [1, K, V] the proposer's distributions; None = one-hot
+    propose_s: float
+
+    @property
+    def k(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What the target decided about one proposal, on the host."""
+
+    proposal: Proposal
+    verdict: HostVerdict
+    hidden: Optional[torch.Tensor]  # [K+1, F] the verify forward's features, when the proposer wants them
+    score_s: float
+    sampler_s: float
+
+
+def token_events(outcome: StepOutcome) -> list[TokenEvent]:
+    """One TokenEvent per emitted token: the accepted drafts, then the resampled token (a draft was rejected), the
+    bonus token (every draft was kept) or the target's own token (nothing was drafted)."""
+    verdict, draft_ids, k = outcome.verdict, outcome.proposal.token_ids, outcome.proposal.k
+    n = verdict.num_accepted
+    tokens = [TokenEvent.accepted(token_id, verdict.target_probs_of_drafts[i], verdict.draft_probs_of_drafts[i])
+              for i, token_id in enumerate(verdict.emitted[:n])]
+    last = verdict.emitted[n]
+    if n < k:
+        tokens.append(TokenEvent.resampled(last, verdict.target_prob_of_last, draft_ids[n],
+                                           verdict.target_probs_of_drafts[n], verdict.draft_probs_of_drafts[n]))
+    else:
+        tokens.append(TokenEvent(last, "bonus" if k > 0 else "target", verdict.target_prob_of_last))
+    return tokens
+
+
+def cut_at_stop(tokens: list[TokenEvent], stop_token_ids: frozenset[int]) -> tuple[list[TokenEvent], bool]:
+    """The tokens up to and including the first stop token, and whether there was one."""
+    for i, token in enumerate(tokens):
+        if token.token_id in stop_token_ids:
+            return tokens[: i + 1], True
+    return tokens, False
