@@ -95,8 +95,9 @@ class ModelSpec:
 
     source: str
     quant: str = "none"
-    dtype: str = "float32"
+    dtype: str = "float32"  # float32 | bfloat16 | float16 | auto (bf16 on CUDA where supported, else fp16; CPU fp32)
     trust_remote_code: bool = False
+    device_map: str | None = None  # accelerate's device_map ("auto", "balanced", ...): a model over several GPUs
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ class StatsSnapshot:
     per_position_accepted: tuple[int, ...] = ()
     k: int = 0  # K of the latest step (the adaptive controller may change it)
     predicted_speedup: Optional[float] = None  # E / (K·c + v) from measured costs, when known
+    dropped_drafts: int = 0  # steps whose draft had NaN / infinite probabilities (run as plain steps)
 
     @property
     def acceptance_rate(self) -> float:

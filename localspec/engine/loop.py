@@ -124,6 +124,9 @@ class Engine:
                     draft_ids = list(draft.token_ids[:k])
                     if draft.probs is not None and draft_ids:
                         draft_probs = draft.probs[: len(draft_ids)].unsqueeze(0)  # [1, K, V]
+                        if not bool(torch.isfinite(draft_probs).all()):  # a NaN draft: this step runs plain
+                            draft_ids, draft_probs = [], None
+                            stats.dropped_drafts += 1
                 k = len(draft_ids)
 
                 t_score = time.perf_counter()
@@ -134,10 +137,7 @@ class Engine:
                 draws = None if sampling.greedy else make_draws(generator, 1, k, target_logits.shape[-1], device)
                 draft_tensor = torch.tensor([draft_ids], dtype=torch.long, device=device).view(1, k)
                 result = verify(target_logits, draft_tensor, draft_probs, sampling, draws)
-                finite = torch.isfinite(target_logits).all()
-                if draft_probs is not None:
-                    finite = finite & torch.isfinite(draft_probs).all()
-                finite = finite.to(torch.float32).view(1)
+                finite = torch.isfinite(target_logits).all().to(torch.float32).view(1)
                 # the one host transfer of the step: ids, count, probabilities, finiteness
                 packed = torch.cat([
                     result.output_token_ids[0].to(torch.float64),
@@ -151,7 +151,7 @@ class Engine:
 
                 if packed[-1] != 1.0:
                     yield StepEvent((), 0.0, 0.0, 0.0, k, 0, stats.snapshot(), True, "error",
-                                    "the model produced NaN or infinite logits (target or draft); the answer was stopped")
+                                    "the target produced NaN or infinite logits; the answer was stopped")
                     return
                 num_accepted = int(packed[k + 1])
                 emitted = [int(t) for t in packed[: num_accepted + 1]]

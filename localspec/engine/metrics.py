@@ -23,6 +23,7 @@ class SpecStats:
         self.per_position_accepted = [0] * max_k
         self.k = max_k
         self.predicted_speedup: float | None = None
+        self.dropped_drafts = 0  # steps whose draft had non-finite probabilities: run as plain steps
 
     def record_step(self, drafted: int, accepted: int, emitted: int, propose_s: float, score_s: float,
                     sampler_s: float) -> None:
@@ -57,4 +58,5 @@ class SpecStats:
             per_position_accepted=tuple(self.per_position_accepted),
             k=self.k,
             predicted_speedup=self.predicted_speedup,
+            dropped_drafts=self.dropped_drafts,
         )
