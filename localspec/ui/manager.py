@@ -124,6 +124,12 @@ class ModelManager:
         self.session, self.name, self.load_error = session, pair.name, None
         return time.perf_counter() - started
 
+    def ready_text(self) -> str:
+        """The status line for the loaded pair: its name, and why a part of it is not offered."""
+        if self.session is None:
+            return f"Model load failed: {self.load_error}" if self.load_error else "No model loaded; choose a model pair."
+        return " ".join((f"{self.name} is ready.", *self.session.notices))
+
     # ---- cancellation per browser session -------------------------------------------------------------------
     def cancel(self, owner: str) -> bool:
         event = self._cancels.get(owner)
