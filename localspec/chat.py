@@ -53,7 +53,10 @@ class ChatSession:
             if isinstance(token_id, int) and token_id != self.tokenizer.unk_token_id:
                 stop_ids.add(token_id)
         self.engine = Engine(loaded.target, stop_ids)
-        self._head = None
+        from localspec.verify.warmup import warm_up_sampler
+
+        warm = warm_up_sampler(loaded.device, loaded.spec.k)  # 'auto' falls back to torch when Triton fails here
+        self._notices = loaded.notices + ((warm,) if warm else ())
 
     @property
     def proposers(self) -> tuple[str, ...]:
@@ -62,7 +65,8 @@ class ChatSession:
 
     @property
     def notices(self) -> tuple[str, ...]:
-        return self.loaded.notices
+        """Why a part is not offered (a draft or head that failed to load), or why 'auto' samples with torch."""
+        return self._notices
 
     def make_proposer(self, spec: SpecConfig) -> Optional[Proposer]:
         pair = self.loaded.spec

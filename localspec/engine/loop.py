@@ -12,6 +12,7 @@ from localspec.config import ConfigError, SamplingParams, SpecConfig
 from .events import StepEvent, TokenEvent
 from .metrics import SpecStats
 from .model_runner import ModelRunner
+from .timing import synced_clock
 from localspec.proposers.base import Proposer
 from localspec.verify import get_verifier, make_draws
 
@@ -129,11 +130,11 @@ class Engine:
                             stats.dropped_drafts += 1
                 k = len(draft_ids)
 
-                t_score = time.perf_counter()
+                t_score = synced_clock(device)
                 forward = target.extend([pending] + draft_ids, want_hidden=wants_hidden, feature_layers=feature_layers)
                 target_logits = forward.logits.unsqueeze(0)  # [1, K+1, V]
 
-                t_sample = time.perf_counter()
+                t_sample = synced_clock(device)  # the forward has finished: the split is right on a GPU
                 draws = None if sampling.greedy else make_draws(generator, 1, k, target_logits.shape[-1], device)
                 draft_tensor = torch.tensor([draft_ids], dtype=torch.long, device=device).view(1, k)
                 result = verify(target_logits, draft_tensor, draft_probs, sampling, draws)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from localspec.config import ConfigError, PairSpec, SamplingParams, SpecConfig
+from localspec.models.memory import must_free_first, release_models
 from localspec.models.registry import find_pair
 from .render import token_record
 
@@ -111,6 +112,10 @@ class ModelManager:
         self.loading = pair.name
         started = time.perf_counter()
         try:
+            if self.session is not None and must_free_first(pair):  # both will not fit: the old pair goes first
+                progress(f"Freeing {self.name} first: {pair.name} and it do not both fit in GPU memory…")
+                self.session, self.name = None, None
+                release_models()
             session = self.factory(pair, progress)
         except ConfigError as exc:
             self.load_error = str(exc)
@@ -122,6 +127,7 @@ class ModelManager:
             self.loading = None
             self._lock.release()
         self.session, self.name, self.load_error = session, pair.name, None
+        release_models()  # the previous pair, now unreferenced
         return time.perf_counter() - started
 
     def ready_text(self) -> str:
