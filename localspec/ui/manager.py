@@ -133,7 +133,9 @@ class ModelManager:
     def ready_text(self) -> str:
         """The status line for the loaded pair: its name, and why a part of it is not offered."""
         if self.session is None:
-            return f"Model load failed: {self.load_error}" if self.load_error else "No model loaded; choose a model pair."
+            if self.load_error:
+                return f"Model load failed: {self.load_error}"
+            return "No model loaded; choose a model pair."
         return " ".join((f"{self.name} is ready.", *self.session.notices))
 
     # ---- cancellation per browser session -------------------------------------------------------------------
