@@ -49,27 +49,38 @@ class ChatSession:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.engine = Engine(loaded.target, stop_token_ids(self.tokenizer))
-        self._head = None
+        from localspec.verify.warmup import warm_up_sampler
+
+        warm = warm_up_sampler(loaded.device, loaded.spec.k)  # 'auto' falls back to torch when Triton fails here
+        self._notices = loaded.notices + ((warm,) if warm else ())
 
     @property
     def proposers(self) -> tuple[str, ...]:
-        return self.loaded.spec.proposers
+        """The entry's proposers that loaded (a draft or head that failed is left out; see loaded.notices)."""
+        return self.loaded.proposers
+
+    @property
+    def notices(self) -> tuple[str, ...]:
+        """Why a part is not offered (a draft or head that failed to load), or why 'auto' samples with torch."""
+        return self._notices
 
     def make_proposer(self, spec: SpecConfig) -> Optional[Proposer]:
         pair = self.loaded.spec
         if spec.proposer == "none":
             return None
-        require_proposer(pair.name, spec.proposer, self.proposers)
+        if spec.proposer not in self.proposers:
+            dropped = [n for n in self.notices if n.startswith(spec.proposer.split("+")[-1])]
+            require_proposer(pair.name, spec.proposer, self.proposers, f" ({dropped[0]})" if dropped else "")
         if spec.proposer == "ngram":
             return NgramProposer(spec.ngram_min, spec.ngram_max)
         if spec.proposer == "draft":
             if self.loaded.draft is None:
                 raise ConfigError(f"model pair {pair.name!r}: the draft model is not loaded")
-            return DraftModelProposer(self.loaded.draft)
+            return DraftModelProposer(self.loaded.draft, self.engine.target.vocab_size)
         if spec.proposer in ("head", "ngram+head"):
-            from localspec.proposers.head import load_head_proposer
+            from localspec.proposers.head import HeadProposer
 
-            head = load_head_proposer(pair.head, self.loaded.target, self.loaded.device)
+            head = HeadProposer(self.loaded.head)  # fresh caches over the head loaded with the pair
             if spec.proposer == "head":
                 return head
             # the lookup drafts only on a match of ≥ 2 tokens: a 1-token match is a weaker guess than the head's
@@ -82,7 +93,7 @@ class ChatSession:
     def default_spec(self, **overrides) -> SpecConfig:
         pair = self.loaded.spec
         ngram = pair.ngram
-        base = SpecConfig(proposer=pair.default_proposer, k=pair.k, adaptive=pair.adaptive,
+        base = SpecConfig(proposer=self.loaded.default_proposer, k=pair.k, adaptive=pair.adaptive,
                           ngram_min=ngram.min_n if ngram else 1, ngram_max=ngram.max_n if ngram else 4)
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -113,10 +113,10 @@ class SpecConfig:
         return self
 
 
-def require_proposer(pair_name: str, name: str, available: tuple[str, ...]) -> None:
-    """The one message for a proposer a pair (or what of it loaded) does not have."""
+def require_proposer(pair_name: str, name: str, available: tuple[str, ...], why: str = "") -> None:
+    """The one message for a proposer a pair (or what of it loaded) does not have; `why` says why it is missing."""
     if name not in available:
-        raise ConfigError(f"model pair {pair_name!r} has no {name!r} proposer; it has: {', '.join(available)}")
+        raise ConfigError(f"model pair {pair_name!r} has no {name!r} proposer{why}; it has: {', '.join(available)}")
 
 
 @dataclass(frozen=True)
@@ -128,8 +128,9 @@ class ModelSpec:
 
     source: str
     quant: Quant = "none"
-    dtype: Dtype = "float32"
+    dtype: Dtype = "float32"  # or auto: bf16 on CUDA where supported, else fp16; float32 on CPU
     trust_remote_code: bool = False
+    device_map: str | None = None  # accelerate's device_map ("auto", "balanced", ...): a model over several GPUs
 
 
 @dataclass(frozen=True)

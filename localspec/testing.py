@@ -90,3 +90,43 @@ def make_tiny_pair(root: Path) -> dict[str, Path]:
     )
     (root / "README.json").write_text(json.dumps({"what": "tiny random pair for tests"}))
     return {"root": root, "target": target_dir, "draft": draft_dir, "models_yaml": yaml_path}
+
+
+# Real families' output sizes: the tiny random models the configuration matrix runs are shaped like these.
+FAMILY_VOCABS = {"smollm2": 49152, "qwen2.5-0.5b": 151936, "qwen2.5-7b": 152064, "llama3": 128256}
+
+
+def make_family_model(out_dir: Path, family: str, vocab_size: int, layers: int = 2, hidden: int = 64, seed: int = 0,
+                      tied: bool = False, base: Path | None = None, noise: float = 0.0) -> Path:
+    """A random Llama- or Qwen2-style model with a real family's vocabulary size (the byte-level tokenizer of
+    make_tiny_tokenizer uses its first rows; the rest are the padding a real checkpoint has too). With base given:
+    base's weights (the first rows of its vocabulary-sized ones) plus Gaussian noise, a draft that often agrees."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "qwen2":
+        config = Qwen2Config(**common)
+    elif family == "llama":
+        config = LlamaConfig(head_dim=hidden // 4, **common)
+    else:
+        raise ValueError(f"unknown family {family!r}; choose llama or qwen2")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(LOGIT_SCALE)  # peaked distributions, as in make_tiny_model
+        if base is not None:
+            own = model.state_dict()
+            for name, value in AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).state_dict().items():
+                if name in own and own[name].dim() == value.dim() and own[name].shape[1:] == value.shape[1:]:
+                    rows = min(own[name].shape[0], value.shape[0]) if own[name].dim() else None
+                    if rows is None:
+                        own[name].copy_(value)
+                    else:
+                        own[name][:rows].copy_(value[:rows])
+            for param in model.parameters():
+                if param.dim() > 1:
+                    param.add_(torch.randn_like(param) * noise * param.std())
+    model.save_pretrained(out_dir)
+    return Path(out_dir)

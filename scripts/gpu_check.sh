@@ -22,10 +22,30 @@
 #   summary.txt      one line per step: PASS / FAIL.
 # Dry run on a CPU (plumbing only): GPU_CHECK_TOKENS=8 GPU_CHECK_BENCH_ARGS="--vocab 32000 --k 4 --batch 1" OUT=/tmp/x
 # Missing Python packages can travel as wheels in .whl/ (see the device notes); they are installed if present.
+# Issue 16 parts (GPU_CHECK_PARTS=configs, the default; =all adds the sampler steps 2-5 above, ~5-7 more minutes):
+#   0. install      when torch / transformers / bitsandbytes do not import: pip install from requirements.lock (needs
+#                   the network or wheels in .whl/); else it says what is missing and stops.
+#   6. configs-exactness.json  fused vs reference at V 151,936 / 152,064, fp32 / bf16, a padded Qwen2.5 draft.
+#   7. configs-costs.json      Qwen2-7B width x 4 layers (bf16, nf4) + 24-layer 0.5B-shaped draft: 1 vs K+1-token
+#                              target forward and per-token draft cost (CUDA events).
+#   8. configs-e2e.json        tok/s for none / ngram / draft / head vs transformers generate and assisted generation.
+#   About 4-6 minutes on an H200 (each step has its own limit; 8 minutes at most with the install).
+#   CPU dry run of the Python parts: python scripts/gpu_configs.py {exactness,costs,e2e} --tiny
 set -u
 OUT=${OUT:-gpu_check_out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
+PARTS=${GPU_CHECK_PARTS:-configs}
+if ! $PY -c "import torch, transformers, bitsandbytes, triton, yaml" 2>/dev/null; then
+  echo "== 0. installing from requirements.lock (torch, transformers, bitsandbytes, triton, yaml missing here)"
+  if ! timeout 120 $PY -m pip install -q -r requirements.lock >"$OUT/install.log" 2>&1; then
+    echo "could not install from requirements.lock (no network?). This check needs: torch with CUDA, transformers," \
+         "bitsandbytes, triton, pyyaml, tokenizers, safetensors, accelerate (exact versions in requirements.lock);" \
+         "bring them as wheels in .whl/" | tee "$OUT/summary.txt"
+    tail -n 5 "$OUT/install.log"
+    exit 2
+  fi
+fi
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -55,6 +75,7 @@ EOF
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
+if [ "$PARTS" = all ]; then
 echo "== 2. exactness suite, compiled on CUDA"
 if timeout 300 $PY -m pytest tests/test_triton_kernel.py -m "" -q -rs -p no:cacheprovider --durations=10 \
     >"$OUT/pytest.log" 2>&1; then record "exactness suite (CUDA)" PASS; else record "exactness suite (CUDA)" FAIL; fi
@@ -136,6 +157,17 @@ raise SystemExit(0 if all_equal else 1)
 EOF
 then record "e2e greedy triton == torch" PASS; else record "e2e greedy triton == torch" FAIL; fi
 cat "$OUT/e2e.json"
+fi
+
+MODELS=${GPU_CHECK_MODELS:-/tmp/gpu-configs-models}
+for part in exactness costs e2e; do
+  limit=120; [ $part = exactness ] && limit=90
+  echo "== configs: $part"
+  if timeout $limit $PY scripts/gpu_configs.py $part --models "$MODELS" ${GPU_CHECK_TINY:+--tiny} \
+      >"$OUT/configs-$part.json" 2>"$OUT/configs-$part.err"; then
+    record "configs $part" PASS; else record "configs $part" FAIL; tail -n 5 "$OUT/configs-$part.err"; fi
+  cat "$OUT/configs-$part.json"
+done
 
 echo "== summary"
 cat "$SUMMARY"

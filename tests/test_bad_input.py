@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -73,7 +74,8 @@ def test_yaml_that_is_not_a_list():
 
 
 def test_typo_in_a_key():
-    with pytest.raises(ConfigError, match=r"entry 1 \('a'\): unknown key\(s\) 'qaunt' in 'target'; allowed: dtype"):
+    with pytest.raises(ConfigError, match=r"entry 1 \('a'\): unknown key\(s\) 'qaunt' in 'target'; allowed: "
+                                         r"device_map, dtype"):
         parse("- name: a\n  target: {source: x/y, qaunt: nf4}\n")
     with pytest.raises(ConfigError, match=r"unknown key\(s\) 'propsers' in 'entry'"):
         parse("- name: a\n  target: {source: x/y}\n  propsers: {}\n")
@@ -191,16 +193,17 @@ def odd_drafts(tmp_path_factory):
 
 
 @pytest.mark.parametrize("which, message", [
-    ("shuffled", r"does not share the target's tokenizer: same size \(\d+\) but \d+ tokens map to different ids"),
-    ("smaller", r"does not share the target's tokenizer: vocabulary sizes \d+ \(draft\) vs \d+ \(target\)"),
+    ("shuffled", r"draft not loaded, the pair answers without it: draft \S+/shuffled/tokenizer.json does not share "
+                 r"the target's tokenizer: \d+ of its \d+ tokens map to other ids than the target's \(\d+ tokens\)"),
+    ("smaller", r"draft \S+/smaller/tokenizer.json does not share the target's tokenizer: \d+ of its \d+ tokens"),
 ])
 def test_draft_with_another_tokenizer(tiny_pair, odd_drafts, which, message):
     from localspec.models.loading import load_pair
 
     (pair,) = parse(tiny_yaml(tiny_pair, draft=odd_drafts[which]))
-    with pytest.raises(ConfigError, match=message):
-        load_pair(pair, device="cpu")
-    assert load_pair(pair, device="cpu", load_draft=False).draft is None  # the target alone still loads
+    loaded = load_pair(pair, device="cpu")  # the target still loads, without the draft, saying why
+    assert loaded.draft is None and "draft" not in loaded.proposers
+    assert len(loaded.notices) == 1 and re.search(message, loaded.notices[0]), loaded.notices
 
 
 def test_quant_without_bitsandbytes(tiny_pair, monkeypatch):
@@ -471,7 +474,9 @@ def test_nan_logits_from_the_draft(tiny_session):
                                           tiny_session.default_spec(proposer="draft")))
     finally:
         handle.remove()
-    assert events[-1].finish_reason == "error" and "NaN" in events[-1].error
+    # a NaN draft drops that step's draft (a plain step), counted; the answer completes
+    assert events[-1].finish_reason in ("length", "stop"), events[-1].error
+    assert events[-1].stats.dropped_drafts > 0 and events[-1].stats.drafted == 0
     assert_session_usable(tiny_session)
 
 
@@ -498,8 +503,8 @@ def test_one_broken_entry_is_listed_unavailable_with_its_error(tiny_session):
     pairs, broken = parse_registry_lenient(GOOD_YAML + "- name: typo\n  target: {source: x/y, qaunt: nf4}\n",
                                            Path("/tmp"))
     assert [p.name for p in pairs] == ["ok"]
-    error = ("models.yaml entry 2 ('typo'): unknown key(s) 'qaunt' in 'target'; allowed: dtype, quant, source, "
-             "trust_remote_code")
+    error = ("models.yaml entry 2 ('typo'): unknown key(s) 'qaunt' in 'target'; allowed: device_map, dtype, quant, "
+             "source, trust_remote_code")
     assert broken[0].error == error and broken[0].label == f"typo  ✗ unavailable: {error}"
     status = html.unescape(list(Handlers(_manager(tiny_session, broken)).switch(broken[0].value))[-1][0])
     assert f"Could not switch: this models.yaml entry is unavailable: {error}. Still using tiny." in status

@@ -20,8 +20,9 @@ from .events import StepEvent
 from .metrics import StatsSnapshot
 from .model_runner import ModelRunner
 from .step import ControllerKey, Proposal, Run, StepOutcome, cut_at_stop, token_events
+from .timing import synced_clock
 
-NON_FINITE = "the model produced NaN or infinite logits (target or draft); the answer was stopped"
+NON_FINITE = "the target produced NaN or infinite logits; the answer was stopped"
 
 
 class Engine:
@@ -102,22 +103,23 @@ class Engine:
             token_ids = list(draft.token_ids[:asked])
             if draft.probs is not None and token_ids:
                 probs = draft.probs[: len(token_ids)].unsqueeze(0)  # [1, K, V]
+                if not bool(torch.isfinite(probs).all()):  # a NaN draft: this step runs plain, and is counted
+                    token_ids, probs = [], None
+                    run.stats = replace(run.stats, dropped_drafts=run.stats.dropped_drafts + 1)
         return Proposal(budget_k, asked, token_ids, probs, time.perf_counter() - started)
 
     def _verify(self, run: Run, proposal: Proposal) -> StepOutcome:
         """One target forward over the pending token and the K drafts, the rejection sampler, one host read."""
         device, k = self.target.device, proposal.k
-        started = time.perf_counter()
+        started = synced_clock(device)
         forward = self.target.extend([run.pending] + proposal.token_ids, want_hidden=run.wants_hidden,
                                      feature_layers=run.feature_layers)
         logits = forward.logits.unsqueeze(0)  # [1, K+1, V]
-        scored = time.perf_counter()
+        scored = synced_clock(device)  # the forward has finished: the split is right on a GPU
         draws = None if run.sampling.greedy else make_draws(run.generator, 1, k, logits.shape[-1], device)
         drafts = torch.tensor([proposal.token_ids], dtype=torch.long, device=device).view(1, k)
         result = run.verify(logits, drafts, proposal.probs, run.sampling, draws)
         finite = torch.isfinite(logits).all()
-        if proposal.probs is not None:
-            finite = finite & torch.isfinite(proposal.probs).all()
         verdict = VerifyOutput.from_host(result.to_host(finite), k)  # the step's one host read
         return StepOutcome(proposal, verdict, forward.hidden, scored - started, time.perf_counter() - scored)
 

@@ -27,6 +27,7 @@ class StatsSnapshot:
     k: int = 0  # K of the latest step (the adaptive controller may change it)
     predicted_speedup: Optional[float] = None  # E / (K·c + v) from measured costs, when known
     paused: Optional[dict] = None  # adaptive K switched speculation off, and why: AdaptiveController.pause_reason()
+    dropped_drafts: int = 0  # steps whose draft had NaN / infinite probabilities (run as plain steps)
 
     @classmethod
     def start(cls, max_k: int) -> StatsSnapshot:

@@ -64,7 +64,13 @@ def load_head(folder: Path, target_model: torch.nn.Module, device: torch.device 
     dtype = embedding.dtype if embedding.dtype in (torch.float32, torch.float16, torch.bfloat16) else torch.float32
     head = FeatureHead(config, embedding.detach().to(device=device, dtype=dtype))
     head.set_lm_weight(lm_weight.detach().to(device=device, dtype=dtype))
-    state = load_file(str(folder / WEIGHTS))
+    try:
+        state = load_file(str(folder / WEIGHTS))
+    except Exception as exc:  # a truncated or foreign file: safetensors' own message names no file
+        raise ConfigError(f"{folder / WEIGHTS} is not a readable safetensors file ({type(exc).__name__}: {exc})") \
+            from None
+    if "draft_token_ids" not in state:
+        raise ConfigError(f"{folder / WEIGHTS} holds no draft_token_ids; is it a head saved by `localspec distill`?")
     head.set_draft_vocab(state["draft_token_ids"])
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [m for m in missing if m != "draft_token_ids"]

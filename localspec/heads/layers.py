@@ -27,7 +27,9 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [..., heads, T, head_dim]; cos/sin [..., T, head_dim] broadcast over heads."""
+    """x [..., heads, T, head_dim]; cos/sin [..., T, head_dim] broadcast over heads. The result keeps x's dtype
+    (the head runs in its own dtype: bf16 under a bf16 target)."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos.unsqueeze(-3) + rotated * sin.unsqueeze(-3)

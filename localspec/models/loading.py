@@ -7,7 +7,7 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -133,23 +133,33 @@ def pick_device(device: str | None = None) -> torch.device:
     return chosen
 
 
+def model_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The compute dtype of an entry's `dtype`: as written, or for 'auto' by device (bf16 on a CUDA GPU that
+    supports it, else fp16; float32 on the CPU, the fastest there)."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
 def load_causal_lm(spec: ModelSpec, what: str, device: torch.device, role: str,
                    progress: Optional[Progress] = None) -> tuple[torch.nn.Module, str]:
-    """Return (model, folder). role 'target' honours spec.quant; a draft is fp16 on CUDA, spec.dtype on CPU."""
+    """Return (model, folder), in the entry's dtype (model_dtype). role 'target' honours spec.quant;
+    spec.device_map (CUDA only) spreads a model over several GPUs with accelerate."""
     _quiet_transformers()
     from transformers import AutoModelForCausalLM
 
     folder = resolve_folder(spec, what, progress)
-    if role == "draft" and device.type == "cuda":
-        dtype = torch.float16
-    else:
-        dtype = _DTYPES.get(spec.dtype, torch.float32) if spec.dtype != "auto" else torch.float32
+    dtype = model_dtype(spec.dtype, device)
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": spec.trust_remote_code}
     quant = spec.quant if role == "target" else "none"
     qconfig = quantization_config(quant, dtype)
     if qconfig is not None:
         kwargs["quantization_config"] = qconfig
         kwargs["device_map"] = {"": device.index or 0} if device.type == "cuda" else {"": "cpu"}
+    if spec.device_map is not None and device.type == "cuda":
+        kwargs["device_map"] = spec.device_map
     _say(progress, f"Loading {role} {Path(folder).name if Path(folder).exists() else folder} "
                    f"({quant if quant != 'none' else str(dtype).replace('torch.', '')})…")
     try:
@@ -158,7 +168,7 @@ def load_causal_lm(spec: ModelSpec, what: str, device: torch.device, role: str,
         raise
     except Exception as exc:
         raise ConfigError(f"{what}: could not load {spec.source}: {type(exc).__name__}: {exc}") from None
-    if qconfig is None:
+    if "device_map" not in kwargs:
         model = model.to(device)
     return model.eval(), folder
 
@@ -187,21 +197,55 @@ def load_tokenizer(folder: str, trust_remote_code: bool = False):
     return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
 
 
+def tokenizer_file(folder: str) -> str:
+    """The file a tokenizer notice names: tokenizer.json when the folder has one."""
+    path = Path(folder) / "tokenizer.json"
+    return str(path) if path.exists() else str(folder)
+
+
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
-    """Refuse a draft whose vocabulary differs from the target's: its token ids would mean other words."""
+    """Refuse a draft whose token ids would mean other words. Its vocabulary may be a prefix of the target's (the
+    target's extra ids are ones the draft never proposes)."""
     target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
-    if len(target_vocab) != len(draft_vocab):
-        raise ConfigError(f"draft {draft_name} does not share the target's tokenizer: vocabulary sizes "
-                          f"{len(draft_vocab)} (draft) vs {len(target_vocab)} (target)")
-    if target_vocab != draft_vocab:
-        differing = sum(1 for tok, idx in target_vocab.items() if draft_vocab.get(tok) != idx)
-        raise ConfigError(f"draft {draft_name} does not share the target's tokenizer: same size "
-                          f"({len(target_vocab)}) but {differing} tokens map to different ids")
+    differing = sum(1 for tok, idx in draft_vocab.items() if target_vocab.get(tok) != idx)
+    if differing:
+        raise ConfigError(f"draft {draft_name} does not share the target's tokenizer: {differing} of its "
+                          f"{len(draft_vocab)} tokens map to other ids than the target's ({len(target_vocab)} tokens)")
+
+
+def output_rows(config) -> int:
+    """A model config's output (vocabulary) size, before any weights load."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(text.vocab_size)
+
+
+def check_draft_fits(target_folder: str, draft_folder: str, target_tok, pair: PairSpec) -> None:
+    """The draft's tokenizer and config against the target's, before its weights load."""
+    from transformers import AutoConfig
+
+    draft_spec = pair.draft
+    try:
+        draft_tok = load_tokenizer(draft_folder, draft_spec.trust_remote_code)
+    except Exception as exc:
+        raise ConfigError(f"{tokenizer_file(draft_folder)}: the draft's tokenizer does not load: "
+                          f"{type(exc).__name__}: {exc}") from None
+    check_same_tokenizer(target_tok, draft_tok, pair.name, tokenizer_file(draft_folder))
+    try:
+        target_rows = output_rows(AutoConfig.from_pretrained(target_folder,
+                                                             trust_remote_code=pair.target.trust_remote_code))
+        draft_rows = output_rows(AutoConfig.from_pretrained(draft_folder,
+                                                            trust_remote_code=draft_spec.trust_remote_code))
+    except Exception as exc:
+        raise ConfigError(f"{draft_folder}/config.json does not load: {type(exc).__name__}: {exc}") from None
+    if draft_rows > target_rows:
+        raise ConfigError(f"{draft_folder}/config.json: the draft's vocab_size {draft_rows} is larger than the "
+                          f"target's {target_rows}; a draft's vocabulary must be the target's or a prefix of it")
 
 
 @dataclass
 class LoadedPair:
-    """Everything needed to answer with one models.yaml entry."""
+    """Everything needed to answer with one models.yaml entry. A draft or head that failed to load is None, with a
+    notice (naming the file and the reason) in notices; the pair answers with what loaded."""
 
     spec: PairSpec
     target: torch.nn.Module
@@ -210,30 +254,87 @@ class LoadedPair:
     device: torch.device
     load_s: float
     quant: str
+    head: Any = None  # FeatureHead, built on the target's embedding at load time
+    notices: tuple[str, ...] = ()
+
+    @property
+    def proposers(self) -> tuple[str, ...]:
+        """The entry's proposers that loaded."""
+        missing = set()
+        if self.draft is None:
+            missing.add("draft")
+        if self.head is None:
+            missing.update(("head", "ngram+head"))
+        return tuple(name for name in self.spec.proposers if name not in missing)
+
+    @property
+    def default_proposer(self) -> str:
+        """The entry's default_proposer when it loaded, else ngram when there is one, else none."""
+        if self.spec.default_proposer in self.proposers:
+            return self.spec.default_proposer
+        return "ngram" if "ngram" in self.proposers else "none"
+
+
+def checked_draft_folder(pair: PairSpec, target_folder: str, tokenizer, progress: Optional[Progress] = None) -> str:
+    """The draft's folder, once its tokenizer and config fit the target's (no weights read)."""
+    draft_folder = resolve_folder(pair.draft, f"model pair {pair.name!r} draft", progress)
+    check_draft_fits(target_folder, draft_folder, tokenizer, pair)
+    return draft_folder
+
+
+def load_draft_part(pair: PairSpec, target: torch.nn.Module, device: torch.device,
+                    progress: Optional[Progress] = None) -> torch.nn.Module:
+    """The entry's draft (its folder already checked), on the target's device; its output layer checked too."""
+    draft, _ = load_causal_lm(pair.draft, f"model pair {pair.name!r} draft", device, "draft", progress)
+    share_target_embedding(draft, target)
+    target_rows = target.get_output_embeddings().weight.shape[0]
+    draft_rows = draft.get_output_embeddings().weight.shape[0]
+    if draft_rows > target_rows:
+        raise ConfigError(f"draft {pair.draft.source}: output layer has {draft_rows} rows, more than the target's "
+                          f"{target_rows}")
+    return draft
+
+
+def load_head_part(pair: PairSpec, target: torch.nn.Module, device: torch.device):
+    from localspec.proposers.head import cached_head
+
+    return cached_head(pair.head, target, device)
+
+
+def _optional_part(what: str, load: Callable[[], Any], notices: list[str], progress: Optional[Progress]):
+    """Load an optional part; on failure keep the pair, with a notice saying why."""
+    try:
+        return load()
+    except Exception as exc:
+        reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+        notice = f"{what} not loaded, the pair answers without it: {reason}"
+        notices.append(notice)
+        _say(progress, notice)
+        return None
 
 
 def load_pair(pair: PairSpec, quant: Optional[str] = None, device: Optional[str] = None,
               load_draft: bool = True, progress: Optional[Progress] = None) -> LoadedPair:
-    """Load the target (quantized as the entry, or `quant`, says) and, when the entry has one, its draft."""
+    """Load the target (quantized as the entry, or `quant`, says) and each optional part on its own: a draft or head
+    that fails is left out with a notice; only a target that fails fails the pair."""
     started = time.perf_counter()
     dev = pick_device(device)
-    target_spec = pair.target if quant is None else ModelSpec(pair.target.source, quant, pair.target.dtype,
-                                                              pair.target.trust_remote_code)
+    target_spec = replace(pair.target, quant=pair.target.quant if quant is None else quant)
     where = f"model pair {pair.name!r} target"
-    target, folder = load_causal_lm(target_spec, where, dev, "target", progress)
-    tokenizer = load_tokenizer(folder, pair.target.trust_remote_code)
+    target_folder = resolve_folder(target_spec, where, progress)
+    tokenizer = load_tokenizer(target_folder, pair.target.trust_remote_code)
+    notices: list[str] = []
+    draft_folder = None
+    if load_draft and pair.draft is not None:  # tokenizer and config checked before any weights load
+        draft_folder = _optional_part("draft", lambda: checked_draft_folder(pair, target_folder, tokenizer, progress),
+                                      notices, progress)
+    target, _ = load_causal_lm(target_spec, where, dev, "target", progress)
     draft = None
-    if load_draft and pair.draft is not None:
-        draft_where = f"model pair {pair.name!r} draft"
-        draft_folder = resolve_folder(pair.draft, draft_where, progress)
-        check_same_tokenizer(tokenizer, load_tokenizer(draft_folder, pair.draft.trust_remote_code), pair.name,
-                             pair.draft.source)
-        draft, _ = load_causal_lm(pair.draft, draft_where, dev, "draft", progress)
-        share_target_embedding(draft, target)
-        target_vocab = target.get_output_embeddings().weight.shape[0]
-        draft_vocab = draft.get_output_embeddings().weight.shape[0]
-        if target_vocab != draft_vocab:
-            raise ConfigError(f"draft {pair.draft.source}: output layer has {draft_vocab} tokens, the target's "
-                              f"{target_vocab}; they must match")
+    if draft_folder is not None:
+        draft = _optional_part("draft", lambda: load_draft_part(pair, target, dev, progress), notices, progress)
+    head = None
+    if pair.head is not None:
+        head = _optional_part("head", lambda: load_head_part(pair, target, dev), notices, progress)
     _say(progress, "Ready.")
-    return LoadedPair(pair, target, tokenizer, draft, dev, time.perf_counter() - started, target_spec.quant)
+    return LoadedPair(pair, target, tokenizer, draft, dev, time.perf_counter() - started, target_spec.quant,
+                      head=head, notices=tuple(notices))

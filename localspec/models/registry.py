@@ -10,8 +10,8 @@ import yaml
 from localspec.config import DTYPES, K_MAX, K_MIN, QUANTS, ConfigError, ModelSpec, NgramSpec, PairSpec
 
 PAIR_KEYS = {"name", "target", "proposers", "default_proposer", "k", "adaptive", "description"}
-MODEL_KEYS = {"source", "quant", "dtype", "trust_remote_code"}
-DRAFT_KEYS = {"source", "dtype", "trust_remote_code"}
+MODEL_KEYS = {"source", "quant", "dtype", "trust_remote_code", "device_map"}
+DRAFT_KEYS = {"source", "dtype", "trust_remote_code", "device_map"}
 NGRAM_KEYS = {"min_n", "max_n"}
 PROPOSER_KEYS = {"ngram", "draft", "head"}
 GGUF_PREFIX = "gguf-package:"
@@ -70,8 +70,11 @@ def _model(raw: Any, base_dir: Path, where: str, field: str, allowed: set[str], 
     trust = raw.get("trust_remote_code", False)
     if not isinstance(trust, bool):
         raise ConfigError(f"{where}: field '{field}.trust_remote_code' must be true or false")
+    device_map = raw.get("device_map")
+    if device_map is not None and (not isinstance(device_map, str) or not device_map.strip()):
+        raise ConfigError(f"{where}: field '{field}.device_map' must be a string such as auto or balanced")
     return ModelSpec(source=_resolve_source(raw["source"], base_dir, where, field), quant=quant, dtype=dtype,
-                     trust_remote_code=trust)
+                     trust_remote_code=trust, device_map=device_map)
 
 
 def _int(raw: Any, where: str, field: str, low: int, high: int) -> int:
@@ -90,7 +93,7 @@ def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
         raise ConfigError(f"{where}: field 'name' is missing or empty")
     if "target" not in raw:
         raise ConfigError(f"{where}: field 'target' is missing")
-    target = _model(raw["target"], base_dir, where, "target", MODEL_KEYS, "float32")
+    target = _model(raw["target"], base_dir, where, "target", MODEL_KEYS, "auto")
     proposers = _check_keys(raw.get("proposers") or {}, PROPOSER_KEYS, where, "proposers")
     ngram = None
     if "ngram" in proposers:
@@ -102,7 +105,7 @@ def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
         ngram = NgramSpec(min_n=min_n, max_n=max_n)
     draft = None
     if proposers.get("draft") is not None:
-        draft = _model(proposers["draft"], base_dir, where, "proposers.draft", DRAFT_KEYS, "float32")
+        draft = _model(proposers["draft"], base_dir, where, "proposers.draft", DRAFT_KEYS, "auto")
     head = None
     if proposers.get("head") is not None:
         head = _resolve_source(proposers["head"] if isinstance(proposers["head"], str) else None, base_dir, where,

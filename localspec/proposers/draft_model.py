@@ -19,8 +19,17 @@ class DraftModelProposer(Proposer):
     name = "draft"
     wants_hidden = False
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, vocab_size: Optional[int] = None) -> None:
+        """vocab_size: the target's output rows, when the draft's vocabulary is a prefix of them (Qwen2.5 0.5B has
+        151,936 rows, 7B 152,064): the draft's probabilities are zero-padded to that width. Exact, since the draft
+        never proposes a padded id."""
         self.runner = ModelRunner(model)
+        self.pad = max(0, (vocab_size or self.runner.vocab_size) - self.runner.vocab_size)
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.pad:
+            return logits
+        return torch.nn.functional.pad(logits.float(), (0, self.pad), value=float("-inf"))
 
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
         self.runner.reset()
@@ -31,7 +40,7 @@ class DraftModelProposer(Proposer):
         runner = self.runner
         keep = min(runner.common_prefix(context_ids), len(context_ids) - 1)
         runner.crop(keep)
-        logits = runner.extend(context_ids[keep:], logits_to_keep=1).logits[-1]  # [V]
+        logits = self._logits(runner.extend(context_ids[keep:], logits_to_keep=1).logits[-1])  # [V]
         token_ids: list[int] = []
         probs_rows: list[torch.Tensor] = []
         for step in range(k):
@@ -44,7 +53,7 @@ class DraftModelProposer(Proposer):
             probs_rows.append(probs)
             token_ids.append(token)
             if step < k - 1:
-                logits = runner.extend([int(token)], logits_to_keep=1).logits[-1]
+                logits = self._logits(runner.extend([int(token)], logits_to_keep=1).logits[-1])
         ids = torch.stack(token_ids).tolist() if token_ids else []
         return Draft(token_ids=ids, probs=torch.stack(probs_rows) if probs_rows else None)
 

@@ -6,7 +6,7 @@ back; the draft-chain entries are cropped right after (the rollback), so rejecte
 """
 from __future__ import annotations
 
-import functools
+import weakref
 from pathlib import Path
 from typing import Optional
 
@@ -103,13 +103,13 @@ class HeadProposer(Proposer):
         self.pending = torch.cat([self.pending, self._as_rows(target_hidden)])
 
 
-@functools.lru_cache(maxsize=4)
-def _cached_head(folder: str, mtime: float, target_id: int, target_model, device: str) -> FeatureHead:
-    return load_head(Path(folder), target_model, device)
+# target model → {(folder, mtime, device): head}; keyed weakly, so a switched-away target (and its heads) is freed
+_HEADS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[str, float, str], FeatureHead]]" = \
+    weakref.WeakKeyDictionary()
 
 
-def load_head_proposer(folder, target_model: torch.nn.Module, device=None) -> HeadProposer:
-    """A fresh proposer (its own caches) over a head loaded once per folder and target."""
+def cached_head(folder, target_model: torch.nn.Module, device=None) -> FeatureHead:
+    """The head in `folder` built on `target_model`, loaded once per folder (and its config's mtime) and target."""
     from localspec.config import ConfigError
 
     if folder is None:
@@ -119,5 +119,17 @@ def load_head_proposer(folder, target_model: torch.nn.Module, device=None) -> He
     if not config_path.exists():
         raise ConfigError(f"head folder {path} has no config.json (train one with `localspec distill`)")
     device = str(device) if device is not None else str(next(target_model.parameters()).device)
-    head = _cached_head(str(path.resolve()), config_path.stat().st_mtime, id(target_model), target_model, device)
-    return HeadProposer(head)
+    key = (str(path.resolve()), config_path.stat().st_mtime, device)
+    heads = _HEADS.setdefault(target_model, {})
+    if key not in heads:
+        heads[key] = load_head(path, target_model, device)
+    return heads[key]
+
+
+def clear_head_cache() -> None:
+    _HEADS.clear()
+
+
+def load_head_proposer(folder, target_model: torch.nn.Module, device=None) -> HeadProposer:
+    """A fresh proposer (its own caches) over a head loaded once per folder and target."""
+    return HeadProposer(cached_head(folder, target_model, device))

@@ -33,6 +33,8 @@ class _Tokenizer:
 class EchoSession:
     """Answers each message with its own text; token kinds cycle accepted, accepted, resampled, bonus, target."""
 
+    notices: tuple[str, ...] = ()  # nothing of a pair failed to load
+
     def __init__(self, step_s: float = 0.0) -> None:
         self.step_s = step_s
         self.tokenizer = _Tokenizer()

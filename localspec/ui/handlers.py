@@ -286,7 +286,9 @@ class Handlers:
             yield bar.advance(message), gr.skip(), gr.skip(), gr.skip()
         if "seconds" in result:
             self.shown[owner_of(request)] = name
-            yield (status_html(f"Loaded {name} in {result['seconds']:.1f} s."), name,
+            notices = manager.session.notices
+            yield (status_html(" ".join((f"Loaded {name} in {result['seconds']:.1f} s.", *notices)),
+                               "error" if notices else "info"), name,
                    *self.proposer_updates())
             return
         reason = result.get("busy") or result.get("error")
@@ -309,6 +311,7 @@ class Handlers:
         if manager.session is None and manager.load_error:  # a failed switch leaves the old pair: not shown here
             status = status_html(f"Model load failed: {manager.load_error}", "error")
         else:
-            ready = f"{manager.name} is ready." if manager.name else "No model loaded; choose a model pair."
-            status = status_html(f"{ready} {self.notice}" if self.notice else ready, "error" if self.notice else "info")
+            ready = manager.ready_text()
+            alert = bool(self.notice or (manager.session is not None and manager.session.notices))
+            status = status_html(f"{ready} {self.notice}" if self.notice else ready, "error" if alert else "info")
         return (manager.name, *self.proposer_updates(), status)

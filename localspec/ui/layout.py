@@ -56,8 +56,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             with gr.Column(scale=2, min_width=250, elem_id="ls-controls"):
                 model = gr.Dropdown(manager.choices(), value=manager.name, label="Model pair", interactive=True,
                                     elem_id="ls-model")
-                status = gr.HTML(status_html(f"{manager.name} is ready." if manager.name else
-                                             f"Model load failed: {manager.load_error}"), js_on_load=None,
+                status = gr.HTML(status_html(manager.ready_text()), js_on_load=None,
                                  elem_id="ls-status")
                 proposer = gr.Radio(proposer_choices(available), value=spec.proposer if spec else "none",
                                     label="Proposer", elem_id="ls-proposer")

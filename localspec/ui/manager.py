@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Literal, Optional, Sequence
 
 from localspec.config import ConfigError, PairSpec, SamplingParams, SpecConfig, require_proposer
 from localspec.engine.events import StepEvent
+from localspec.models.memory import must_free_first, release_models
 from localspec.models.registry import BrokenEntry, find_pair
 from localspec.server.admission import Admission, QueueFull
 from .render import token_record
@@ -124,6 +125,10 @@ class ModelManager:
         self.loading = pair.name
         started = time.perf_counter()
         try:
+            if self.session is not None and must_free_first(pair):  # both will not fit: the old pair goes first
+                progress(f"Freeing {self.name} first: {pair.name} and it do not both fit in GPU memory…")
+                self.session, self.name = None, None
+                release_models()
             session = self.factory(pair, progress)
         except ConfigError as exc:
             self.load_error = str(exc)
@@ -135,7 +140,16 @@ class ModelManager:
             self.loading = None
             self._lock.release()
         self.session, self.name, self.load_error = session, pair.name, None
+        release_models()  # the previous pair, now unreferenced
         return time.perf_counter() - started
+
+    def ready_text(self) -> str:
+        """The status line for the loaded pair: its name, and why a part of it is not offered."""
+        if self.session is None:
+            if self.load_error:
+                return f"Model load failed: {self.load_error}"
+            return "No model loaded; choose a model pair."
+        return " ".join((f"{self.name} is ready.", *self.session.notices))
 
     # ---- cancellation per browser session -------------------------------------------------------------------
     def cancel(self, owner: str) -> bool:

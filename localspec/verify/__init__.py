@@ -10,6 +10,8 @@ from .reference import rejection_sample
 from .types import SamplerDraws, VerifyOutput, make_draws
 
 Verifier = Callable[..., VerifyOutput]
+# device → why 'auto' uses the torch sampler there (the Triton warm-up failed; see warmup.py)
+AUTO_FALLBACK: dict[str, str] = {}
 
 __all__ = ["SamplerDraws", "VerifyOutput", "make_draws", "rejection_sample", "get_verifier", "triton_available"]
 
@@ -28,7 +30,7 @@ def get_verifier(name: str, device: torch.device | str) -> tuple[str, Verifier]:
     if name == "torch":
         return "torch", rejection_sample
     if name in ("auto", "triton"):
-        wants_triton = name == "triton" or device.type == "cuda"
+        wants_triton = name == "triton" or (device.type == "cuda" and str(device) not in AUTO_FALLBACK)
         if wants_triton and triton_available():
             from .triton_fused import fused_rejection_sample
 

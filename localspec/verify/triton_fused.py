@@ -26,6 +26,7 @@ a power of two (depends on V only) and the position tile (32 for every K ≤ 31)
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -356,30 +357,32 @@ def fused_rejection_sample(
     has_draft_probs = draft_probs is not None and k > 0
     probs = _rows_contiguous(draft_probs) if has_draft_probs else logits  # placeholder when unused
     noise = _rows_contiguous(draws.noise) if not greedy else logits  # placeholder when unused
-    grid = (rows, num_splits)
-    _row_stats_kernel[grid](
-        logits, logits.stride(1), argmax_logits, argmax_logits.stride(1),
-        part_max, part_sum, best, best_idx, *runtime,
-        GREEDY=greedy, SEPARATE_ARGMAX=greedy and filtered, INDEX_64=INTERPRETED, BLOCK_V=block_v, **meta,
-    )
-    if greedy:
-        uniforms = draft_ids  # placeholders, never read in greedy mode
-    else:
-        uniforms = draws.uniforms if k > 0 else out_last_prob.view(batch, 1)
-        _sample_partials_kernel[grid](
+    # kernels launch on the current CUDA device: make it the tensors' (a target on cuda:1 must not launch on 0)
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        grid = (rows, num_splits)
+        _row_stats_kernel[grid](
+            logits, logits.stride(1), argmax_logits, argmax_logits.stride(1),
+            part_max, part_sum, best, best_idx, *runtime,
+            GREEDY=greedy, SEPARATE_ARGMAX=greedy and filtered, INDEX_64=INTERPRETED, BLOCK_V=block_v, **meta,
+        )
+        if greedy:
+            uniforms = draft_ids  # placeholders, never read in greedy mode
+        else:
+            uniforms = draws.uniforms if k > 0 else out_last_prob.view(batch, 1)
+            _sample_partials_kernel[grid](
+                logits, logits.stride(1), draft_ids, *draft_ids.stride(), probs, probs.stride(1),
+                noise, noise.stride(1), part_max, part_sum,
+                best, best_idx, tgt_best, tgt_idx, res_max, *runtime,
+                HAS_DRAFT_PROBS=has_draft_probs, INDEX_64=INTERPRETED, BLOCK_V=block_v,
+                SPLITS_POW2=_next_pow2(num_splits), **meta,
+            )
+        _finalize_kernel[(batch,)](
             logits, logits.stride(1), draft_ids, *draft_ids.stride(), probs, probs.stride(1),
-            noise, noise.stride(1), part_max, part_sum,
-            best, best_idx, tgt_best, tgt_idx, res_max, *runtime,
-            HAS_DRAFT_PROBS=has_draft_probs, INDEX_64=INTERPRETED, BLOCK_V=block_v,
+            uniforms, *uniforms.stride(), part_max, part_sum, best, best_idx, tgt_best, tgt_idx, res_max,
+            out_tokens, out_accepted, out_target_probs, out_draft_probs, out_last_prob, *runtime,
+            GREEDY=greedy, HAS_DRAFT_PROBS=has_draft_probs, POSITIONS_POW2=max(32, _next_pow2(k_plus_1)),
             SPLITS_POW2=_next_pow2(num_splits), **meta,
         )
-    _finalize_kernel[(batch,)](
-        logits, logits.stride(1), draft_ids, *draft_ids.stride(), probs, probs.stride(1),
-        uniforms, *uniforms.stride(), part_max, part_sum, best, best_idx, tgt_best, tgt_idx, res_max,
-        out_tokens, out_accepted, out_target_probs, out_draft_probs, out_last_prob, *runtime,
-        GREEDY=greedy, HAS_DRAFT_PROBS=has_draft_probs, POSITIONS_POW2=max(32, _next_pow2(k_plus_1)),
-        SPLITS_POW2=_next_pow2(num_splits), **meta,
-    )
     return VerifyOutput(
         output_token_ids=out_tokens,
         num_accepted=out_accepted,
