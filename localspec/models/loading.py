@@ -7,13 +7,14 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
 from localspec.config import ConfigError, ModelSpec, PairSpec
+from .dtype_choice import choose_dtype, fixed_decision
 from .paths import cache_dir
 from .registry import GGUF_PREFIX, looks_like_path
 
@@ -210,6 +211,7 @@ class LoadedPair:
     device: torch.device
     load_s: float
     quant: str
+    dtype: Optional[Any] = None  # dtype_choice.DtypeDecision: the dtype the target runs in, and why
 
 
 def load_pair(pair: PairSpec, quant: Optional[str] = None, device: Optional[str] = None,
@@ -220,7 +222,15 @@ def load_pair(pair: PairSpec, quant: Optional[str] = None, device: Optional[str]
     target_spec = pair.target if quant is None else ModelSpec(pair.target.source, quant, pair.target.dtype,
                                                               pair.target.trust_remote_code)
     where = f"model pair {pair.name!r} target"
-    target, folder = load_causal_lm(target_spec, where, dev, "target", progress)
+    target, decision = None, None
+    if target_spec.dtype == "auto" and target_spec.quant == "none":  # measured once per machine (dtype_choice.py)
+        decision, target = choose_dtype(target_spec, resolve_folder(target_spec, where, progress), pair.k, dev,
+                                        lambda d: load_causal_lm(replace(target_spec, dtype=d), where, dev, "target",
+                                                                 progress)[0], progress)
+        target_spec = replace(target_spec, dtype=decision.dtype)
+    folder = resolve_folder(target_spec, where, progress)
+    if target is None:
+        target, folder = load_causal_lm(target_spec, where, dev, "target", progress)
     tokenizer = load_tokenizer(folder, pair.target.trust_remote_code)
     draft = None
     if load_draft and pair.draft is not None:
@@ -236,4 +246,5 @@ def load_pair(pair: PairSpec, quant: Optional[str] = None, device: Optional[str]
             raise ConfigError(f"draft {pair.draft.source}: output layer has {draft_vocab} tokens, the target's "
                               f"{target_vocab}; they must match")
     _say(progress, "Ready.")
-    return LoadedPair(pair, target, tokenizer, draft, dev, time.perf_counter() - started, target_spec.quant)
+    return LoadedPair(pair, target, tokenizer, draft, dev, time.perf_counter() - started, target_spec.quant,
+                      decision or fixed_decision(target_spec, target))

@@ -1,0 +1,257 @@
+"""`dtype: auto`: run the target in the dtype that is fastest for speculative decoding on this machine, measured.
+
+At the first load of a model on a machine, each dtype the device runs is loaded in turn and timed: the median of a
+1-token and a (K+1)-token forward on a 64-token KV cache (the plain step and the verify step), interleaved. The
+pick is the dtype with the best predicted speculative throughput under the adaptive controller's cost model
+(engine/adaptive.py): speedup(k) = E(k) / (k·c + v(k)) over plain decoding in that dtype, so tokens per second
+= max_k speedup(k) / t(1 token). With no acceptance known at load time, every draft position is accepted with
+PRIOR_ACCEPTANCE, and the proposer's cost c is taken as 0 (an n-gram lookup; a draft's cost scales with the dtype
+much as the target's does). v(k) is the straight line between the two measured sizes.
+
+The decision is cached in the data folder (cache_dir()/dtype-decisions.json), keyed by the CPU model or GPU name,
+the torch thread count, the torch version and the model (source and weight bytes), so later loads do not time
+anything. An unreadable cache file is measured again and rewritten. An explicit dtype in the entry always wins.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from localspec.engine.adaptive import predicted_speedups
+
+from .paths import cache_dir
+
+PRIOR_ACCEPTANCE = 0.5  # the adaptive controller's prior acceptance per draft position (AdaptiveController default)
+CONTEXT_TOKENS = 64  # KV cache length the forwards are timed on
+REPEATS = 7  # timed forwards per size (the median is kept)
+CACHE_FILE = "dtype-decisions.json"
+CACHE_VERSION = 1
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+How = Literal["entry", "measured", "cached", "fixed"]
+# times a model's forwards: (model, sizes) → {tokens: median seconds}; injectable so tests need no real timing
+Timer = Callable[[torch.nn.Module, tuple[int, ...]], dict[int, float]]
+Loader = Callable[[str], torch.nn.Module]
+
+
+@dataclass(frozen=True)
+class Timing:
+    dtype: str
+    plain_s: float  # 1-token forward
+    verify_s: float  # (K+1)-token forward
+    tokens_per_s: float  # predicted speculative throughput
+
+
+@dataclass(frozen=True)
+class DtypeDecision:
+    """Which dtype the target runs in, and why. how: entry (set in models.yaml), measured (timed at this load),
+    cached (timed at an earlier load on this machine), fixed (auto, but nothing to measure: one candidate, or
+    quantized weights)."""
+
+    dtype: str
+    how: How
+    k: int = 0
+    timings: tuple[Timing, ...] = ()
+    measured_on: str = ""  # YYYY-MM-DD
+    note: str = ""
+
+    def describe(self) -> str:
+        """e.g. 'bfloat16 (auto: 1-token 22 ms vs 37 ms float32, 5-token 25 ms vs 60 ms, measured 2026-12-01)'."""
+        if self.how == "entry":
+            return f"{self.dtype} (set in models.yaml)"
+        if self.how == "fixed" or not self.timings:
+            return f"{self.dtype} (auto: {self.note or 'not measured'})"
+        own = next(t for t in self.timings if t.dtype == self.dtype)
+        others = [t for t in self.timings if t.dtype != self.dtype]
+        plain = " vs ".join([f"{own.plain_s * 1e3:.0f} ms"] + [f"{t.plain_s * 1e3:.0f} ms {t.dtype}" for t in others])
+        verify = " vs ".join([f"{own.verify_s * 1e3:.0f} ms"] + [f"{t.verify_s * 1e3:.0f} ms" for t in others])
+        return f"{self.dtype} (auto: 1-token {plain}, {self.k + 1}-token {verify}, measured {self.measured_on})"
+
+    def to_dict(self) -> dict:
+        return {"dtype": self.dtype, "how": self.how, "k": self.k, "measured_on": self.measured_on,
+                "note": self.note, "timings": [t.__dict__ for t in self.timings], "text": self.describe()}
+
+    @classmethod
+    def from_dict(cls, data: dict, how: How) -> DtypeDecision:
+        timings = tuple(Timing(str(t["dtype"]), float(t["plain_s"]), float(t["verify_s"]), float(t["tokens_per_s"]))
+                        for t in data["timings"])
+        if data["dtype"] not in DTYPES or not any(t.dtype == data["dtype"] for t in timings):
+            raise ValueError(f"cached dtype {data['dtype']!r} is not one that was measured")
+        return cls(str(data["dtype"]), how, int(data["k"]), timings, str(data["measured_on"]), str(data["note"]))
+
+
+# -- what the machine is and runs -------------------------------------------------------------------------------------
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "cuda:" + torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return "cpu:" + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu:" + (platform.processor() or platform.machine())
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def candidates(device: torch.device) -> list[str]:
+    """The dtypes worth timing here: float32 and bfloat16 on a CPU (float16 too where the CPU has float16 matmul
+    instructions), bfloat16 (where supported) and float16 on CUDA."""
+    if device.type == "cuda":
+        return (["bfloat16"] if torch.cuda.is_bf16_supported() else []) + ["float16"]
+    found = ["float32", "bfloat16"]
+    if _cpu_flags() & {"avx512_fp16", "amx_fp16"}:
+        found.append("float16")
+    return found
+
+
+def cache_key(device: torch.device, source: str, folder: str) -> str:
+    weights = 0
+    path = Path(folder)
+    if path.is_dir():
+        weights = sum(f.stat().st_size for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
+    threads = f"threads {torch.get_num_threads()}" if device.type == "cpu" else ""
+    return " | ".join(x for x in (device_name(device), threads, f"torch {torch.__version__}", source,
+                                  f"{weights} bytes") if x)
+
+
+# -- timing -------------------------------------------------------------------------------------------------------
+@torch.inference_mode()
+def time_forwards(model: torch.nn.Module, sizes: tuple[int, ...]) -> dict[int, float]:
+    """Median seconds of a T-token forward (logits for every row, as a verify step) on a CONTEXT_TOKENS-long
+    cache, for each T in sizes, the sizes interleaved round by round. Raises ValueError on non-finite logits."""
+    from localspec.engine.model_runner import ModelRunner
+
+    runner = ModelRunner(model)
+    vocab = runner.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (CONTEXT_TOKENS + max(sizes),), generator=generator).tolist()
+    runner.reset()
+    runner.extend(ids[:CONTEXT_TOKENS], logits_to_keep=0)
+    samples: dict[int, list[float]] = {size: [] for size in sizes}
+    for round_ in range(REPEATS + 1):  # round 0 warms up
+        for size in sizes:
+            started = time.perf_counter()
+            logits = runner.extend(ids[CONTEXT_TOKENS: CONTEXT_TOKENS + size]).logits
+            if not bool(torch.isfinite(logits).all()):
+                raise ValueError("non-finite logits")
+            elapsed = time.perf_counter() - started
+            runner.crop(CONTEXT_TOKENS)
+            if round_:
+                samples[size].append(elapsed)
+    return {size: statistics.median(values) for size, values in samples.items()}
+
+
+def predicted_throughput(plain_s: float, verify_s: float, k: int, acceptance: float = PRIOR_ACCEPTANCE) -> float:
+    """Tokens per second of the best k ≤ K under the cost model, from a 1-token and a (K+1)-token forward time."""
+    ratio = max(verify_s / plain_s, 1.0)
+    verify = [1.0 + (ratio - 1.0) * i / k for i in range(k + 1)] if k else [1.0]
+    return max(predicted_speedups([acceptance] * k, 0.0, verify)) / plain_s
+
+
+# -- the cache ----------------------------------------------------------------------------------------------------
+def _cache_path() -> Path:
+    return cache_dir() / CACHE_FILE
+
+
+def _read_cache() -> dict:
+    """{key: decision dict}; {} when there is no file or it cannot be read (it is measured again and rewritten)."""
+    try:
+        data = json.loads(_cache_path().read_text(encoding="utf-8"))
+        if data.get("version") != CACHE_VERSION or not isinstance(data.get("decisions"), dict):
+            return {}
+        return data["decisions"]
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _write_cache(key: str, decision: DtypeDecision) -> None:
+    decisions = _read_cache()
+    decisions[key] = decision.to_dict()
+    path = _cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"version": CACHE_VERSION, "decisions": decisions}, indent=1), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only data folder: the next load measures again
+
+
+def cached_decision(key: str) -> DtypeDecision | None:
+    raw = _read_cache().get(key)
+    if raw is None:
+        return None
+    try:
+        return DtypeDecision.from_dict(raw, "cached")
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+# -- the decision -------------------------------------------------------------------------------------------------
+def decide(key: str, device: torch.device, k: int, load: Loader, timer: Timer | None = None,
+           progress: Callable[[str], None] | None = None) -> tuple[DtypeDecision, torch.nn.Module | None]:
+    """The cached decision for `key` (and no model), or: load and time every candidate, cache the pick, and return
+    it with the loaded winner (the others are released as soon as they lose: at most two models are held)."""
+    found = cached_decision(key)
+    if found is not None:
+        return found, None
+    names = candidates(device)
+    if len(names) == 1:
+        return DtypeDecision(names[0], "fixed", k, note=f"the only dtype {device.type} runs"), None
+    timer = timer or time_forwards
+    sizes = (1, k + 1)
+    best: tuple[float, str, torch.nn.Module] | None = None
+    timings: list[Timing] = []
+    for name in names:
+        if progress is not None:
+            progress(f"First start on this machine: timing the target in {name} (once)…")
+        model = load(name)
+        try:
+            measured = timer(model, sizes)
+        except ValueError:  # this dtype overflows on this model: not a candidate
+            del model
+            continue
+        speed = predicted_throughput(measured[1], measured[k + 1], k)
+        timings.append(Timing(name, measured[1], measured[k + 1], speed))
+        if best is None or speed > best[0]:
+            best = (speed, name, model)
+        del model
+    if best is None:
+        return DtypeDecision("float32", "fixed", k, note="every dtype measured gave non-finite logits"), None
+    decision = DtypeDecision(best[1], "measured", k, tuple(timings), time.strftime("%Y-%m-%d"))
+    _write_cache(key, decision)
+    return decision, best[2]
+
+
+def choose_dtype(spec, folder: str, k: int, device: torch.device, load: Loader,
+                 progress: Callable[[str], None] | None = None,
+                 timer: Timer | None = None) -> tuple[DtypeDecision, torch.nn.Module | None]:
+    """The hook loading.load_pair calls for a target with dtype auto: (decision, the loaded winner or None)."""
+    return decide(cache_key(device, spec.source, folder), device, k, load, timer, progress)
+
+
+def fixed_decision(spec, model: torch.nn.Module) -> DtypeDecision:
+    """The decision record of a target whose dtype was not measured: set in the entry, or auto for quantized
+    weights (which compute in the dtype loading.py gives them)."""
+    if spec.dtype != "auto":
+        return DtypeDecision(spec.dtype, "entry")
+    return DtypeDecision(str(model.dtype).replace("torch.", ""), "fixed", note=f"{spec.quant} weights are not measured")
