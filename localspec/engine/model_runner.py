@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from .features import backbone_features
+from .static_cache import PreallocatedCache, cache_supported
+
+CacheKind = Literal["static", "dynamic"]
 
 
 @dataclass(frozen=True)
@@ -17,13 +21,17 @@ class ForwardOutput:
 
 
 class ModelRunner:
-    """Wraps a transformers causal LM and a DynamicCache. Knows only token ids.
+    """Wraps a transformers causal LM and its KV cache. Knows only token ids.
 
     tokens holds exactly the ids whose keys/values are in the cache, so a caller can find the common prefix
     with a new context and crop to it (transformers' candidate generators roll back the same way).
+
+    cache "static": a preallocated cache (static_cache.py) where a crop is a length reset and no step
+    concatenates, kept across answers; used for every model whose layers are all full attention. "dynamic":
+    transformers' DynamicCache (the fallback for sliding-window and other layer kinds).
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, cache: CacheKind = "static") -> None:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
@@ -31,6 +39,7 @@ class ModelRunner:
         self._backbone = model.base_model
         self._lm_head = model.get_output_embeddings()
         self.cache = None
+        self.cache_kind: CacheKind = cache if cache == "dynamic" or cache_supported(model.config) else "dynamic"
         self.tokens: list[int] = []
         # transformers ≥ 5.2x names the argument `cache` (past_key_values is deprecated); older models keep the old name
         params = inspect.signature(self._backbone.forward).parameters
@@ -39,7 +48,12 @@ class ModelRunner:
     def reset(self) -> None:
         from transformers import DynamicCache
 
-        self.cache = DynamicCache(config=self.model.config)
+        if self.cache_kind == "dynamic":
+            self.cache = DynamicCache(config=self.model.config)
+        elif self.cache is None:
+            self.cache = PreallocatedCache(self.model.config, self.max_context)
+        else:
+            self.cache.reset()  # keeps the buffers
         self.tokens = []
 
     @torch.inference_mode()
@@ -51,6 +65,8 @@ class ModelRunner:
         state, after the outputs of `feature_layers`)."""
         if self.cache is None:
             self.reset()
+        if self.cache_kind == "static":
+            self.cache.ensure_capacity(len(self.tokens) + len(token_ids))
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         out, features = backbone_features(self._backbone, feature_layers if want_hidden else (),
                                           input_ids=input_ids, use_cache=True, **{self._cache_kwarg: self.cache})
