@@ -7,6 +7,7 @@ from typing import Literal
 
 import torch
 
+from .compiled import CompileMode, bucket, compile_backbone, compile_mode_from_env
 from .features import backbone_features
 from .static_cache import PreallocatedCache, cache_supported
 
@@ -31,7 +32,7 @@ class ModelRunner:
     transformers' DynamicCache (the fallback for sliding-window and other layer kinds).
     """
 
-    def __init__(self, model: torch.nn.Module, cache: CacheKind = "static") -> None:
+    def __init__(self, model: torch.nn.Module, cache: CacheKind = "static", compile: CompileMode | None = None) -> None:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
@@ -41,6 +42,8 @@ class ModelRunner:
         self.cache = None
         self.cache_kind: CacheKind = cache if cache == "dynamic" or cache_supported(model.config) else "dynamic"
         self.tokens: list[int] = []
+        self.compile_mode: CompileMode = compile_mode_from_env() if compile is None else compile
+        self._compiled = None if self.compile_mode == "off" else compile_backbone(self._backbone, self.compile_mode)
         # transformers ≥ 5.2x names the argument `cache` (past_key_values is deprecated); older models keep the old name
         params = inspect.signature(self._backbone.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -50,6 +53,12 @@ class ModelRunner:
 
         if self.cache_kind == "dynamic":
             self.cache = DynamicCache(config=self.model.config)
+        elif self.compile_mode == "reduce-overhead":  # CUDA graphs: fixed shapes, so the whole-capacity StaticCache
+            from transformers import StaticCache
+
+            if self.cache is None:
+                self.cache = StaticCache(config=self.model.config, max_cache_len=self.max_context)
+            self.cache.reset()
         elif self.cache is None:
             self.cache = PreallocatedCache(self.model.config, self.max_context)
         else:
@@ -65,12 +74,19 @@ class ModelRunner:
         state, after the outputs of `feature_layers`)."""
         if self.cache is None:
             self.reset()
-        if self.cache_kind == "static":
+        if isinstance(self.cache, PreallocatedCache):
             self.cache.ensure_capacity(len(self.tokens) + len(token_ids))
-        input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
-        out, features = backbone_features(self._backbone, feature_layers if want_hidden else (),
+        rows, backbone, pad = len(token_ids), self._backbone, 0
+        padded = bucket(rows) if self._compiled is not None and self.tokens else None
+        if padded is not None and len(self.tokens) + padded <= self.max_context:  # a verify-sized forward: the compiled graph of its row bucket
+            backbone, pad = self._compiled, padded - rows
+        input_ids = torch.tensor([token_ids + token_ids[-1:] * pad], dtype=torch.long, device=self.device)
+        out, features = backbone_features(backbone, feature_layers if want_hidden else (),
                                           input_ids=input_ids, use_cache=True, **{self._cache_kwarg: self.cache})
-        hidden = out.last_hidden_state[0]  # [T, H]
+        if pad:
+            self.cache.crop(-pad)  # the padding rows' positions
+        hidden = out.last_hidden_state[0, :rows]  # [T, H]
+        features = features[:, :rows]
         if logits_to_keep is None:
             logits = self._lm_head(hidden)  # [T, V]
         elif logits_to_keep > 0:
