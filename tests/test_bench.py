@@ -180,10 +180,10 @@ def test_bench_reports_the_dtype_decision_the_float32_baseline_and_per_row_costs
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(dtype_choice, "candidates", lambda device: ["float32", "bfloat16"])
 
-    def fake_timer(model, sizes):  # the dtype decision: bfloat16 twice as fast; the per-row table: 10 ms per row
+    def fake_timer(models, sizes):  # the dtype decision: bfloat16 twice as fast; the per-row table: 10 ms per row
         if sizes == tuple(range(1, 10)):
-            return {s: 0.01 * s for s in sizes}
-        return {s: 0.02 if model.dtype == torch.bfloat16 else 0.04 for s in sizes}
+            return {name: {s: 0.01 * s for s in sizes} for name in models}
+        return {name: {s: 0.02 if m.dtype == torch.bfloat16 else 0.04 for s in sizes} for name, m in models.items()}
 
     monkeypatch.setattr(dtype_choice, "time_forwards", fake_timer)
     models = tmp_path / "models.yaml"

@@ -19,10 +19,13 @@ class FakeTimer:
         self.verify_ratio = verify_ratio
         self.timed: list[str] = []
 
-    def __call__(self, model, sizes):
-        name = str(next(model.parameters()).dtype).replace("torch.", "")
-        self.timed.append(name)
-        return {size: self.plain[name] * (1 if size == 1 else self.verify_ratio) for size in sizes}
+    def __call__(self, models, sizes):
+        out = {}
+        for name, model in models.items():
+            assert str(model.dtype) == f"torch.{name}"
+            self.timed.append(name)
+            out[name] = {size: self.plain[name] * (1 if size == 1 else self.verify_ratio) for size in sizes}
+        return out
 
 
 def _pair(tiny_pair, dtype: str):
@@ -113,10 +116,22 @@ def test_the_cache_is_keyed_by_model_and_torch_version(tiny_pair, home, monkeypa
     assert len(timer.timed) == 6
 
 
-def test_the_real_timer_times_every_size(tiny_models):
-    target, _ = tiny_models
-    times = dtype_choice.time_forwards(target, (1, 4))
-    assert set(times) == {1, 4} and all(t > 0 for t in times.values())
+def test_the_real_timer_times_every_model_and_size(tiny_models):
+    target, draft = tiny_models
+    times = dtype_choice.time_forwards({"target": target, "draft": draft}, (1, 4))
+    assert set(times) == {"target", "draft"}
+    assert all(set(by_size) == {1, 4} and all(t > 0 for t in by_size.values()) for by_size in times.values())
+
+
+def test_a_dtype_with_non_finite_logits_is_not_a_candidate(tiny_pair, home, monkeypatch):
+    timer = FakeTimer({"float32": 0.040, "bfloat16": 0.020})
+
+    def bfloat16_overflows(models, sizes):
+        return {name: by_size for name, by_size in timer(models, sizes).items() if name != "bfloat16"}
+
+    _use(monkeypatch, bfloat16_overflows)
+    loaded = load_pair(_pair(tiny_pair, "auto"), device="cpu")
+    assert loaded.dtype.dtype == "float32" and [t.dtype for t in loaded.dtype.timings] == ["float32"]
 
 
 def test_runtime_header_and_generate_json_say_which_dtype_and_why(tiny_pair, home, monkeypatch):

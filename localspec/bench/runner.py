@@ -68,7 +68,8 @@ def verify_costs(session) -> dict[str, float]:
     """Median ms of a T-token target forward on a 64-token cache, T = 1..9 (models/dtype_choice.time_forwards)."""
     from localspec.models.dtype_choice import time_forwards
 
-    return {str(t): s * 1e3 for t, s in time_forwards(session.loaded.target, VERIFY_ROWS).items()}
+    measured = time_forwards({"target": session.loaded.target}, VERIFY_ROWS).get("target", {})
+    return {str(t): s * 1e3 for t, s in measured.items()}
 
 
 def run_bench(session, prompts: list[BenchPrompt], modes: list[Mode], max_new_tokens: int,

@@ -1,7 +1,7 @@
 """`dtype: auto`: run the target in the dtype that is fastest for speculative decoding on this machine, measured.
 
-At the first load of a model on a machine, each dtype the device runs is loaded in turn and timed: the median of a
-1-token and a (K+1)-token forward on a 64-token KV cache (the plain step and the verify step), interleaved. The
+At the first load of a model on a machine, the target is loaded in each dtype the device runs and timed: the median
+of a 1-token and a (K+1)-token forward on a 64-token KV cache (the plain step and the verify step), all interleaved. The
 pick is the dtype with the best predicted speculative throughput under the adaptive controller's cost model
 (engine/adaptive.py): speedup(k) = E(k) / (k·c + v(k)) over plain decoding in that dtype, so tokens per second
 = max_k speedup(k) / t(1 token). With no acceptance known at load time, every draft position is accepted with
@@ -32,14 +32,16 @@ from .paths import cache_dir
 
 PRIOR_ACCEPTANCE = 0.5  # the adaptive controller's prior acceptance per draft position (AdaptiveController default)
 CONTEXT_TOKENS = 64  # KV cache length the forwards are timed on
-REPEATS = 7  # timed forwards per size (the median is kept)
+REPEATS = 7  # timed forwards per model and size (the median is kept)
+WARMUP_ROUNDS = 2  # untimed rounds first (kernel selection, allocator)
 CACHE_FILE = "dtype-decisions.json"
 CACHE_VERSION = 1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 How = Literal["entry", "measured", "cached", "fixed"]
-# times a model's forwards: (model, sizes) → {tokens: median seconds}; injectable so tests need no real timing
-Timer = Callable[[torch.nn.Module, tuple[int, ...]], dict[int, float]]
+# times models' forwards: ({name: model}, sizes) → {name: {tokens: median seconds}} (names left out: non-finite
+# logits); injectable so tests need no real timing
+Timer = Callable[[dict[str, torch.nn.Module], tuple[int, ...]], dict[str, dict[int, float]]]
 Loader = Callable[[str], torch.nn.Module]
 
 
@@ -135,29 +137,33 @@ def cache_key(device: torch.device, source: str, folder: str) -> str:
 
 # -- timing -------------------------------------------------------------------------------------------------------
 @torch.inference_mode()
-def time_forwards(model: torch.nn.Module, sizes: tuple[int, ...]) -> dict[int, float]:
-    """Median seconds of a T-token forward (logits for every row, as a verify step) on a CONTEXT_TOKENS-long
-    cache, for each T in sizes, the sizes interleaved round by round. Raises ValueError on non-finite logits."""
+def time_forwards(models: dict[str, torch.nn.Module], sizes: tuple[int, ...]) -> dict[str, dict[int, float]]:
+    """Median seconds of a T-token forward (logits for every row, as a verify step) on a CONTEXT_TOKENS-long cache,
+    per model and T, interleaved round by round over models and sizes (a busy minute hits them all alike). A model
+    whose logits are not finite is left out of the result."""
     from localspec.engine.model_runner import ModelRunner
 
-    runner = ModelRunner(model)
-    vocab = runner.vocab_size
+    runners = {name: ModelRunner(model) for name, model in models.items()}
+    vocab = min(runner.vocab_size for runner in runners.values())
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (CONTEXT_TOKENS + max(sizes),), generator=generator).tolist()
-    runner.reset()
-    runner.extend(ids[:CONTEXT_TOKENS], logits_to_keep=0)
-    samples: dict[int, list[float]] = {size: [] for size in sizes}
-    for round_ in range(REPEATS + 1):  # round 0 warms up
+    for runner in runners.values():
+        runner.reset()
+        runner.extend(ids[:CONTEXT_TOKENS], logits_to_keep=0)
+    samples = {name: {size: [] for size in sizes} for name in runners}
+    for round_ in range(-WARMUP_ROUNDS, REPEATS):
         for size in sizes:
-            started = time.perf_counter()
-            logits = runner.extend(ids[CONTEXT_TOKENS: CONTEXT_TOKENS + size]).logits
-            if not bool(torch.isfinite(logits).all()):
-                raise ValueError("non-finite logits")
-            elapsed = time.perf_counter() - started
-            runner.crop(CONTEXT_TOKENS)
-            if round_:
-                samples[size].append(elapsed)
-    return {size: statistics.median(values) for size, values in samples.items()}
+            for name, runner in list(runners.items()):
+                started = time.perf_counter()
+                logits = runner.extend(ids[CONTEXT_TOKENS: CONTEXT_TOKENS + size]).logits
+                finite = bool(torch.isfinite(logits).all())
+                elapsed = time.perf_counter() - started
+                runner.crop(CONTEXT_TOKENS)
+                if not finite:
+                    del runners[name], samples[name]
+                elif round_ >= 0:
+                    samples[name][size].append(elapsed)
+    return {name: {size: statistics.median(v) for size, v in by_size.items()} for name, by_size in samples.items()}
 
 
 def predicted_throughput(plain_s: float, verify_s: float, k: int, acceptance: float = PRIOR_ACCEPTANCE) -> float:
@@ -209,8 +215,9 @@ def cached_decision(key: str) -> DtypeDecision | None:
 # -- the decision -------------------------------------------------------------------------------------------------
 def decide(key: str, device: torch.device, k: int, load: Loader, timer: Timer | None = None,
            progress: Callable[[str], None] | None = None) -> tuple[DtypeDecision, torch.nn.Module | None]:
-    """The cached decision for `key` (and no model), or: load and time every candidate, cache the pick, and return
-    it with the loaded winner (the others are released as soon as they lose: at most two models are held)."""
+    """The cached decision for `key` (and no model), or: load every candidate, time them interleaved, cache the
+    pick, and return it with the loaded winner. All candidates are held during the timing (once per machine and
+    model); the losers are released before this returns."""
     found = cached_decision(key)
     if found is not None:
         return found, None
@@ -218,28 +225,25 @@ def decide(key: str, device: torch.device, k: int, load: Loader, timer: Timer | 
     if len(names) == 1:
         return DtypeDecision(names[0], "fixed", k, note=f"the only dtype {device.type} runs"), None
     timer = timer or time_forwards
-    sizes = (1, k + 1)
-    best: tuple[float, str, torch.nn.Module] | None = None
-    timings: list[Timing] = []
+    models = {}
     for name in names:
         if progress is not None:
-            progress(f"First start on this machine: timing the target in {name} (once)…")
-        model = load(name)
-        try:
-            measured = timer(model, sizes)
-        except ValueError:  # this dtype overflows on this model: not a candidate
-            del model
-            continue
-        speed = predicted_throughput(measured[1], measured[k + 1], k)
-        timings.append(Timing(name, measured[1], measured[k + 1], speed))
-        if best is None or speed > best[0]:
-            best = (speed, name, model)
-        del model
-    if best is None:
+            progress(f"First start on this machine: loading the target in {name} to time it (once)…")
+        models[name] = load(name)
+    if progress is not None:
+        progress(f"Timing {', '.join(names)} (1-token and {k + 1}-token forwards, interleaved)…")
+    measured = timer(models, (1, k + 1))
+    timings = [Timing(name, measured[name][1], measured[name][k + 1],
+                      predicted_throughput(measured[name][1], measured[name][k + 1], k))
+               for name in names if name in measured]
+    if not timings:
         return DtypeDecision("float32", "fixed", k, note="every dtype measured gave non-finite logits"), None
-    decision = DtypeDecision(best[1], "measured", k, tuple(timings), time.strftime("%Y-%m-%d"))
+    best = max(timings, key=lambda t: t.tokens_per_s)
+    winner = models.pop(best.dtype)
+    models.clear()  # the others are released
+    decision = DtypeDecision(best.dtype, "measured", k, tuple(timings), time.strftime("%Y-%m-%d"))
     _write_cache(key, decision)
-    return decision, best[2]
+    return decision, winner
 
 
 def choose_dtype(spec, folder: str, k: int, device: torch.device, load: Loader,
