@@ -71,3 +71,17 @@ def test_compiled_and_eager_give_the_same_tokens_and_k_changes_do_not_recompile(
     for k in (2, 6):  # rows 3 and 7: buckets already built
         assert _answer(target, draft, fast, k) == _answer(target, draft, eager, k)
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_the_cuda_graph_layout_whole_capacity_static_cache_gives_the_eager_tokens(tiny_models):
+    """reduce-overhead's cache (transformers' StaticCache, fixed shapes) with bucket padding, the eager backbone
+    standing in for the CUDA-graph one (this check runs on any machine)."""
+    from transformers import StaticCache
+
+    target, draft = tiny_models
+    eager = ModelRunner(target, compile="off")
+    graphs = ModelRunner(target, compile="off")
+    graphs.compile_mode, graphs._compiled = "reduce-overhead", graphs._backbone
+    for k in (3, 5):
+        assert _answer(target, draft, graphs, k) == _answer(target, draft, eager, k)
+    assert isinstance(graphs.cache, StaticCache)

@@ -48,6 +48,7 @@ class ModelRunner:
         params = inspect.signature(self._backbone.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
+    @torch.inference_mode()  # a StaticCache's buffers are inference tensors: reset and crop update them in place
     def reset(self) -> None:
         from transformers import DynamicCache
 
@@ -96,6 +97,7 @@ class ModelRunner:
         self.tokens.extend(token_ids)
         return ForwardOutput(logits=logits, hidden=features[0] if want_hidden else None)
 
+    @torch.inference_mode()
     def crop(self, length: int) -> None:
         """Keep the first `length` cached positions, dropping the rest (rollback after a rejection)."""
         drop = len(self.tokens) - max(length, 0)
