@@ -4,8 +4,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from localspec.bench.prompts import load_humaneval, load_mt_bench, load_prompt_file, load_prompts
+from localspec.bench.prompts import (
+    load_humaneval,
+    load_mt_bench,
+    load_prompt_file,
+    load_prompts,
+)
 from localspec.config import ConfigError
 
 from .conftest import SHARED_DATA
@@ -128,7 +134,7 @@ def test_summary_ratios_sweep_and_targets_from_known_numbers():
     from localspec.bench.modes import Mode, RunResult
     from localspec.engine.metrics import StatsSnapshot
     from localspec.bench.prompts import BenchPrompt
-    from localspec.bench.report import summarize, to_markdown, to_json
+    from localspec.bench.report import summarize, to_json, to_markdown
     from localspec.bench.runner import BenchRun, PromptRecord
 
     modes = [Mode("hf"), Mode("hf-pld", 4), Mode("none"), Mode("ngram", 1), Mode("ngram", 2),
@@ -171,3 +177,37 @@ def test_summary_ratios_sweep_and_targets_from_known_numbers():
     assert not targets["best of our modes (adaptive (ngram, K≤8)) / hf, all prompts"]["met"]  # 1.61× < 2×
     table = to_markdown(to_json(run, summary))
     assert "| ngram K=2 | code | 25.0 | 2.50× | 2.00× |" in table
+
+
+def test_bench_reports_the_dtype_decision_the_float32_baseline_and_per_row_costs(tiny_pair, tmp_path, monkeypatch):
+    from localspec.cli.main import main
+    from localspec.models import dtype_choice
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(dtype_choice, "candidates", lambda device: ["float32", "bfloat16"])
+
+    def fake_timer(models, sizes):  # the dtype decision: bfloat16 twice as fast; the per-row table: 10 ms per row
+        if sizes == tuple(range(1, 10)):
+            return {name: {s: 0.01 * s for s in sizes} for name in models}
+        return {name: {s: 0.02 if m.dtype == torch.bfloat16 else 0.04 for s in sizes} for name, m in models.items()}
+
+    monkeypatch.setattr(dtype_choice, "time_forwards", fake_timer)
+    models = tmp_path / "models.yaml"
+    models.write_text(f"- name: tiny-auto\n  target: {{source: {tiny_pair['target']}, dtype: auto}}\n  k: 3\n"
+                      "  proposers: {ngram: {min_n: 1, max_n: 3}}\n")
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hello hello hello"}) + "\n")
+    out = tmp_path / "out"
+    assert main(["bench", "--models", str(models), "--prompts", str(prompts), "--modes", "hf", "hf-fp32", "none",
+                 "--max-new-tokens", "8", "--out", str(out), "--no-progress", "--device", "cpu", "--no-warmup"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert [m["label"] for m in data["modes"]] == ["hf", "hf-fp32", "none"]
+    assert data["machine"]["dtype"]["dtype"] == "bfloat16" and data["machine"]["dtype"]["how"] == "measured"
+    assert list(data["machine"]["verify_ms"]) == [str(t) for t in range(1, 10)]
+    assert data["machine"]["verify_ms"]["9"] == pytest.approx(90.0)
+    for prompt in data["prompts"]:
+        assert 1 <= len(prompt["results"]["hf-fp32"]["token_ids"]) <= 8
+    table = (out / "results.md").read_text()
+    assert "Target dtype: bfloat16 (auto: 1-token 20 ms vs 40 ms float32" in table
+    assert "| T tokens | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 |" in table and "| × T=1 | 1.00 | 2.00 |" in table
+    assert any("/ hf-fp32" in t["target"] for t in data["summary"]["targets"])

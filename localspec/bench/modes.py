@@ -10,7 +10,7 @@ import torch
 from localspec.config import K_MAX, K_MIN, ConfigError, SamplingParams, k_error
 from localspec.engine.metrics import StatsSnapshot
 
-HF_MODES = ("hf", "hf-pld", "hf-assisted")
+HF_MODES = ("hf", "hf-fp32", "hf-pld", "hf-assisted")
 ENGINE_MODES = ("none", "ngram", "draft", "head", "ngram+head", "adaptive")
 ALL_MODES = HF_MODES + ENGINE_MODES
 SWEPT = ("ngram", "draft", "head", "ngram+head")  # run once per K of --k
@@ -48,8 +48,11 @@ def available_modes(session) -> dict[str, str | None]:
     pair = session.loaded.spec
     has_draft = pair.draft is not None and session.loaded.draft is not None
     why_draft = None if has_draft else f"pair {pair.name!r} has no standalone draft model"
+    fp32 = session.loaded.dtype is not None and session.loaded.dtype.dtype == "float32"
     return {
         "hf": None, "none": None,
+        "hf-fp32": "the target runs in float32 already (see hf)" if fp32 else
+        None if session.loaded.quant == "none" else f"a {session.loaded.quant} target has no float32 copy to run",
         "hf-pld": None,
         "hf-assisted": why_draft,
         "ngram": None if pair.ngram is not None else f"pair {pair.name!r} has no n-gram proposer",
@@ -105,12 +108,31 @@ def run_mode(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) ->
     return run_engine(session, mode, prompt_ids, max_new_tokens)
 
 
+_FLOAT32_COPIES: dict[int, torch.nn.Module] = {}  # id(loaded target) → the same weights loaded in float32
+
+
+def float32_target(session) -> torch.nn.Module:
+    """The target loaded again in float32: what a user gets from transformers out of the box (hf-fp32)."""
+    from dataclasses import replace
+
+    from localspec.models.loading import load_causal_lm
+
+    loaded = session.loaded
+    key = id(loaded.target)
+    if key not in _FLOAT32_COPIES:
+        spec = replace(loaded.spec.target, dtype="float32", quant="none")
+        _FLOAT32_COPIES.clear()  # one copy at a time
+        _FLOAT32_COPIES[key] = load_causal_lm(spec, "bench float32 baseline", loaded.device, "target")[0]
+    return _FLOAT32_COPIES[key]
+
+
 @torch.inference_mode()
 def run_hf(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
-    """transformers generate(): plain greedy, prompt lookup (K), or assisted by the pair's draft model."""
+    """transformers generate(): plain greedy (in the target's dtype, or hf-fp32 in float32), prompt lookup (K), or
+    assisted by the pair's draft model."""
     from transformers import GenerationConfig
 
-    model = session.loaded.target
+    model = float32_target(session) if mode.name == "hf-fp32" else session.loaded.target
     stop_ids = sorted(session.engine.stop_token_ids)
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stop_ids or None,
                               pad_token_id=session.tokenizer.pad_token_id if session.tokenizer.pad_token_id

@@ -5,7 +5,7 @@ import json
 import time
 from pathlib import Path
 
-from .modes import SWEPT, Mode
+from .modes import HF_MODES, SWEPT, Mode
 from .runner import BenchRun
 
 ALL = "all"
@@ -103,7 +103,7 @@ def check_targets(modes: list[Mode], rows: dict, categories: list[str], key: str
     by_name: dict[str, list[Mode]] = {}
     for mode in modes:
         by_name.setdefault(mode.name, []).append(mode)
-    ours = [m for m in modes if m.name not in ("hf", "hf-pld", "hf-assisted")]
+    ours = [m for m in modes if m.name not in HF_MODES]
     targets = []
 
     def add(what: str, value: float, goal: float) -> None:
@@ -112,6 +112,9 @@ def check_targets(modes: list[Mode], rows: dict, categories: list[str], key: str
     if "hf" in by_name and ours:
         best = pick(ours)
         add(f"best of our modes ({best.label}) / hf, all prompts", tps(best.label) / tps("hf"), 2.0)
+    if "hf-fp32" in by_name and ours:
+        best = pick(ours)
+        add(f"best of our modes ({best.label}) / hf-fp32, all prompts", tps(best.label) / tps("hf-fp32"), 2.5)
     if "ngram" in by_name and "hf-pld" in by_name:
         best = pick(by_name["ngram"])
         add(f"{best.label} / {by_name['hf-pld'][0].label}, all prompts",
@@ -189,6 +192,17 @@ def to_markdown(data: dict) -> str:
         "by prompt, so the ratios between them are comparable; absolute tokens/s depend on the load.",
         "",
     ]
+    if machine.get("dtype"):
+        lines += [f"Target dtype: {machine['dtype']['text']}.", ""]
+    if machine.get("verify_ms"):
+        rows_ms = machine["verify_ms"]
+        values = list(rows_ms.values())
+        lines += [
+            ("Verify cost per row count (median ms of a T-token target forward on a 64-token cache, measured "
+             "before the run):"), "",
+            "| T tokens | " + " | ".join(rows_ms) + " |", "|---|" + "---:|" * len(rows_ms),
+            "| ms | " + " | ".join(f"{v:.1f}" for v in values) + " |",
+            "| × T=1 | " + " | ".join(f"{v / rows_ms['1']:.2f}" for v in values) + " |", ""]
     if data["notes"]:
         lines += ["Notes: " + "; ".join(data["notes"]) + ".", ""]
     lines += ["| mode | prompts | tok/s | × hf | × none | tok/CPU-s | × none (CPU) | acceptance | mean acc. len "

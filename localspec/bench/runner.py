@@ -64,11 +64,27 @@ def _progress_bar(total: int, enabled: bool):
     return tqdm(total=total, desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True)
 
 
+VERIFY_ROWS = tuple(range(1, 10))  # T-token forwards timed for the report's per-row verify costs
+
+
+def verify_costs(session) -> dict[str, float]:
+    """Median ms of a T-token target forward on a 64-token cache, T = 1..9 (models/dtype_choice.time_forwards)."""
+    from localspec.models.dtype_choice import time_forwards
+
+    measured = time_forwards({"target": session.loaded.target}, VERIFY_ROWS).get("target", {})
+    return {str(t): s * 1e3 for t, s in measured.items()}
+
+
 def run_bench(session, prompts: list[BenchPrompt], modes: list[Mode], max_new_tokens: int,
               notes: Optional[list[str]] = None, progress: bool = True, warmup: bool = True,
-              on_result: Optional[Callable[[PromptRecord, Mode, RunResult], None]] = None) -> BenchRun:
+              on_result: Optional[Callable[[PromptRecord, Mode, RunResult], None]] = None,
+              measure_rows: bool = True) -> BenchRun:
     machine = machine_info()
     machine["load_before"] = load_average()
+    dtype = session.loaded.dtype
+    machine["dtype"] = dtype.to_dict() if dtype is not None else {"dtype": session.loaded.spec.target.dtype,
+                                                                  "text": session.loaded.spec.target.dtype}
+    machine["verify_ms"] = verify_costs(session) if measure_rows else {}
     encoded = []
     for prompt in prompts:
         ids, _notice = session.prompt_ids(list(prompt.messages), max_new_tokens)

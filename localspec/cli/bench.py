@@ -7,7 +7,7 @@ from pathlib import Path
 from localspec.config import ConfigError, check_k
 from .common import add_model_options
 
-DEFAULT_MODES = ("hf", "hf-pld", "hf-assisted", "none", "ngram", "draft", "head", "adaptive")
+DEFAULT_MODES = ("hf", "hf-fp32", "hf-pld", "hf-assisted", "none", "ngram", "draft", "head", "adaptive")
 
 
 def add_parser(sub) -> None:

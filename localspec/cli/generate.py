@@ -54,6 +54,7 @@ def run(args) -> int:
             "k": spec.k,
             "adaptive": spec.adaptive,
             "quant": session.loaded.quant,
+            "dtype": session.loaded.dtype.to_dict() if session.loaded.dtype is not None else None,
             "text": "".join(t.text for t in tokens),
             "token_ids": [t.token_id for t in tokens],
             "events": [t.to_dict() for t in tokens],
@@ -63,6 +64,8 @@ def run(args) -> int:
         }, ensure_ascii=False))
     else:
         print()
+        if session.loaded.dtype is not None:
+            print(f"[dtype {session.loaded.dtype.describe()}]", file=sys.stderr)
         if stats:
             print(f"[{spec.proposer} K={spec.k}] {stats.emitted} tokens, {stats.tokens_per_s:.1f} tok/s, "
                   f"accepted {stats.accepted}/{stats.drafted} draft tokens ({stats.acceptance_rate:.0%}), "

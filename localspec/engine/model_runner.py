@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from .compiled import CompileMode, bucket, compile_backbone, compile_mode_from_env
 from .features import backbone_features
+from .static_cache import PreallocatedCache, cache_supported
+
+CacheKind = Literal["static", "dynamic"]
 
 
 @dataclass(frozen=True)
@@ -17,13 +22,17 @@ class ForwardOutput:
 
 
 class ModelRunner:
-    """Wraps a transformers causal LM and a DynamicCache. Knows only token ids.
+    """Wraps a transformers causal LM and its KV cache. Knows only token ids.
 
     tokens holds exactly the ids whose keys/values are in the cache, so a caller can find the common prefix
     with a new context and crop to it (transformers' candidate generators roll back the same way).
+
+    cache "static": a preallocated cache (static_cache.py) where a crop is a length reset and no step
+    concatenates, kept across answers; used for every model whose layers are all full attention. "dynamic":
+    transformers' DynamicCache (the fallback for sliding-window and other layer kinds).
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, cache: CacheKind = "static", compile: CompileMode | None = None) -> None:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
@@ -31,15 +40,30 @@ class ModelRunner:
         self._backbone = model.base_model
         self._lm_head = model.get_output_embeddings()
         self.cache = None
+        self.cache_kind: CacheKind = cache if cache == "dynamic" or cache_supported(model.config) else "dynamic"
         self.tokens: list[int] = []
+        self.compile_mode: CompileMode = compile_mode_from_env() if compile is None else compile
+        self._compiled = None if self.compile_mode == "off" else compile_backbone(self._backbone, self.compile_mode)
         # transformers ≥ 5.2x names the argument `cache` (past_key_values is deprecated); older models keep the old name
         params = inspect.signature(self._backbone.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
+    @torch.inference_mode()  # a StaticCache's buffers are inference tensors: reset and crop update them in place
     def reset(self) -> None:
         from transformers import DynamicCache
 
-        self.cache = DynamicCache(config=self.model.config)
+        if self.cache_kind == "dynamic":
+            self.cache = DynamicCache(config=self.model.config)
+        elif self.compile_mode == "reduce-overhead":  # CUDA graphs: fixed shapes, so the whole-capacity StaticCache
+            from transformers import StaticCache
+
+            if self.cache is None:
+                self.cache = StaticCache(config=self.model.config, max_cache_len=self.max_context)
+            self.cache.reset()
+        elif self.cache is None:
+            self.cache = PreallocatedCache(self.model.config, self.max_context)
+        else:
+            self.cache.reset()  # keeps the buffers
         self.tokens = []
 
     @torch.inference_mode()
@@ -51,10 +75,19 @@ class ModelRunner:
         state, after the outputs of `feature_layers`)."""
         if self.cache is None:
             self.reset()
-        input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
-        out, features = backbone_features(self._backbone, feature_layers if want_hidden else (),
+        if isinstance(self.cache, PreallocatedCache):
+            self.cache.ensure_capacity(len(self.tokens) + len(token_ids))
+        rows, backbone, pad = len(token_ids), self._backbone, 0
+        padded = bucket(rows) if self._compiled is not None and self.tokens else None
+        if padded is not None and len(self.tokens) + padded <= self.max_context:  # a verify-sized forward: the compiled graph of its row bucket
+            backbone, pad = self._compiled, padded - rows
+        input_ids = torch.tensor([token_ids + token_ids[-1:] * pad], dtype=torch.long, device=self.device)
+        out, features = backbone_features(backbone, feature_layers if want_hidden else (),
                                           input_ids=input_ids, use_cache=True, **{self._cache_kwarg: self.cache})
-        hidden = out.last_hidden_state[0]  # [T, H]
+        if pad:
+            self.cache.crop(-pad)  # the padding rows' positions
+        hidden = out.last_hidden_state[0, :rows]  # [T, H]
+        features = features[:, :rows]
         if logits_to_keep is None:
             logits = self._lm_head(hidden)  # [T, V]
         elif logits_to_keep > 0:
@@ -64,6 +97,7 @@ class ModelRunner:
         self.tokens.extend(token_ids)
         return ForwardOutput(logits=logits, hidden=features[0] if want_hidden else None)
 
+    @torch.inference_mode()
     def crop(self, length: int) -> None:
         """Keep the first `length` cached positions, dropping the rest (rollback after a rejection)."""
         drop = len(self.tokens) - max(length, 0)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from localspec.config import ConfigError, ModelSpec, PairSpec
+from .dtype_choice import choose_dtype, fixed_decision
 from .paths import cache_dir
 from .registry import GGUF_PREFIX, looks_like_path
 
@@ -256,6 +257,7 @@ class LoadedPair:
     quant: str
     head: Any = None  # FeatureHead, built on the target's embedding at load time
     notices: tuple[str, ...] = ()
+    dtype: Optional[Any] = None  # dtype_choice.DtypeDecision: the dtype the target runs in, and why
 
     @property
     def proposers(self) -> tuple[str, ...]:
@@ -328,7 +330,14 @@ def load_pair(pair: PairSpec, quant: Optional[str] = None, device: Optional[str]
     if load_draft and pair.draft is not None:  # tokenizer and config checked before any weights load
         draft_folder = _optional_part("draft", lambda: checked_draft_folder(pair, target_folder, tokenizer, progress),
                                       notices, progress)
-    target, _ = load_causal_lm(target_spec, where, dev, "target", progress)
+    target, decision = None, None
+    if target_spec.dtype == "auto" and target_spec.quant == "none":  # measured once per machine (dtype_choice.py)
+        decision, target = choose_dtype(target_spec, target_folder, pair.k, dev,
+                                        lambda d: load_causal_lm(replace(target_spec, dtype=d), where, dev, "target",
+                                                                 progress)[0], progress)
+        target_spec = replace(target_spec, dtype=decision.dtype)
+    if target is None:
+        target, _ = load_causal_lm(target_spec, where, dev, "target", progress)
     draft = None
     if draft_folder is not None:
         draft = _optional_part("draft", lambda: load_draft_part(pair, target, dev, progress), notices, progress)
@@ -337,4 +346,4 @@ def load_pair(pair: PairSpec, quant: Optional[str] = None, device: Optional[str]
         head = _optional_part("head", lambda: load_head_part(pair, target, dev), notices, progress)
     _say(progress, "Ready.")
     return LoadedPair(pair, target, tokenizer, draft, dev, time.perf_counter() - started, target_spec.quant,
-                      head=head, notices=tuple(notices))
+                      head=head, notices=tuple(notices), dtype=decision or fixed_decision(target_spec, target))
