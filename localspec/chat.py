@@ -1,13 +1,15 @@
 """Chat on top of the engine: messages → prompt ids (with a stated truncation policy), ids → text per token."""
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Iterator, Optional
+from typing import Optional
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig, check_max_new_tokens, require_proposer
-from localspec.engine.loop import Engine
 from localspec.engine.events import StepEvent
+from localspec.engine.loop import Engine
 from localspec.models.loading import LoadedPair
 from localspec.models.stop_tokens import stop_token_ids
 from localspec.proposers import DraftModelProposer, NgramProposer
@@ -34,7 +36,7 @@ class IncrementalDetokenizer:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):
             return ""  # wait for the rest of a multi-byte character
-        piece = text[len(self.text):] if text.startswith(self.text) else text
+        piece = text[len(self.text) :] if text.startswith(self.text) else text
         self.text = text
         return piece
 
@@ -93,8 +95,13 @@ class ChatSession:
     def default_spec(self, **overrides) -> SpecConfig:
         pair = self.loaded.spec
         ngram = pair.ngram
-        base = SpecConfig(proposer=self.loaded.default_proposer, k=pair.k, adaptive=pair.adaptive,
-                          ngram_min=ngram.min_n if ngram else 1, ngram_max=ngram.max_n if ngram else 4)
+        base = SpecConfig(
+            proposer=self.loaded.default_proposer,
+            k=pair.k,
+            adaptive=pair.adaptive,
+            ngram_min=ngram.min_n if ngram else 1,
+            ngram_max=ngram.max_n if ngram else 4,
+        )
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
     def prompt_ids(self, messages: list[dict], max_new_tokens: int) -> tuple[list[int], Optional[str]]:
@@ -125,7 +132,7 @@ class ChatSession:
             overflow = len(ids) - budget
             if overflow >= len(content_ids):
                 raise ConfigError("the conversation's fixed parts do not fit this model's context")
-            kept = self.tokenizer.decode(content_ids[overflow + 8:])
+            kept = self.tokenizer.decode(content_ids[overflow + 8 :])
             turns = [{"role": last["role"], "content": kept}]
             notice = "Your message was longer than the context; only its end was kept. " + TRUNCATION_POLICY
 
@@ -135,15 +142,17 @@ class ChatSession:
             out = out["input_ids"]
         return list(out)
 
-    def stream(self, messages: list[dict], sampling: SamplingParams, spec: SpecConfig,
-               cancel: Optional[threading.Event] = None) -> Iterator[StepEvent]:
+    def stream(
+        self, messages: list[dict], sampling: SamplingParams, spec: SpecConfig, cancel: Optional[threading.Event] = None
+    ) -> Iterator[StepEvent]:
         """Yield the engine's step events with each token's text filled in."""
         sampling.validate()
         ids, _notice = self.prompt_ids(messages, sampling.max_new_tokens)
         yield from self.stream_ids(ids, sampling, spec, cancel)
 
-    def stream_ids(self, ids: list[int], sampling: SamplingParams, spec: SpecConfig,
-                   cancel: Optional[threading.Event] = None) -> Iterator[StepEvent]:
+    def stream_ids(
+        self, ids: list[int], sampling: SamplingParams, spec: SpecConfig, cancel: Optional[threading.Event] = None
+    ) -> Iterator[StepEvent]:
         proposer = self.make_proposer(spec)
         detok = IncrementalDetokenizer(self.tokenizer)
         for event in self.engine.generate(ids, sampling, spec, proposer, cancel):

@@ -1,4 +1,5 @@
 """Frozen configuration records shared by the engine, the CLI and the UI."""
+
 from __future__ import annotations
 
 import math
@@ -64,7 +65,7 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def validate(self) -> "SamplingParams":
+    def validate(self) -> SamplingParams:
         for name in ("temperature", "top_p"):
             value = getattr(self, name)
             too_big = isinstance(value, int) and abs(value) > 10**300
@@ -77,8 +78,9 @@ class SamplingParams:
                 raise ConfigError(f"{FIELD_LABELS.get(name, name)} must be a whole number (got {value!r})")
         check_seed(self.seed)
         if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= TEMPERATURE_MAX:
-            raise ConfigError(f"temperature must be between 0 and {TEMPERATURE_MAX:g} (got {self.temperature!r}); "
-                              "0 means greedy")
+            raise ConfigError(
+                f"temperature must be between 0 and {TEMPERATURE_MAX:g} (got {self.temperature!r}); 0 means greedy"
+            )
         if not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top-p must be in (0, 1] (got {self.top_p!r}); 1 turns it off")
         if not isinstance(self.top_k, int) or self.top_k < 0:
@@ -97,12 +99,13 @@ class SpecConfig:
     ngram_max: int = 4
     adaptive: bool = False  # pick K ≤ k each step from measured costs and acceptance; 0 = plain step
 
-    def validate(self) -> "SpecConfig":
+    def validate(self) -> SpecConfig:
         for name in ("k", "ngram_min", "ngram_max"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{FIELD_LABELS.get(name, name.replace('_', ' '))} must be a whole number "
-                                  f"(got {value!r})")
+                raise ConfigError(
+                    f"{FIELD_LABELS.get(name, name.replace('_', ' '))} must be a whole number (got {value!r})"
+                )
         if self.proposer not in PROPOSERS:
             raise ConfigError(f"unknown proposer {self.proposer!r}; choose one of {', '.join(PROPOSERS)}")
         if self.sampler not in SAMPLERS:

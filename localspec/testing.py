@@ -2,6 +2,7 @@
 
 Used by the tests, the benchmark's smoke run and the UI tests: everything that needs "a model" but not a good one.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,10 @@ def make_tiny_tokenizer(out_dir: Path):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
         unk_token="<|endoftext|>",
     )
     fast.add_special_tokens({"additional_special_tokens": SPECIALS})
@@ -39,17 +43,27 @@ def make_tiny_tokenizer(out_dir: Path):
     return fast
 
 
-def make_tiny_model(out_dir: Path, layers: int = 2, hidden: int = 64, seed: int = 0, base: Path | None = None,
-                    noise: float = 0.0) -> Path:
+def make_tiny_model(
+    out_dir: Path, layers: int = 2, hidden: int = 64, seed: int = 0, base: Path | None = None, noise: float = 0.0
+) -> Path:
     """A random Llama; with base given, a copy of base's first `layers` layers plus Gaussian noise (a draft that
     agrees with the target often but not always)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=TINY_VOCAB, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=1024,
-        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        vocab_size=TINY_VOCAB,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
@@ -58,8 +72,11 @@ def make_tiny_model(out_dir: Path, layers: int = 2, hidden: int = 64, seed: int 
         model.get_output_embeddings().weight.mul_(LOGIT_SCALE)
         if base is not None:
             base_model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-            state = {k: v for k, v in base_model.state_dict().items() if k in model.state_dict()
-                     and v.shape == model.state_dict()[k].shape}
+            state = {
+                k: v
+                for k, v in base_model.state_dict().items()
+                if k in model.state_dict() and v.shape == model.state_dict()[k].shape
+            }
             model.load_state_dict(state, strict=False)
             for param in model.parameters():
                 if param.dim() > 1:
@@ -96,17 +113,36 @@ def make_tiny_pair(root: Path) -> dict[str, Path]:
 FAMILY_VOCABS = {"smollm2": 49152, "qwen2.5-0.5b": 151936, "qwen2.5-7b": 152064, "llama3": 128256}
 
 
-def make_family_model(out_dir: Path, family: str, vocab_size: int, layers: int = 2, hidden: int = 64, seed: int = 0,
-                      tied: bool = False, base: Path | None = None, noise: float = 0.0) -> Path:
+def make_family_model(
+    out_dir: Path,
+    family: str,
+    vocab_size: int,
+    layers: int = 2,
+    hidden: int = 64,
+    seed: int = 0,
+    tied: bool = False,
+    base: Path | None = None,
+    noise: float = 0.0,
+) -> Path:
     """A random Llama- or Qwen2-style model with a real family's vocabulary size (the byte-level tokenizer of
     make_tiny_tokenizer uses its first rows; the rest are the padding a real checkpoint has too). With base given:
     base's weights (the first rows of its vocabulary-sized ones) plus Gaussian noise, a draft that often agrees."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                  tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=tied,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     if family == "qwen2":
         config = Qwen2Config(**common)
     elif family == "llama":

@@ -3,6 +3,7 @@ engine called directly (ChatSession.stream), same prompts, greedy, one run each,
 
     python scripts/api_overhead.py [--models models.yaml] [--model NAME] [--max-tokens 64] [--device cpu]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,14 @@ def direct(session, prompt, max_tokens):
 def through_api(client, name, prompt, max_tokens):
     started = time.perf_counter()
     first, usage = None, None
-    stream = client.chat.completions.create(model=name, messages=[{"role": "user", "content": prompt}],
-                                            max_tokens=max_tokens, temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content and first is None:
             first = time.perf_counter() - started
@@ -88,15 +94,19 @@ def main() -> int:
         d = direct(session, prompt, args.max_tokens)
         a = through_api(client, pair.name, prompt, args.max_tokens)
         rows.append((d, a))
-        print(f"{prompt[:40]:40s}  TTFT direct {d[0] * 1e3:7.1f} ms  api {a[0] * 1e3:7.1f} ms   "
-              f"tok/s direct {d[1]:6.1f}  api {a[1]:6.1f}")
+        print(
+            f"{prompt[:40]:40s}  TTFT direct {d[0] * 1e3:7.1f} ms  api {a[0] * 1e3:7.1f} ms   "
+            f"tok/s direct {d[1]:6.1f}  api {a[1]:6.1f}"
+        )
     ttft_d = sum(r[0][0] for r in rows) / len(rows)
     ttft_a = sum(r[1][0] for r in rows) / len(rows)
     tps_d = sum(r[0][1] for r in rows) / len(rows)
     tps_a = sum(r[1][1] for r in rows) / len(rows)
-    print(f"{pair.name}, {args.device}, proposer {session.default_spec().proposer}, greedy, {args.max_tokens} tokens:"
-          f" mean TTFT direct {ttft_d * 1e3:.1f} ms, api {ttft_a * 1e3:.1f} ms (api/direct {ttft_a / ttft_d:.2f}); "
-          f"mean tok/s direct {tps_d:.1f}, api {tps_a:.1f} (api/direct {tps_a / tps_d:.2f})")
+    print(
+        f"{pair.name}, {args.device}, proposer {session.default_spec().proposer}, greedy, {args.max_tokens} tokens:"
+        f" mean TTFT direct {ttft_d * 1e3:.1f} ms, api {ttft_a * 1e3:.1f} ms (api/direct {ttft_a / ttft_d:.2f}); "
+        f"mean tok/s direct {tps_d:.1f}, api {tps_a:.1f} (api/direct {tps_a / tps_d:.2f})"
+    )
     server.should_exit = True
     return 0
 

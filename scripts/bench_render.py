@@ -7,6 +7,7 @@ model-free echo session (localspec/ui/echo.py), measured with requestAnimationFr
 
     python scripts/bench_render.py [--browser]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,18 +47,22 @@ def answer_text(tokens: int) -> list[str]:
 
 
 def records(texts: list[str]) -> list[dict]:
-    return [{"id": i, "text": t, "kind": CYCLE[i % len(CYCLE)], "p_target": 0.8, "p_draft": 0.9,
-             "acceptance_prob": 0.9} for i, t in enumerate(texts)]
+    return [
+        {"id": i, "text": t, "kind": CYCLE[i % len(CYCLE)], "p_target": 0.8, "p_draft": 0.9, "acceptance_prob": 0.9}
+        for i, t in enumerate(texts)
+    ]
 
 
 def server(points=(100, 1000, 4000), repeats: int = 20) -> None:
     all_records = records(answer_text(max(points)))
-    turns = [{"role": "user", "content": "explain speculative decoding with code"},
-              {"role": "assistant", "content": "", "tokens": [], "pending": True}]
+    turns = [
+        {"role": "user", "content": "explain speculative decoding with code"},
+        {"role": "assistant", "content": "", "tokens": [], "pending": True},
+    ]
     answer = turns[1]
     per_update: dict[int, list[float]] = {}
     for end in range(2, max(points) + repeats * 2 + 1, 2):  # stream 2 tokens per update, like one step
-        answer["tokens"].extend(all_records[end - 2:end])
+        answer["tokens"].extend(all_records[end - 2 : end])
         started = time.perf_counter()
         transcript_html(turns)
         elapsed = time.perf_counter() - started
@@ -72,8 +77,10 @@ def server(points=(100, 1000, 4000), repeats: int = 20) -> None:
         transcript_html([turns[0], {"role": "assistant", "content": "", "tokens": fresh}])
         scratch = time.perf_counter() - started
         times = per_update[point]
-        print(f"| {point:,} tokens | {statistics.median(times) * 1000:.2f} ms | {max(times) * 1000:.2f} ms | "
-              f"{scratch * 1000:.1f} ms |")
+        print(
+            f"| {point:,} tokens | {statistics.median(times) * 1000:.2f} ms | {max(times) * 1000:.2f} ms | "
+            f"{scratch * 1000:.1f} ms |"
+        )
 
 
 def browser(tokens: int = 1000, step_ms: float = 20.0) -> None:
@@ -90,8 +97,9 @@ def browser(tokens: int = 1000, step_ms: float = 20.0) -> None:
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
     try:
         with sync_playwright() as playwright:
-            chromium = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                                  args=["--no-sandbox", "--disable-gpu"])
+            chromium = playwright.chromium.launch(
+                executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox", "--disable-gpu"]
+            )
             page = chromium.new_page(viewport={"width": 1280, "height": 800})
             page.goto(f"http://127.0.0.1:{port}/", wait_until="load")
             page.wait_for_selector("#ls-message textarea", timeout=90_000)
@@ -117,11 +125,13 @@ def browser(tokens: int = 1000, step_ms: float = 20.0) -> None:
     finally:
         demo.close()
     frames.sort()
-    print(f"| streamed | frames | median frame | 95th percentile | slowest | long tasks (> 50 ms) | token spans |")
+    print("| streamed | frames | median frame | 95th percentile | slowest | long tasks (> 50 ms) | token spans |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| {tokens:,} tokens in {seconds:.1f} s | {len(frames)} | {statistics.median(frames):.1f} ms | "
-          f"{frames[int(len(frames) * 0.95)]:.1f} ms | {frames[-1]:.0f} ms | {len(long_tasks)} "
-          f"(longest {max(long_tasks, default=0):.0f} ms) | {spans:,} |")
+    print(
+        f"| {tokens:,} tokens in {seconds:.1f} s | {len(frames)} | {statistics.median(frames):.1f} ms | "
+        f"{frames[int(len(frames) * 0.95)]:.1f} ms | {frames[-1]:.0f} ms | {len(long_tasks)} "
+        f"(longest {max(long_tasks, default=0):.0f} ms) | {spans:,} |"
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 Prints, per row count T, the median eager and compiled forward on a 64-token cache and their ratio, and the
 compile time of each row bucket (the first call). Timings only: no pass/fail.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,7 @@ def main() -> None:
     compile_s = {}
     for rows in args.rows:  # the first compiled call of each bucket builds its graph
         started = time.perf_counter()
-        runners["compiled"].extend(ids[64: 64 + rows])
+        runners["compiled"].extend(ids[64 : 64 + rows])
         compile_s[rows] = time.perf_counter() - started
         runners["compiled"].crop(64)
     samples = {(name, rows): [] for name in runners for rows in args.rows}
@@ -46,15 +47,17 @@ def main() -> None:
         for rows in args.rows:
             for name, runner in runners.items():
                 started = time.perf_counter()
-                runner.extend(ids[64: 64 + rows])
+                runner.extend(ids[64 : 64 + rows])
                 samples[(name, rows)].append(time.perf_counter() - started)
                 runner.crop(64)
     print(f"{args.dtype}, {args.threads} thread(s), torch {torch.__version__}")
     for rows in args.rows:
         eager = statistics.median(samples[("eager", rows)])
         compiled = statistics.median(samples[("compiled", rows)])
-        print(f"T={rows}: eager {eager * 1e3:.1f} ms, compiled {compiled * 1e3:.1f} ms, "
-              f"compiled/eager {compiled / eager:.2f}, first call (compile) {compile_s[rows]:.1f} s")
+        print(
+            f"T={rows}: eager {eager * 1e3:.1f} ms, compiled {compiled * 1e3:.1f} ms, "
+            f"compiled/eager {compiled / eager:.2f}, first call (compile) {compile_s[rows]:.1f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
                                             transformers generate and assisted generation on the same GPU
 --tiny runs every part on the CPU at hidden 64 / 2 layers (plumbing only; timings there mean nothing).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,14 +28,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 warnings.filterwarnings("ignore")
 
 TARGET_V, DRAFT_V = 152064, 151936
-REAL = dict(target=dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
-                        num_hidden_layers=4, vocab_size=TARGET_V, tie_word_embeddings=False),
-            draft=dict(hidden_size=896, intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2,
-                       num_hidden_layers=24, vocab_size=DRAFT_V, tie_word_embeddings=True))
-TINY = dict(target=dict(REAL["target"], hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                        num_key_value_heads=2, num_hidden_layers=2),
-            draft=dict(REAL["draft"], hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                       num_key_value_heads=2, num_hidden_layers=2))
+REAL = dict(
+    target=dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        num_hidden_layers=4,
+        vocab_size=TARGET_V,
+        tie_word_embeddings=False,
+    ),
+    draft=dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        num_hidden_layers=24,
+        vocab_size=DRAFT_V,
+        tie_word_embeddings=True,
+    ),
+)
+TINY = dict(
+    target=dict(
+        REAL["target"],
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+    ),
+    draft=dict(
+        REAL["draft"],
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+    ),
+)
 
 
 def device() -> torch.device:
@@ -54,19 +85,33 @@ def exactness(tiny: bool) -> dict:
         for dtype in (torch.float32,) if tiny else (torch.float32, torch.bfloat16):
             for k in ks:
                 for temperature in (0.0, 1.0):
-                    case = make_verify_case(vocab + k, 4 if not tiny else 1, k, vocab, temperature=temperature,
-                                            with_draft_probs=True, dtype=dtype, device=dev)
+                    case = make_verify_case(
+                        vocab + k,
+                        4 if not tiny else 1,
+                        k,
+                        vocab,
+                        temperature=temperature,
+                        with_draft_probs=True,
+                        dtype=dtype,
+                        device=dev,
+                    )
                     if vocab == TARGET_V:  # the Qwen2.5 draft: 151,936 columns, zero-padded to the target's width
                         probs = case.draft_probs.clone()
                         probs[..., DRAFT_V:] = 0
                         probs = probs / probs.sum(-1, keepdim=True)
-                        case = type(case)(case.target_logits, case.draft_token_ids.clamp(max=DRAFT_V - 1), probs,
-                                          case.sampling, case.draws)
+                        case = type(case)(
+                            case.target_logits,
+                            case.draft_token_ids.clamp(max=DRAFT_V - 1),
+                            probs,
+                            case.sampling,
+                            case.draws,
+                        )
                     problems = compare_outputs(case.run(fused), case.run(rejection_sample))
                     rows += 1
                     if problems:
-                        failures.append({"vocab": vocab, "dtype": str(dtype), "k": k, "T": temperature,
-                                         "problems": problems[:2]})
+                        failures.append(
+                            {"vocab": vocab, "dtype": str(dtype), "k": k, "T": temperature, "problems": problems[:2]}
+                        )
     return {"device": str(dev), "sampler": name, "cases": rows, "failures": failures, "ok": not failures}
 
 
@@ -87,9 +132,12 @@ def build_pair(tiny: bool, quant: str, folder: Path):
                 AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(path)
         kwargs = {"dtype": dtype}
         if role == "target" and quant == "nf4":
-            kwargs.update(quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                                                 bnb_4bit_compute_dtype=dtype),
-                          device_map={"": 0} if dev.type == "cuda" else {"": "cpu"})
+            kwargs.update(
+                quantization_config=BitsAndBytesConfig(
+                    load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype
+                ),
+                device_map={"": 0} if dev.type == "cuda" else {"": "cpu"},
+            )
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
         models[role] = (model if "device_map" in kwargs else model.to(dev)).eval()
     return models["target"], models["draft"]
@@ -124,9 +172,11 @@ def costs(tiny: bool, folder: Path) -> dict:
         runner = ModelRunner(target)
         row = {}
         for k in (0, 1, 2, 4, 8):
+
             def step(runner=runner, k=k):
                 runner.crop(len(prompt))
                 runner.extend([7] * (k + 1))
+
             runner.reset()
             runner.extend(prompt, logits_to_keep=0)
             step()
@@ -138,6 +188,7 @@ def costs(tiny: bool, folder: Path) -> dict:
             def draft_token(drunner=drunner):
                 drunner.crop(len(prompt))
                 drunner.extend([7], logits_to_keep=1)
+
             drunner.reset()
             drunner.extend(prompt, logits_to_keep=0)
             report["draft_ms_per_token"] = round(_timed(draft_token, repeats), 3)
@@ -167,8 +218,15 @@ def e2e(tiny: bool, folder: Path) -> dict:
     for module in head.layers:
         module.init_from_target_layer(target.model.layers[-1])
     head = head.to(device=device(), dtype=target.dtype).eval()
-    spec = PairSpec(name="real-shaped", target=ModelSpec("random"), draft=ModelSpec("random"), head="random",
-                    ngram=NgramSpec(1, 4), k=4, default_proposer="draft")
+    spec = PairSpec(
+        name="real-shaped",
+        target=ModelSpec("random"),
+        draft=ModelSpec("random"),
+        head="random",
+        ngram=NgramSpec(1, 4),
+        k=4,
+        default_proposer="draft",
+    )
     session = ChatSession(LoadedPair(spec, target, tokenizer, draft, device(), 0.0, "none", head=head))
     prompt = [1] + [72, 101, 108, 108, 111, 32] * 20
     sampling = SamplingParams(max_new_tokens=max_new)
@@ -180,8 +238,11 @@ def e2e(tiny: bool, folder: Path) -> dict:
         events = list(session.stream_ids(prompt, sampling, spec_config, None))
         seconds = time.perf_counter() - t0
         stats = events[-1].stats
-        report[proposer] = {"tok_s": round(stats.emitted / seconds, 1), "acceptance": round(stats.acceptance_rate, 3),
-                            "error": events[-1].error}
+        report[proposer] = {
+            "tok_s": round(stats.emitted / seconds, 1),
+            "acceptance": round(stats.acceptance_rate, 3),
+            "error": events[-1].error,
+        }
     ids = torch.tensor([prompt], device=device())
     # the draft's 151,936 rows vs the target's 152,064: transformers asks for both tokenizers (universal assisted)
     assisted = {"assistant_model": draft, "tokenizer": tokenizer, "assistant_tokenizer": tokenizer}

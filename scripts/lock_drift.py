@@ -2,6 +2,7 @@
 
 `make test-latest` runs it to list what is newer than the lock; `make run` / `make test` run it with --strict after
 installing, so a venv that does not hold exactly the locked versions stops the build (exit 1)."""
+
 from __future__ import annotations
 
 import sys
@@ -25,8 +26,9 @@ def main(argv: list[str]) -> int:
     pins = locked(Path(lock))
     installed = {dist.metadata["Name"].lower().replace("_", "-"): dist.version for dist in metadata.distributions()}
     missing = sorted(name for name in pins if name not in installed)
-    changed = sorted((name, pins[name], installed[name]) for name in pins
-                     if name in installed and installed[name] != pins[name])
+    changed = sorted(
+        (name, pins[name], installed[name]) for name in pins if name in installed and installed[name] != pins[name]
+    )
     if strict:
         for name in missing:
             print(f"{lock}: {name}=={pins[name]} is not installed", file=sys.stderr)

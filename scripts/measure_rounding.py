@@ -14,6 +14,7 @@ plain row it is compared with, and the cache is built by chunk forwards as in a 
 Run: python scripts/measure_rounding.py [--paths float32,bfloat16,float16,nf4,int8] [--json out.json]
 The numbers go into localspec/verify/guarantee.py (MEASURED) and the README's per-path table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,13 @@ sys.path.insert(0, str(REPO / "tests"))
 
 NEW_TOKENS = 32
 CHUNKS = (2, 4, 6, 9)  # K + 1 for K = 1, 3, 5, 8 (the lossless tests' Ks)
-PATHS = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "float16": ("float16", "none"),
-         "nf4": ("float32", "nf4"), "int8": ("float32", "int8")}
+PATHS = {
+    "float32": ("float32", "none"),
+    "bfloat16": ("bfloat16", "none"),
+    "float16": ("float16", "none"),
+    "nf4": ("float32", "nf4"),
+    "int8": ("float32", "int8"),
+}
 
 
 def cpu_name() -> str:
@@ -42,8 +48,10 @@ def cpu_name() -> str:
         out = subprocess.run(["lscpu"], check=False, capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return platform.processor() or platform.machine()
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
-                platform.machine())
+    return next(
+        (line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
+        platform.machine(),
+    )
 
 
 def top2_gap(logits: torch.Tensor) -> float:
@@ -63,13 +71,13 @@ def plain_logits(runner, prompt_ids: list[int], new_tokens: int, stop: set[int])
         if token in stop:
             break
         fed.append(token)
-    return fed[:len(rows)], torch.stack(rows)
+    return fed[: len(rows)], torch.stack(rows)
 
 
 def chunked_logits(runner, prompt_ids: list[int], fed: list[int], chunk: int) -> torch.Tensor:
     runner.reset()
     runner.extend(prompt_ids[:-1], logits_to_keep=0)
-    rows = [runner.extend(fed[i:i + chunk]).logits.float() for i in range(0, len(fed), chunk)]
+    rows = [runner.extend(fed[i : i + chunk]).logits.float() for i in range(0, len(fed), chunk)]
     return torch.cat(rows)
 
 
@@ -107,9 +115,20 @@ def measure_path(name: str, prompts: list[str]) -> dict:
             stats["flips"] += len(flipped)
             for j in flipped:
                 max_flip_gap = max(max_flip_gap, gaps[j])
-    return {"path": name, "dtype": dtype, "quant": quant, "prompts": len(prompts), "positions": positions,
-            "max_abs_diff": max_diff, "flips": flips, "max_flip_gap": max_flip_gap, "flip_bound": 2 * max_diff,
-            "smallest_top2_gap": min_gap, "per_chunk": per_chunk, "seconds": time.perf_counter() - started}
+    return {
+        "path": name,
+        "dtype": dtype,
+        "quant": quant,
+        "prompts": len(prompts),
+        "positions": positions,
+        "max_abs_diff": max_diff,
+        "flips": flips,
+        "max_flip_gap": max_flip_gap,
+        "flip_bound": 2 * max_diff,
+        "smallest_top2_gap": min_gap,
+        "per_chunk": per_chunk,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,8 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     prompts = shared_prompts(limit_mt=args.mt_bench, limit_code=args.humaneval)
     machine = f"{cpu_name()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
-    print(f"# rounding: 1-token vs (K+1)-token forwards, K+1 in {CHUNKS}, {len(prompts)} prompts × {NEW_TOKENS} "
-          f"tokens, SmolLM2-135M-Instruct on CPU ({machine})")
+    print(
+        f"# rounding: 1-token vs (K+1)-token forwards, K+1 in {CHUNKS}, {len(prompts)} prompts × {NEW_TOKENS} "
+        f"tokens, SmolLM2-135M-Instruct on CPU ({machine})"
+    )
     print("| path | max abs logit diff | flips / positions | largest flip gap | flip bound (2 × max diff) |")
     print("|---|---:|---:|---:|---:|")
     results = []
@@ -135,12 +156,16 @@ def main(argv: list[str] | None = None) -> int:
             result = {"path": name, "error": f"{type(exc).__name__}: {exc}"}
             print(f"| {name} | does not run: {result['error'][:80]} | | | |", flush=True)
         else:
-            print(f"| {name} | {result['max_abs_diff']:.3g} | {result['flips']} / {result['positions']} | "
-                  f"{result['max_flip_gap']:.3g} | {result['flip_bound']:.3g} |", flush=True)
+            print(
+                f"| {name} | {result['max_abs_diff']:.3g} | {result['flips']} / {result['positions']} | "
+                f"{result['max_flip_gap']:.3g} | {result['flip_bound']:.3g} |",
+                flush=True,
+            )
         results.append(result)
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine, "new_tokens": NEW_TOKENS, "chunks": CHUNKS,
-                                         "results": results}, indent=1))
+        args.json.write_text(
+            json.dumps({"machine": machine, "new_tokens": NEW_TOKENS, "chunks": CHUNKS, "results": results}, indent=1)
+        )
     return 0
 
 

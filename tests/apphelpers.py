@@ -1,4 +1,5 @@
 """Start `python app.py` in a subprocess on a free 127.0.0.1 port, wait until it answers, stop it afterwards."""
+
 from __future__ import annotations
 
 import os
@@ -26,10 +27,12 @@ def tiny_models_yaml(tiny_pair: dict, folder: Path) -> Path:
     root = Path(tiny_pair["root"])
     text = text.replace("source: tiny-target", f"source: {root / 'tiny-target'}")
     text = text.replace("source: tiny-draft", f"source: {root / 'tiny-draft'}")
-    text += ("- name: missing\n"
-             f"  target: {{source: {folder / 'no-such-model'}, quant: none, dtype: float32}}\n"
-             "  proposers:\n"
-             "    ngram: {min_n: 1, max_n: 3}\n")
+    text += (
+        "- name: missing\n"
+        f"  target: {{source: {folder / 'no-such-model'}, quant: none, dtype: float32}}\n"
+        "  proposers:\n"
+        "    ngram: {min_n: 1, max_n: 3}\n"
+    )
     path = folder / "models.yaml"
     path.write_text(text)
     return path
@@ -40,14 +43,35 @@ class AppProcess:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log_path = Path(home) / f"app-{self.port}.log"
-        env = dict(os.environ, LOCALSPEC_HOME=str(home), GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1",
-                   TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(
+            os.environ,
+            LOCALSPEC_HOME=str(home),
+            GRADIO_ANALYTICS_ENABLED="False",
+            HF_HUB_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+            PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        )
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, str(REPO / "app.py"), "--models", str(models), "--no-browser", "--port", str(self.port),
-             "--device", "cpu", *extra], stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+            [
+                sys.executable,
+                str(REPO / "app.py"),
+                "--models",
+                str(models),
+                "--no-browser",
+                "--port",
+                str(self.port),
+                "--device",
+                "cpu",
+                *extra,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+        )
 
-    def wait_ready(self, timeout_s: float = 180.0) -> "AppProcess":
+    def wait_ready(self, timeout_s: float = 180.0) -> AppProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -1,4 +1,5 @@
 """Shared fixtures: a tiny random model pair made on the spot, and (slow) the real embedded model."""
+
 from __future__ import annotations
 
 import os

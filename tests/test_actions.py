@@ -1,5 +1,6 @@
 """Regenerate, and edit and resend (localspec/ui/actions.py): the handlers run in-process on the echo session
 (it answers with the user's own message) with a real ConversationStore."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,7 +18,7 @@ SETTINGS = ("ngram", 3, 0.0, 1.0, 0, 256, 0, True)
 
 def last(generator):
     out = None
-    for out in generator:
+    for out in generator:  # noqa: B007 - the last value is the point
         pass
     return out
 
@@ -52,8 +53,12 @@ def test_regenerate_answers_the_same_message_again_with_the_current_settings(app
     assert turns[-1]["content"] == "".join(pieces("tell me about speculative decoding")[:3])
     assert turns[-1]["sampling"]["max_new_tokens"] == 3 and "Done: 3 tokens" in status
     assert transcript.count('class="tok tok-') == len(pieces("first question here")) + 3
-    assert saved(store) == [("user", "first question here"), ("assistant", "first question here"),
-                            ("user", "tell me about speculative decoding"), ("assistant", turns[-1]["content"])]
+    assert saved(store) == [
+        ("user", "first question here"),
+        ("assistant", "first question here"),
+        ("user", "tell me about speculative decoding"),
+        ("assistant", turns[-1]["content"]),
+    ]
     (summary,) = store.list_conversations()
     answer = store.get_conversation(summary.id).messages[-1]
     assert answer.complete and answer.sampling["max_new_tokens"] == 3 and len(answer.tokens) == 3
@@ -90,8 +95,12 @@ def test_edit_puts_the_last_message_back_and_send_replaces_that_exchange(app):
     assert saved(store)[-1] == ("assistant", "a message with a typo")  # stored until the resend answers
     _, _, turns = send(handlers, "a message without it", turns)
     assert [t["content"] for t in turns] == ["hello", "hello", "a message without it", "a message without it"]
-    assert saved(store) == [("user", "hello"), ("assistant", "hello"), ("user", "a message without it"),
-                            ("assistant", "a message without it")]
+    assert saved(store) == [
+        ("user", "hello"),
+        ("assistant", "hello"),
+        ("user", "a message without it"),
+        ("assistant", "a message without it"),
+    ]
     editing, cancel = actions.after_send(turns, editing)
     assert editing is None and cancel["visible"] is False
     _, _, turns = send(handlers, "and one more", turns)  # the edit is over: this one is added, not replacing

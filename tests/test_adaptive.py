@@ -1,4 +1,5 @@
 """The adaptive controller's decisions on synthetic costs and acceptances (pure Python), and its greedy output."""
+
 from __future__ import annotations
 
 import random
@@ -14,8 +15,14 @@ def verify_seconds(tokens: int, slope: float) -> float:
     return PLAIN_S * (1 + slope * (tokens - 1))
 
 
-def step(controller: AdaptiveController, rng: random.Random, acceptance: list[float], slope: float,
-         draft_c: float = 0.0, available: float = 1.0) -> tuple[int, int, float]:
+def step(
+    controller: AdaptiveController,
+    rng: random.Random,
+    acceptance: list[float],
+    slope: float,
+    draft_c: float = 0.0,
+    available: float = 1.0,
+) -> tuple[int, int, float]:
     """One simulated step in a world with the given true costs and per-position acceptance.
     available: probability the proposer finds any draft at all (an n-gram miss drafts nothing).
     Returns (tokens emitted, K asked, seconds)."""
@@ -125,14 +132,17 @@ def test_turns_back_on_when_the_text_becomes_predictable():
     assert sum(k > 0 for k in late[150:]) == 150
 
 
-@pytest.mark.parametrize("acceptance,slope,draft_c,available", [
-    ([0.1] * 8, 0.12, 0.0, 1.0),  # chat with n-gram: off
-    ([0.3] * 8, 0.12, 0.0, 0.5),  # n-gram that often finds nothing
-    ([0.6, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5], 0.12, 0.0, 1.0),  # middling
-    ([0.85] * 8, 0.12, 0.0, 1.0),  # code with n-gram
-    ([0.75] * 8, 0.08, 0.15, 1.0),  # a draft model
-    ([0.5] * 8, 0.4, 0.0, 1.0),  # verify almost as costly as K plain steps
-])
+@pytest.mark.parametrize(
+    "acceptance,slope,draft_c,available",
+    [
+        ([0.1] * 8, 0.12, 0.0, 1.0),  # chat with n-gram: off
+        ([0.3] * 8, 0.12, 0.0, 0.5),  # n-gram that often finds nothing
+        ([0.6, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5], 0.12, 0.0, 1.0),  # middling
+        ([0.85] * 8, 0.12, 0.0, 1.0),  # code with n-gram
+        ([0.75] * 8, 0.08, 0.15, 1.0),  # a draft model
+        ([0.5] * 8, 0.4, 0.0, 1.0),  # verify almost as costly as K plain steps
+    ],
+)
 def test_never_loses_to_plain_and_near_the_best_fixed_k(acceptance, slope, draft_c, available):
     adaptive, _, _ = run_world(acceptance, slope, draft_c, steps=2000, available=available)
     effective = [a * available if i == 0 else a for i, a in enumerate(acceptance)]
@@ -222,8 +232,11 @@ def test_a_step_the_token_budget_keeps_from_drafting_keeps_the_last_prediction(t
     engine = Engine(target)
     sampling = SamplingParams(max_new_tokens=21)
     # the target drafting for itself: every draft is accepted, so steps emit 4, 4, 4, 4, 4 and then the budget's 1
-    events = list(engine.generate([1, 72, 101, 108, 108, 111], sampling, SpecConfig(proposer="draft", k=3),
-                                  DraftModelProposer(target)))
+    events = list(
+        engine.generate(
+            [1, 72, 101, 108, 108, 111], sampling, SpecConfig(proposer="draft", k=3), DraftModelProposer(target)
+        )
+    )
     assert [ev.propose_token_num for ev in events] == [3, 3, 3, 3, 3, 0]
     assert [ev.stats.k for ev in events] == [3, 3, 3, 3, 3, 0]
     assert events[-2].stats.predicted_speedup is not None
@@ -262,6 +275,9 @@ def test_the_engine_reports_the_pause_in_its_stats(tiny_models):
     paused = [ev.stats.paused for ev in events if ev.tokens]
     assert paused and all(p is not None and p["speedup"] < 1.0 for p in paused)
     assert events[-1].stats.to_dict()["paused"] == paused[-1]
-    fixed = list(engine.generate([1, 5, 6], SamplingParams(max_new_tokens=4), SpecConfig(proposer="ngram", k=3),
-                                 NgramProposer(1, 3)))
+    fixed = list(
+        engine.generate(
+            [1, 5, 6], SamplingParams(max_new_tokens=4), SpecConfig(proposer="ngram", k=3), NgramProposer(1, 3)
+        )
+    )
     assert all(ev.stats.paused is None for ev in fixed)  # fixed K never pauses

@@ -1,5 +1,6 @@
 """Regenerate, edit and resend, and the switch progress bar through the served app (gradio_client), on echo
 sessions (each answers with the user's own message) and a real ConversationStore."""
+
 from __future__ import annotations
 
 import re
@@ -35,15 +36,18 @@ def served(tmp_path_factory):
 
     home = tmp_path_factory.mktemp("actions-app")
     store = store_db.ConversationStore(home / "conversations.db")
-    pairs = [PairSpec(name="echo", target=ModelSpec(source="echo")),
-             PairSpec(name="slow", target=ModelSpec(source=str(home)), draft=ModelSpec(source=str(home)))]
+    pairs = [
+        PairSpec(name="echo", target=ModelSpec(source="echo")),
+        PairSpec(name="slow", target=ModelSpec(source=str(home)), draft=ModelSpec(source=str(home))),
+    ]
     manager = ModelManager(pairs, factory)
     manager.load("echo")
     demo = build_app(manager, store)
     demo.queue(default_concurrency_limit=None)
     port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, share=False, quiet=True,
-                **launch_options())
+    demo.launch(
+        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, share=False, quiet=True, **launch_options()
+    )
     yield f"http://127.0.0.1:{port}/", store
     demo.close()
     store.close()
@@ -82,8 +86,12 @@ def test_edit_and_resend_through_the_app_replaces_the_exchange(served):
     assert box == "edit test tpyo" and "Editing" in status and "tpyo" not in transcript
     transcript, *_ = c.predict("edit test typo", *SETTINGS, api_name="/send")
     assert "tpyo" not in transcript and transcript.count("edit test typo") >= 1
-    assert messages_of(store, "edit test one") == [("user", "edit test one"), ("assistant", "edit test one"),
-                                                   ("user", "edit test typo"), ("assistant", "edit test typo")]
+    assert messages_of(store, "edit test one") == [
+        ("user", "edit test one"),
+        ("assistant", "edit test one"),
+        ("user", "edit test typo"),
+        ("assistant", "edit test typo"),
+    ]
 
 
 def test_switching_streams_a_progress_bar(served):
@@ -92,8 +100,9 @@ def test_switching_streams_a_progress_bar(served):
     job = c.submit("slow", api_name="/switch_model")
     outputs = job.result() and job.outputs()
     statuses = [out[0] for out in outputs]
-    bars = [tuple(int(x) for x in m.groups()) for s in statuses
-            for m in [re.search(r'max="(\d+)" value="(\d+)"', s)] if m]
+    bars = [
+        tuple(int(x) for x in m.groups()) for s in statuses for m in [re.search(r'max="(\d+)" value="(\d+)"', s)] if m
+    ]
     assert bars[0] == (3, 0) and bars[-1] == (3, 3) and len(bars) == 4, statuses
     assert "Loaded slow" in statuses[-1]
     c.submit("echo", api_name="/switch_model").result()

@@ -1,5 +1,6 @@
 """Saved conversations through the app (issue 7, app side): kill -9 mid-answer, two clients at once, a closed
 client, Stop, reopen / rename / delete / export, a corrupt database file."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,6 @@ from .apphelpers import AppProcess, send, send_from_two_clients, tiny_models_yam
 
 pytest.importorskip("localspec.store.db")
 pytestmark = pytest.mark.slow  # every test starts the app in a subprocess
-
 
 
 def span_kinds(transcript: str) -> list[str]:
@@ -81,7 +81,7 @@ def test_kill_9_mid_answer_keeps_the_partial_answer(tiny_pair, tmp_path):
     app = AppProcess(models, tmp_path).wait_ready()  # restart on the same data
     try:
         client = client_for(app)
-        (label, cid), = choices(client)
+        ((label, cid),) = choices(client)
         assert label.startswith("[incomplete]") and cid == summary.id
         transcript, _stats, status, events, turns_title = client.predict(cid, True, api_name="/open_conversation")
         assert "incomplete" in status and "the app stopped during this answer" in transcript
@@ -143,8 +143,11 @@ def test_stop_is_saved_as_cancelled(stored_app):
     client.predict(api_name="/stop")
     events = job.result(timeout=60)[3]
     with open_store(stored_app.home) as store:
-        cid = next(s.id for s in store.list_conversations()
-                   if store.get_conversation(s.id).messages[0].content == "stop me please")
+        cid = next(
+            s.id
+            for s in store.list_conversations()
+            if store.get_conversation(s.id).messages[0].content == "stop me please"
+        )
         answer = store.get_conversation(cid).messages[1]
     assert answer.complete and answer.finish_reason == "cancelled"
     assert [t["id"] for t in answer.tokens] == [t["id"] for t in events["tokens"]]
@@ -158,7 +161,7 @@ def test_reopen_rename_export_delete(stored_app):
 
     hostile = '<img src=x onerror="alert(1)"> title'
     update, status = client.predict(cid, hostile, api_name="/rename_conversation")
-    assert "Renamed" in status and (hostile + " · ") in dict((c, l) for l, c in update["choices"])[cid]
+    assert "Renamed" in status and (hostile + " · ") in dict((c, label) for label, c in update["choices"])[cid]
 
     transcript, _stats, status, events, title = client.predict(cid, True, api_name="/open_conversation")
     assert title == hostile and "<img" not in status and "&lt;img" in status

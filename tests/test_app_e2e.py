@@ -1,4 +1,5 @@
 """End to end: `python app.py` in a subprocess with the tiny pair, driven through gradio_client."""
+
 from __future__ import annotations
 
 import re
@@ -52,7 +53,7 @@ def test_draft_model_proposer_runs(client):
 def test_multi_turn_keeps_both_answers(client):
     send(client, "first message", max_new=8).result()
     transcript = send(client, "second message", max_new=8).result()[0]
-    assert transcript.count('class="ls-msg ls-user"') == 2 and transcript.count('ls-msg ls-assistant') == 2
+    assert transcript.count('class="ls-msg ls-user"') == 2 and transcript.count("ls-msg ls-assistant") == 2
     assert "first message" in transcript and "second message" in transcript
 
 
@@ -110,8 +111,13 @@ def test_two_clients_at_once_get_separate_complete_answers(app):
 
 
 def test_non_loopback_host_needs_a_password(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "app.py"), "--host", "0.0.0.0", "--no-browser"],
-                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "app.py"), "--host", "0.0.0.0", "--no-browser"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert result.returncode == 2
     assert "password" in result.stderr and "--no-auth" in result.stderr
 
@@ -119,8 +125,13 @@ def test_non_loopback_host_needs_a_password(tmp_path):
 def test_broken_models_yaml_is_a_message(tmp_path):
     broken = tmp_path / "models.yaml"
     broken.write_text("- name: x\n  target: [unclosed\n")
-    result = subprocess.run([sys.executable, str(REPO / "app.py"), "--models", str(broken), "--no-browser"],
-                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "app.py"), "--models", str(broken), "--no-browser"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert result.returncode == 2 and "not valid YAML" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -138,14 +149,15 @@ def test_switch_during_an_answer_is_refused(client):
 def test_non_loopback_host_asks_for_the_password(tiny_pair, tmp_path):
     from gradio_client import Client
 
-    app = AppProcess(tiny_models_yaml(tiny_pair, tmp_path), tmp_path,
-                     extra=("--host", "0.0.0.0", "--password", "s3cret")).wait_ready()
+    app = AppProcess(
+        tiny_models_yaml(tiny_pair, tmp_path), tmp_path, extra=("--host", "0.0.0.0", "--password", "s3cret")
+    ).wait_ready()
     try:
         from gradio_client.exceptions import AuthenticationError
 
         with pytest.raises(AuthenticationError):
             Client(app.url, verbose=False)
-        with pytest.raises(Exception):  # a wrong password is refused at login
+        with pytest.raises(Exception):  # noqa: B017 - a wrong password is refused at login (the client raises no one type)
             Client(app.url, auth=("anyone", "wrong"), verbose=False)
         client = Client(app.url, auth=("anyone", "s3cret"), verbose=False)
         assert span_kinds(send(client, "hi", max_new=4).result()[0])
@@ -179,8 +191,23 @@ def test_a_taken_port_is_a_message(tiny_pair, tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run([sys.executable, str(REPO / "app.py"), "--models", str(tiny_pair["models_yaml"]),
-                                 "--no-browser", "--no-save", "--port", str(port), "--device", "cpu"],
-                                capture_output=True, text=True, timeout=300, cwd=REPO)
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "app.py"),
+                "--models",
+                str(tiny_pair["models_yaml"]),
+                "--no-browser",
+                "--no-save",
+                "--port",
+                str(port),
+                "--device",
+                "cpu",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO,
+        )
     assert result.returncode == 2 and f"cannot serve on 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr

@@ -2,6 +2,7 @@
 so the test decides when each step happens and checks that each one reaches the client with its own stats.
 
 Nothing here depends on how fast the machine is: a step is released only after the previous one was seen."""
+
 from __future__ import annotations
 
 import re
@@ -52,8 +53,15 @@ def gated_app(tiny_pair):
     demo = build_app(manager, None, None)
     demo.queue(default_concurrency_limit=None)
     port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, inbrowser=False, share=False,
-                quiet=True, **launch_options())
+    demo.launch(
+        server_name="127.0.0.1",
+        server_port=port,
+        prevent_thread_lock=True,
+        inbrowser=False,
+        share=False,
+        quiet=True,
+        **launch_options(),
+    )
     try:
         yield Client(f"http://127.0.0.1:{port}/", verbose=False), manager.session
     finally:

@@ -1,6 +1,7 @@
 """Every bad input below the UI ends in a clear ConfigError (or a finished error event), and the object that refused
 it still works afterwards. Tests marked xfail(strict=True) pin a gap in a file this branch does not own; each names
 the fix. When the fix lands the test XPASSes, which strict mode reports as a failure: then delete the marker."""
+
 from __future__ import annotations
 
 import html
@@ -20,6 +21,7 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
+
 
 def parse(text: str, base: Path = Path("/tmp")):
     return parse_registry(text, base)
@@ -43,8 +45,9 @@ def answer(session, messages=HELLO, sampling=None, spec=None):
 
 def assert_session_usable(session, proposer: str = "draft"):
     """One short answer, through the draft proposer by default (it runs both models)."""
-    tokens, final = answer(session, sampling=SamplingParams(max_new_tokens=4),
-                           spec=session.default_spec(proposer=proposer))
+    tokens, final = answer(
+        session, sampling=SamplingParams(max_new_tokens=4), spec=session.default_spec(proposer=proposer)
+    )
     assert tokens and final.finished and final.finish_reason in ("stop", "length"), proposer
     assert final.error is None
 
@@ -58,6 +61,7 @@ def tiny_yaml(tiny_pair, draft: Path | None = None, **target_fields) -> str:
 
 
 # -- models.yaml -----------------------------------------------------------------------------------------------------
+
 
 def test_broken_yaml():
     with pytest.raises(ConfigError, match=r"models.yaml is not valid YAML at line \d+, column \d+: expected"):
@@ -74,21 +78,27 @@ def test_yaml_that_is_not_a_list():
 
 
 def test_typo_in_a_key():
-    with pytest.raises(ConfigError, match=r"entry 1 \('a'\): unknown key\(s\) 'qaunt' in 'target'; allowed: "
-                                         r"device_map, dtype"):
+    with pytest.raises(
+        ConfigError,
+        match=r"entry 1 \('a'\): unknown key\(s\) 'qaunt' in 'target'; allowed: "
+        r"device_map, dtype",
+    ):
         parse("- name: a\n  target: {source: x/y, qaunt: nf4}\n")
     with pytest.raises(ConfigError, match=r"unknown key\(s\) 'propsers' in 'entry'"):
         parse("- name: a\n  target: {source: x/y}\n  propsers: {}\n")
     assert_registry_still_works()
 
 
-@pytest.mark.parametrize("text, message", [
-    ("- target: {source: x/y}\n", "field 'name' is missing or empty"),
-    ("- name: a\n", "field 'target' is missing"),
-    ("- name: a\n  target: {quant: nf4}\n", "field 'target.source' is missing"),
-    ("- name: a\n  target: {source: ''}\n", "must be a non-empty string"),
-    ("- name: a\n  target: x/y\n", "field 'target' must be a mapping, got str"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("- target: {source: x/y}\n", "field 'name' is missing or empty"),
+        ("- name: a\n", "field 'target' is missing"),
+        ("- name: a\n  target: {quant: nf4}\n", "field 'target.source' is missing"),
+        ("- name: a\n  target: {source: ''}\n", "must be a non-empty string"),
+        ("- name: a\n  target: x/y\n", "field 'target' must be a mapping, got str"),
+    ],
+)
 def test_missing_field(text, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse(text)
@@ -134,6 +144,7 @@ def test_unusable_source_strings(source):
 
 # -- loading ---------------------------------------------------------------------------------------------------------
 
+
 def test_missing_local_model_path(tmp_path, tiny_pair):
     from localspec.models.loading import load_pair
 
@@ -154,8 +165,11 @@ def test_hub_id_with_no_network(monkeypatch, tmp_path):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (pair,) = parse("- name: hub\n  target: {source: nobody-localspec/not-a-real-model}\n")
-    with pytest.raises(ConfigError, match=r"'nobody-localspec/not-a-real-model' is not in the local cache .*"
-                                          r"HF_HUB_OFFLINE=1.*LOCALSPEC_ALLOW_DOWNLOAD=1"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'nobody-localspec/not-a-real-model' is not in the local cache .*"
+        r"HF_HUB_OFFLINE=1.*LOCALSPEC_ALLOW_DOWNLOAD=1",
+    ):
         load_pair(pair, device="cpu")
 
 
@@ -173,8 +187,13 @@ def _odd_tokenizer(out_dir: Path, drop: int = 0):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
     fast.add_special_tokens({"additional_special_tokens": SPECIALS})
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
@@ -192,11 +211,17 @@ def odd_drafts(tmp_path_factory):
     return {"shuffled": shuffled, "smaller": smaller}
 
 
-@pytest.mark.parametrize("which, message", [
-    ("shuffled", r"draft not loaded, the pair answers without it: draft \S+/shuffled/tokenizer.json does not share "
-                 r"the target's tokenizer: \d+ of its \d+ tokens map to other ids than the target's \(\d+ tokens\)"),
-    ("smaller", r"draft \S+/smaller/tokenizer.json does not share the target's tokenizer: \d+ of its \d+ tokens"),
-])
+@pytest.mark.parametrize(
+    "which, message",
+    [
+        (
+            "shuffled",
+            r"draft not loaded, the pair answers without it: draft \S+/shuffled/tokenizer.json does not share "
+            r"the target's tokenizer: \d+ of its \d+ tokens map to other ids than the target's \(\d+ tokens\)",
+        ),
+        ("smaller", r"draft \S+/smaller/tokenizer.json does not share the target's tokenizer: \d+ of its \d+ tokens"),
+    ],
+)
 def test_draft_with_another_tokenizer(tiny_pair, odd_drafts, which, message):
     from localspec.models.loading import load_pair
 
@@ -278,13 +303,20 @@ def test_trust_remote_code_is_off_unless_an_entry_sets_it(tiny_pair, monkeypatch
 
 # -- chat input ------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("messages", [
-    [{"role": "user", "content": ""}],
-    [{"role": "user", "content": "   \n\t "}],
-    [],
-    [{"role": "user", "content": "earlier"}, {"role": "assistant", "content": "reply"},
-     {"role": "user", "content": ""}],
-])
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": ""}],
+        [{"role": "user", "content": "   \n\t "}],
+        [],
+        [
+            {"role": "user", "content": "earlier"},
+            {"role": "assistant", "content": "reply"},
+            {"role": "user", "content": ""},
+        ],
+    ],
+)
 def test_empty_message(tiny_session, messages):
     with pytest.raises(ConfigError, match="the message is empty; type something to send"):
         tiny_session.prompt_ids(messages, 16)
@@ -334,13 +366,16 @@ def test_system_prompt_longer_than_the_context(tiny_session):
     assert_session_usable(tiny_session)
 
 
-@pytest.mark.parametrize("messages", [
-    [{"content": "no role"}],
-    ["just a string"],
-    [None, {"role": "user", "content": "after a hole"}],
-    ["a string first", {"role": "user", "content": "then a message"}],
-    True,
-])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"content": "no role"}],
+        ["just a string"],
+        [None, {"role": "user", "content": "after a hole"}],
+        ["a string first", {"role": "user", "content": "then a message"}],
+        True,
+    ],
+)
 def test_malformed_message_list(tiny_session, messages):
     with pytest.raises(ConfigError, match="message 1|list of messages"):
         tiny_session.prompt_ids(messages, 16)
@@ -358,8 +393,12 @@ def test_validate_messages_helper():
     good = [{"role": "system", "content": "s"}, {"role": "user", "content": "ünï 🙂\x00"}]
     assert validate_messages(good) == good
     assert validate_messages([{"role": "user", "content": "a\ud800b"}]) == [{"role": "user", "content": "a\ufffdb"}]
-    for bad, message in [([{"content": "x"}], "message 1 has role None"), (["x"], "message 1 must be a mapping"),
-                         ([{"role": "user", "content": 5}], "message 1's content must be text"), ("hi", "a list")]:
+    for bad, message in [
+        ([{"content": "x"}], "message 1 has role None"),
+        (["x"], "message 1 must be a mapping"),
+        ([{"role": "user", "content": 5}], "message 1's content must be text"),
+        ("hi", "a list"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             validate_messages(bad)
 
@@ -380,17 +419,20 @@ def test_max_tokens_none_through_the_chat_path(tiny_session):
         answer(tiny_session, sampling=SamplingParams(max_new_tokens=None))
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("temperature", -0.1, "temperature must be between 0 and 5"),
-    ("temperature", 5.5, "temperature must be between 0 and 5"),
-    ("temperature", math.nan, "temperature must be between 0 and 5"),
-    ("temperature", math.inf, "temperature must be between 0 and 5"),
-    ("top_p", 0.0, r"top-p must be in \(0, 1\]"),
-    ("top_p", 1.5, r"top-p must be in \(0, 1\]"),
-    ("top_p", -1.0, r"top-p must be in \(0, 1\]"),
-    ("top_p", math.nan, r"top-p must be in \(0, 1\]"),
-    ("top_k", -3, "top-k must be a whole number ≥ 0"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("temperature", -0.1, "temperature must be between 0 and 5"),
+        ("temperature", 5.5, "temperature must be between 0 and 5"),
+        ("temperature", math.nan, "temperature must be between 0 and 5"),
+        ("temperature", math.inf, "temperature must be between 0 and 5"),
+        ("top_p", 0.0, r"top-p must be in \(0, 1\]"),
+        ("top_p", 1.5, r"top-p must be in \(0, 1\]"),
+        ("top_p", -1.0, r"top-p must be in \(0, 1\]"),
+        ("top_p", math.nan, r"top-p must be in \(0, 1\]"),
+        ("top_k", -3, "top-k must be a whole number ≥ 0"),
+    ],
+)
 def test_sampling_out_of_range(tiny_session, field, value, message):
     params = SamplingParams(**{field: value})
     with pytest.raises(ConfigError, match=message):
@@ -400,26 +442,36 @@ def test_sampling_out_of_range(tiny_session, field, value, message):
     assert_session_usable(tiny_session)
 
 
-@pytest.mark.parametrize("field, value", [("temperature", None), ("top_p", None), ("temperature", "0.7"),
-                                          pytest.param("temperature", 10 ** 400, id="temperature-10**400")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", None),
+        ("top_p", None),
+        ("temperature", "0.7"),
+        pytest.param("temperature", 10**400, id="temperature-10**400"),
+    ],
+)
 def test_sampling_of_the_wrong_type(field, value):
     with pytest.raises(ConfigError):
         SamplingParams(**{field: value}).validate()
 
 
-@pytest.mark.parametrize("seed", [None, pytest.param(2 ** 70, id="2**70"), "1"])
+@pytest.mark.parametrize("seed", [None, pytest.param(2**70, id="2**70"), "1"])
 def test_bad_seed_is_refused_by_validate(seed):
     with pytest.raises(ConfigError, match="seed"):
         SamplingParams(temperature=1.0, seed=seed).validate()
 
 
-@pytest.mark.parametrize("spec, message, chat_message", [
-    (SpecConfig(k=0), r"K \(draft tokens per step\) must be between 1 and 16", None),
-    (SpecConfig(k=17), "between 1 and 16", None),
-    (SpecConfig(proposer="eagle9"), "unknown proposer 'eagle9'", "model pair 'tiny' has no 'eagle9' proposer"),
-    (SpecConfig(sampler="cuda"), "unknown sampler 'cuda'", None),
-    (SpecConfig(ngram_min=3, ngram_max=2), "1 ≤ min_n ≤ max_n", None),
-])
+@pytest.mark.parametrize(
+    "spec, message, chat_message",
+    [
+        (SpecConfig(k=0), r"K \(draft tokens per step\) must be between 1 and 16", None),
+        (SpecConfig(k=17), "between 1 and 16", None),
+        (SpecConfig(proposer="eagle9"), "unknown proposer 'eagle9'", "model pair 'tiny' has no 'eagle9' proposer"),
+        (SpecConfig(sampler="cuda"), "unknown sampler 'cuda'", None),
+        (SpecConfig(ngram_min=3, ngram_max=2), "1 ≤ min_n ≤ max_n", None),
+    ],
+)
 def test_spec_config_out_of_range(tiny_session, spec, message, chat_message):
     with pytest.raises(ConfigError, match=message):
         spec.validate()
@@ -442,6 +494,7 @@ def test_proposer_the_pair_does_not_have(tiny_session):
 
 # -- a broken model --------------------------------------------------------------------------------------------------
 
+
 def _poison(bad_value: float):
     def hook(module, inputs, output):
         output = output.clone()
@@ -456,8 +509,13 @@ def _poison(bad_value: float):
 def test_nan_or_inf_logits_from_the_target(tiny_session, bad_value, proposer, temperature):
     handle = tiny_session.loaded.target.get_output_embeddings().register_forward_hook(_poison(bad_value))
     try:
-        events = list(tiny_session.stream(HELLO, SamplingParams(temperature=temperature, max_new_tokens=8, seed=1),
-                                          tiny_session.default_spec(proposer=proposer)))
+        events = list(
+            tiny_session.stream(
+                HELLO,
+                SamplingParams(temperature=temperature, max_new_tokens=8, seed=1),
+                tiny_session.default_spec(proposer=proposer),
+            )
+        )
     finally:
         handle.remove()
     final = events[-1]
@@ -470,8 +528,13 @@ def test_nan_or_inf_logits_from_the_target(tiny_session, bad_value, proposer, te
 def test_nan_logits_from_the_draft(tiny_session):
     handle = tiny_session.loaded.draft.get_output_embeddings().register_forward_hook(_poison(math.nan))
     try:
-        events = list(tiny_session.stream(HELLO, SamplingParams(temperature=0.8, max_new_tokens=8, seed=1),
-                                          tiny_session.default_spec(proposer="draft")))
+        events = list(
+            tiny_session.stream(
+                HELLO,
+                SamplingParams(temperature=0.8, max_new_tokens=8, seed=1),
+                tiny_session.default_spec(proposer="draft"),
+            )
+        )
     finally:
         handle.remove()
     # a NaN draft drops that step's draft (a plain step), counted; the answer completes
@@ -482,6 +545,7 @@ def test_nan_logits_from_the_draft(tiny_session):
 
 # -- the window, the API and the CLI: the rows README's Troubleshooting table gained with issue 19 -----------------
 
+
 def _manager(tiny_session, broken=()):
     from dataclasses import replace
 
@@ -490,8 +554,9 @@ def _manager(tiny_session, broken=()):
 
     pair = tiny_session.loaded.spec
     pairs = [pair, replace(pair, name="tiny-b", draft=None, default_proposer="ngram")]
-    manager = ModelManager(pairs, lambda spec, _progress: ChatSession(replace(tiny_session.loaded, spec=spec)),
-                           broken=broken)
+    manager = ModelManager(
+        pairs, lambda spec, _progress: ChatSession(replace(tiny_session.loaded, spec=spec)), broken=broken
+    )
     manager.load("tiny")
     return manager
 
@@ -500,25 +565,31 @@ def test_one_broken_entry_is_listed_unavailable_with_its_error(tiny_session):
     from localspec.models.registry import parse_registry_lenient
     from localspec.ui.handlers import Handlers
 
-    pairs, broken = parse_registry_lenient(GOOD_YAML + "- name: typo\n  target: {source: x/y, qaunt: nf4}\n",
-                                           Path("/tmp"))
+    pairs, broken = parse_registry_lenient(
+        GOOD_YAML + "- name: typo\n  target: {source: x/y, qaunt: nf4}\n", Path("/tmp")
+    )
     assert [p.name for p in pairs] == ["ok"]
-    error = ("models.yaml entry 2 ('typo'): unknown key(s) 'qaunt' in 'target'; allowed: device_map, dtype, quant, "
-             "source, trust_remote_code")
+    error = (
+        "models.yaml entry 2 ('typo'): unknown key(s) 'qaunt' in 'target'; allowed: device_map, dtype, quant, "
+        "source, trust_remote_code"
+    )
     assert broken[0].error == error and broken[0].label == f"typo  ✗ unavailable: {error}"
     status = html.unescape(list(Handlers(_manager(tiny_session, broken)).switch(broken[0].value))[-1][0])
     assert f"Could not switch: this models.yaml entry is unavailable: {error}. Still using tiny." in status
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("max_new_tokens", 2.5, "max new tokens must be a whole number ≥ 1 (got 2.5)"),
-    ("top_k", 1.5, "top-k must be a whole number (got 1.5)"),
-    ("seed", -1, "seed must be between 0 and 2**63 - 1 (got -1)"),
-    ("temperature", 7, "temperature must be between 0 and 5 (got 7.0); 0 means greedy"),
-    ("temperature", math.nan, "temperature must be a finite number (got nan)"),
-    ("top_p", math.inf, "top-p must be a finite number (got inf)"),
-    ("seed", math.nan, "seed must be a finite number (got nan)"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("max_new_tokens", 2.5, "max new tokens must be a whole number ≥ 1 (got 2.5)"),
+        ("top_k", 1.5, "top-k must be a whole number (got 1.5)"),
+        ("seed", -1, "seed must be between 0 and 2**63 - 1 (got -1)"),
+        ("temperature", 7, "temperature must be between 0 and 5 (got 7.0); 0 means greedy"),
+        ("temperature", math.nan, "temperature must be a finite number (got nan)"),
+        ("top_p", math.inf, "top-p must be a finite number (got inf)"),
+        ("seed", math.nan, "seed must be a finite number (got nan)"),
+    ],
+)
 def test_window_values_get_the_shared_messages(field, value, message):
     from localspec.ui.settings import read_sampling
 
@@ -556,20 +627,31 @@ def test_switch_in_another_tab_messages(tiny_session):
     handlers.on_load(request=tab_a)
     list(handlers.switch("tiny-b", request=tab_b))
     status = list(handlers.send("hi", [], "draft", 3, 0.0, 1.0, 0, 8, 0, True, request=tab_a))[-1][2]
-    assert ("the model pair was switched to tiny-b in another window; it has no draft model proposer. The controls "
-            "here now show its proposers: choose one and send again") in status
-    assert ("The model pair was switched to tiny-b in another window; the controls here now show its proposers."
-            in handlers.refresh_pair(request=tab_a)[3])
-    assert "Could not switch: choose a model pair from the list (got None). Still using tiny-b." in \
-        list(handlers.switch(None, request=tab_a))[-1][0]
+    assert (
+        "the model pair was switched to tiny-b in another window; it has no draft model proposer. The controls "
+        "here now show its proposers: choose one and send again"
+    ) in status
+    assert (
+        "The model pair was switched to tiny-b in another window; the controls here now show its proposers."
+        in handlers.refresh_pair(request=tab_a)[3]
+    )
+    assert (
+        "Could not switch: choose a model pair from the list (got None). Still using tiny-b."
+        in list(handlers.switch(None, request=tab_a))[-1][0]
+    )
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--prompt", ""], "localspec: the message is empty; give --prompt some text"),
-    (["--prompt", "hi", "--k", "0"], "localspec: K (draft tokens per step) must be between 1 and 16 (got 0)"),
-    (["--prompt", "hi", "--proposer", "head"],
-     "localspec: model pair 'tiny' has no 'head' proposer; it has: none, ngram, draft"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--prompt", ""], "localspec: the message is empty; give --prompt some text"),
+        (["--prompt", "hi", "--k", "0"], "localspec: K (draft tokens per step) must be between 1 and 16 (got 0)"),
+        (
+            ["--prompt", "hi", "--proposer", "head"],
+            "localspec: model pair 'tiny' has no 'head' proposer; it has: none, ngram, draft",
+        ),
+    ],
+)
 def test_cli_refuses_before_loading(tiny_pair, monkeypatch, capsys, extra, message):
     from localspec.cli.main import main
     from localspec.models import loading

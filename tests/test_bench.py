@@ -1,4 +1,5 @@
 """`localspec bench` end to end on the tiny random pair with two prompts: JSON, table and plots (never timings)."""
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,9 @@ def test_held_out_prompts_are_the_ones_distillation_never_sees():
     assert ids[10:] == [f"humaneval/{n}" for n in range(150, 164)]
     held = held_out_prompts(SHARED_DATA)
     trained = training_prompts(SHARED_DATA)
-    for prompt in prompts:  # each is one of distill's held-out prompts (same question text) and none of its training ones
+    for (
+        prompt
+    ) in prompts:  # each is one of distill's held-out prompts (same question text) and none of its training ones
         text = prompt.messages[0]["content"]
         question = text.split("```python\n")[-1].removesuffix("```") if prompt.category == "humaneval" else text
         assert any(h.endswith(question) for h in held)
@@ -63,20 +66,53 @@ def test_bench_end_to_end_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
     from localspec.cli.main import main
 
     prompts = tmp_path / "two.jsonl"
-    prompts.write_text(json.dumps({"prompt": "hello hello hello"}) + "\n"
-                       + json.dumps({"prompt": "def f(x): return x + x"}) + "\n")
+    prompts.write_text(
+        json.dumps({"prompt": "hello hello hello"}) + "\n" + json.dumps({"prompt": "def f(x): return x + x"}) + "\n"
+    )
     out = tmp_path / "out"
-    code = main(["bench", "--models", str(tiny_pair["models_yaml"]), "--prompts", str(prompts), "--limit", "2",
-                 "--modes", "hf", "hf-pld", "hf-assisted", "none", "ngram", "draft", "head", "ngram+head", "adaptive",
-                 "--k", "1", "3", "--max-new-tokens", "12", "--out", str(out), "--no-progress", "--device", "cpu",
-                 "--adaptive-proposers", "draft", "ngram"])
+    code = main(
+        [
+            "bench",
+            "--models",
+            str(tiny_pair["models_yaml"]),
+            "--prompts",
+            str(prompts),
+            "--limit",
+            "2",
+            "--modes",
+            "hf",
+            "hf-pld",
+            "hf-assisted",
+            "none",
+            "ngram",
+            "draft",
+            "head",
+            "ngram+head",
+            "adaptive",
+            "--k",
+            "1",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--device",
+            "cpu",
+            "--adaptive-proposers",
+            "draft",
+            "ngram",
+        ]
+    )
     assert code == 0
     data = json.loads((out / "results.json").read_text())
     labels = [m["label"] for m in data["modes"]]
     assert labels[:3] == ["hf", "hf-pld K=3", "hf-assisted"]
     assert {"none", "ngram K=1", "ngram K=3", "draft K=1", "draft K=3"} <= set(labels)
-    assert [label.split(",")[0] for label in labels if label.startswith("adaptive")] == ["adaptive (draft",
-                                                                                         "adaptive (ngram"]
+    assert [label.split(",")[0] for label in labels if label.startswith("adaptive")] == [
+        "adaptive (draft",
+        "adaptive (ngram",
+    ]
     assert any(note.startswith("head skipped") for note in data["notes"])
     assert any(note.startswith("ngram+head skipped") for note in data["notes"])  # the tiny pair has no head
     assert data["machine"]["load_before"]["load_1m"] >= 0 and "load average" in data["machine"]["load_after"]["uptime"]
@@ -120,8 +156,7 @@ def test_bench_end_to_end_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
 def test_bench_rejects_bad_options(tiny_pair, tmp_path, capsys):
     from localspec.cli.main import main
 
-    args = ["bench", "--models", str(tiny_pair["models_yaml"]), "--limit", "1", "--out", str(tmp_path),
-            "--no-progress"]
+    args = ["bench", "--models", str(tiny_pair["models_yaml"]), "--limit", "1", "--out", str(tmp_path), "--no-progress"]
     assert main(args + ["--modes", "warp"]) == 2
     assert "unknown bench mode" in capsys.readouterr().err
     assert main(args + ["--k", "0"]) == 2
@@ -132,31 +167,57 @@ def test_bench_rejects_bad_options(tiny_pair, tmp_path, capsys):
 
 def test_summary_ratios_sweep_and_targets_from_known_numbers():
     from localspec.bench.modes import Mode, RunResult
-    from localspec.engine.metrics import StatsSnapshot
     from localspec.bench.prompts import BenchPrompt
     from localspec.bench.report import summarize, to_json, to_markdown
     from localspec.bench.runner import BenchRun, PromptRecord
+    from localspec.engine.metrics import StatsSnapshot
 
-    modes = [Mode("hf"), Mode("hf-pld", 4), Mode("none"), Mode("ngram", 1), Mode("ngram", 2),
-             Mode("adaptive", 8, "ngram")]
+    modes = [
+        Mode("hf"),
+        Mode("hf-pld", 4),
+        Mode("none"),
+        Mode("ngram", 1),
+        Mode("ngram", 2),
+        Mode("adaptive", 8, "ngram"),
+    ]
     # seconds per 10-token answer, per category (chat, code)
-    seconds = {"hf": (1.0, 1.0), "hf-pld K=4": (1.0, 0.8), "none": (0.8, 0.8), "ngram K=1": (0.95, 0.5),
-               "ngram K=2": (1.0, 0.4), "adaptive (ngram, K≤8)": (0.82, 0.42)}
+    seconds = {
+        "hf": (1.0, 1.0),
+        "hf-pld K=4": (1.0, 0.8),
+        "none": (0.8, 0.8),
+        "ngram K=1": (0.95, 0.5),
+        "ngram K=2": (1.0, 0.4),
+        "adaptive (ngram, K≤8)": (0.82, 0.42),
+    }
     records = []
     for index, category in enumerate(("chat", "code")):
         record = PromptRecord(BenchPrompt(f"{category}/0", category, ({"role": "user", "content": "x"},)), [1, 2])
         for mode in modes:
             ids = list(range(10)) if mode.label != "ngram K=2" or category == "chat" else list(range(9)) + [99]
             engine = mode.name not in ("hf", "hf-pld")
-            stats = StatsSnapshot(target_forwards=5, drafted=8, accepted=4, per_position_drafted=(5, 3),
-                                  per_position_accepted=(3, 1))
-            record.results[mode.label] = RunResult(ids, seconds[mode.label][index], seconds[mode.label][index] / 2,
-                                                   stats=stats if engine else None)
+            stats = StatsSnapshot(
+                target_forwards=5, drafted=8, accepted=4, per_position_drafted=(5, 3), per_position_accepted=(3, 1)
+            )
+            record.results[mode.label] = RunResult(
+                ids, seconds[mode.label][index], seconds[mode.label][index] / 2, stats=stats if engine else None
+            )
         records.append(record)
-    run = BenchRun("fake", modes, records, 10, [], {"cpu_count": 2, "processor": "x", "torch": "t",
-                                                    "torch_threads": 1, "load_before": {"load_1m": 1.0},
-                                                    "load_after": {"load_1m": 2.0},
-                                                    "load_1m_during": {"min": 1.0, "max": 2.0, "mean": 1.5}})
+    run = BenchRun(
+        "fake",
+        modes,
+        records,
+        10,
+        [],
+        {
+            "cpu_count": 2,
+            "processor": "x",
+            "torch": "t",
+            "torch_threads": 1,
+            "load_before": {"load_1m": 1.0},
+            "load_after": {"load_1m": 2.0},
+            "load_1m_during": {"min": 1.0, "max": 2.0, "mean": 1.5},
+        },
+    )
     summary = summarize(run)
     rows = summary["rows"]
     assert rows["none"]["chat"]["speedup_vs_hf"] == pytest.approx(1.25)
@@ -193,13 +254,37 @@ def test_bench_reports_the_dtype_decision_the_float32_baseline_and_per_row_costs
 
     monkeypatch.setattr(dtype_choice, "time_forwards", fake_timer)
     models = tmp_path / "models.yaml"
-    models.write_text(f"- name: tiny-auto\n  target: {{source: {tiny_pair['target']}, dtype: auto}}\n  k: 3\n"
-                      "  proposers: {ngram: {min_n: 1, max_n: 3}}\n")
+    models.write_text(
+        f"- name: tiny-auto\n  target: {{source: {tiny_pair['target']}, dtype: auto}}\n  k: 3\n"
+        "  proposers: {ngram: {min_n: 1, max_n: 3}}\n"
+    )
     prompts = tmp_path / "one.jsonl"
     prompts.write_text(json.dumps({"prompt": "hello hello hello"}) + "\n")
     out = tmp_path / "out"
-    assert main(["bench", "--models", str(models), "--prompts", str(prompts), "--modes", "hf", "hf-fp32", "none",
-                 "--max-new-tokens", "8", "--out", str(out), "--no-progress", "--device", "cpu", "--no-warmup"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--models",
+                str(models),
+                "--prompts",
+                str(prompts),
+                "--modes",
+                "hf",
+                "hf-fp32",
+                "none",
+                "--max-new-tokens",
+                "8",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--device",
+                "cpu",
+                "--no-warmup",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "results.json").read_text())
     assert [m["label"] for m in data["modes"]] == ["hf", "hf-fp32", "none"]
     assert data["machine"]["dtype"]["dtype"] == "bfloat16" and data["machine"]["dtype"]["how"] == "measured"

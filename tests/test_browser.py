@@ -1,8 +1,10 @@
 """In a real browser: Playwright driving Debian's headless Chromium against `python app.py`.
 
-Skipped when /usr/bin/chromium is absent. `LOCALSPEC_WRITE_SCREENSHOT=1 pytest -m slow tests/test_browser.py -k screenshot`
-(or `python -m tests.test_browser`) rewrites assets/screenshot.png from the embedded default model.
+Skipped when /usr/bin/chromium is absent.
+`LOCALSPEC_WRITE_SCREENSHOT=1 pytest -m slow tests/test_browser.py -k screenshot` (or `python -m tests.test_browser`)
+rewrites assets/screenshot.png from the embedded default model.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,11 +18,16 @@ import pytest
 from .apphelpers import REPO, AppProcess, tiny_models_yaml
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 VIEWPORT = {"width": 1280, "height": 800}
-SCREENSHOT_PROMPT = ("Write a Python function that reverses a string, in a code block, then a short bullet list of "
-                     "notes")
+SCREENSHOT_PROMPT = "Write a Python function that reverses a string, in a code block, then a short bullet list of notes"
 
 pytestmark = [
     pytest.mark.browser,
@@ -57,9 +64,12 @@ def open_page(browser, url):
 def wait_status(page, text: str, timeout_ms: int = 90_000) -> None:
     """Wait until the status line contains text; on a timeout say what it showed instead."""
     try:
-        page.wait_for_function("([t]) => document.querySelector('#ls-status') && "
-                               "document.querySelector('#ls-status').innerText.includes(t)", arg=[text],
-                               timeout=timeout_ms)
+        page.wait_for_function(
+            "([t]) => document.querySelector('#ls-status') && "
+            "document.querySelector('#ls-status').innerText.includes(t)",
+            arg=[text],
+            timeout=timeout_ms,
+        )
     except Exception as exc:
         shown = page.inner_text("#ls-status") if page.locator("#ls-status").count() else "(no status line)"
         raise AssertionError(f"status never showed {text!r}; it shows {shown!r} ({type(exc).__name__})") from None
@@ -71,8 +81,10 @@ def send_and_wait(page, text: str, answers_before: int, timeout_ms: int = 120_00
     page.wait_for_function(
         "([n]) => document.querySelectorAll('#ls-transcript .ls-assistant').length > n && "
         "!document.querySelector('#ls-transcript .ls-cursor') && "
-        "/Done|Stopped/.test(document.querySelector('#ls-status').innerText)", arg=[answers_before],
-        timeout=timeout_ms)
+        "/Done|Stopped/.test(document.querySelector('#ls-status').innerText)",
+        arg=[answers_before],
+        timeout=timeout_ms,
+    )
 
 
 def kinds_in_last_answer(page) -> dict[str, int]:
@@ -135,8 +147,11 @@ def test_enter_sends_and_a_saved_conversation_reopens(browser, tiny_app):
     assert box.input_value() == "remember this\nconversation"
     box.fill("remember this conversation")
     box.press("Enter")
-    page.wait_for_function("document.querySelectorAll('#ls-transcript .ls-assistant').length > 0 && "
-                           "!document.querySelector('#ls-transcript .ls-cursor')", timeout=120_000)
+    page.wait_for_function(
+        "document.querySelectorAll('#ls-transcript .ls-assistant').length > 0 && "
+        "!document.querySelector('#ls-transcript .ls-cursor')",
+        timeout=120_000,
+    )
     wait_status(page, "Done")
     kinds = kinds_in_last_answer(page)
 
@@ -175,8 +190,9 @@ def echo_app():
     demo = build_app(echo_manager(0.01))
     demo.queue(default_concurrency_limit=None)
     port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, share=False, quiet=True,
-                **launch_options())
+    demo.launch(
+        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, share=False, quiet=True, **launch_options()
+    )
     yield f"http://127.0.0.1:{port}/"
     demo.close()
 
@@ -205,8 +221,11 @@ MARKDOWN_CODE = "def squares(xs):\n    return [x * x for x in xs]\n"
 
 def coloured(page, selector: str) -> int:
     """How many token spans under selector have a kind colour (a non-transparent background)."""
-    return page.evaluate("""([sel]) => [...document.querySelectorAll(sel)].filter(e =>
-        !['rgba(0, 0, 0, 0)', 'transparent'].includes(getComputedStyle(e).backgroundColor)).length""", [selector])
+    return page.evaluate(
+        """([sel]) => [...document.querySelectorAll(sel)].filter(e =>
+        !['rgba(0, 0, 0, 0)', 'transparent'].includes(getComputedStyle(e).backgroundColor)).length""",
+        [selector],
+    )
 
 
 def test_markdown_answer_keeps_coloured_tokens_in_the_browser(browser, echo_app):
@@ -217,8 +236,16 @@ def test_markdown_answer_keeps_coloured_tokens_in_the_browser(browser, echo_app)
     wait_status(page, "ready")
     send_and_wait(page, MARKDOWN_PROMPT, 0)
     answer = "#ls-transcript .ls-assistant"
-    for selector in ("li .tok", "strong .tok", "em .tok", "pre code .tok", "h2 .tok", "blockquote .tok", "td .tok",
-                     ":not(pre) > code .tok"):
+    for selector in (
+        "li .tok",
+        "strong .tok",
+        "em .tok",
+        "pre code .tok",
+        "h2 .tok",
+        "blockquote .tok",
+        "td .tok",
+        ":not(pre) > code .tok",
+    ):
         assert coloured(page, f"{answer} {selector}") > 0, selector
     kinds = page.evaluate(f"[...document.querySelectorAll('{answer} pre code .tok')].map(e => e.classList[1])")
     assert {"tok-accepted", "tok-resampled", "tok-bonus", "tok-target"} <= set(kinds), kinds
@@ -268,14 +295,18 @@ def test_markdown_injection_stays_inert_in_the_browser(browser, echo_app):
         assert link.get_attribute("href") == "https://example.com/"
         assert link.get_attribute("target") == "_blank" and link.get_attribute("rel") == "noopener noreferrer"
     # every event an injected handler could hang on, fired at every element of the transcript
-    page.evaluate("document.querySelectorAll('#ls-transcript .ls-assistant *').forEach(e => ['mouseover', "
-                  "'mouseenter', 'focus', 'error', 'load'].forEach(t => e.dispatchEvent(new Event(t))))")
+    page.evaluate(
+        "document.querySelectorAll('#ls-transcript .ls-assistant *').forEach(e => ['mouseover', "
+        "'mouseenter', 'focus', 'error', 'load'].forEach(t => e.dispatchEvent(new Event(t))))"
+    )
     transcript.locator(".ls-assistant .tok").filter(has_text=re.compile(r"\w")).first.hover()
     page.wait_for_timeout(500)
     assert dialogs == []
     assert transcript.locator("script, img, iframe, object, embed, svg").count() == 0
-    handlers = page.evaluate("[...document.querySelectorAll('#ls-transcript *')].flatMap(e => "
-                             "[...e.attributes].map(a => a.name)).filter(n => n.startsWith('on'))")
+    handlers = page.evaluate(
+        "[...document.querySelectorAll('#ls-transcript *')].flatMap(e => "
+        "[...e.attributes].map(a => a.name)).filter(n => n.startsWith('on'))"
+    )
     assert handlers == []
     shown = page.inner_text("#ls-transcript .ls-assistant")
     assert "<script>alert('fence')</script>" in shown and "[click me](javascript:alert('js-link'))" in shown
@@ -333,8 +364,10 @@ def test_regenerate_and_edit_the_last_message_in_the_browser(browser, echo_app):
     wait_status(page, "Done: 2 tokens")
     transcript = page.inner_text("#ls-transcript")
     assert answers.count() == 1 and "edited words" in transcript and "first words" not in transcript
-    page.wait_for_function("() => !document.querySelector('#ls-cancel-edit') || "
-                           "!document.querySelector('#ls-cancel-edit').offsetParent", timeout=10_000)
+    page.wait_for_function(
+        "() => !document.querySelector('#ls-cancel-edit') || !document.querySelector('#ls-cancel-edit').offsetParent",
+        timeout=10_000,
+    )
     page.close()
 
 

@@ -1,4 +1,5 @@
 """Chat layer: templates, truncation policy, detokenization, proposer choice."""
+
 import pytest
 
 from localspec.chat import IncrementalDetokenizer
@@ -6,8 +7,11 @@ from localspec.config import ConfigError, SamplingParams, SpecConfig
 
 
 def test_stream_fills_text_and_kinds(tiny_session):
-    events = list(tiny_session.stream([{"role": "user", "content": "hello there"}], SamplingParams(max_new_tokens=30),
-                                      tiny_session.default_spec()))
+    events = list(
+        tiny_session.stream(
+            [{"role": "user", "content": "hello there"}], SamplingParams(max_new_tokens=30), tiny_session.default_spec()
+        )
+    )
     tokens = [t for e in events for t in e.tokens]
     text = "".join(t.text for t in tokens)
     assert text == tiny_session.tokenizer.decode([t.token_id for t in tokens], skip_special_tokens=True)
@@ -24,8 +28,10 @@ def test_old_turns_dropped_then_long_message_cut(tiny_session):
     max_context = tiny_session.engine.max_context
     history = []
     for i in range(20):
-        history += [{"role": "user", "content": f"question {i} " + "x" * 60},
-                    {"role": "assistant", "content": "answer " + "y" * 60}]
+        history += [
+            {"role": "user", "content": f"question {i} " + "x" * 60},
+            {"role": "assistant", "content": "answer " + "y" * 60},
+        ]
     history.append({"role": "user", "content": "the latest question"})
     ids, notice = tiny_session.prompt_ids(history, 100)
     assert len(ids) <= max_context - 100 and "Older turns" in notice

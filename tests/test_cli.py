@@ -1,4 +1,5 @@
 """`localspec generate --json` returns the documented object, for every proposer."""
+
 import json
 import os
 import subprocess
@@ -27,15 +28,22 @@ def check_json(proc):
     assert set(out) >= {"text", "token_ids", "events", "stats"}
     assert [e["id"] for e in out["events"]] == out["token_ids"]
     assert "".join(e["text"] for e in out["events"]) == out["text"]
-    assert {"drafted", "accepted", "acceptance_rate", "mean_acceptance_length", "tokens_per_s",
-            "target_forwards"} <= set(out["stats"])
+    assert {
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "mean_acceptance_length",
+        "tokens_per_s",
+        "target_forwards",
+    } <= set(out["stats"])
     return out
 
 
 @pytest.mark.parametrize("proposer", ["none", "ngram", "draft"])
 def test_generate_json_tiny(tiny_pair, proposer):
-    out = check_json(generate("--prompt", "hi", "--proposer", proposer, "--max-new-tokens", "16",
-                              models=tiny_pair["models_yaml"]))
+    out = check_json(
+        generate("--prompt", "hi", "--proposer", proposer, "--max-new-tokens", "16", models=tiny_pair["models_yaml"])
+    )
     kinds = {e["kind"] for e in out["events"]}
     assert (kinds == {"target"}) if proposer == "none" else kinds <= {"accepted", "resampled", "bonus", "target"}
     assert len(out["token_ids"]) <= 16
@@ -52,6 +60,14 @@ def test_bad_arguments_give_a_message_not_a_traceback(tiny_pair):
 @pytest.mark.slow
 @pytest.mark.parametrize("proposer", ["none", "ngram"])
 def test_generate_json_embedded_default(proposer):
-    out = check_json(generate("--prompt", "Write a Python function that adds two numbers.", "--proposer", proposer,
-                              "--max-new-tokens", "40"))
+    out = check_json(
+        generate(
+            "--prompt",
+            "Write a Python function that adds two numbers.",
+            "--proposer",
+            proposer,
+            "--max-new-tokens",
+            "40",
+        )
+    )
     assert out["model"].startswith("SmolLM2-135M-Instruct") and out["text"].strip()

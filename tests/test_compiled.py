@@ -1,4 +1,5 @@
 """The compiled verify path: row buckets (padding rows cropped after) give the eager tokens; K changes reuse graphs."""
+
 import pytest
 import torch
 
@@ -14,8 +15,11 @@ PROMPT = list(range(5, 45))
 def _answer(target, draft, runner, k, max_new=40):
     engine = Engine(target)
     engine.target = runner
-    events = list(engine.generate(PROMPT, SamplingParams(max_new_tokens=max_new), SpecConfig(proposer="draft", k=k),
-                                  DraftModelProposer(draft)))
+    events = list(
+        engine.generate(
+            PROMPT, SamplingParams(max_new_tokens=max_new), SpecConfig(proposer="draft", k=k), DraftModelProposer(draft)
+        )
+    )
     assert events[-1].finish_reason == "length", events[-1].error
     return [t.token_id for e in events for t in e.tokens]
 

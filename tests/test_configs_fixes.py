@@ -1,5 +1,6 @@
 """The three reported configuration failures, and the non-finite draft rule (issue 16): bf16 target + head, the
 Qwen-style padded vocabulary pair, drafts on CUDA keeping the entry's dtype, a NaN draft dropping one step's draft."""
+
 from __future__ import annotations
 
 import json
@@ -56,10 +57,10 @@ def test_non_finite_draft_drops_that_steps_draft(tiny_models, temperature):
     target, _ = tiny_models
     engine = Engine(target, set())
     sampling = SamplingParams(temperature=temperature, max_new_tokens=6, seed=1)
-    plain = [t.token_id for e in engine.generate(list(PROMPT), sampling, SpecConfig(proposer="none"))
-             for t in e.tokens]
-    events = list(engine.generate(list(PROMPT), sampling, SpecConfig(proposer="draft", k=3, sampler="torch"),
-                                  _NanDraft()))
+    plain = [t.token_id for e in engine.generate(list(PROMPT), sampling, SpecConfig(proposer="none")) for t in e.tokens]
+    events = list(
+        engine.generate(list(PROMPT), sampling, SpecConfig(proposer="draft", k=3, sampler="torch"), _NanDraft())
+    )
     assert events[-1].finish_reason == "length", events[-1].error
     assert [t.token_id for e in events for t in e.tokens] == plain
     assert events[-1].stats.dropped_drafts == len(events) - 1 > 0  # the last step has no budget to draft
@@ -86,8 +87,9 @@ def qwen_padded(tmp_path_factory):
 
 
 def _pair(target, draft, **kw):
-    return PairSpec(name="qwen", target=ModelSpec(str(target)), draft=ModelSpec(str(draft)),
-                    default_proposer="draft", **kw)
+    return PairSpec(
+        name="qwen", target=ModelSpec(str(target)), draft=ModelSpec(str(draft)), default_proposer="draft", **kw
+    )
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +119,9 @@ def _check_padded(session, sampler, max_new):
     assert events[-1].finish_reason == "length", events[-1].error
     assert [t.token_id for e in events for t in e.tokens] == [t.token_id for e in base for t in e.tokens]
     assert events[-1].stats.drafted > 0
-    sampled = list(session.engine.generate(list(PROMPT), SamplingParams(temperature=1.0, max_new_tokens=max_new),
-                                           spec, proposer))
+    sampled = list(
+        session.engine.generate(list(PROMPT), SamplingParams(temperature=1.0, max_new_tokens=max_new), spec, proposer)
+    )
     assert sampled[-1].finish_reason == "length", sampled[-1].error
     draft = proposer.propose(list(PROMPT), 2, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
     assert draft.probs.shape == (2, 152064)
@@ -158,8 +161,15 @@ def test_draft_larger_than_target_vocabulary_is_dropped(qwen_padded):
     assert "152064" in loaded.notices[0] and "151936" in loaded.notices[0]
 
 
-@pytest.mark.parametrize("dtype,bf16_ok,want", [("bfloat16", True, torch.bfloat16), ("float32", True, torch.float32),
-                                               ("auto", True, torch.bfloat16), ("auto", False, torch.float16)])
+@pytest.mark.parametrize(
+    "dtype,bf16_ok,want",
+    [
+        ("bfloat16", True, torch.bfloat16),
+        ("float32", True, torch.float32),
+        ("auto", True, torch.bfloat16),
+        ("auto", False, torch.float16),
+    ],
+)
 def test_drafts_on_cuda_keep_the_entry_dtype(monkeypatch, dtype, bf16_ok, want):
     from transformers import AutoModelForCausalLM
 

@@ -1,5 +1,6 @@
 """CUDA hygiene written and tested on the CPU with torch.cuda mocked (issue 16): the 'auto' sampler's warm-up and
 fallback, synced step timing, freeing the old pair on a switch that would not fit, device_map from the entry."""
+
 from __future__ import annotations
 
 from dataclasses import replace

@@ -1,5 +1,6 @@
 """`localspec distill` on the tiny pair: every kind trains end to end in a few updates, writes a loadable folder,
 and runs as a proposer with greedy output identical to the target alone. Plus the data rules (held-out prompts)."""
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,35 @@ from localspec.proposers import DraftModelProposer
 from localspec.proposers.head import load_head_proposer
 from tests.conftest import SHARED_DATA
 
-PROMPTS = ["Hello there", "Write a poem", "What is 2+2?", "Tell me a story", "Explain gravity", "Name colors",
-           "Count to five", "Say hi"]
+PROMPTS = [
+    "Hello there",
+    "Write a poem",
+    "What is 2+2?",
+    "Tell me a story",
+    "Explain gravity",
+    "Name colors",
+    "Count to five",
+    "Say hi",
+]
 EVAL_PROMPT = [1, 72, 101, 108, 108, 111, 33, 10, 87]
 
 
 def tiny_options(kind, out, **overrides):
-    base = dict(kind=kind, out=out, answer_tokens=200, max_new_tokens=16, gen_batch_size=4, temperatures=(0.0,),
-                draft_vocab=200, steps=3, batch_size=2, window=32, max_updates=4, eval_every=2, progress=False)
+    base = dict(
+        kind=kind,
+        out=out,
+        answer_tokens=200,
+        max_new_tokens=16,
+        gen_batch_size=4,
+        temperatures=(0.0,),
+        draft_vocab=200,
+        steps=3,
+        batch_size=2,
+        window=32,
+        max_updates=4,
+        eval_every=2,
+        progress=False,
+    )
     base.update(overrides)
     return DistillOptions(**base)
 
@@ -33,15 +55,17 @@ def tiny_options(kind, out, **overrides):
 def greedy(target, proposer, spec_name, k=3, max_new=30):
     engine = Engine(target, {2})
     ids, stats = [], None
-    for event in engine.generate(EVAL_PROMPT, SamplingParams(max_new_tokens=max_new), SpecConfig(proposer=spec_name, k=k),
-                                 proposer):
+    for event in engine.generate(
+        EVAL_PROMPT, SamplingParams(max_new_tokens=max_new), SpecConfig(proposer=spec_name, k=k), proposer
+    ):
         ids.extend(t.token_id for t in event.tokens)
         stats = event.stats
     return ids, stats
 
 
-@pytest.mark.parametrize("kind", ["eagle", pytest.param("eagle3", marks=pytest.mark.slow),
-                                  pytest.param("mtp", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "kind", ["eagle", pytest.param("eagle3", marks=pytest.mark.slow), pytest.param("mtp", marks=pytest.mark.slow)]
+)
 def test_each_head_kind_distils_loads_and_is_lossless(tiny_pair, tiny_models, tmp_path, kind):
     from transformers import AutoTokenizer
 
@@ -69,8 +93,13 @@ def test_multi_layer_features_distil_fresh_and_widen_a_trained_head(tiny_pair, t
     target, _ = tiny_models
     tokenizer = AutoTokenizer.from_pretrained(tiny_pair["target"])
     corpus = tmp_path / "corpus"
-    fresh = distill(target, tokenizer, PROMPTS, tiny_options("eagle3", tmp_path / "fresh", feature_layers=(0,),
-                                                             corpus_dir=corpus), log=lambda m: None)
+    fresh = distill(
+        target,
+        tokenizer,
+        PROMPTS,
+        tiny_options("eagle3", tmp_path / "fresh", feature_layers=(0,), corpus_dir=corpus),
+        log=lambda m: None,
+    )
     assert fresh["feature_layers"] == [0]
     assert json.loads((tmp_path / "fresh" / "config.json").read_text())["feature_layers"] == [0]
     cached = sorted(p.name for p in (corpus / "features-0").glob("shard-*.pt"))
@@ -90,26 +119,45 @@ def test_multi_layer_features_distil_fresh_and_widen_a_trained_head(tiny_pair, t
     ids, stats = greedy(target, load_head_proposer(tmp_path / "fresh", target, "cpu"), "head")
     assert ids == baseline and stats.drafted > 0
 
-    distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "narrow", corpus_dir=corpus),
-            log=lambda m: None)
-    wide = distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "wide", corpus_dir=corpus,
-                                                            init=tmp_path / "narrow", feature_layers="auto"),
-                   log=lambda m: None)
+    distill(
+        target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "narrow", corpus_dir=corpus), log=lambda m: None
+    )
+    wide = distill(
+        target,
+        tokenizer,
+        PROMPTS,
+        tiny_options("eagle", tmp_path / "wide", corpus_dir=corpus, init=tmp_path / "narrow", feature_layers="auto"),
+        log=lambda m: None,
+    )
     assert wide["feature_layers"] == [0]
     narrow_head, wide_head = load_head(tmp_path / "narrow", target), load_head(tmp_path / "wide", target)
     assert narrow_head.feature_proj is None and wide_head.config.feature_layers == (0,)
     ids, stats = greedy(target, load_head_proposer(tmp_path / "wide", target, "cpu"), "head")
     assert ids == baseline and stats.drafted > 0
-    again = distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "again", corpus_dir=corpus,
-                                                             init=tmp_path / "wide"), log=lambda m: None)
+    again = distill(
+        target,
+        tokenizer,
+        PROMPTS,
+        tiny_options("eagle", tmp_path / "again", corpus_dir=corpus, init=tmp_path / "wide"),
+        log=lambda m: None,
+    )
     assert again["feature_layers"] == [0]  # the --init head's layers when none are named
     with pytest.raises(ConfigError, match="not retrained on"):
-        distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "x", corpus_dir=corpus,
-                                                         init=tmp_path / "wide", feature_layers=(1,)),
-                log=lambda m: None)
+        distill(
+            target,
+            tokenizer,
+            PROMPTS,
+            tiny_options("eagle", tmp_path / "x", corpus_dir=corpus, init=tmp_path / "wide", feature_layers=(1,)),
+            log=lambda m: None,
+        )
     with pytest.raises(ConfigError, match="below the last layer"):
-        distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "y", corpus_dir=corpus,
-                                                         feature_layers=(1,)), log=lambda m: None)
+        distill(
+            target,
+            tokenizer,
+            PROMPTS,
+            tiny_options("eagle", tmp_path / "y", corpus_dir=corpus, feature_layers=(1,)),
+            log=lambda m: None,
+        )
     with pytest.raises(ConfigError, match="feature-layers"):
         tiny_options("draft", tmp_path / "d", feature_layers=(0,)).validate()
 
@@ -144,8 +192,10 @@ def test_standalone_draft_distils_to_a_transformers_folder(tiny_pair, tiny_model
     from localspec.models.registry import load_registry
 
     yaml_path = tmp_path / "models.yaml"
-    yaml_path.write_text(f"- name: distilled\n  target: {{source: {tiny_pair['target']}, quant: none, dtype: float32}}\n"
-                         f"  proposers:\n    draft: {{source: {tmp_path / 'd'}, dtype: float32}}\n")
+    yaml_path.write_text(
+        f"- name: distilled\n  target: {{source: {tiny_pair['target']}, quant: none, dtype: float32}}\n"
+        f"  proposers:\n    draft: {{source: {tmp_path / 'd'}, dtype: float32}}\n"
+    )
     loaded = load_pair(load_registry(yaml_path)[0], device="cpu")
     torch.testing.assert_close(loaded.draft.get_input_embeddings().weight, loaded.target.get_input_embeddings().weight)
     torch.testing.assert_close(loaded.draft.get_output_embeddings().weight, target.get_output_embeddings().weight)
@@ -158,8 +208,13 @@ def test_resume_reuses_the_corpus_and_continues_training(tiny_pair, tiny_models,
     tokenizer = AutoTokenizer.from_pretrained(tiny_pair["target"])
     first = distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "e"), log=lambda m: None)
     shards = sorted(p.name for p in (tmp_path / "e" / "corpus").glob("shard-*.pt"))
-    second = distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "e", resume=True, max_updates=6),
-                     log=lambda m: None)
+    second = distill(
+        target,
+        tokenizer,
+        PROMPTS,
+        tiny_options("eagle", tmp_path / "e", resume=True, max_updates=6),
+        log=lambda m: None,
+    )
     assert sorted(p.name for p in (tmp_path / "e" / "corpus").glob("shard-*.pt")) == shards
     assert second["corpus_tokens"] == first["corpus_tokens"]
     assert second["updates"] == 6 and [h["update"] for h in second["history"]][:2] == [2, 4]
@@ -171,17 +226,95 @@ def test_cli_distill_writes_a_head(tiny_pair, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
     out = tmp_path / "cli-head"
-    code = main(["distill", "--models", str(tiny_pair["models_yaml"]), "--kind", "eagle", "--out", str(out),
-                 "--data-dir", "none", "--prompts", str(prompts), "--tokens", "150", "--max-new-tokens", "12",
-                 "--draft-vocab", "150", "--max-updates", "2", "--eval-every", "1", "--steps", "2", "--no-progress",
-                 "--device", "cpu"])
+    code = main(
+        [
+            "distill",
+            "--models",
+            str(tiny_pair["models_yaml"]),
+            "--kind",
+            "eagle",
+            "--out",
+            str(out),
+            "--data-dir",
+            "none",
+            "--prompts",
+            str(prompts),
+            "--tokens",
+            "150",
+            "--max-new-tokens",
+            "12",
+            "--draft-vocab",
+            "150",
+            "--max-updates",
+            "2",
+            "--eval-every",
+            "1",
+            "--steps",
+            "2",
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 0 and (out / "head.safetensors").exists()
-    assert main(["distill", "--models", str(tiny_pair["models_yaml"]), "--kind", "eagle", "--out", str(out),
-                 "--data-dir", "none", "--prompts", str(prompts), "--device", "cpu"]) == 2  # exists, no --resume
-    assert main(["distill", "--models", str(tiny_pair["models_yaml"]), "--kind", "eagle", "--out",
-                 str(tmp_path / "x"), "--data-dir", "none", "--prompts", str(tmp_path / "nope.txt")]) == 2
-    assert main(["distill", "--models", str(tiny_pair["models_yaml"]), "--kind", "eagle", "--out",
-                 str(tmp_path / "y"), "--data-dir", "none", "--prompts", str(prompts), "--feature-layers", "low"]) == 2
+    assert (
+        main(
+            [
+                "distill",
+                "--models",
+                str(tiny_pair["models_yaml"]),
+                "--kind",
+                "eagle",
+                "--out",
+                str(out),
+                "--data-dir",
+                "none",
+                "--prompts",
+                str(prompts),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 2
+    )  # exists, no --resume
+    assert (
+        main(
+            [
+                "distill",
+                "--models",
+                str(tiny_pair["models_yaml"]),
+                "--kind",
+                "eagle",
+                "--out",
+                str(tmp_path / "x"),
+                "--data-dir",
+                "none",
+                "--prompts",
+                str(tmp_path / "nope.txt"),
+            ]
+        )
+        == 2
+    )
+    assert (
+        main(
+            [
+                "distill",
+                "--models",
+                str(tiny_pair["models_yaml"]),
+                "--kind",
+                "eagle",
+                "--out",
+                str(tmp_path / "y"),
+                "--data-dir",
+                "none",
+                "--prompts",
+                str(prompts),
+                "--feature-layers",
+                "low",
+            ]
+        )
+        == 2
+    )
 
 
 def test_held_out_prompts_never_reach_training():
@@ -223,13 +356,15 @@ def test_training_time_test_mask_matches_inference_attention():
     k2, v2 = torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4)
     out = chain_attention(q, real_k, real_v, 1, [(shift(k2, 0, dim=2), shift(v2, 0, dim=2))])
     i = 4  # step-2 query at index 4: real keys 0..3 and its own key
-    keys = torch.cat([real_k[0, 0, :i], k2[0, 0, i:i + 1]])
-    values = torch.cat([real_v[0, 0, :i], v2[0, 0, i:i + 1]])
+    keys = torch.cat([real_k[0, 0, :i], k2[0, 0, i : i + 1]])
+    values = torch.cat([real_v[0, 0, :i], v2[0, 0, i : i + 1]])
     weights = torch.softmax(q[0, 0, i] @ keys.T / 2.0, dim=-1)
     torch.testing.assert_close(out[0, 0, i], weights @ values)
 
 
-DOCS = [(f"Tell me about item {i}", f"Item {i} is a thing with {i * 7} parts and a colour of its own.") for i in range(12)]
+DOCS = [
+    (f"Tell me about item {i}", f"Item {i} is a thing with {i * 7} parts and a colour of its own.") for i in range(12)
+]
 
 
 def test_teacher_forced_rows_match_an_unpadded_forward(tiny_models):
@@ -286,8 +421,14 @@ def test_stream_text_trains_on_fresh_text_and_init_continues_a_head(tiny_pair, t
 
     with monkeypatch.context() as patch:
         patch.setattr(stream, "teacher_forced_pieces", counting)
-        first = distill(target, tokenizer, [], tiny_options("eagle", tmp_path / "s", answer_tokens=0, stream_text=True),
-                        log=lambda m: None, documents=DOCS)
+        first = distill(
+            target,
+            tokenizer,
+            [],
+            tiny_options("eagle", tmp_path / "s", answer_tokens=0, stream_text=True),
+            log=lambda m: None,
+            documents=DOCS,
+        )
     assert first["updates"] == 4 and first["corpus_tokens"] == 0
     assert len(set(seen)) >= 6  # several different documents went through the target, no corpus on disk
     assert len(seen) > len(set(seen))  # training passed over its documents more than once…
@@ -295,9 +436,14 @@ def test_stream_text_trains_on_fresh_text_and_init_continues_a_head(tiny_pair, t
     assert not held_out & {tuple(r) for r in seen[8:]}
     assert not list((tmp_path / "s").glob("corpus/shard-*.pt"))
     before = (tmp_path / "s" / "head.safetensors").read_bytes()
-    second = distill(target, tokenizer, [], tiny_options("eagle", tmp_path / "s2", answer_tokens=0, stream_text=True,
-                                                         init=tmp_path / "s", lr=1e-2),
-                     log=lambda m: None, documents=DOCS)
+    second = distill(
+        target,
+        tokenizer,
+        [],
+        tiny_options("eagle", tmp_path / "s2", answer_tokens=0, stream_text=True, init=tmp_path / "s", lr=1e-2),
+        log=lambda m: None,
+        documents=DOCS,
+    )
     assert second["updates"] == 4 and (tmp_path / "s2" / "head.safetensors").read_bytes() != before
     baseline, _ = greedy(target, None, "none")
     ids, _ = greedy(target, load_head_proposer(tmp_path / "s2", target, "cpu"), "head")

@@ -1,4 +1,5 @@
 """dtype: auto on the tiny pair: measured once per machine and model, cached, reused; the explicit dtype wins."""
+
 from __future__ import annotations
 
 import json
@@ -84,8 +85,7 @@ def test_explicit_dtype_wins_and_times_nothing(tiny_pair, home, monkeypatch):
     assert next(loaded.target.parameters()).dtype == torch.float32
 
 
-@pytest.mark.parametrize("content", ["{not json", json.dumps({"version": 1, "decisions": []}),
-                                     "KEY-BAD-DTYPE"])
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"version": 1, "decisions": []}), "KEY-BAD-DTYPE"])
 def test_a_broken_cache_file_is_measured_again(tiny_pair, home, monkeypatch, content):
     timer = FakeTimer({"float32": 0.040, "bfloat16": 0.020})
     _use(monkeypatch, timer)

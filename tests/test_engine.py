@@ -1,4 +1,5 @@
 """The engine on the tiny random pair: lossless greedy output, KV rollback, seeded sampling, limits, cancel."""
+
 import threading
 
 import pytest
@@ -23,9 +24,8 @@ def engine(tiny_models):
 
 
 def hf_greedy(model, prompt, n):
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                         pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("k", [1, 3, 5, 8])
@@ -34,8 +34,9 @@ def test_greedy_speculative_equals_transformers_generate(engine, tiny_models, pr
     target, draft = tiny_models
     expected = hf_greedy(target, PROMPT, 48)
     proposer = NgramProposer(1, 3) if proposer_name == "ngram" else DraftModelProposer(draft)
-    ids, tokens, events = run(engine, proposer, SpecConfig(proposer=proposer_name, k=k),
-                              SamplingParams(max_new_tokens=48))
+    ids, tokens, events = run(
+        engine, proposer, SpecConfig(proposer=proposer_name, k=k), SamplingParams(max_new_tokens=48)
+    )
     assert ids == expected
     assert events[-1].finish_reason == "length"
     stats = events[-1].stats
@@ -51,8 +52,9 @@ def test_baseline_is_plain_decoding(engine, tiny_models):
 
 
 def test_kinds_follow_the_rules(engine, tiny_models):
-    _, tokens, events = run(engine, DraftModelProposer(tiny_models[1]), SpecConfig(proposer="draft", k=3),
-                            SamplingParams(max_new_tokens=60))
+    _, tokens, events = run(
+        engine, DraftModelProposer(tiny_models[1]), SpecConfig(proposer="draft", k=3), SamplingParams(max_new_tokens=60)
+    )
     kinds = {t.kind for t in tokens}
     assert {"accepted", "resampled"} <= kinds
     for event in events:
@@ -69,8 +71,12 @@ def test_kinds_follow_the_rules(engine, tiny_models):
 def test_kv_rollback_matches_fresh_forward(engine, tiny_models):
     """After many steps with rejections, the cached next-token logits equal a fresh full forward."""
     target, draft = tiny_models
-    ids, _, events = run(engine, DraftModelProposer(draft), SpecConfig(proposer="draft", k=5),
-                         SamplingParams(max_new_tokens=70, temperature=1.0, seed=3))
+    ids, _, events = run(
+        engine,
+        DraftModelProposer(draft),
+        SpecConfig(proposer="draft", k=5),
+        SamplingParams(max_new_tokens=70, temperature=1.0, seed=3),
+    )
     assert sum(e.propose_token_num - e.accept_token_num for e in events) > 10  # there were rejections
     runner = engine.target
     context = PROMPT + ids
@@ -96,8 +102,9 @@ def test_stop_token_ends_the_answer(tiny_models):
     first = hf_greedy(target, PROMPT, 12)
     stop = first[5]
     engine = Engine(target, stop_token_ids={stop})
-    ids, _, events = run(engine, NgramProposer(1, 3), SpecConfig(proposer="ngram", k=4),
-                         SamplingParams(max_new_tokens=40))
+    ids, _, events = run(
+        engine, NgramProposer(1, 3), SpecConfig(proposer="ngram", k=4), SamplingParams(max_new_tokens=40)
+    )
     assert ids == first[: first.index(stop) + 1]
     assert events[-1].finish_reason == "stop"
 
@@ -120,8 +127,9 @@ def test_empty_and_overlong_prompts_are_refused(engine):
 
 def test_answer_budget_is_capped_by_context(engine):
     prompt = [7] * (engine.max_context - 10)
-    ids, _, events = run(engine, NgramProposer(), SpecConfig(proposer="ngram", k=8),
-                         SamplingParams(max_new_tokens=100), prompt=prompt)
+    ids, _, events = run(
+        engine, NgramProposer(), SpecConfig(proposer="ngram", k=8), SamplingParams(max_new_tokens=100), prompt=prompt
+    )
     assert len(ids) == 10 and events[-1].finish_reason == "length"
 
 

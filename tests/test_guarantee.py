@@ -1,4 +1,5 @@
 """The per-path greedy guarantee: read from the measured rounding (verify/guarantee.py), refused for unknown paths."""
+
 import math
 
 import pytest
@@ -23,8 +24,14 @@ def test_unmeasured_paths_say_so_and_claim_no_bound():
     assert math.isinf(stated.flip_bound) and stated.to_dict()["flip_bound"] is None
 
 
-@pytest.mark.parametrize("args, word", [(("float8", "none", "cpu"), "dtype"), (("float32", "gptq", "cpu"), "quant"),
-                                        (("float32", "none", "mps"), "device")])
+@pytest.mark.parametrize(
+    "args, word",
+    [
+        (("float8", "none", "cpu"), "dtype"),
+        (("float32", "gptq", "cpu"), "quant"),
+        (("float32", "none", "mps"), "device"),
+    ],
+)
 def test_unknown_paths_are_refused_with_a_message(args, word):
     with pytest.raises(ConfigError, match=word):
         guarantee_for(*args)

@@ -1,5 +1,6 @@
 """Feature-level heads (EAGLE / Eagle3 / MTP) as proposers: lossless greedy output, the Eagle3 first-step
 duplication, the MTP one-module-per-step rule, the KV-cache rollback, and clear errors on bad folders."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,10 +8,10 @@ import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.engine.loop import Engine
+from localspec.engine.model_runner import ModelRunner
 from localspec.heads.config import HeadConfig, target_shapes
 from localspec.heads.io import load_head, save_head
 from localspec.heads.model import FeatureHead
-from localspec.engine.model_runner import ModelRunner
 from localspec.proposers.base import Proposer
 from localspec.proposers.head import HeadProposer, load_head_proposer
 
@@ -21,8 +22,13 @@ DRAFT_VOCAB = 200
 def make_head(target, kind: str, modules: int = 1, seed: int = 0, feature_layers: tuple = ()) -> FeatureHead:
     """A random head; with feature_layers, its projection is random too (every layer's features count)."""
     torch.manual_seed(seed)
-    config = HeadConfig(kind=kind, num_modules=modules, draft_vocab_size=DRAFT_VOCAB, feature_layers=feature_layers,
-                        **target_shapes(target.config))
+    config = HeadConfig(
+        kind=kind,
+        num_modules=modules,
+        draft_vocab_size=DRAFT_VOCAB,
+        feature_layers=feature_layers,
+        **target_shapes(target.config),
+    )
     head = FeatureHead(config, target.get_input_embeddings().weight)
     head.set_lm_weight(target.get_output_embeddings().weight)
     head.set_draft_vocab(torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(seed))[:DRAFT_VOCAB])
@@ -49,11 +55,17 @@ def run_engine(target, proposer, k: int = 3, temperature: float = 0.0, max_new: 
 SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("kind,modules,layers", [("eagle", 1, ()), pytest.param("eagle3", 1, (), marks=SLOW),
-                                                 pytest.param("mtp", 3, (), marks=SLOW),
-                                                 pytest.param("eagle", 1, (0,), marks=SLOW),
-                                                 pytest.param("eagle3", 1, (0,), marks=SLOW),
-                                                 pytest.param("mtp", 2, (0,), marks=SLOW)])
+@pytest.mark.parametrize(
+    "kind,modules,layers",
+    [
+        ("eagle", 1, ()),
+        pytest.param("eagle3", 1, (), marks=SLOW),
+        pytest.param("mtp", 3, (), marks=SLOW),
+        pytest.param("eagle", 1, (0,), marks=SLOW),
+        pytest.param("eagle3", 1, (0,), marks=SLOW),
+        pytest.param("mtp", 2, (0,), marks=SLOW),
+    ],
+)
 def test_head_proposer_greedy_is_lossless(tiny_models, tmp_path, kind, modules, layers):
     target, _ = tiny_models
     save_head(make_head(target, kind, modules, feature_layers=layers), tmp_path / kind)
@@ -183,11 +195,18 @@ def assert_greedy_lossless_on_shared_prompts(session, proposer: str, k: int = 4)
     drafted = 0
     for prompt in shared_prompts(limit_mt=2, limit_code=1):
         ids, _ = session.prompt_ids([{"role": "user", "content": prompt}], 48)
-        base = [t.token_id for e in session.engine.generate(ids, sampling, SpecConfig(proposer="none", k=k))
-                for t in e.tokens]
+        base = [
+            t.token_id
+            for e in session.engine.generate(ids, sampling, SpecConfig(proposer="none", k=k))
+            for t in e.tokens
+        ]
         spec_ids, stats = [], None
-        for event in session.engine.generate(ids, sampling, SpecConfig(proposer=proposer, k=k),
-                                             session.make_proposer(session.default_spec(proposer=proposer))):
+        for event in session.engine.generate(
+            ids,
+            sampling,
+            SpecConfig(proposer=proposer, k=k),
+            session.make_proposer(session.default_spec(proposer=proposer)),
+        ):
             spec_ids.extend(t.token_id for t in event.tokens)
             stats = event.stats
         assert spec_ids == base
@@ -226,8 +245,10 @@ def test_shipped_draft_matches_the_embedded_target_and_is_lossless(embedded_sess
     assert_greedy_lossless_on_shared_prompts(session, "draft")
 
 
-@pytest.mark.parametrize("kind,modules,layers", [("eagle", 1, ()), ("eagle3", 1, ()), ("mtp", 3, ()),
-                                                 ("eagle", 1, (0,)), ("eagle3", 1, (0,))])
+@pytest.mark.parametrize(
+    "kind,modules,layers",
+    [("eagle", 1, ()), ("eagle3", 1, ()), ("mtp", 3, ()), ("eagle", 1, (0,)), ("eagle3", 1, (0,))],
+)
 def test_training_forward_equals_inference_drafting(tiny_models, kind, modules, layers):
     """ttt_forward's step-j prediction at a position is what the proposer computes at draft step j there (with
     multi-layer features: the training batch holds teacher-forced features, inference reads them from the cache)."""
@@ -272,8 +293,10 @@ def test_hard_label_weight_mixes_soft_and_argmax_cross_entropy(tiny_models):
     batch = make_batch(teacher_forced_pieces(target, [PROMPT + [33, 10, 87, 101]], ()))
     seen = []
     with torch.no_grad():
-        losses = {w: float(ttt_forward(head, batch, 1, reg_weight=0.0, hard_weight=w, collect_logits=seen)[0])
-                  for w in (0.0, 0.5, 1.0)}
+        losses = {
+            w: float(ttt_forward(head, batch, 1, reg_weight=0.0, hard_weight=w, collect_logits=seen)[0])
+            for w in (0.0, 0.5, 1.0)
+        }
     logits = seen[-1][0]  # [S, Vd] the head's step-1 logits (the same with every weight)
     teacher = (batch.target_hidden[0] @ head.draft_lm_weight.T).argmax(-1)  # [S]
     expected = torch.nn.functional.cross_entropy(logits[batch.valid[0]], teacher[batch.valid[0]])
@@ -303,7 +326,7 @@ def test_teacher_forced_top_k_lines_up_with_what_the_proposer_drafts(tiny_models
         draft = first_draft(ids)
         ids.append(draft if t % 2 == 0 else (draft + 1) % 256)
         drafted.append(t % 2 == 0)
-    answer = ids[len(PROMPT):]
+    answer = ids[len(PROMPT) :]
     shares = teacher_forced_top_k(head, target, [(ids, len(PROMPT))], steps=2, ks=(1, 2, DRAFT_VOCAB))
     assert shares[0][0] == pytest.approx(sum(drafted) / len(answer))
     for row in shares:
@@ -322,14 +345,17 @@ def test_multi_layer_features_come_from_the_named_layers(tiny_models):
     size = target.config.hidden_size
     runner = ModelRunner(target)
     runner.reset()
-    stepwise = torch.cat([runner.extend(PROMPT[:4], want_hidden=True, feature_layers=(0,)).hidden]
-                         + [runner.extend([t], want_hidden=True, feature_layers=(0,)).hidden for t in PROMPT[4:]])
+    stepwise = torch.cat(
+        [runner.extend(PROMPT[:4], want_hidden=True, feature_layers=(0,)).hidden]
+        + [runner.extend([t], want_hidden=True, feature_layers=(0,)).hidden for t in PROMPT[4:]]
+    )
     assert stepwise.shape == (len(PROMPT), 2 * size)
     with torch.no_grad():
         layer0 = target.model.layers[0]
         captured = []
-        hook = layer0.register_forward_hook(lambda mod, args, out: captured.append(out[0] if isinstance(out, tuple)
-                                                                                    else out))
+        hook = layer0.register_forward_hook(
+            lambda mod, args, out: captured.append(out[0] if isinstance(out, tuple) else out)
+        )
         try:
             out, features = backbone_features(target.model, (0,), input_ids=torch.tensor([PROMPT]))
         finally:
@@ -337,7 +363,7 @@ def test_multi_layer_features_come_from_the_named_layers(tiny_models):
     torch.testing.assert_close(features[0, :, :size], captured[0].reshape(len(PROMPT), size))
     torch.testing.assert_close(features[0, :, size:], out.last_hidden_state[0])
     torch.testing.assert_close(stepwise, features[0], atol=1e-4, rtol=1e-4)
-    (_, forced), = teacher_forced_pieces(target, [PROMPT], (0,))
+    ((_, forced),) = teacher_forced_pieces(target, [PROMPT], (0,))
     torch.testing.assert_close(forced, features[0, :-1], atol=1e-4, rtol=1e-4)
     assert runner.extend([5], want_hidden=True).hidden.shape == (1, size)  # no layers named: the last hidden
 
@@ -352,8 +378,10 @@ def test_widening_a_head_keeps_its_drafts_until_the_new_layers_are_trained(tiny_
     assert torch.equal(widened.draft_token_ids, head.draft_token_ids)
     narrow, narrow_stats = run_engine(target, HeadProposer(head), k=3)
     wide_ids, wide_stats = run_engine(target, HeadProposer(widened), k=3)
-    assert wide_ids == narrow and (wide_stats.drafted, wide_stats.accepted) == (narrow_stats.drafted,
-                                                                              narrow_stats.accepted)
+    assert wide_ids == narrow and (wide_stats.drafted, wide_stats.accepted) == (
+        narrow_stats.drafted,
+        narrow_stats.accepted,
+    )
     save_head(widened, tmp_path / "wide")
     assert load_head(tmp_path / "wide", target).config.feature_layers == (0,)
     with torch.no_grad():  # now let layer 0 count: the drafts change (the earlier layer is really read)
@@ -386,8 +414,7 @@ def test_widening_a_multi_layer_head_keeps_its_trained_columns(tiny_models):
     assert torch.equal(widened.feature_norms[1].weight, head.feature_norms[0].weight)
     narrow, narrow_stats = run_engine(target, HeadProposer(head), k=3)
     wide, wide_stats = run_engine(target, HeadProposer(widened), k=3)
-    assert wide == narrow and (wide_stats.drafted, wide_stats.accepted) == (narrow_stats.drafted,
-                                                                         narrow_stats.accepted)
+    assert wide == narrow and (wide_stats.drafted, wide_stats.accepted) == (narrow_stats.drafted, narrow_stats.accepted)
     with pytest.raises(ValueError, match="superset"):
         with_feature_layers(widened, (1,))
 
@@ -396,15 +423,18 @@ def test_bad_feature_layers_give_clear_errors(tiny_models, tmp_path):
     target, _ = tiny_models
     for layers in ([1, 0], [-1], [0, 0]):
         with pytest.raises(ConfigError, match="feature_layers"):
-            HeadConfig(kind="eagle", draft_vocab_size=10, feature_layers=tuple(layers),
-                       **target_shapes(target.config)).validate()
+            HeadConfig(
+                kind="eagle", draft_vocab_size=10, feature_layers=tuple(layers), **target_shapes(target.config)
+            ).validate()
     save_head(make_head(target, "eagle", feature_layers=(0,)), tmp_path / "h")
     config = (tmp_path / "h" / "config.json").read_text()
-    (tmp_path / "h" / "config.json").write_text(config.replace('"feature_layers": [\n    0\n  ]',
-                                                               '"feature_layers": [\n    5\n  ]'))
+    (tmp_path / "h" / "config.json").write_text(
+        config.replace('"feature_layers": [\n    0\n  ]', '"feature_layers": [\n    5\n  ]')
+    )
     with pytest.raises(ConfigError, match="this target has 2 layers"):
         load_head(tmp_path / "h", target)
-    (tmp_path / "h" / "config.json").write_text(config.replace('"feature_layers": [\n    0\n  ]',
-                                                               '"feature_layers": 0'))
+    (tmp_path / "h" / "config.json").write_text(
+        config.replace('"feature_layers": [\n    0\n  ]', '"feature_layers": 0')
+    )
     with pytest.raises(ConfigError, match="list of layer indices"):
         load_head(tmp_path / "h", target)

@@ -1,4 +1,5 @@
 """The progress bar of a model pair that loads or is switched (localspec/ui/loadbar.py, Handlers.switch)."""
+
 from __future__ import annotations
 
 import re
@@ -26,8 +27,10 @@ def test_load_stages_follow_the_pair(tmp_path):
 def test_switching_shows_a_progress_bar_for_each_load_stage(tmp_path):
     from localspec.ui.echo import EchoSession
 
-    pairs = [PairSpec(name="a", target=ModelSpec(source="echo")),
-             PairSpec(name="b", target=ModelSpec(source=str(tmp_path)), draft=ModelSpec(source=str(tmp_path)))]
+    pairs = [
+        PairSpec(name="a", target=ModelSpec(source="echo")),
+        PairSpec(name="b", target=ModelSpec(source=str(tmp_path)), draft=ModelSpec(source=str(tmp_path))),
+    ]
 
     def factory(pair, progress):
         if pair.name == "b":

@@ -1,4 +1,5 @@
 """Loading: quantized targets, tokenizer checks, missing models, offline hub ids, GGUF conversion."""
+
 import shutil
 
 import pytest
@@ -33,11 +34,18 @@ def test_bitsandbytes_quantized_target_runs_losslessly(tiny_pair, quant):
     from localspec.proposers import NgramProposer
 
     prompt = list(range(10, 40))
-    base = [t.token_id for e in engine.generate(prompt, SamplingParams(max_new_tokens=24), SpecConfig(proposer="none"))
-            for t in e.tokens]
-    spec = [t.token_id for e in engine.generate(prompt, SamplingParams(max_new_tokens=24),
-                                                SpecConfig(proposer="ngram", k=4), NgramProposer(1, 3))
-            for t in e.tokens]
+    base = [
+        t.token_id
+        for e in engine.generate(prompt, SamplingParams(max_new_tokens=24), SpecConfig(proposer="none"))
+        for t in e.tokens
+    ]
+    spec = [
+        t.token_id
+        for e in engine.generate(
+            prompt, SamplingParams(max_new_tokens=24), SpecConfig(proposer="ngram", k=4), NgramProposer(1, 3)
+        )
+        for t in e.tokens
+    ]
     assert spec == base
 
 

@@ -1,5 +1,6 @@
 """'ngram+head': n-gram lookup when it matches, the head otherwise. Greedy output equals the target alone, both sides
 really draft, the head keeps up while the lookup drafts, and sampled output has the target's distribution."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,8 +42,9 @@ def generate(target, proposer, k=3, temperature=0.0, max_new=40, seed=3, prompt=
     engine = Engine(target, set(stop))
     spec = SpecConfig(proposer="none" if proposer is None else "ngram+head", k=k)
     ids = []
-    for event in engine.generate(list(prompt), SamplingParams(temperature=temperature, max_new_tokens=max_new,
-                                                              seed=seed), spec, proposer):
+    for event in engine.generate(
+        list(prompt), SamplingParams(temperature=temperature, max_new_tokens=max_new, seed=seed), spec, proposer
+    ):
         assert event.finish_reason != "error", event.error
         ids.extend(t.token_id for t in event.tokens)
     return ids
@@ -105,8 +107,10 @@ def test_a_pair_with_a_head_builds_it_with_a_two_token_lookup(tiny_pair, tiny_mo
     target, _ = tiny_models
     save_head(make_head(target, "eagle"), tmp_path / "head")
     yaml_path = tmp_path / "models.yaml"
-    yaml_path.write_text(f"- name: with-head\n  target: {{source: {tiny_pair['target']}, quant: none, dtype: float32}}\n"
-                         f"  proposers:\n    ngram: {{min_n: 1, max_n: 4}}\n    head: {tmp_path / 'head'}\n")
+    yaml_path.write_text(
+        f"- name: with-head\n  target: {{source: {tiny_pair['target']}, quant: none, dtype: float32}}\n"
+        f"  proposers:\n    ngram: {{min_n: 1, max_n: 4}}\n    head: {tmp_path / 'head'}\n"
+    )
     session = ChatSession(load_pair(load_registry(yaml_path)[0], device="cpu"))
     assert session.proposers == ("none", "ngram", "head", "ngram+head")
     proposer = session.make_proposer(session.default_spec(proposer="ngram+head"))
@@ -129,8 +133,11 @@ def test_adaptive_k_keeps_one_controller_per_part(tiny_models):
     baseline = generate(target, None)
     proposer = LookupFirstProposer(NgramProposer(2, 4), HeadProposer(make_head(target, "eagle")))
     spec = SpecConfig(proposer="ngram+head", k=4, adaptive=True)
-    ids = [t.token_id for e in engine.generate(list(PROMPT), SamplingParams(max_new_tokens=40, seed=3), spec, proposer)
-           for t in e.tokens]
+    ids = [
+        t.token_id
+        for e in engine.generate(list(PROMPT), SamplingParams(max_new_tokens=40, seed=3), spec, proposer)
+        for t in e.tokens
+    ]
     assert ids == baseline
     parts = {key[0]: controller for key, controller in engine.controllers.items()}
     assert set(parts) == {"ngram+head:ngram", "ngram+head:head"}

@@ -2,6 +2,7 @@
 
 Each path is held to exactly its stated guarantee (localspec/verify/guarantee.py): speculative greedy output equals
 plain decoding, except at a first parting position whose top-2 logit gap is below the path's measured flip bound."""
+
 import warnings
 
 import pytest
@@ -25,7 +26,7 @@ def assert_within_guarantee(session, prompt_ids, expected, got, label):
     result = compare_greedy(loaded.target, prompt_ids, expected, got, guarantee)
     assert result.ok, f"{label}: {result.detail}"
     if result.at is not None:
-        warnings.warn(f"{label}: {result.detail}")
+        warnings.warn(f"{label}: {result.detail}", stacklevel=2)
 
 
 def ids_of(session, prompt_ids, spec):
@@ -45,9 +46,14 @@ def test_speculative_equals_transformers_generate(embedded_session, prompts):
     stop = sorted(embedded_session.engine.stop_token_ids)
     for n, prompt_ids in enumerate(prompts):
         with torch.inference_mode():
-            out = model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=NEW_TOKENS,
-                                 eos_token_id=stop, pad_token_id=stop[0])
-        expected = out[0, len(prompt_ids):].tolist()
+            out = model.generate(
+                torch.tensor([prompt_ids]),
+                do_sample=False,
+                max_new_tokens=NEW_TOKENS,
+                eos_token_id=stop,
+                pad_token_id=stop[0],
+            )
+        expected = out[0, len(prompt_ids) :].tolist()
         baseline = ids_of(embedded_session, prompt_ids, SpecConfig(proposer="none"))
         assert_within_guarantee(embedded_session, prompt_ids, expected, baseline, f"prompt {n} none")
         for k in KS:

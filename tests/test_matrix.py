@@ -11,6 +11,7 @@ the path's flip_bound), and passes the chi-square check at temperature 1 (K = 2)
 and draft probabilities at one context, restricted to a support of ~300 tokens (the target's and draft's top tokens
 and, padded, 16 ids the draft lacks) so 20,000 samples stay cheap.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -38,8 +39,12 @@ DTYPES = ("float32", "bfloat16", "float16")
 QUANTS = ("none", "nf4", "int8")
 PROPOSERS = ("none", "ngram", "draft", "head", "ngram+head")
 FAST = {("padded", "float32", "none"), ("equal", "bfloat16", "none"), ("padded", "bfloat16", "none")}
-FAST_SINGLES = {("padded", "float32", "nf4", "draft"), ("equal", "float32", "int8", "ngram+head"),
-                ("equal", "float16", "none", "head"), ("equal", "float32", "none", "draft")}
+FAST_SINGLES = {
+    ("padded", "float32", "nf4", "draft"),
+    ("equal", "float32", "int8", "ngram+head"),
+    ("equal", "float16", "none", "head"),
+    ("equal", "float32", "none", "draft"),
+}
 K = 2
 P_MIN = 1e-4  # every p-value of the check; fixed seeds, so a cell passes or fails the same way each run
 
@@ -50,8 +55,14 @@ def _cells():
             for quant in QUANTS:
                 for proposer in PROPOSERS:
                     fast = (vocab, dtype, quant) in FAST or (vocab, dtype, quant, proposer) in FAST_SINGLES
-                    yield pytest.param(vocab, dtype, quant, proposer, marks=() if fast else pytest.mark.slow,
-                                       id=f"{vocab}-{dtype}-{quant}-{proposer}")
+                    yield pytest.param(
+                        vocab,
+                        dtype,
+                        quant,
+                        proposer,
+                        marks=() if fast else pytest.mark.slow,
+                        id=f"{vocab}-{dtype}-{quant}-{proposer}",
+                    )
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +90,15 @@ def _session(folders, vocab, dtype, quant):
     if key not in _LOADED:
         _LOADED.clear()
         target, draft, head = folders[vocab]
-        pair = PairSpec(name=f"{vocab}-{dtype}-{quant}", target=ModelSpec(str(target), quant=quant, dtype=dtype),
-                        draft=ModelSpec(str(draft), dtype=dtype), head=str(head), ngram=NgramSpec(1, 3), k=K,
-                        default_proposer="draft")
+        pair = PairSpec(
+            name=f"{vocab}-{dtype}-{quant}",
+            target=ModelSpec(str(target), quant=quant, dtype=dtype),
+            draft=ModelSpec(str(draft), dtype=dtype),
+            head=str(head),
+            ngram=NgramSpec(1, 3),
+            k=K,
+            default_proposer="draft",
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
@@ -109,8 +126,9 @@ def _check_greedy(session, ids, plain, guarantee):
     logits = runner.extend(list(PROMPT) + plain[:at], logits_to_keep=1).logits[-1].float()
     top2 = torch.topk(logits, 2).values
     gap = float(top2[0] - top2[1])
-    assert gap < guarantee.flip_bound, f"greedy flip at token {at} where the target's top-2 gap is {gap:.3g} " \
-                                       f"(bound {guarantee.flip_bound})"
+    assert gap < guarantee.flip_bound, (
+        f"greedy flip at token {at} where the target's top-2 gap is {gap:.3g} (bound {guarantee.flip_bound})"
+    )
 
 
 def _chi_square(session, proposer_name):
@@ -132,8 +150,9 @@ def _chi_square(session, proposer_name):
     support = [torch.topk(logits, 128, dim=-1).indices.flatten(), torch.tensor(draft_ids, dtype=torch.long)]
     if draft_probs is not None:
         support.append(torch.topk(draft_probs, 64, dim=-1).indices.flatten())
-    draft_rows = session.loaded.draft.get_output_embeddings().weight.shape[0] if session.loaded.draft is not None \
-        else vocab
+    draft_rows = (
+        session.loaded.draft.get_output_embeddings().weight.shape[0] if session.loaded.draft is not None else vocab
+    )
     if draft_rows < vocab:
         support.append(torch.arange(draft_rows, draft_rows + 16))  # ids only the target has
     support = torch.unique(torch.cat(support))
@@ -144,8 +163,7 @@ def _chi_square(session, proposer_name):
 
         n = 20000
         draws = make_draws(torch.Generator().manual_seed(1), n, 0, len(support), "cpu")
-        out = sampler(target_probs.log().expand(n, 1, -1), torch.zeros((n, 0), dtype=torch.long), None, sampling,
-                      draws)
+        out = sampler(target_probs.log().expand(n, 1, -1), torch.zeros((n, 0), dtype=torch.long), None, sampling, draws)
         return (chi_square_p(torch.bincount(out.output_token_ids[:, 0], minlength=len(support)), target_probs[0]),)
     sub_draft = None
     if draft_probs is not None:

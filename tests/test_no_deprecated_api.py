@@ -2,6 +2,7 @@
 from a ModelRunner extend / crop, a draft proposer step, or a whole speculative answer on the tiny pair.
 
 pyproject's filterwarnings ignores these categories for the suite, so the test turns them into errors itself."""
+
 import warnings
 from contextlib import contextmanager
 
@@ -38,8 +39,9 @@ def test_draft_proposer_step_raises_no_deprecation(tiny_models):
     with deprecations_are_errors():
         proposer.begin([1, 5, 9], None)
         first = proposer.propose([1, 5, 9, 13], 3, SamplingParams(), torch.Generator().manual_seed(0))
-        second = proposer.propose([1, 5, 9, 13, first.token_ids[0], 7], 3, SamplingParams(),
-                                  torch.Generator().manual_seed(0))
+        second = proposer.propose(
+            [1, 5, 9, 13, first.token_ids[0], 7], 3, SamplingParams(), torch.Generator().manual_seed(0)
+        )
     assert len(first.token_ids) == 3 and len(second.token_ids) == 3
 
 
@@ -47,6 +49,7 @@ def test_speculative_answers_raise_no_deprecation(tiny_session):
     ids, _notice = tiny_session.prompt_ids([{"role": "user", "content": "abc abc abc"}], 16)
     for proposer in ("draft", "ngram"):
         with deprecations_are_errors():
-            events = list(tiny_session.stream_ids(ids, SamplingParams(max_new_tokens=16), SpecConfig(proposer=proposer,
-                                                                                                      k=3)))
+            events = list(
+                tiny_session.stream_ids(ids, SamplingParams(max_new_tokens=16), SpecConfig(proposer=proposer, k=3))
+            )
         assert events[-1].finished and events[-1].stats.emitted > 0

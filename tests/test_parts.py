@@ -1,5 +1,6 @@
 """Each part of a pair (target, draft, head) loads and is checked on its own (issue 19, item 1): a failed draft or head
 is left out with a notice naming the file and the reason, and the pair answers with what loaded."""
+
 from __future__ import annotations
 
 import gc
@@ -51,8 +52,11 @@ def _load(root, draft="tiny-draft", head="good-head", default="head"):
 
 
 def _answer(session, proposer):
-    events = list(session.stream_ids([1, 72, 101, 108], SamplingParams(max_new_tokens=6), session.default_spec(
-        proposer=proposer), None))
+    events = list(
+        session.stream_ids(
+            [1, 72, 101, 108], SamplingParams(max_new_tokens=6), session.default_spec(proposer=proposer), None
+        )
+    )
     assert events[-1].finish_reason in ("length", "stop"), events[-1].error
     return events
 

@@ -1,4 +1,5 @@
 """models.yaml validation: errors name the entry and the field."""
+
 from pathlib import Path
 
 import pytest
@@ -22,32 +23,42 @@ def test_shipped_models_yaml_first_entry_is_the_embedded_default():
 
 
 def test_valid_entry_parses():
-    (pair,) = parse("- name: a\n  target: {source: org/model, quant: nf4}\n  proposers:\n    ngram: {min_n: 2, max_n: 5}\n"
-                    "    draft: {source: org/small, dtype: float16}\n  default_proposer: draft\n  k: 6\n")
+    (pair,) = parse(
+        "- name: a\n  target: {source: org/model, quant: nf4}\n  proposers:\n    ngram: {min_n: 2, max_n: 5}\n"
+        "    draft: {source: org/small, dtype: float16}\n  default_proposer: draft\n  k: 6\n"
+    )
     assert pair.target.quant == "nf4" and pair.draft.dtype == "float16" and pair.k == 6
     assert pair.proposers == ("none", "ngram", "draft") and pair.ngram.max_n == 5
     assert pair.target.trust_remote_code is False
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("- name: a\n  target: {source: x/y}\n  taget: 1\n", r"entry 1 \('a'\): unknown key\(s\) 'taget'"),
-    ("- name: a\n", r"entry 1 \('a'\): field 'target' is missing"),
-    ("- target: {source: x/y}\n", r"entry 1: field 'name' is missing"),
-    ("- name: a\n  target: {source: x/y, quant: nf3}\n", r"'target.quant' is 'nf3'; choose one of nf4, int8, none"),
-    ("- name: a\n  target: {quant: nf4}\n", r"'target.source' is missing"),
-    ("- name: a\n  target: {source: x/y}\n  k: 0\n", r"field 'k' must be a whole number from 1 to 16"),
-    ("- name: a\n  target: {source: x/y}\n  proposers: {eagle: {}}\n", r"unknown key\(s\) 'eagle' in 'proposers'"),
-    ("- name: a\n  target: {source: x/y}\n  proposers: {ngram: {min_n: 3, max_n: 2}}\n", r"min_n ≤ max_n"),
-    ("- name: a\n  target: {source: x/y}\n  default_proposer: draft\n", r"'default_proposer' is 'draft'"),
-    ("- name: a\n  target: {source: x/y}\n- name: a\n  target: {source: x/z}\n", r"two entries are named 'a'"),
-    ("- name: a\n  target: {source: x/y, dtype: fp8}\n", r"'target.dtype' is 'fp8'"),
-    ("- name: a\n  target: {source: x/y, trust_remote_code: yes please}\n", r"trust_remote_code' must be true or false"),
-    ("- name: b\n  target: {source: x/y}\n  proposers: {draft: {source: a/b, quant: nf4}}\n",
-     r"entry 1 \('b'\): unknown key\(s\) 'quant' in 'proposers.draft'"),
-    ("name: a\n", r"must be a non-empty list"),
-    ("- name: [unclosed\n", r"not valid YAML at line 2, column 1"),
-    ("", r"must be a non-empty list"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("- name: a\n  target: {source: x/y}\n  taget: 1\n", r"entry 1 \('a'\): unknown key\(s\) 'taget'"),
+        ("- name: a\n", r"entry 1 \('a'\): field 'target' is missing"),
+        ("- target: {source: x/y}\n", r"entry 1: field 'name' is missing"),
+        ("- name: a\n  target: {source: x/y, quant: nf3}\n", r"'target.quant' is 'nf3'; choose one of nf4, int8, none"),
+        ("- name: a\n  target: {quant: nf4}\n", r"'target.source' is missing"),
+        ("- name: a\n  target: {source: x/y}\n  k: 0\n", r"field 'k' must be a whole number from 1 to 16"),
+        ("- name: a\n  target: {source: x/y}\n  proposers: {eagle: {}}\n", r"unknown key\(s\) 'eagle' in 'proposers'"),
+        ("- name: a\n  target: {source: x/y}\n  proposers: {ngram: {min_n: 3, max_n: 2}}\n", r"min_n ≤ max_n"),
+        ("- name: a\n  target: {source: x/y}\n  default_proposer: draft\n", r"'default_proposer' is 'draft'"),
+        ("- name: a\n  target: {source: x/y}\n- name: a\n  target: {source: x/z}\n", r"two entries are named 'a'"),
+        ("- name: a\n  target: {source: x/y, dtype: fp8}\n", r"'target.dtype' is 'fp8'"),
+        (
+            "- name: a\n  target: {source: x/y, trust_remote_code: yes please}\n",
+            r"trust_remote_code' must be true or false",
+        ),
+        (
+            "- name: b\n  target: {source: x/y}\n  proposers: {draft: {source: a/b, quant: nf4}}\n",
+            r"entry 1 \('b'\): unknown key\(s\) 'quant' in 'proposers.draft'",
+        ),
+        ("name: a\n", r"must be a non-empty list"),
+        ("- name: [unclosed\n", r"not valid YAML at line 2, column 1"),
+        ("", r"must be a non-empty list"),
+    ],
+)
 def test_errors_name_entry_and_field(text, expected):
     with pytest.raises(ConfigError, match=expected):
         parse(text)

@@ -3,6 +3,7 @@
 An in-process app (Blocks launched on a free 127.0.0.1 port) over two pairs that share the tiny models: 'tiny'
 (n-gram and draft) and 'tiny-ngram' (n-gram only), driven through gradio_client.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -52,12 +53,16 @@ def api(inproc_app):
 
 # -- 5: API callers see the app's own validation messages -------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"message": "   "}, "the message is empty"),
-    ({"k": 2.5}, "K must be a whole number"),
-    ({"seed": -1}, "seed must be between 0 and"),
-    ({"max_new": 0}, "max new tokens must be a whole number ≥ 1"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"message": "   "}, "the message is empty"),
+        ({"k": 2.5}, "K must be a whole number"),
+        ({"seed": -1}, "seed must be between 0 and"),
+        ({"max_new": 0}, "max new tokens must be a whole number ≥ 1"),
+    ],
+)
 def test_rejected_send_gives_api_callers_the_message(api, kwargs, words):
     message = kwargs.pop("message", "hello")
     transcript, stats, status, events, box = send(api, message, **kwargs).result(timeout=60)
@@ -67,6 +72,7 @@ def test_rejected_send_gives_api_callers_the_message(api, kwargs, words):
 
 
 # -- 10: switch_model(None) is refused ---------------------------------------------------------------------------------
+
 
 def test_switch_to_nothing_is_refused(api, inproc_app):
     status, model, _proposer, _k = api.predict(None, api_name="/switch_model")
@@ -84,6 +90,7 @@ def test_switch_handler_refuses_none(tiny_session):
 
 # -- 7: the window's limits are the documented ones, and every value goes through the app's own validation ----------
 
+
 def test_temperature_slider_reaches_the_documented_maximum(tiny_session):
     from localspec.config import TEMPERATURE_MAX
     from localspec.ui import build_app
@@ -93,19 +100,34 @@ def test_temperature_slider_reaches_the_documented_maximum(tiny_session):
     assert slider.maximum == TEMPERATURE_MAX == 5.0
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"max_new": 2.5}, "max new tokens must be a whole number"),
-    ({"top_k": 1.5}, "top-k must be a whole number"),
-    ({"temperature": float("nan")}, "temperature must be a finite number"),
-    ({"temperature": float("inf")}, "temperature must be a finite number"),
-    ({"temperature": 7}, "temperature must be between 0 and 5"),
-    ({"k": 17}, r"K (draft tokens per step) must be between 1 and 16"),
-    ({"seed": float("nan")}, "seed must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"max_new": 2.5}, "max new tokens must be a whole number"),
+        ({"top_k": 1.5}, "top-k must be a whole number"),
+        ({"temperature": float("nan")}, "temperature must be a finite number"),
+        ({"temperature": float("inf")}, "temperature must be a finite number"),
+        ({"temperature": 7}, "temperature must be between 0 and 5"),
+        ({"k": 17}, r"K (draft tokens per step) must be between 1 and 16"),
+        ({"seed": float("nan")}, "seed must be a finite number"),
+    ],
+)
 def test_api_values_get_the_documented_messages(inproc_app, kwargs, words):
     args = {"proposer": "ngram", "k": 3, "temperature": 0.0, "top_k": 0, "max_new": 8, "seed": 0, **kwargs}
-    status = raw_send(inproc_app.url, ["hello", args["proposer"], args["k"], args["temperature"], 1.0, args["top_k"],
-                                       args["max_new"], args["seed"], True])[2]
+    status = raw_send(
+        inproc_app.url,
+        [
+            "hello",
+            args["proposer"],
+            args["k"],
+            args["temperature"],
+            1.0,
+            args["top_k"],
+            args["max_new"],
+            args["seed"],
+            True,
+        ],
+    )[2]
     assert words in status and "Could not preprocess" not in status
 
 
@@ -115,8 +137,11 @@ def raw_send(url: str, data: list) -> list:
     import json
     import urllib.request
 
-    request = urllib.request.Request(url + "gradio_api/call/send", data=json.dumps({"data": data}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + "gradio_api/call/send",
+        data=json.dumps({"data": data}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         event_id = json.loads(response.read())["event_id"]
     with urllib.request.urlopen(f"{url}gradio_api/call/send/{event_id}", timeout=60) as response:
@@ -133,9 +158,11 @@ def raw_send(url: str, data: list) -> list:
 
 # -- 4: one bad models.yaml entry never blocks the others -------------------------------------------------------------
 
-TYPO_YAML = ("- name: good\n  target: {source: owner/model}\n"
-             "- name: typo\n  target: {source: owner/other, qaunt: nf4}\n"
-             "- name: good\n  target: {source: owner/again}\n")
+TYPO_YAML = (
+    "- name: good\n  target: {source: owner/model}\n"
+    "- name: typo\n  target: {source: owner/other, qaunt: nf4}\n"
+    "- name: good\n  target: {source: owner/again}\n"
+)
 
 
 def test_valid_entries_load_and_broken_ones_keep_their_error():
@@ -188,14 +215,18 @@ def test_app_opens_with_a_broken_entry(tiny_pair, tmp_path):
 
 # -- 9: the CLI checks its arguments before it loads a model ----------------------------------------------------------
 
-@pytest.mark.parametrize("extra, words", [
-    (["--prompt", ""], "the message is empty"),
-    (["--prompt", "  \n"], "the message is empty"),
-    (["--prompt", "hi", "--k", "0"], r"K (draft tokens per step) must be between 1 and 16 (got 0)"),
-    (["--prompt", "hi", "--proposer", "head"], "model pair 'tiny' has no 'head' proposer"),
-    (["--prompt", "hi", "--model", "nope"], "no model pair named 'nope'"),
-    (["--prompt", "hi", "--temperature", "9"], "temperature must be between 0 and 5"),
-])
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--prompt", ""], "the message is empty"),
+        (["--prompt", "  \n"], "the message is empty"),
+        (["--prompt", "hi", "--k", "0"], r"K (draft tokens per step) must be between 1 and 16 (got 0)"),
+        (["--prompt", "hi", "--proposer", "head"], "model pair 'tiny' has no 'head' proposer"),
+        (["--prompt", "hi", "--model", "nope"], "no model pair named 'nope'"),
+        (["--prompt", "hi", "--temperature", "9"], "temperature must be between 0 and 5"),
+    ],
+)
 def test_generate_refuses_bad_arguments_before_loading(tiny_pair, monkeypatch, capsys, extra, words):
     from localspec.cli.main import main
     from localspec.models import loading
@@ -209,6 +240,7 @@ def test_generate_refuses_bad_arguments_before_loading(tiny_pair, monkeypatch, c
 
 
 # -- 6: a damaged database is moved aside exactly as found; a replaced one is noticed; shutdown checkpoints ----------
+
 
 def _killed_with_a_wal(tmp_path):
     """The files a killed writer leaves: the database and a WAL full of committed, unmerged transactions (copied
@@ -243,8 +275,11 @@ def test_damaged_database_is_moved_exactly_as_found(tmp_path):
     path, _wal = _killed_with_a_wal(tmp_path)
     with path.open("r+b") as fh:
         fh.truncate(path.stat().st_size // 2 + 100)
-    found = {suffix: path.with_name(path.name + suffix).read_bytes() for suffix in ("", "-wal", "-shm")
-             if path.with_name(path.name + suffix).exists()}
+    found = {
+        suffix: path.with_name(path.name + suffix).read_bytes()
+        for suffix in ("", "-wal", "-shm")
+        if path.with_name(path.name + suffix).exists()
+    }
     with ConversationStore(path) as store:
         moved = store.recovered_from
         assert moved is not None and store.list_conversations() == []
@@ -294,6 +329,7 @@ def test_sigterm_checkpoints_the_wal(tiny_pair, tmp_path):
 
 # -- 2: Gradio's temporary files stay under LOCALSPEC_HOME, owner-only, and go at exit -------------------------------
 
+
 @pytest.mark.slow
 def test_exports_are_private_and_removed_at_exit(tiny_pair, tmp_path):
     import stat
@@ -328,6 +364,7 @@ def test_exports_are_private_and_removed_at_exit(tiny_pair, tmp_path):
 
 
 # -- 8: wrong passwords are slowed down per client; no "public link" line ---------------------------------------------
+
 
 def test_throttle_grows_per_client_and_resets_on_success():
     import asyncio
@@ -387,7 +424,8 @@ def test_login_route_throttles_by_client_address(tiny_session):
     assert waits == [("127.0.0.1", 0.5), ("127.0.0.1", 1.0), ("127.0.0.1", 2.0)]
 
 
-# -- 3: a switch in one tab reaches the others --------------------------------------------------------------------------
+# -- 3: a switch in one tab reaches the others ---------------------------------------------------------------------
+
 
 def tab(name: str):
     return SimpleNamespace(session_hash=name)

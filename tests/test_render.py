@@ -1,15 +1,31 @@
 """The renderer: spans by kind, escaping of model text, tooltips, stats panel and acceptance chart."""
+
 from __future__ import annotations
 
 import re
 from html.parser import HTMLParser
 
 from localspec.engine.events import StatsSnapshot, TokenEvent
-from localspec.ui.render import (acceptance_chart_html, compare_html, escape, legend_html, stats_html, token_record,
-                              token_span, tokens_html, transcript_html)
+from localspec.ui.render import (
+    acceptance_chart_html,
+    compare_html,
+    escape,
+    legend_html,
+    stats_html,
+    token_record,
+    token_span,
+    tokens_html,
+    transcript_html,
+)
 
-HOSTILE = ['<script>alert(1)</script>', '<img src=x onerror="alert(2)">', '"><b>bold</b>', "{{value}}", "${value}",
-           "`x` @children"]
+HOSTILE = [
+    "<script>alert(1)</script>",
+    '<img src=x onerror="alert(2)">',
+    '"><b>bold</b>',
+    "{{value}}",
+    "${value}",
+    "`x` @children",
+]
 
 
 class Collector(HTMLParser):
@@ -39,8 +55,15 @@ def crafted_stream() -> list[TokenEvent]:
     """Events as the engine would yield them, with model text that is HTML and template syntax."""
     return [
         TokenEvent(10, "accepted", 0.9, 0.8, text=HOSTILE[0]),
-        TokenEvent(11, "resampled", 0.4, rejected_token_id=99, rejected_target_prob=0.1, rejected_draft_prob=0.5,
-                   text=HOSTILE[1]),
+        TokenEvent(
+            11,
+            "resampled",
+            0.4,
+            rejected_token_id=99,
+            rejected_target_prob=0.1,
+            rejected_draft_prob=0.5,
+            text=HOSTILE[1],
+        ),
         TokenEvent(12, "bonus", 0.7, text=HOSTILE[2]),
         TokenEvent(13, "target", 0.6, text=HOSTILE[3]),
         TokenEvent(14, "accepted", 0.5, 1.0, text=HOSTILE[4]),
@@ -79,8 +102,12 @@ def test_tooltip_holds_probabilities_and_the_rejected_draft_token():
     assert "p_target = 0.300" in title and "p_draft = 0.600" in title
     assert "min(1, p_target/p_draft) = 0.500" in title  # TokenEvent.acceptance_prob, not recomputed here
 
-    resampled = token_record(TokenEvent(2, "resampled", 0.4, rejected_token_id=7, rejected_target_prob=0.1,
-                                        rejected_draft_prob=0.4, text="b"), decode=lambda ids: f"<tok{ids[0]}>")
+    resampled = token_record(
+        TokenEvent(
+            2, "resampled", 0.4, rejected_token_id=7, rejected_target_prob=0.1, rejected_draft_prob=0.4, text="b"
+        ),
+        decode=lambda ids: f"<tok{ids[0]}>",
+    )
     title = parse(token_span(resampled)).spans[0]["title"]
     assert "'<tok7>'" in title  # decoded, and the attribute parser gives back the raw text: it was escaped
     assert "acceptance min(1, p_target/p_draft) = 0.250" in title
@@ -90,8 +117,12 @@ def test_rejected_token_falls_back_to_its_id_when_it_cannot_be_decoded():
     def broken(_ids):
         raise ValueError("no")
 
-    record = token_record(TokenEvent(2, "resampled", 0.4, rejected_token_id=42, rejected_target_prob=0.1,
-                                     rejected_draft_prob=0.4, text="b"), decode=broken)
+    record = token_record(
+        TokenEvent(
+            2, "resampled", 0.4, rejected_token_id=42, rejected_target_prob=0.1, rejected_draft_prob=0.4, text="b"
+        ),
+        decode=broken,
+    )
     assert "id 42" in parse(token_span(record)).spans[0]["title"]
 
 
@@ -100,17 +131,29 @@ def test_unknown_kind_is_rendered_as_target():
 
 
 def test_user_text_and_errors_are_escaped_in_the_transcript():
-    turns = [{"role": "user", "content": HOSTILE[1]},
-             {"role": "assistant", "content": "", "tokens": [], "finish_reason": "error", "error": HOSTILE[0]}]
+    turns = [
+        {"role": "user", "content": HOSTILE[1]},
+        {"role": "assistant", "content": "", "tokens": [], "finish_reason": "error", "error": HOSTILE[0]},
+    ]
     parsed = parse(transcript_html(turns))
     assert "img" not in parsed.tags and "script" not in parsed.tags
     assert HOSTILE[1] in "".join(parsed.text) and HOSTILE[0] in "".join(parsed.text)
 
 
 def test_stats_panel_shows_the_snapshot_numbers():
-    stats = StatsSnapshot(drafted=12, accepted=9, emitted=15, target_forwards=5, elapsed_s=0.5, propose_s=0.1,
-                          score_s=0.3, sampler_s=0.1, per_position_drafted=(5, 4, 3), per_position_accepted=(5, 3, 1),
-                          k=3)
+    stats = StatsSnapshot(
+        drafted=12,
+        accepted=9,
+        emitted=15,
+        target_forwards=5,
+        elapsed_s=0.5,
+        propose_s=0.1,
+        score_s=0.3,
+        sampler_s=0.1,
+        per_position_drafted=(5, 4, 3),
+        per_position_accepted=(5, 3, 1),
+        k=3,
+    )
     markup = stats_html(stats, "n-gram", 3)
     text = " ".join(parse(markup).text)
     assert "Accepted 9/12 draft tokens (75%)" in text
@@ -145,9 +188,35 @@ def test_legend_lists_every_kind_and_escape_is_total():
 
 
 # -- markdown ------------------------------------------------------------------------------------------------------
-MARKDOWN_TOKENS = ["Here", " is", " a", " **Eff", "iciency**", " list", ":\n\n", "1.", " one", "\n2", ". *two*\n\n",
-                   "- a", "\n- b\n\n", "## Head", "ing\n\n", "```py", "thon\n", "def f", "(x):\n", "    return x",
-                   " * 2\n", "```\n\n", "| a | b |\n", "|---|---|\n", "| 1 | `2` |\n", "\n> quote", " end\n"]
+MARKDOWN_TOKENS = [
+    "Here",
+    " is",
+    " a",
+    " **Eff",
+    "iciency**",
+    " list",
+    ":\n\n",
+    "1.",
+    " one",
+    "\n2",
+    ". *two*\n\n",
+    "- a",
+    "\n- b\n\n",
+    "## Head",
+    "ing\n\n",
+    "```py",
+    "thon\n",
+    "def f",
+    "(x):\n",
+    "    return x",
+    " * 2\n",
+    "```\n\n",
+    "| a | b |\n",
+    "|---|---|\n",
+    "| 1 | `2` |\n",
+    "\n> quote",
+    " end\n",
+]
 KINDS = ("accepted", "target", "bonus", "resampled")
 
 
@@ -249,15 +318,17 @@ def test_colour_off_shows_the_same_markdown_uncoloured():
     records = records_of(MARKDOWN_TOKENS)
     on, off = answer_markdown_html(records, True), answer_markdown_html(records, False)
     assert off.count("tok-plain") == on.count('class="tok ') > 0
-    assert re.sub(r' tok-plain', "", off) == on
+    assert re.sub(r" tok-plain", "", off) == on
 
 
 MARKDOWN_HOSTILE = [
     "```html\n<script>alert(1)</script>\n```\n",
-    "<div onclick=\"alert(2)\">\n<script>alert(3)</script>\n</div>\n\n",
-    "![x](https://e.invalid/x.png\" onerror=\"alert(4)) and ![y](x onerror=alert(5))\n\n",
-    ("[click](javascript:alert(6)) [data](data:text/html;base64,PHNjcmlwdD5hbGVydCg3KTwvc2NyaXB0Pg==) "
-     "[img](data:image/png;base64,AAAA) [ok](https://example.com/a?b={c}&d=${e})\n\n"),
+    '<div onclick="alert(2)">\n<script>alert(3)</script>\n</div>\n\n',
+    '![x](https://e.invalid/x.png" onerror="alert(4)) and ![y](x onerror=alert(5))\n\n',
+    (
+        "[click](javascript:alert(6)) [data](data:text/html;base64,PHNjcmlwdD5hbGVydCg3KTwvc2NyaXB0Pg==) "
+        "[img](data:image/png;base64,AAAA) [ok](https://example.com/a?b={c}&d=${e})\n\n"
+    ),
     "{{constructor.constructor('alert(8)')()}} ${alert(9)} @children `{{x}}` <img src=x onerror=alert(10)>\n",
 ]
 
@@ -289,8 +360,10 @@ def test_stats_panel_says_why_speculation_is_paused_and_what_runs():
     stats = StatsSnapshot(emitted=10, target_forwards=9, k=0, paused=paused)
     runtime = {"device": "cuda:0", "dtype": "bfloat16", "quant": "int8", "sampler": "triton"}
     text = " ".join(parse(stats_html(stats, "n-gram", 4, runtime=runtime)).text)
-    assert ("speculation paused: drafting 4 tokens would cost 1.60× a plain step here and win only 1.30× "
-            "(predicted speedup 0.81×); retrying every 30 steps") in text
+    assert (
+        "speculation paused: drafting 4 tokens would cost 1.60× a plain step here and win only 1.30× "
+        "(predicted speedup 0.81×); retrying every 30 steps"
+    ) in text
     assert "cuda:0 · bfloat16 · int8 · sampler triton" in text
     assert "paused" not in " ".join(parse(stats_html(StatsSnapshot(emitted=3), "n-gram", 4)).text)
     assert stats_html(stats.to_dict(), "n-gram", 4) == stats_html(stats, "n-gram", 4)

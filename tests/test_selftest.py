@@ -1,4 +1,5 @@
 """`localspec selftest` and `localspec bench-sampler`: output structure and exit codes (never timings)."""
+
 import json
 
 import pytest
@@ -36,8 +37,13 @@ def test_selftest_fails_with_a_wrong_sampler(monkeypatch, capsys):
         k = draft_token_ids.shape[1]
         tokens = out.output_token_ids.clone()
         tokens[:, :k] = draft_token_ids
-        return type(out)(tokens, out.num_accepted.clone().fill_(k), out.target_probs_of_drafts,
-                         out.draft_probs_of_drafts, out.target_prob_of_last)
+        return type(out)(
+            tokens,
+            out.num_accepted.clone().fill_(k),
+            out.target_probs_of_drafts,
+            out.draft_probs_of_drafts,
+            out.target_prob_of_last,
+        )
 
     monkeypatch.setattr(selftest, "rejection_sample", always_accept)
     code = main(["selftest", "--json", "--skip-model", "--device", "cpu"])
@@ -73,14 +79,35 @@ def test_bench_sampler_structure(include_interpreter, capsys):
 
         interpreted = triton_fused.INTERPRETED
 
-    argv = ["bench-sampler", "--vocab", "300", "--k", "2", "--batch", "1", "2", "--mode", "both", "--repeats", "2",
-            "--warmup", "0", "--device", "cpu", "--json"]
+    argv = [
+        "bench-sampler",
+        "--vocab",
+        "300",
+        "--k",
+        "2",
+        "--batch",
+        "1",
+        "2",
+        "--mode",
+        "both",
+        "--repeats",
+        "2",
+        "--warmup",
+        "0",
+        "--device",
+        "cpu",
+        "--json",
+    ]
     if include_interpreter:
         argv.append("--include-interpreter")
     assert main(argv) == 0
     out = _json_out(capsys)
-    assert [(r["batch"], r["mode"]) for r in out["rows"]] == [(1, "greedy"), (1, "stochastic"),
-                                                               (2, "greedy"), (2, "stochastic")]
+    assert [(r["batch"], r["mode"]) for r in out["rows"]] == [
+        (1, "greedy"),
+        (1, "stochastic"),
+        (2, "greedy"),
+        (2, "stochastic"),
+    ]
     assert all(r["vocab"] == 300 and r["k"] == 2 and r["torch_us"] > 0 for r in out["rows"])
     if include_interpreter and interpreted:
         assert out["fused"] == "interpreter" and "not a speed measurement" in out["note"]
@@ -91,8 +118,26 @@ def test_bench_sampler_structure(include_interpreter, capsys):
 
 
 def test_bench_sampler_table(capsys):
-    assert main(["bench-sampler", "--vocab", "200", "--k", "1", "--batch", "1", "--mode", "greedy", "--repeats", "1",
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "bench-sampler",
+                "--vocab",
+                "200",
+                "--k",
+                "1",
+                "--batch",
+                "1",
+                "--mode",
+                "greedy",
+                "--repeats",
+                "1",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "torch µs" in out and "fused µs" in out and "note:" in out
 
@@ -108,8 +153,13 @@ def test_greedy_losslessness_check_catches_a_lossy_verifier(tiny_pair, monkeypat
         tokens = out.output_token_ids.clone()
         tokens[:, :k] = draft_token_ids
         tokens[:, k] = target_logits[:, k].argmax(-1)  # a bonus token after the (wrongly) accepted drafts
-        return type(out)(tokens, out.num_accepted.clone().fill_(k), out.target_probs_of_drafts,
-                         out.draft_probs_of_drafts, out.target_prob_of_last)
+        return type(out)(
+            tokens,
+            out.num_accepted.clone().fill_(k),
+            out.target_probs_of_drafts,
+            out.draft_probs_of_drafts,
+            out.target_prob_of_last,
+        )
 
     monkeypatch.setattr(engine, "get_verifier", lambda name, device: ("lossy", always_accept))
     code = main(["selftest", "--json", "--models", str(tiny_pair["models_yaml"]), "--device", "cpu"])

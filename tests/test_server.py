@@ -3,6 +3,7 @@
 Fast tests run the routes in-process (fastapi's TestClient) on the tiny random pair; the slow ones start a real
 uvicorn server on a free 127.0.0.1 port and talk to it with the official openai package and curl.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,9 @@ def make_app(session, admission=None, metrics=None, api_key=None):
     from localspec.server.runner import FixedBackend
 
     admission = admission or Admission(4)
-    return create_app(FixedBackend([session.loaded.spec], session.loaded.spec.name, session), admission, metrics,
-                      api_key)
+    return create_app(
+        FixedBackend([session.loaded.spec], session.loaded.spec.name, session), admission, metrics, api_key
+    )
 
 
 @pytest.fixture()
@@ -94,8 +96,11 @@ def test_plain_response_is_plain_openai(client):
     assert r.status_code == 200, r.text
     data = r.json()
     assert data["object"] == "chat.completion" and data["choices"][0]["message"]["role"] == "assistant"
-    assert "localspec" not in data["choices"][0] and set(data["usage"]) == {"prompt_tokens", "completion_tokens",
-                                                                             "total_tokens"}
+    assert "localspec" not in data["choices"][0] and set(data["usage"]) == {
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+    }
     assert data["choices"][0]["finish_reason"] in ("stop", "length")
 
 
@@ -116,8 +121,9 @@ def test_provenance_tokens_and_usage(client):
 
 def test_stream_equals_non_stream_and_ends_with_done(client):
     whole = client.post("/v1/chat/completions", json=body()).json()["choices"][0]["message"]["content"]
-    with client.stream("POST", "/v1/chat/completions",
-                       json=body(stream=True, stream_options={"include_usage": True})) as r:
+    with client.stream(
+        "POST", "/v1/chat/completions", json=body(stream=True, stream_options={"include_usage": True})
+    ) as r:
         raw = "".join(r.iter_text())
     events = [e for e in raw.split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
@@ -136,26 +142,30 @@ def test_stop_string_cuts_the_answer(client):
 
 
 def test_completions_and_models(client):
-    data = client.post("/v1/completions", json={"model": "tiny", "prompt": "abc", "max_tokens": 5,
-                                                "temperature": 0, "logprobs": 0}).json()
+    data = client.post(
+        "/v1/completions", json={"model": "tiny", "prompt": "abc", "max_tokens": 5, "temperature": 0, "logprobs": 0}
+    ).json()
     assert data["object"] == "text_completion" and data["usage"]["completion_tokens"] == 5
     assert len(data["choices"][0]["logprobs"]["token_logprobs"]) == 5
     models = client.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny"] and models["data"][0]["localspec"]["loaded"]
 
 
-@pytest.mark.parametrize("extra, param, status", [
-    ({"n": 2}, "n", 400),
-    ({"temperature": 9}, "temperature", 400),
-    ({"top_p": 0}, "top_p", 400),
-    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", 400),
-    ({"messages": [{"role": "user", "content": "x" * 300_000}]}, "messages[0].content", 400),
-    ({"localspec": {"k": 99}}, "localspec.k", 400),
-    ({"localspec": {"proposer": "head"}}, "localspec.proposer", 400),
-    ({"top_logprobs": 3, "logprobs": True}, "top_logprobs", 400),
-    ({"model": "gpt-4"}, "model", 404),
-    ({"max_tokens": 0}, "max_tokens", 400),
-])
+@pytest.mark.parametrize(
+    "extra, param, status",
+    [
+        ({"n": 2}, "n", 400),
+        ({"temperature": 9}, "temperature", 400),
+        ({"top_p": 0}, "top_p", 400),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", 400),
+        ({"messages": [{"role": "user", "content": "x" * 300_000}]}, "messages[0].content", 400),
+        ({"localspec": {"k": 99}}, "localspec.k", 400),
+        ({"localspec": {"proposer": "head"}}, "localspec.proposer", 400),
+        ({"top_logprobs": 3, "logprobs": True}, "top_logprobs", 400),
+        ({"model": "gpt-4"}, "model", 404),
+        ({"max_tokens": 0}, "max_tokens", 400),
+    ],
+)
 def test_bad_field_gets_openai_error(client, extra, param, status):
     r = client.post("/v1/chat/completions", json=body(**extra))
     assert r.status_code == status, r.text
@@ -200,11 +210,19 @@ def test_metrics_add_up_to_the_answers_stats(client, tiny_pair):
     from localspec.server.metrics import observer_for
     from localspec.ui.manager import ModelManager, default_session_factory
 
-    usages = [client.post("/v1/chat/completions", json=body(temperature=t, seed=s, localspec={"provenance": True}))
-              .json()["usage"] for t, s in ((0, 0), (1.0, 1), (0.7, 2))]
+    usages = [
+        client.post("/v1/chat/completions", json=body(temperature=t, seed=s, localspec={"provenance": True})).json()[
+            "usage"
+        ]
+        for t, s in ((0, 0), (1.0, 1), (0.7, 2))
+    ]
     # a chat-window answer counts in the same recorder
-    manager = ModelManager(load_registry(tiny_pair["models_yaml"]), default_session_factory("cpu"),
-                           client.admission, observer_for(client.metrics))
+    manager = ModelManager(
+        load_registry(tiny_pair["models_yaml"]),
+        default_session_factory("cpu"),
+        client.admission,
+        observer_for(client.metrics),
+    )
     # a response is complete once its last token is sent; its worker leaves the queue a moment later
     deadline = time.monotonic() + 30
     while client.admission.running and time.monotonic() < deadline:
@@ -233,13 +251,22 @@ def test_metrics_add_up_to_the_answers_stats(client, tiny_pair):
     assert sum(v for (n, _), v in samples.items() if n.endswith("num_accepted_tokens_per_pos_total")) == accepted
     assert value("generation_tokens_total") == sum(u["completion_tokens"] for u in usages) + chat.emitted
     assert value("prompt_tokens_total") >= sum(u["prompt_tokens"] for u in usages)
-    api_requests = sum(v for (n, labels), v in samples.items()
-                       if n == "localspec:request_success_total" and ("source", "api") in labels)
-    chat_requests = sum(v for (n, labels), v in samples.items()
-                        if n == "localspec:request_success_total" and ("source", "chat") in labels)
+    api_requests = sum(
+        v
+        for (n, labels), v in samples.items()
+        if n == "localspec:request_success_total" and ("source", "api") in labels
+    )
+    chat_requests = sum(
+        v
+        for (n, labels), v in samples.items()
+        if n == "localspec:request_success_total" and ("source", "chat") in labels
+    )
     assert (api_requests, chat_requests) == (3, 1)
-    assert value("spec_decode_step_seconds_count", phase="score") == value("spec_decode_step_seconds_count",
-                                                                           phase="propose") > 0
+    assert (
+        value("spec_decode_step_seconds_count", phase="score")
+        == value("spec_decode_step_seconds_count", phase="propose")
+        > 0
+    )
     assert value("num_requests_running") == 0 and value("num_requests_waiting") == 0
     assert value("spec_decode_adaptive_k") > 0
 
@@ -254,8 +281,9 @@ def live_server(tiny_session):
         port = s.getsockname()[1]
     admission = Admission(4)
     metrics = MetricsRecorder(admission)
-    server = uvicorn.Server(uvicorn.Config(make_app(tiny_session, admission, metrics), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(make_app(tiny_session, admission, metrics), host="127.0.0.1", port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 20
@@ -276,8 +304,14 @@ def test_openai_client_stream_non_stream_and_cancel(live_server):
     whole = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12, temperature=0)
     text = whole.choices[0].message.content
     assert whole.usage.completion_tokens > 0 and text
-    stream = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12, temperature=0, stream=True,
-                                            extra_body={"localspec": {"provenance": True}})
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=CHAT,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        extra_body={"localspec": {"provenance": True}},
+    )
     pieces, kinds = [], []
     for chunk in stream:
         if chunk.choices:
@@ -285,8 +319,14 @@ def test_openai_client_stream_non_stream_and_cancel(live_server):
             kinds += [t["kind"] for t in chunk.choices[0].model_extra["localspec"]["tokens"]]
     assert "".join(pieces) == text and set(kinds) <= set(TOKEN_KINDS) and kinds
     # a stream closed by the client after two chunks: the engine stops and the queue frees
-    long = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=900, temperature=1.0, stream=True,
-                                          extra_body={"localspec": {"proposer": "none"}})
+    long = client.chat.completions.create(
+        model="tiny",
+        messages=CHAT,
+        max_tokens=900,
+        temperature=1.0,
+        stream=True,
+        extra_body={"localspec": {"proposer": "none"}},
+    )
     for i, _chunk in enumerate(long):
         if i == 2:
             break
@@ -305,12 +345,28 @@ def test_openai_client_stream_non_stream_and_cancel(live_server):
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_curl_sse_framing(live_server):
     url = live_server[0]
-    out = subprocess.run(["curl", "-sN", url + "/v1/chat/completions", "-H", "Content-Type: application/json",
-                          "-d", json.dumps(body(stream=True))], capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        [
+            "curl",
+            "-sN",
+            url + "/v1/chat/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            json.dumps(body(stream=True)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert out.endswith("data: [DONE]\n\n")
     events = out.split("\n\n")[:-1]
     assert len(events) >= 3 and all(e.startswith("data: ") and "\n" not in e for e in events)
     assert json.loads(events[0][6:])["choices"][0]["delta"]["role"] == "assistant"
-    bad = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", url + "/v1/chat/completions", "-d", "{not json"],
-                         capture_output=True, text=True, timeout=30).stdout
+    bad = subprocess.run(
+        ["curl", "-s", "-w", "\n%{http_code}", url + "/v1/chat/completions", "-d", "{not json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
     assert bad.rsplit("\n", 1)[1] == "400" and "error" in json.loads(bad.rsplit("\n", 1)[0])

@@ -5,6 +5,7 @@ Afterwards the database holds exactly the answers the clients saw (none lost, no
 `PRAGMA integrity_check`, every answer is finished (stop / length / cancelled) or marked incomplete, and the app's
 RSS grew less than 5 % between warm-up and the end. The figures are printed (pytest -s shows them).
 """
+
 from __future__ import annotations
 
 import random
@@ -34,11 +35,15 @@ def rss_kib(pid: int) -> int:
 def two_pairs_yaml(tiny_pair, folder: Path) -> Path:
     path = tiny_models_yaml(tiny_pair, folder)
     root = Path(tiny_pair["root"])
-    path.write_text(path.read_text() + (
-        "- name: tiny-b\n"
-        f"  target: {{source: {root / 'tiny-target'}, quant: none, dtype: float32}}\n"
-        "  proposers:\n"
-        "    ngram: {min_n: 1, max_n: 2}\n"))
+    path.write_text(
+        path.read_text()
+        + (
+            "- name: tiny-b\n"
+            f"  target: {{source: {root / 'tiny-target'}, quant: none, dtype: float32}}\n"
+            "  proposers:\n"
+            "    ngram: {min_n: 1, max_n: 2}\n"
+        )
+    )
     return path
 
 
@@ -78,11 +83,18 @@ class Soak:
                 client.predict(api_name="/clear")
                 with self.lock:
                     self.clears += 1
-            job = client.submit(f"soak {seed} {rng.randrange(10**6)} " + "word " * rng.randrange(1, 12),
-                                rng.choice(("ngram", "ngram", "draft", "none")), rng.randrange(1, 9),
-                                rng.choice((0.0, 0.0, round(rng.uniform(0.1, 1.5), 2))), rng.choice((1.0, 0.9)),
-                                rng.choice((0, 0, 20)), rng.randrange(4, 40), rng.randrange(1000), True,
-                                api_name="/send")
+            job = client.submit(
+                f"soak {seed} {rng.randrange(10**6)} " + "word " * rng.randrange(1, 12),
+                rng.choice(("ngram", "ngram", "draft", "none")),
+                rng.randrange(1, 9),
+                rng.choice((0.0, 0.0, round(rng.uniform(0.1, 1.5), 2))),
+                rng.choice((1.0, 0.9)),
+                rng.choice((0, 0, 20)),
+                rng.randrange(4, 40),
+                rng.randrange(1000),
+                True,
+                api_name="/send",
+            )
             if rng.random() < 0.25:
                 time.sleep(rng.uniform(0.0, 0.3))
                 client.predict(api_name="/stop")
@@ -116,10 +128,12 @@ def test_soak(tiny_pair, tmp_path):
     finally:
         app.stop()  # SIGTERM: a clean shutdown
     answered = Counter(soak.answered)
-    print(f"\nsoak: {soak.count} sends ({len(soak.answered)} answered, {sum(soak.refused.values())} refused: "
-          f"{dict(soak.refused)}), {soak.stops} stops, {soak.switches} switches, {soak.clears} clears in "
-          f"{duration:.0f} s; app RSS {soak.warm_rss} KiB after {WARMUP_ANSWERS} sends, {end_rss} KiB at the end "
-          f"({(end_rss / soak.warm_rss - 1) * 100:+.1f} %)")
+    print(
+        f"\nsoak: {soak.count} sends ({len(soak.answered)} answered, {sum(soak.refused.values())} refused: "
+        f"{dict(soak.refused)}), {soak.stops} stops, {soak.switches} switches, {soak.clears} clears in "
+        f"{duration:.0f} s; app RSS {soak.warm_rss} KiB after {WARMUP_ANSWERS} sends, {end_rss} KiB at the end "
+        f"({(end_rss / soak.warm_rss - 1) * 100:+.1f} %)"
+    )
     assert soak.count == SOAK_ANSWERS, f"only {soak.count} sends in {SOAK_LIMIT_S:.0f} s"
     assert not any(t.is_alive() for t in threads)
 
@@ -127,8 +141,12 @@ def test_soak(tiny_pair, tmp_path):
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         rows = db.execute("SELECT content, finish_reason, complete FROM messages WHERE role = 'assistant'").fetchall()
         users = db.execute("SELECT COUNT(*) FROM messages WHERE role = 'user'").fetchone()[0]
-        token_text = dict(db.execute("SELECT message_id, GROUP_CONCAT(text, '') FROM (SELECT message_id, text FROM "
-                                     "tokens ORDER BY message_id, seq) GROUP BY message_id").fetchall())
+        token_text = dict(
+            db.execute(
+                "SELECT message_id, GROUP_CONCAT(text, '') FROM (SELECT message_id, text FROM "
+                "tokens ORDER BY message_id, seq) GROUP BY message_id"
+            ).fetchall()
+        )
         contents = dict(db.execute("SELECT id, content FROM messages WHERE role = 'assistant'").fetchall())
     stored = Counter((content, reason) for content, reason, _complete in rows)
     assert stored == answered, f"lost: {answered - stored}; not seen by a client or twice: {stored - answered}"

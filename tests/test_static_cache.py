@@ -1,5 +1,6 @@
 """The preallocated KV cache: the same tokens and logits as transformers' DynamicCache, through crops and answers,
 with its buffers allocated once."""
+
 import pytest
 import torch
 
@@ -46,15 +47,26 @@ def test_greedy_tokens_equal_the_dynamic_cache(tiny_models, proposer_name, k):
 def test_sampled_tokens_equal_the_dynamic_cache(tiny_models):
     target, draft = tiny_models
     sampling = SamplingParams(temperature=0.8, max_new_tokens=40, seed=3)
-    assert _answer(target, draft, "static", "draft", 3, sampling) == _answer(target, draft, "dynamic", "draft", 3,
-                                                                              sampling)
+    assert _answer(target, draft, "static", "draft", 3, sampling) == _answer(
+        target, draft, "dynamic", "draft", 3, sampling
+    )
 
 
 def test_logits_match_through_extends_crops_and_resets(tiny_models):
     target, _ = tiny_models
     static, dynamic = ModelRunner(target, cache="static"), ModelRunner(target, cache="dynamic")
-    script = [("reset",), ("extend", PROMPT), ("extend", [7, 8, 9, 10]), ("crop", 41), ("extend", [11, 12]),
-              ("crop", 30), ("extend", [3] * 9), ("reset",), ("extend", PROMPT[:12]), ("extend", [99])]
+    script = [
+        ("reset",),
+        ("extend", PROMPT),
+        ("extend", [7, 8, 9, 10]),
+        ("crop", 41),
+        ("extend", [11, 12]),
+        ("crop", 30),
+        ("extend", [3] * 9),
+        ("reset",),
+        ("extend", PROMPT[:12]),
+        ("extend", [99]),
+    ]
     for step in script:
         outs = []
         for runner in (static, dynamic):
@@ -93,8 +105,9 @@ def test_a_prompt_longer_than_the_buffer_grows_it_and_keeps_its_contents(tiny_mo
     static.cache = PreallocatedCache(target.config, static.max_context, capacity=8)
     static.extend(PROMPT[:6])
     dynamic.extend(PROMPT[:6])
-    torch.testing.assert_close(static.extend(PROMPT[6:30]).logits, dynamic.extend(PROMPT[6:30]).logits,
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        static.extend(PROMPT[6:30]).logits, dynamic.extend(PROMPT[6:30]).logits, rtol=1e-5, atol=1e-5
+    )
     assert static.cache.layers[0].capacity == 32 and static.cache.allocations == 2 * len(static.cache.layers)
     with pytest.raises(ValueError, match="holds"):
         static.extend([1] * (static.max_context + 1))

@@ -1,4 +1,5 @@
 """The conversation store: round trips, streaming writes, crash safety, threads, migration, corrupt-file recovery."""
+
 from __future__ import annotations
 
 import json
@@ -22,10 +23,16 @@ KINDS = ("accepted", "resampled", "bonus", "target")
 
 
 def token(i: int, kind: str = "accepted", text: str | None = None) -> dict:
-    return {"id": i, "text": text if text is not None else f"t{i} ", "kind": kind, "p_target": 0.5 + i / 1000,
-            "p_draft": 0.25 if kind == "accepted" else None, "rejected_id": 7 if kind == "resampled" else None,
-            "rejected_p_target": 0.1 if kind == "resampled" else None,
-            "rejected_p_draft": 0.9 if kind == "resampled" else None}
+    return {
+        "id": i,
+        "text": text if text is not None else f"t{i} ",
+        "kind": kind,
+        "p_target": 0.5 + i / 1000,
+        "p_draft": 0.25 if kind == "accepted" else None,
+        "rejected_id": 7 if kind == "resampled" else None,
+        "rejected_p_target": 0.1 if kind == "resampled" else None,
+        "rejected_p_draft": 0.9 if kind == "resampled" else None,
+    }
 
 
 @pytest.fixture
@@ -119,9 +126,13 @@ def test_deleted_mid_answer_drops_tokens_quietly(store):
 
 def test_unknown_ids_and_bad_arguments_raise_store_errors(store):
     cid = store.create_conversation("t", "m")
-    for call in (lambda: store.add_message(999, "user", "x"), lambda: store.start_answer(999, "m", "ngram", 2),
-                 lambda: store.rename_conversation(999, "x"), lambda: store.export_json(999),
-                 lambda: store.get_conversation("not an id")):
+    for call in (
+        lambda: store.add_message(999, "user", "x"),
+        lambda: store.start_answer(999, "m", "ngram", 2),
+        lambda: store.rename_conversation(999, "x"),
+        lambda: store.export_json(999),
+        lambda: store.get_conversation("not an id"),
+    ):
         with pytest.raises(StoreError, match="does not exist"):
             call()
     with pytest.raises(StoreError, match="role"):
@@ -230,8 +241,9 @@ def test_killed_process_leaves_the_partial_answer_marked_incomplete(tmp_path, ki
     path = tmp_path / "conversations.db"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     kill_at = 6 if killer == "self" else 10**9
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(path), str(kill_at)], env=env,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_SCRIPT, str(path), str(kill_at)], env=env, stdout=subprocess.PIPE, text=True
+    )
     committed = 0
     try:
         for line in proc.stdout:  # each line = one step committed
@@ -280,8 +292,9 @@ def test_two_threads_two_conversations_no_interleaving(store):
             ids[name] = cid
             barrier.wait()
             for s in range(steps):
-                store.append_tokens(mid, [token(s * per_step + i, KINDS[i % 4], f"{name}{s}.{i}|")
-                                          for i in range(per_step)])
+                store.append_tokens(
+                    mid, [token(s * per_step + i, KINDS[i % 4], f"{name}{s}.{i}|") for i in range(per_step)]
+                )
             store.finish_answer(mid, "length", {"emitted": steps * per_step})
         except BaseException as exc:  # surfaced below
             errors.append(exc)
@@ -335,14 +348,22 @@ def _write_v1_database(path: Path) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     migrate(conn, target_version=1)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
-    conn.execute("INSERT INTO conversations (id, title, model, created_at, updated_at) "
-                 "VALUES (1, 'from v1', 'old-model', 1000.0, 2000.0)")
-    conn.execute("INSERT INTO messages (id, conversation_id, role, content, complete, created_at) "
-                 "VALUES (1, 1, 'user', 'old question', 1, 1000.0)")
-    conn.execute("INSERT INTO messages (id, conversation_id, role, content, complete, model, proposer, k, "
-                 "created_at) VALUES (2, 1, 'assistant', 'old ans', 0, 'old-model', 'ngram', 4, 1001.0)")
-    conn.execute("INSERT INTO tokens (message_id, seq, token_id, text, kind, p_target, p_draft, rejected_id) "
-                 "VALUES (2, 0, 5, 'old ', 'accepted', 0.9, 1.0, NULL), (2, 1, 6, 'ans', 'resampled', 0.4, NULL, 9)")
+    conn.execute(
+        "INSERT INTO conversations (id, title, model, created_at, updated_at) "
+        "VALUES (1, 'from v1', 'old-model', 1000.0, 2000.0)"
+    )
+    conn.execute(
+        "INSERT INTO messages (id, conversation_id, role, content, complete, created_at) "
+        "VALUES (1, 1, 'user', 'old question', 1, 1000.0)"
+    )
+    conn.execute(
+        "INSERT INTO messages (id, conversation_id, role, content, complete, model, proposer, k, "
+        "created_at) VALUES (2, 1, 'assistant', 'old ans', 0, 'old-model', 'ngram', 4, 1001.0)"
+    )
+    conn.execute(
+        "INSERT INTO tokens (message_id, seq, token_id, text, kind, p_target, p_draft, rejected_id) "
+        "VALUES (2, 0, 5, 'old ', 'accepted', 0.9, 1.0, NULL), (2, 1, 6, 'ans', 'resampled', 0.4, NULL, 9)"
+    )
     conn.close()
 
 
@@ -521,8 +542,13 @@ def test_record_step_stores_an_error_answer(tiny_session, tmp_path):
         with ConversationStore(tmp_path / "c.db") as store:
             cid = store.create_conversation("nan", "tiny")
             mid = store.start_answer(cid, "tiny", "ngram", 3)
-            events = list(tiny_session.stream([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=20),
-                                              tiny_session.default_spec(proposer="ngram")))
+            events = list(
+                tiny_session.stream(
+                    [{"role": "user", "content": "hi"}],
+                    SamplingParams(max_new_tokens=20),
+                    tiny_session.default_spec(proposer="ngram"),
+                )
+            )
             for event in events:
                 assert store.record_step(mid, event)
             answer = store.get_conversation(cid).messages[0]

@@ -3,6 +3,7 @@
 Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set by triton_fused before Triton
 decorates them), so V stays small here; with CUDA the same tests run compiled, at full vocabulary sizes.
 """
+
 import pytest
 import torch
 
@@ -19,10 +20,12 @@ SHAPES = [(1, 1), (1, 3), (1, 8), (4, 1), (4, 3), (4, 8)]
 MODES = ["greedy-ngram", "greedy-draft", "stochastic-ngram", "stochastic-draft"]
 TEMPERATURES = (0.5, 1.0, 1.5)
 # interpreter: V = 1000 by default; 32000 / 49152 slow-marked; 151936 only compiled on a GPU
-VOCABS = [1000,
-          pytest.param(32000, marks=pytest.mark.slow),
-          pytest.param(49152, marks=pytest.mark.slow),
-          pytest.param(151936, marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs CUDA")])]
+VOCABS = [
+    1000,
+    pytest.param(32000, marks=pytest.mark.slow),
+    pytest.param(49152, marks=pytest.mark.slow),
+    pytest.param(151936, marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs CUDA")]),
+]
 
 
 def fused():
@@ -44,8 +47,9 @@ def assert_same(case, **launch):
 def _case(seed, batch, k, vocab, mode, **extra):
     greedy = mode.startswith("greedy")
     temperature = 0.0 if greedy else TEMPERATURES[seed % len(TEMPERATURES)]
-    return make_verify_case(seed, batch, k, vocab, temperature=temperature, with_draft_probs=mode.endswith("draft"),
-                            device=DEVICE, **extra)
+    return make_verify_case(
+        seed, batch, k, vocab, temperature=temperature, with_draft_probs=mode.endswith("draft"), device=DEVICE, **extra
+    )
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
@@ -78,8 +82,9 @@ def test_half_precision_logits(dtype, mode):
     assert_same(_case(11, 4, 3, 1000, mode, dtype=dtype))
 
 
-@pytest.mark.parametrize("params", [dict(temperature=0.8, top_k=20), dict(temperature=1.2, top_p=0.9),
-                                    dict(temperature=0.0, top_p=0.05)])
+@pytest.mark.parametrize(
+    "params", [dict(temperature=0.8, top_k=20), dict(temperature=1.2, top_p=0.9), dict(temperature=0.0, top_p=0.05)]
+)
 @pytest.mark.parametrize("with_draft_probs", [False, True])
 def test_top_k_top_p(params, with_draft_probs):
     case = make_verify_case(5, 4, 3, 1000, with_draft_probs=with_draft_probs, device=DEVICE, **params)
@@ -132,7 +137,9 @@ def test_stochastic_ties_lowest_index_wins():
 def assert_same_raw(logits, draft, draft_probs, sampling, draws):
     from localspec.verify.checks import VerifyCase
 
-    to = (lambda t: None if t is None else t.to(DEVICE))
+    def to(t):
+        return None if t is None else t.to(DEVICE)
+
     draws = None if draws is None else SamplerDraws(to(draws.uniforms), to(draws.noise))
     return assert_same(VerifyCase(to(logits), to(draft), to(draft_probs), sampling, draws), **_tie_launch())
 
@@ -142,10 +149,13 @@ def test_non_contiguous_inputs():
     case = _case(21, 1, 3, 1000, "stochastic-draft")
     from localspec.verify.checks import VerifyCase
 
-    expanded = VerifyCase(case.target_logits.expand(3, -1, -1), case.draft_token_ids.expand(3, -1),
-                          case.draft_probs.expand(3, -1, -1), case.sampling,
-                          SamplerDraws(case.draws.uniforms.expand(3, -1).contiguous(),
-                                       case.draws.noise.expand(3, -1, -1).contiguous()))
+    expanded = VerifyCase(
+        case.target_logits.expand(3, -1, -1),
+        case.draft_token_ids.expand(3, -1),
+        case.draft_probs.expand(3, -1, -1),
+        case.sampling,
+        SamplerDraws(case.draws.uniforms.expand(3, -1).contiguous(), case.draws.noise.expand(3, -1, -1).contiguous()),
+    )
     got = assert_same(expanded)
     assert torch.equal(got.output_token_ids[0], got.output_token_ids[2])
 
@@ -158,21 +168,41 @@ def test_perturbed_draws_change_the_output():
     token = base.output_token_ids[0, n].item()
     noise = case.draws.noise.clone()
     noise[0, n, token] *= 1e6  # the emitted token's key collapses: another token must be drawn
-    perturbed = assert_same(type(case)(case.target_logits, case.draft_token_ids, None, case.sampling,
-                                       SamplerDraws(case.draws.uniforms, noise)))
+    perturbed = assert_same(
+        type(case)(
+            case.target_logits, case.draft_token_ids, None, case.sampling, SamplerDraws(case.draws.uniforms, noise)
+        )
+    )
     assert perturbed.output_token_ids[0, n].item() != token
-    accept_all = assert_same(type(case)(case.target_logits, case.draft_token_ids, None, case.sampling,
-                                        SamplerDraws(torch.zeros_like(case.draws.uniforms), case.draws.noise)))
+    accept_all = assert_same(
+        type(case)(
+            case.target_logits,
+            case.draft_token_ids,
+            None,
+            case.sampling,
+            SamplerDraws(torch.zeros_like(case.draws.uniforms), case.draws.noise),
+        )
+    )
     assert accept_all.num_accepted.item() == 3  # uniforms of 0 accept every draft with p_target > 0
 
 
 def test_comparison_reports_a_wrong_output():
     case = _case(4, 4, 3, 1000, "greedy-draft")
     want = case.run(rejection_sample)
-    wrong_tokens = type(want)(want.output_token_ids + 1, want.num_accepted, want.target_probs_of_drafts,
-                              want.draft_probs_of_drafts, want.target_prob_of_last)
-    wrong_probs = type(want)(want.output_token_ids, want.num_accepted, want.target_probs_of_drafts * 1.01,
-                             want.draft_probs_of_drafts, want.target_prob_of_last)
+    wrong_tokens = type(want)(
+        want.output_token_ids + 1,
+        want.num_accepted,
+        want.target_probs_of_drafts,
+        want.draft_probs_of_drafts,
+        want.target_prob_of_last,
+    )
+    wrong_probs = type(want)(
+        want.output_token_ids,
+        want.num_accepted,
+        want.target_probs_of_drafts * 1.01,
+        want.draft_probs_of_drafts,
+        want.target_prob_of_last,
+    )
     assert compare_outputs(want, want) == []
     assert any("output_token_ids" in p for p in compare_outputs(wrong_tokens, want))
     assert any("target_probs_of_drafts" in p for p in compare_outputs(wrong_probs, want))
@@ -224,7 +254,7 @@ def test_no_recompilation_when_k_changes():
     assert compiled() == before
 
 
-COMPILE_SCRIPT = r'''
+COMPILE_SCRIPT = r"""
 import os, sys
 os.environ["TRITON_INTERPRET"] = "0"  # before triton_fused imports triton: compiled-mode kernels, no GPU needed
 import triton
@@ -280,7 +310,7 @@ for fn, consts in variants_for_vectors:
                             options={"enable_fp_fusion": False})
     assert "ld.global.v4" in kernel.asm["ptx"], f"{fn.__name__}: loads over V are not vectorised"
     print("vectorised", fn.__name__)
-'''
+"""
 
 
 @pytest.mark.slow  # a subprocess
@@ -293,10 +323,13 @@ def test_kernels_compile_for_hopper_without_a_gpu(tmp_path):
     import sys
     from pathlib import Path
 
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache"), "TRITON_DEFAULT_FP_FUSION": "0",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=600)
+    env = {
+        **os.environ,
+        "TRITON_CACHE_DIR": str(tmp_path / "cache"),
+        "TRITON_DEFAULT_FP_FUSION": "0",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("compiled") == 6 and proc.stdout.count("vectorised") == 2
 

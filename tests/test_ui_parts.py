@@ -1,4 +1,5 @@
 """The UI's parts without a server: control parsing, the model manager (switching, refusals, queueing), the recorder."""
+
 from __future__ import annotations
 
 import math
@@ -16,20 +17,38 @@ from localspec.ui.settings import first_difference, read_k, read_proposer, read_
 GOOD = dict(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=16, seed=0)
 
 
-@pytest.mark.parametrize("field,value,words", [
-    ("max_new_tokens", 0, "max new tokens"), ("max_new_tokens", -3, "max new tokens"),
-    ("max_new_tokens", None, "empty"), ("max_new_tokens", 2.5, "whole number"), ("temperature", 9.0, "temperature"),
-    ("temperature", math.nan, "finite"), ("top_p", 0.0, "top-p"), ("top_p", 1.5, "top-p"), ("top_k", -1, "top-k"),
-    ("seed", 2**70, "seed"), ("seed", -1, "seed"), ("temperature", "hot", "number"), ("seed", 10**400, "seed"),
-])
+@pytest.mark.parametrize(
+    "field,value,words",
+    [
+        ("max_new_tokens", 0, "max new tokens"),
+        ("max_new_tokens", -3, "max new tokens"),
+        ("max_new_tokens", None, "empty"),
+        ("max_new_tokens", 2.5, "whole number"),
+        ("temperature", 9.0, "temperature"),
+        ("temperature", math.nan, "finite"),
+        ("top_p", 0.0, "top-p"),
+        ("top_p", 1.5, "top-p"),
+        ("top_k", -1, "top-k"),
+        ("seed", 2**70, "seed"),
+        ("seed", -1, "seed"),
+        ("temperature", "hot", "number"),
+        ("seed", 10**400, "seed"),
+    ],
+)
 def test_bad_controls_are_messages(field, value, words):
     with pytest.raises(ConfigError, match=words):
         read_sampling(**{**GOOD, field: value})
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.sampled_from(sorted(GOOD)), st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8))))
+@given(
+    st.dictionaries(
+        st.sampled_from(sorted(GOOD)),
+        st.one_of(
+            st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8)
+        ),
+    )
+)
 def test_any_control_values_give_params_or_our_error(values):
     try:
         params = read_sampling(**{**GOOD, **values})
@@ -55,6 +74,7 @@ def test_first_difference():
 
 # ---- the manager ----------------------------------------------------------------------------------------------
 
+
 def _factory(tiny_session, fail_for=("broken",)):
     def factory(pair, progress):
         progress(f"loading {pair.name}")
@@ -78,8 +98,14 @@ def manager(tiny_session):
 def run_answer(manager, max_new=16, proposer="ngram", cancel=None, messages=None, sink=None, owner=""):
     cancel = cancel or threading.Event()
     sampling = SamplingParams(max_new_tokens=max_new)
-    out = manager.answer(messages or [{"role": "user", "content": "hello hello"}], sampling,
-                         lambda s: s.default_spec(proposer=proposer), cancel, sink, owner)
+    out = manager.answer(
+        messages or [{"role": "user", "content": "hello hello"}],
+        sampling,
+        lambda s: s.default_spec(proposer=proposer),
+        cancel,
+        sink,
+        owner,
+    )
     return out, cancel
 
 
@@ -160,6 +186,7 @@ def test_trust_remote_code_entries_are_marked(manager):
 
 # ---- the recorder ---------------------------------------------------------------------------------------------
 
+
 def test_recorder_saves_every_step_and_the_end(manager, tmp_path):
     store_module = pytest.importorskip("localspec.store.db")
     from localspec.ui.recorder import Recorder, turns_from_conversation
@@ -209,6 +236,7 @@ def test_one_answer_at_a_time_per_window_and_stop_reaches_it(manager):
 
 
 # ---- the send handler, in process ------------------------------------------------------------------------------
+
 
 def _poison_lm_head(module, inputs, output):
     output = output.clone()
@@ -311,8 +339,15 @@ def test_turns_round_trip_through_the_state_form():
     from localspec.ui.settings import answer_label
     from localspec.ui.turns import AssistantTurn, UserTurn, turns_from_state, turns_to_state
 
-    answer = AssistantTurn(content="hi", tokens=[{"id": 5, "text": "hi", "kind": "target"}], streaming=True,
-                           model="tiny", proposer="ngram", k=3, label=answer_label("tiny", "ngram", 3))
+    answer = AssistantTurn(
+        content="hi",
+        tokens=[{"id": 5, "text": "hi", "kind": "target"}],
+        streaming=True,
+        model="tiny",
+        proposer="ngram",
+        k=3,
+        label=answer_label("tiny", "ngram", 3),
+    )
     state = turns_to_state([UserTurn("hello"), answer])
     assert state[0] == {"role": "user", "content": "hello"}
     assert state[1]["role"] == "assistant" and state[1]["pending"] is True

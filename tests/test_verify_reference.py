@@ -1,4 +1,5 @@
 """The torch rejection sampler: greedy rules, and the emitted distribution equals the target's (chi-square)."""
+
 import pytest
 import torch
 
@@ -38,9 +39,13 @@ def _rand_probs(gen, rows, vocab, sharp=2.0):
 CASES = {
     "overlapping": lambda g: (_rand_probs(g, 3, 12), _rand_probs(g, 2, 12)),
     "disjoint_supports": lambda g: (
-        torch.tensor([[0.5, 0.5, 0, 0, 0, 0]] * 3) + 1e-30, torch.tensor([[0, 0, 0.5, 0.5, 0, 0]] * 2)),
+        torch.tensor([[0.5, 0.5, 0, 0, 0, 0]] * 3) + 1e-30,
+        torch.tensor([[0, 0, 0.5, 0.5, 0, 0]] * 2),
+    ),
     "draft_mass_where_target_has_none": lambda g: (
-        torch.tensor([[0.2, 0.3, 0.5, 0, 0, 0]] * 3) + 1e-30, torch.tensor([[0.1, 0.1, 0.1, 0.3, 0.2, 0.2]] * 2)),
+        torch.tensor([[0.2, 0.3, 0.5, 0, 0, 0]] * 3) + 1e-30,
+        torch.tensor([[0.1, 0.1, 0.1, 0.3, 0.2, 0.2]] * 2),
+    ),
     "identical": lambda g: ((p := _rand_probs(g, 1, 10)).expand(3, 10).clone(), p.expand(2, 10).clone()),
 }
 
@@ -64,7 +69,9 @@ def test_ngram_one_hot_draft_emits_target_distribution():
     assert n2 > 1000 and min(p1, p2, pb) > 1e-4, (p1, p2, pb, n2, nb)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7, top_k=4), SamplingParams(temperature=1.3, top_p=0.8)])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=0.7, top_k=4), SamplingParams(temperature=1.3, top_p=0.8)]
+)
 def test_top_k_top_p_applied_to_both(params):
     from localspec.engine.sampling import logits_to_probs
 

@@ -1,5 +1,6 @@
 """One small runner per benchmark mode. Every mode answers the same prompt ids with the same loaded weights,
 greedy, up to max_new_tokens new tokens, stopping after a stop token (which counts, as in generate())."""
+
 from __future__ import annotations
 
 import time
@@ -50,29 +51,42 @@ def available_modes(session) -> dict[str, str | None]:
     why_draft = None if has_draft else f"pair {pair.name!r} has no standalone draft model"
     fp32 = session.loaded.dtype is not None and session.loaded.dtype.dtype == "float32"
     return {
-        "hf": None, "none": None,
-        "hf-fp32": "the target runs in float32 already (see hf)" if fp32 else
-        None if session.loaded.quant == "none" else f"a {session.loaded.quant} target has no float32 copy to run",
+        "hf": None,
+        "none": None,
+        "hf-fp32": "the target runs in float32 already (see hf)"
+        if fp32
+        else None
+        if session.loaded.quant == "none"
+        else f"a {session.loaded.quant} target has no float32 copy to run",
         "hf-pld": None,
         "hf-assisted": why_draft,
         "ngram": None if pair.ngram is not None else f"pair {pair.name!r} has no n-gram proposer",
         "draft": why_draft,
         "head": None if pair.head is not None else f"pair {pair.name!r} has no trained head",
-        "ngram+head": (None if "ngram+head" in pair.proposers
-                       else f"pair {pair.name!r} lacks an n-gram proposer or a head"),
+        "ngram+head": (
+            None if "ngram+head" in pair.proposers else f"pair {pair.name!r} lacks an n-gram proposer or a head"
+        ),
         "adaptive": None if len(pair.proposers) > 1 else f"pair {pair.name!r} has no proposer to adapt",
     }
 
 
-def parse_modes(names: list[str], ks: list[int], session, adaptive_max_k: int = DEFAULT_ADAPTIVE_MAX_K,
-                hf_k: int | None = None, adaptive_proposers: list[str] | None = None) -> tuple[list[Mode], list[str]]:
+def parse_modes(
+    names: list[str],
+    ks: list[int],
+    session,
+    adaptive_max_k: int = DEFAULT_ADAPTIVE_MAX_K,
+    hf_k: int | None = None,
+    adaptive_proposers: list[str] | None = None,
+) -> tuple[list[Mode], list[str]]:
     """Expand mode names over the K list (and adaptive over adaptive_proposers, default: the pair's default
     proposer); return (modes, notes about the modes that were skipped)."""
     pair = session.loaded.spec
     for proposer in adaptive_proposers or ():
         if proposer == "none" or proposer not in pair.proposers:
-            raise ConfigError(f"--adaptive-proposers: pair {pair.name!r} has no {proposer!r} proposer to adapt; "
-                              f"it has: {', '.join(p for p in pair.proposers if p != 'none')}")
+            raise ConfigError(
+                f"--adaptive-proposers: pair {pair.name!r} has no {proposer!r} proposer to adapt; "
+                f"it has: {', '.join(p for p in pair.proposers if p != 'none')}"
+            )
     unknown = [n for n in names if n not in ALL_MODES]
     if unknown:
         raise ConfigError(f"unknown bench mode(s) {', '.join(unknown)}; choose from {', '.join(ALL_MODES)}")
@@ -93,8 +107,10 @@ def parse_modes(names: list[str], ks: list[int], session, adaptive_max_k: int = 
             modes.append(Mode(name, None))
         elif name == "adaptive":
             default = pair.default_proposer if pair.default_proposer != "none" else pair.proposers[1]
-            modes.extend(Mode(name, max(adaptive_max_k, *ks), proposer)
-                         for proposer in dict.fromkeys(adaptive_proposers or [default]))
+            modes.extend(
+                Mode(name, max(adaptive_max_k, *ks), proposer)
+                for proposer in dict.fromkeys(adaptive_proposers or [default])
+            )
         else:
             modes.append(Mode(name))
     if not modes:
@@ -134,9 +150,14 @@ def run_hf(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> R
 
     model = float32_target(session) if mode.name == "hf-fp32" else session.loaded.target
     stop_ids = sorted(session.engine.stop_token_ids)
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stop_ids or None,
-                              pad_token_id=session.tokenizer.pad_token_id if session.tokenizer.pad_token_id
-                              is not None else (stop_ids[0] if stop_ids else 0))
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=stop_ids or None,
+        pad_token_id=session.tokenizer.pad_token_id
+        if session.tokenizer.pad_token_id is not None
+        else (stop_ids[0] if stop_ids else 0),
+    )
     kwargs = {}
     if mode.name == "hf-pld":
         config.prompt_lookup_num_tokens = mode.k
@@ -146,7 +167,7 @@ def run_hf(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> R
     started, cpu_started = time.perf_counter(), time.process_time()
     output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, **kwargs)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
-    return RunResult(output[0, len(prompt_ids):].tolist(), seconds, cpu_seconds)
+    return RunResult(output[0, len(prompt_ids) :].tolist(), seconds, cpu_seconds)
 
 
 def run_engine(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:

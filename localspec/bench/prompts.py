@@ -1,4 +1,5 @@
 """Benchmark prompts: MT-Bench first turns and HumanEval function stubs (../shared/data), or the user's own files."""
+
 from __future__ import annotations
 
 import gzip
@@ -26,13 +27,18 @@ class BenchPrompt:
 
 def default_data_dir() -> Path:
     """$LOCALSPEC_BENCH_DATA, else ../shared/data next to the repository, else /work/shared/data."""
-    candidates = [os.environ.get("LOCALSPEC_BENCH_DATA"), Path(__file__).resolve().parents[3] / "shared" / "data",
-                  "/work/shared/data"]
+    candidates = [
+        os.environ.get("LOCALSPEC_BENCH_DATA"),
+        Path(__file__).resolve().parents[3] / "shared" / "data",
+        "/work/shared/data",
+    ]
     for candidate in candidates:
         if candidate and (Path(candidate) / MT_BENCH_FILE).exists():
             return Path(candidate)
-    raise ConfigError("benchmark prompts not found: expected ../shared/data/mt_bench_question.jsonl next to the "
-                      "repository; pass --prompts FILE or set LOCALSPEC_BENCH_DATA")
+    raise ConfigError(
+        "benchmark prompts not found: expected ../shared/data/mt_bench_question.jsonl next to the "
+        "repository; pass --prompts FILE or set LOCALSPEC_BENCH_DATA"
+    )
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -69,16 +75,27 @@ def _spread(rows: list[BenchPrompt], limit: int | None) -> list[BenchPrompt]:
 
 
 def load_mt_bench(path: Path, limit: int | None = None) -> list[BenchPrompt]:
-    rows = [BenchPrompt(f"mt-bench/{row.get('question_id', i)}", "mt-bench",
-                        ({"role": "user", "content": row["turns"][0]},), row.get("category", ""))
-            for i, row in enumerate(_read_jsonl(path))]
+    rows = [
+        BenchPrompt(
+            f"mt-bench/{row.get('question_id', i)}",
+            "mt-bench",
+            ({"role": "user", "content": row["turns"][0]},),
+            row.get("category", ""),
+        )
+        for i, row in enumerate(_read_jsonl(path))
+    ]
     return _spread(rows, limit)
 
 
 def load_humaneval(path: Path, limit: int | None = None) -> list[BenchPrompt]:
-    rows = [BenchPrompt(str(row.get("task_id", f"humaneval/{i}")).lower(), "humaneval",
-                        ({"role": "user", "content": CODE_INSTRUCTION + "```python\n" + row["prompt"] + "```"},))
-            for i, row in enumerate(_read_jsonl(path))]
+    rows = [
+        BenchPrompt(
+            str(row.get("task_id", f"humaneval/{i}")).lower(),
+            "humaneval",
+            ({"role": "user", "content": CODE_INSTRUCTION + "```python\n" + row["prompt"] + "```"},),
+        )
+        for i, row in enumerate(_read_jsonl(path))
+    ]
     return rows[:limit] if limit is not None else rows
 
 
@@ -106,8 +123,11 @@ def load_prompt_file(path: Path, limit: int | None = None) -> list[BenchPrompt]:
             if not isinstance(text, str) or not text.strip():
                 raise ConfigError(f"{path}: entry {i + 1} has no 'turns', 'prompt', 'text' or 'messages'")
             messages = ({"role": "user", "content": text},)
-        prompts.append(BenchPrompt(f"{name}/{row.get('id', row.get('question_id', i))}", name, messages,
-                                   str(row.get("category", ""))))
+        prompts.append(
+            BenchPrompt(
+                f"{name}/{row.get('id', row.get('question_id', i))}", name, messages, str(row.get("category", ""))
+            )
+        )
     return _spread(prompts, limit)
 
 
@@ -122,8 +142,7 @@ def is_held_out(prompt: BenchPrompt) -> bool:
     return prompt.category in ("mt-bench", "humaneval") and int(number) in held
 
 
-def load_prompts(files: list[str] | None = None, limit: int | None = None,
-                 held_out: bool = False) -> list[BenchPrompt]:
+def load_prompts(files: list[str] | None = None, limit: int | None = None, held_out: bool = False) -> list[BenchPrompt]:
     """The default sets (MT-Bench, HumanEval; `limit` from each) or the given files (`limit` from each).
     held_out keeps only the default sets' prompts that distillation never trains on, so a trained head or draft
     is measured on questions it has not seen (its own answers to the others were its training data)."""
@@ -136,7 +155,8 @@ def load_prompts(files: list[str] | None = None, limit: int | None = None,
     elif held_out:
         data = default_data_dir()
         prompts = [p for p in load_mt_bench(data / MT_BENCH_FILE) if is_held_out(p)][:limit] + [
-            p for p in load_humaneval(data / HUMANEVAL_FILE) if is_held_out(p)][:limit]
+            p for p in load_humaneval(data / HUMANEVAL_FILE) if is_held_out(p)
+        ][:limit]
     else:
         data = default_data_dir()
         prompts = load_mt_bench(data / MT_BENCH_FILE, limit) + load_humaneval(data / HUMANEVAL_FILE, limit)

@@ -1,4 +1,5 @@
 """Aggregate a BenchRun per mode and category; write results.json, results.md and PNG plots (matplotlib Agg)."""
+
 from __future__ import annotations
 
 import json
@@ -36,55 +37,78 @@ def summarize(run: BenchRun) -> dict:
             tokens = sum(len(x.token_ids) for x in results)
             seconds = sum(x.seconds for x in results)
             cpu_seconds = sum(x.cpu_seconds for x in results)
-            row = {"mode": mode.name, "k": mode.k, "proposer": mode.proposer, "prompts": len(results),
-                   "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0,
-                   "cpu_seconds": cpu_seconds, "tokens_per_cpu_s": tokens / cpu_seconds if cpu_seconds else 0.0}
+            row = {
+                "mode": mode.name,
+                "k": mode.k,
+                "proposer": mode.proposer,
+                "prompts": len(results),
+                "tokens": tokens,
+                "seconds": seconds,
+                "tokens_per_s": tokens / seconds if seconds else 0.0,
+                "cpu_seconds": cpu_seconds,
+                "tokens_per_cpu_s": tokens / cpu_seconds if cpu_seconds else 0.0,
+            }
             if results and results[0].stats is not None:
                 stats = [x.stats for x in results]
                 drafted = sum(s.drafted for s in stats)
                 accepted = sum(s.accepted for s in stats)
                 forwards = sum(s.target_forwards for s in stats)
                 width = max(len(s.per_position_drafted) for s in stats)
-                pos_drafted = [sum(s.per_position_drafted[i] for s in stats if i < len(s.per_position_drafted))
-                               for i in range(width)]
-                pos_accepted = [sum(s.per_position_accepted[i] for s in stats if i < len(s.per_position_accepted))
-                                for i in range(width)]
-                time_s = {"propose": sum(s.propose_s for s in stats), "score": sum(s.score_s for s in stats),
-                          "sampler": sum(s.sampler_s for s in stats)}
-                row.update({
-                    "drafted": drafted, "accepted": accepted, "target_forwards": forwards,
-                    "acceptance_rate": accepted / drafted if drafted else None,
-                    "mean_acceptance_length": tokens / forwards if forwards else None,
-                    "per_position_acceptance": [a / d if d else None for a, d in zip(pos_accepted, pos_drafted)],
-                    "per_position_drafted": pos_drafted,
-                    "time_share": {name: spent / seconds if seconds else 0.0 for name, spent in time_s.items()},
-                })
+                pos_drafted = [
+                    sum(s.per_position_drafted[i] for s in stats if i < len(s.per_position_drafted))
+                    for i in range(width)
+                ]
+                pos_accepted = [
+                    sum(s.per_position_accepted[i] for s in stats if i < len(s.per_position_accepted))
+                    for i in range(width)
+                ]
+                time_s = {
+                    "propose": sum(s.propose_s for s in stats),
+                    "score": sum(s.score_s for s in stats),
+                    "sampler": sum(s.sampler_s for s in stats),
+                }
+                row.update(
+                    {
+                        "drafted": drafted,
+                        "accepted": accepted,
+                        "target_forwards": forwards,
+                        "acceptance_rate": accepted / drafted if drafted else None,
+                        "mean_acceptance_length": tokens / forwards if forwards else None,
+                        "per_position_acceptance": [a / d if d else None for a, d in zip(pos_accepted, pos_drafted)],
+                        "per_position_drafted": pos_drafted,
+                        "time_share": {name: spent / seconds if seconds else 0.0 for name, spent in time_s.items()},
+                    }
+                )
                 row["time_share"]["other"] = 1.0 - sum(row["time_share"].values())
                 steps = [k for x in results for k in x.k_per_step]
                 if steps:
                     row["mean_k"] = sum(steps) / len(steps)
                     row["plain_step_share"] = sum(k == 0 for k in steps) / len(steps)
             if hf_label is not None:
-                row["same_as_hf"] = sum(_same_prefix(r.results[mode.label].token_ids, r.results[hf_label].token_ids)
-                                        for r in records)
-                row["exactly_hf"] = sum(r.results[mode.label].token_ids == r.results[hf_label].token_ids
-                                        for r in records)
+                row["same_as_hf"] = sum(
+                    _same_prefix(r.results[mode.label].token_ids, r.results[hf_label].token_ids) for r in records
+                )
+                row["exactly_hf"] = sum(
+                    r.results[mode.label].token_ids == r.results[hf_label].token_ids for r in records
+                )
             rows[mode.label][category] = row
     for label in labels:
         for category in categories:
             row = rows[label][category]
             for prefix, key in (("", "tokens_per_s"), ("cpu_", "tokens_per_cpu_s")):
                 for reference, name in ((hf_label, "hf"), (none_label, "none")):
-                    row[f"{prefix}speedup_vs_{name}"] = _ratio(row[key], rows[reference][category][key]) \
-                        if reference else None
+                    row[f"{prefix}speedup_vs_{name}"] = (
+                        _ratio(row[key], rows[reference][category][key]) if reference else None
+                    )
     sweep = {}
     for name in SWEPT:
         swept = [m for m in run.modes if m.name == name]
         if swept:
             sweep[name] = {c: {str(m.k): rows[m.label][c]["tokens_per_s"] for m in swept} for c in categories}
             sweep[name]["best_k"] = {c: int(max(sweep[name][c], key=sweep[name][c].get)) for c in categories}
-            sweep[name]["cpu"] = {c: {str(m.k): rows[m.label][c]["tokens_per_cpu_s"] for m in swept}
-                                  for c in categories}
+            sweep[name]["cpu"] = {
+                c: {str(m.k): rows[m.label][c]["tokens_per_cpu_s"] for m in swept} for c in categories
+            }
     targets = check_targets(run.modes, rows, categories, "tokens_per_s")
     for target, cpu in zip(targets, check_targets(run.modes, rows, categories, "tokens_per_cpu_s")):
         target["cpu_value"], target["cpu_met"] = cpu["value"], cpu["met"]
@@ -94,6 +118,7 @@ def summarize(run: BenchRun) -> dict:
 def check_targets(modes: list[Mode], rows: dict, categories: list[str], key: str) -> list[dict]:
     """The issue's targets, each with the measured value and whether it was met (ratios from this run). The best
     mode / K is picked by wall-clock tokens/s, so both measures judge the same pairs."""
+
     def tps(label: str, category: str = ALL, measure: str = key) -> float:
         return rows[label][category][measure]
 
@@ -117,8 +142,11 @@ def check_targets(modes: list[Mode], rows: dict, categories: list[str], key: str
         add(f"best of our modes ({best.label}) / hf-fp32, all prompts", tps(best.label) / tps("hf-fp32"), 2.5)
     if "ngram" in by_name and "hf-pld" in by_name:
         best = pick(by_name["ngram"])
-        add(f"{best.label} / {by_name['hf-pld'][0].label}, all prompts",
-            tps(best.label) / tps(by_name["hf-pld"][0].label), 1.5)
+        add(
+            f"{best.label} / {by_name['hf-pld'][0].label}, all prompts",
+            tps(best.label) / tps(by_name["hf-pld"][0].label),
+            1.5,
+        )
     if "draft" in by_name and "hf-assisted" in by_name:
         best = pick(by_name["draft"])
         add(f"{best.label} / hf-assisted, all prompts", tps(best.label) / tps("hf-assisted"), 1.5)
@@ -129,8 +157,11 @@ def check_targets(modes: list[Mode], rows: dict, categories: list[str], key: str
                 add(f"{adaptive.label} / none, {category}", tps(adaptive.label, category) / tps("none", category), 0.95)
             if fixed:
                 best = pick(fixed, category)
-                add(f"{adaptive.label} / best fixed ({best.label}), {category}",
-                    tps(adaptive.label, category) / tps(best.label, category), 0.90)
+                add(
+                    f"{adaptive.label} / best fixed ({best.label}), {category}",
+                    tps(adaptive.label, category) / tps(best.label, category),
+                    0.90,
+                )
     return targets
 
 
@@ -145,17 +176,28 @@ def to_json(run: BenchRun, summary: dict) -> dict:
         "guarantee": run.guarantee,
         "modes": [{"label": m.label, "name": m.name, "k": m.k, "proposer": m.proposer} for m in run.modes],
         "summary": summary,
-        "prompts": [{
-            "id": r.prompt.prompt_id, "category": r.prompt.category, "subcategory": r.prompt.subcategory,
-            "prompt_tokens": len(r.prompt_ids),
-            "results": {label: {"new_tokens": len(x.token_ids), "seconds": x.seconds, "cpu_seconds": x.cpu_seconds,
-                                "tokens_per_s": len(x.token_ids) / x.seconds if x.seconds else 0.0,
-                                "drafted": x.stats.drafted if x.stats else None,
-                                "accepted": x.stats.accepted if x.stats else None,
-                                "target_forwards": x.stats.target_forwards if x.stats else None,
-                                "token_ids": x.token_ids}
-                        for label, x in r.results.items()},
-        } for r in run.records],
+        "prompts": [
+            {
+                "id": r.prompt.prompt_id,
+                "category": r.prompt.category,
+                "subcategory": r.prompt.subcategory,
+                "prompt_tokens": len(r.prompt_ids),
+                "results": {
+                    label: {
+                        "new_tokens": len(x.token_ids),
+                        "seconds": x.seconds,
+                        "cpu_seconds": x.cpu_seconds,
+                        "tokens_per_s": len(x.token_ids) / x.seconds if x.seconds else 0.0,
+                        "drafted": x.stats.drafted if x.stats else None,
+                        "accepted": x.stats.accepted if x.stats else None,
+                        "target_forwards": x.stats.target_forwards if x.stats else None,
+                        "token_ids": x.token_ids,
+                    }
+                    for label, x in r.results.items()
+                },
+            }
+            for r in run.records
+        ],
     }
 
 
@@ -167,8 +209,9 @@ def same_as_hf_note(data: dict) -> str:
     """Which greedy guarantee the *same as hf* column is read against (the loaded compute path's)."""
     guarantee = data.get("guarantee") or {}
     if not guarantee:
-        return ("Ids can part where two logits tie within float rounding, since a K+1-token forward sums in "
-                "another order.")
+        return (
+            "Ids can part where two logits tie within float rounding, since a K+1-token forward sums in another order."
+        )
     if guarantee["greedy"] == "identical":
         return f"Guarantee on this path, greedy identical: {guarantee['text']}."
     return f"Guarantee on this path, greedy equal except at near-ties: {guarantee['text']}."
@@ -183,7 +226,8 @@ def to_markdown(data: dict) -> str:
         f"# localspec bench — {data['model']}",
         "",
         f"{data['created']}, greedy, up to {data['max_new_tokens']} new tokens per answer (stop token included), "
-        + ", ".join(f"{counts[c]} {c}" for c in categories if c != ALL) + " prompts; "
+        + ", ".join(f"{counts[c]} {c}" for c in categories if c != ALL)
+        + " prompts; "
         f"{machine['cpu_count']} CPUs ({machine['processor']}), torch {machine['torch']} with "
         f"{machine['torch_threads']} threads.",
         "",
@@ -198,56 +242,91 @@ def to_markdown(data: dict) -> str:
         rows_ms = machine["verify_ms"]
         values = list(rows_ms.values())
         lines += [
-            ("Verify cost per row count (median ms of a T-token target forward on a 64-token cache, measured "
-             "before the run):"), "",
-            "| T tokens | " + " | ".join(rows_ms) + " |", "|---|" + "---:|" * len(rows_ms),
+            (
+                "Verify cost per row count (median ms of a T-token target forward on a 64-token cache, measured "
+                "before the run):"
+            ),
+            "",
+            "| T tokens | " + " | ".join(rows_ms) + " |",
+            "|---|" + "---:|" * len(rows_ms),
             "| ms | " + " | ".join(f"{v:.1f}" for v in values) + " |",
-            "| × T=1 | " + " | ".join(f"{v / rows_ms['1']:.2f}" for v in values) + " |", ""]
+            "| × T=1 | " + " | ".join(f"{v / rows_ms['1']:.2f}" for v in values) + " |",
+            "",
+        ]
     if data["notes"]:
         lines += ["Notes: " + "; ".join(data["notes"]) + ".", ""]
-    lines += ["| mode | prompts | tok/s | × hf | × none | tok/CPU-s | × none (CPU) | acceptance | mean acc. len "
-              "| propose / score / sample / other | same as hf |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines += [
+        "| mode | prompts | tok/s | × hf | × none | tok/CPU-s | × none (CPU) | acceptance | mean acc. len "
+        "| propose / score / sample / other | same as hf |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for category in categories:
         for mode in data["modes"]:
             row = summary["rows"][mode["label"]][category]
             share = row.get("time_share")
             split = " / ".join(f"{share[k]:.0%}" for k in ("propose", "score", "sampler", "other")) if share else "–"
             same = f"{row['same_as_hf']}/{row['prompts']}" if "same_as_hf" in row else "–"
-            label = mode["label"] + (f" (mean K {row['mean_k']:.1f}, {row['plain_step_share']:.0%} plain steps)"
-                                     if "mean_k" in row else "")
-            lines.append(f"| {label} | {category} | {row['tokens_per_s']:.1f} | "
-                         f"{_fmt(row['speedup_vs_hf'], '.2f', '×')} | {_fmt(row['speedup_vs_none'], '.2f', '×')} | "
-                         f"{row['tokens_per_cpu_s']:.1f} | {_fmt(row['cpu_speedup_vs_none'], '.2f', '×')} | "
-                         f"{_fmt(row.get('acceptance_rate'), '.0%')} | {_fmt(row.get('mean_acceptance_length'))} | "
-                         f"{split} | {same} |")
-    lines += ["", "*tok/CPU-s*: tokens per second of CPU time this process used (wall time minus the time other "
-              "processes held the cores); with one torch thread it estimates the speed on an idle machine.",
-              "*same as hf*: greedy token ids equal to `hf`'s up to the shorter answer. " + same_as_hf_note(data), ""]
+            label = mode["label"] + (
+                f" (mean K {row['mean_k']:.1f}, {row['plain_step_share']:.0%} plain steps)" if "mean_k" in row else ""
+            )
+            lines.append(
+                f"| {label} | {category} | {row['tokens_per_s']:.1f} | "
+                f"{_fmt(row['speedup_vs_hf'], '.2f', '×')} | {_fmt(row['speedup_vs_none'], '.2f', '×')} | "
+                f"{row['tokens_per_cpu_s']:.1f} | {_fmt(row['cpu_speedup_vs_none'], '.2f', '×')} | "
+                f"{_fmt(row.get('acceptance_rate'), '.0%')} | {_fmt(row.get('mean_acceptance_length'))} | "
+                f"{split} | {same} |"
+            )
+    lines += [
+        "",
+        "*tok/CPU-s*: tokens per second of CPU time this process used (wall time minus the time other "
+        "processes held the cores); with one torch thread it estimates the speed on an idle machine.",
+        "*same as hf*: greedy token ids equal to `hf`'s up to the shorter answer. " + same_as_hf_note(data),
+        "",
+    ]
     if summary["k_sweep"]:
         lines += ["## K sweep (tokens/s)", ""]
         for name, sweep in summary["k_sweep"].items():
             ks = list(sweep[categories[0]].keys())
-            lines += [f"| {name} | " + " | ".join(f"K={k}" for k in ks) + " | best K |",
-                      "|---|" + "---:|" * (len(ks) + 1)]
+            lines += [
+                f"| {name} | " + " | ".join(f"K={k}" for k in ks) + " | best K |",
+                "|---|" + "---:|" * (len(ks) + 1),
+            ]
             for category in categories:
-                lines.append(f"| {category} | " + " | ".join(f"{sweep[category][k]:.1f}" for k in ks)
-                             + f" | {sweep['best_k'][category]} |")
+                lines.append(
+                    f"| {category} | "
+                    + " | ".join(f"{sweep[category][k]:.1f}" for k in ks)
+                    + f" | {sweep['best_k'][category]} |"
+                )
             for category in categories:
                 cpu = sweep["cpu"][category]
-                lines.append(f"| {category}, per CPU-s | " + " | ".join(f"{cpu[k]:.1f}" for k in ks)
-                             + f" | {max(cpu, key=cpu.get)} |")
+                lines.append(
+                    f"| {category}, per CPU-s | "
+                    + " | ".join(f"{cpu[k]:.1f}" for k in ks)
+                    + f" | {max(cpu, key=cpu.get)} |"
+                )
             lines.append("")
     if summary["targets"]:
-        lines += ["## Targets", "", "| target | wall clock | CPU time | goal | met (wall / CPU) |",
-                  "|---|---:|---:|---:|---|"]
+        lines += [
+            "## Targets",
+            "",
+            "| target | wall clock | CPU time | goal | met (wall / CPU) |",
+            "|---|---:|---:|---:|---|",
+        ]
         for target in summary["targets"]:
-            lines.append(f"| {target['target']} | {target['value']:.2f}× | {target['cpu_value']:.2f}× | "
-                         f"≥ {target['goal']:.2f}× | {'yes' if target['met'] else 'no'} / "
-                         f"{'yes' if target['cpu_met'] else 'no'} |")
+            lines.append(
+                f"| {target['target']} | {target['value']:.2f}× | {target['cpu_value']:.2f}× | "
+                f"≥ {target['goal']:.2f}× | {'yes' if target['met'] else 'no'} / "
+                f"{'yes' if target['cpu_met'] else 'no'} |"
+            )
         lines.append("")
-    lines += ["![tokens/s by mode and category](tokens_per_s.png)", "",
-              "![acceptance by draft position](acceptance_by_position.png)", "", "![K sweep](k_sweep.png)", ""]
+    lines += [
+        "![tokens/s by mode and category](tokens_per_s.png)",
+        "",
+        "![acceptance by draft position](acceptance_by_position.png)",
+        "",
+        "![K sweep](k_sweep.png)",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -304,15 +383,28 @@ def plot(data: dict, out: Path) -> list[Path]:
         for ax, (name, sweep) in zip(row_axes, sweeps):
             for category in categories:
                 ks = [int(k) for k in sweep[category]]
-                values = [rows[next(m["label"] for m in data["modes"] if m["name"] == name and m["k"] == k)]
-                          [category][key] for k in ks]
+                values = [
+                    rows[next(m["label"] for m in data["modes"] if m["name"] == name and m["k"] == k)][category][key]
+                    for k in ks
+                ]
                 line = ax.plot(ks, values, marker="o", label=f"{name}, {category}")[0]
                 for reference, style in (("none", ":"), ("adaptive", "--")):
-                    ref = next((label for label in labels if label == reference or label.startswith(reference + " (")
-                                and f"({name}," in label), None)
+                    ref = next(
+                        (
+                            label
+                            for label in labels
+                            if label == reference or label.startswith(reference + " (") and f"({name}," in label
+                        ),
+                        None,
+                    )
                     if ref is not None:
-                        ax.axhline(rows[ref][category][key], color=line.get_color(), linestyle=style, lw=1,
-                                   label=f"{ref.split(' (')[0]}, {category}")
+                        ax.axhline(
+                            rows[ref][category][key],
+                            color=line.get_color(),
+                            linestyle=style,
+                            lw=1,
+                            label=f"{ref.split(' (')[0]}, {category}",
+                        )
                 ax.set_xticks(ks)
             ax.set_ylim(bottom=0)
             ax.set_xlabel("K (draft tokens per step)")

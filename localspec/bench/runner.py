@@ -2,6 +2,7 @@
 
 Interleaving makes the ratios between modes fair on a shared, noisy machine: a slow minute hits all modes alike.
 """
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,9 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -51,9 +53,14 @@ def load_average() -> dict:
 
 
 def machine_info() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "python": platform.python_version()}
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+    }
 
 
 def _progress_bar(total: int, enabled: bool):
@@ -75,15 +82,25 @@ def verify_costs(session) -> dict[str, float]:
     return {str(t): s * 1e3 for t, s in measured.items()}
 
 
-def run_bench(session, prompts: list[BenchPrompt], modes: list[Mode], max_new_tokens: int,
-              notes: Optional[list[str]] = None, progress: bool = True, warmup: bool = True,
-              on_result: Optional[Callable[[PromptRecord, Mode, RunResult], None]] = None,
-              measure_rows: bool = True) -> BenchRun:
+def run_bench(
+    session,
+    prompts: list[BenchPrompt],
+    modes: list[Mode],
+    max_new_tokens: int,
+    notes: Optional[list[str]] = None,
+    progress: bool = True,
+    warmup: bool = True,
+    on_result: Optional[Callable[[PromptRecord, Mode, RunResult], None]] = None,
+    measure_rows: bool = True,
+) -> BenchRun:
     machine = machine_info()
     machine["load_before"] = load_average()
     dtype = session.loaded.dtype
-    machine["dtype"] = dtype.to_dict() if dtype is not None else {"dtype": session.loaded.spec.target.dtype,
-                                                                  "text": session.loaded.spec.target.dtype}
+    machine["dtype"] = (
+        dtype.to_dict()
+        if dtype is not None
+        else {"dtype": session.loaded.spec.target.dtype, "text": session.loaded.spec.target.dtype}
+    )
     machine["verify_ms"] = verify_costs(session) if measure_rows else {}
     encoded = []
     for prompt in prompts:
@@ -102,8 +119,10 @@ def run_bench(session, prompts: list[BenchPrompt], modes: list[Mode], max_new_to
             if on_result is not None:
                 on_result(record, mode, result)
             if bar is not None:
-                bar.set_postfix_str(f"{record.prompt.prompt_id} {mode.label}: "
-                                    f"{len(result.token_ids) / max(result.seconds, 1e-9):.1f} tok/s")
+                bar.set_postfix_str(
+                    f"{record.prompt.prompt_id} {mode.label}: "
+                    f"{len(result.token_ids) / max(result.seconds, 1e-9):.1f} tok/s"
+                )
                 bar.update(1)
         samples.append(os.getloadavg()[0])
     if bar is not None:

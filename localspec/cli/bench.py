@@ -1,10 +1,12 @@
 """`localspec bench`: our engine's modes side by side with Hugging Face generate(), on the same loaded weights."""
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 from localspec.config import ConfigError, check_k
+
 from .common import add_model_options
 
 DEFAULT_MODES = ("hf", "hf-fp32", "hf-pld", "hf-assisted", "none", "ngram", "draft", "head", "adaptive")
@@ -12,31 +14,62 @@ DEFAULT_MODES = ("hf", "hf-fp32", "hf-pld", "hf-assisted", "none", "ngram", "dra
 
 def add_parser(sub) -> None:
     parser = sub.add_parser(
-        "bench", help="benchmark our modes against transformers generate() (MT-Bench + HumanEval by default)",
+        "bench",
+        help="benchmark our modes against transformers generate() (MT-Bench + HumanEval by default)",
         description="Runs every mode on every prompt, interleaved prompt by prompt after a warm-up, greedy, and "
-                    "writes results.json, results.md and PNG plots into --out.")
+        "writes results.json, results.md and PNG plots into --out.",
+    )
     add_model_options(parser)
-    parser.add_argument("--prompts", nargs="+", default=None, metavar="FILE",
-                        help="prompt files (.jsonl[.gz] with turns/prompt/text/messages, or .txt one per line); "
-                             "default: MT-Bench first turns and HumanEval from ../shared/data")
-    parser.add_argument("--held-out", action="store_true",
-                        help="only the default sets' prompts that `localspec distill` never trains on (MT-Bench "
-                             "151-160, HumanEval 150-163): the fair set for a trained head or draft")
+    parser.add_argument(
+        "--prompts",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="prompt files (.jsonl[.gz] with turns/prompt/text/messages, or .txt one per line); "
+        "default: MT-Bench first turns and HumanEval from ../shared/data",
+    )
+    parser.add_argument(
+        "--held-out",
+        action="store_true",
+        help="only the default sets' prompts that `localspec distill` never trains on (MT-Bench "
+        "151-160, HumanEval 150-163): the fair set for a trained head or draft",
+    )
     parser.add_argument("--limit", type=int, default=10, help="prompts taken from each set (default: %(default)s)")
-    parser.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), metavar="MODE",
-                        help=f"from {', '.join(DEFAULT_MODES)} (default: all that the pair supports)")
-    parser.add_argument("--k", nargs="+", type=int, default=None, metavar="K",
-                        help="K values for ngram / draft / head (a K sweep when several; default: the entry's k)")
-    parser.add_argument("--hf-k", type=int, default=None, help="prompt_lookup_num_tokens for hf-pld (default: the "
-                                                               "entry's k)")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=list(DEFAULT_MODES),
+        metavar="MODE",
+        help=f"from {', '.join(DEFAULT_MODES)} (default: all that the pair supports)",
+    )
+    parser.add_argument(
+        "--k",
+        nargs="+",
+        type=int,
+        default=None,
+        metavar="K",
+        help="K values for ngram / draft / head (a K sweep when several; default: the entry's k)",
+    )
+    parser.add_argument(
+        "--hf-k", type=int, default=None, help="prompt_lookup_num_tokens for hf-pld (default: the entry's k)"
+    )
     parser.add_argument("--adaptive-max-k", type=int, default=8, help="largest K adaptive may pick (default: 8)")
-    parser.add_argument("--adaptive-proposers", nargs="+", default=None, metavar="P",
-                        help="run adaptive once over each of these proposers (default: the entry's default_proposer)")
+    parser.add_argument(
+        "--adaptive-proposers",
+        nargs="+",
+        default=None,
+        metavar="P",
+        help="run adaptive once over each of these proposers (default: the entry's default_proposer)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice). On a busy machine 1 is far steadier: at "
-                        "load 10 on 2 cores, a 1-token step takes about 78 ms with 1 thread and 2 s with 2 (OpenMP "
-                        "threads waiting on each other)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's choice). On a busy machine 1 is far steadier: at "
+        "load 10 on 2 cores, a 1-token step takes about 78 ms with 1 thread and 2 s with 2 (OpenMP "
+        "threads waiting on each other)",
+    )
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up pass")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--out", default="bench-out", help="output folder (default: %(default)s)")
@@ -45,6 +78,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from localspec.bench import load_prompts, parse_modes, run_bench
     from localspec.bench.report import to_markdown, write_report
+
     from .common import load_session
 
     if args.max_new_tokens < 1:
@@ -63,10 +97,13 @@ def run(args) -> int:
     modes, notes = parse_modes(args.modes, ks, session, args.adaptive_max_k, args.hf_k, args.adaptive_proposers)
     for note in notes:
         print(f"localspec bench: {note}", file=sys.stderr)
-    print(f"localspec bench: {len(prompts)} prompts × {len(modes)} modes ({', '.join(m.label for m in modes)})",
-          file=sys.stderr)
-    result = run_bench(session, prompts, modes, args.max_new_tokens, notes, progress=not args.no_progress,
-                       warmup=not args.no_warmup)
+    print(
+        f"localspec bench: {len(prompts)} prompts × {len(modes)} modes ({', '.join(m.label for m in modes)})",
+        file=sys.stderr,
+    )
+    result = run_bench(
+        session, prompts, modes, args.max_new_tokens, notes, progress=not args.no_progress, warmup=not args.no_warmup
+    )
     data = write_report(result, Path(args.out))
     print(to_markdown(data))
     print(f"localspec bench: wrote {Path(args.out) / 'results.json'}, results.md and plots", file=sys.stderr)

@@ -6,12 +6,13 @@ timing, as the engine makes them. On CUDA every call is timed alone with CUDA ev
 so launch gaps count. Without CUDA, Triton runs only in its interpreter, which is no speed measurement: the fused
 column is left empty unless --include-interpreter asks for it (then with few repeats).
 """
+
 from __future__ import annotations
 
 import json
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -21,8 +22,10 @@ from localspec.verify.checks import make_verify_case
 DEFAULT_VOCABS = (32000, 49152, 151936)
 DEFAULT_KS = (4, 8)
 DEFAULT_BATCHES = (1, 8)
-NO_CUDA_NOTE = ("no CUDA here: the fused kernel can only run in Triton's interpreter, which measures nothing about "
-                "speed, so only the torch reference is timed (--include-interpreter times the interpreter anyway)")
+NO_CUDA_NOTE = (
+    "no CUDA here: the fused kernel can only run in Triton's interpreter, which measures nothing about "
+    "speed, so only the torch reference is timed (--include-interpreter times the interpreter anyway)"
+)
 
 
 def add_parser(sub) -> None:
@@ -30,14 +33,22 @@ def add_parser(sub) -> None:
     parser.add_argument("--vocab", type=int, nargs="+", default=list(DEFAULT_VOCABS), help="V values")
     parser.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_KS), help="K values")
     parser.add_argument("--batch", type=int, nargs="+", default=list(DEFAULT_BATCHES), help="B values")
-    parser.add_argument("--mode", choices=("greedy", "stochastic", "both"), default="both",
-                        help="greedy (temperature 0) or stochastic (T=1, draft-model probabilities)")
-    parser.add_argument("--repeats", type=int, default=None,
-                        help="timed calls per sampler (default 100 on CUDA, 5 on CPU)")
+    parser.add_argument(
+        "--mode",
+        choices=("greedy", "stochastic", "both"),
+        default="both",
+        help="greedy (temperature 0) or stochastic (T=1, draft-model probabilities)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="timed calls per sampler (default 100 on CUDA, 5 on CPU)"
+    )
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 10 on CUDA, 1 on CPU)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--include-interpreter", action="store_true",
-                        help="without CUDA, time the fused kernel in Triton's interpreter too (2 repeats)")
+    parser.add_argument(
+        "--include-interpreter",
+        action="store_true",
+        help="without CUDA, time the fused kernel in Triton's interpreter too (2 repeats)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
@@ -91,16 +102,30 @@ def run_bench(args) -> dict:
         for k in args.k:
             for batch in args.batch:
                 for mode in modes:
-                    case = make_verify_case(0, batch, k, vocab, temperature=0.0 if mode == "greedy" else 1.0,
-                                            with_draft_probs=True, device=device)
-                    torch_us = _time_calls(lambda: case.run(rejection_sample), repeats, warmup, device)
+                    case = make_verify_case(
+                        0,
+                        batch,
+                        k,
+                        vocab,
+                        temperature=0.0 if mode == "greedy" else 1.0,
+                        with_draft_probs=True,
+                        device=device,
+                    )
+                    torch_us = _time_calls(lambda case=case: case.run(rejection_sample), repeats, warmup, device)
                     fused_us = None
                     if fused is not None:
-                        fused_us = _time_calls(lambda: case.run(fused), fused_repeats, fused_warmup, device)
-                    rows.append({"vocab": vocab, "k": k, "batch": batch, "mode": mode,
-                                 "torch_us": round(torch_us, 2),
-                                 "fused_us": None if fused_us is None else round(fused_us, 2),
-                                 "speedup": None if fused_us is None else round(torch_us / fused_us, 3)})
+                        fused_us = _time_calls(lambda case=case: case.run(fused), fused_repeats, fused_warmup, device)
+                    rows.append(
+                        {
+                            "vocab": vocab,
+                            "k": k,
+                            "batch": batch,
+                            "mode": mode,
+                            "torch_us": round(torch_us, 2),
+                            "fused_us": None if fused_us is None else round(fused_us, 2),
+                            "speedup": None if fused_us is None else round(torch_us / fused_us, 3),
+                        }
+                    )
     return {"device": str(device), "fused": fused_mode, "repeats": repeats, "note": note, "rows": rows}
 
 
@@ -109,14 +134,18 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"bench-sampler: device {result['device']}, fused kernel {result['fused']}, "
-          f"median of {result['repeats']} calls; speedup = torch µs / fused µs")
+    print(
+        f"bench-sampler: device {result['device']}, fused kernel {result['fused']}, "
+        f"median of {result['repeats']} calls; speedup = torch µs / fused µs"
+    )
     if result["note"]:
         print(f"note: {result['note']}")
     print(f"{'V':>7} {'K':>2} {'B':>2} {'mode':<10} {'torch µs':>10} {'fused µs':>10} {'speedup':>8}")
     for row in result["rows"]:
         fused = "—" if row["fused_us"] is None else f"{row['fused_us']:.1f}"
         speedup = "—" if row["speedup"] is None else f"{row['speedup']:.2f}x"
-        print(f"{row['vocab']:>7} {row['k']:>2} {row['batch']:>2} {row['mode']:<10} {row['torch_us']:>10.1f} "
-              f"{fused:>10} {speedup:>8}")
+        print(
+            f"{row['vocab']:>7} {row['k']:>2} {row['batch']:>2} {row['mode']:<10} {row['torch_us']:>10.1f} "
+            f"{fused:>10} {speedup:>8}"
+        )
     return 0

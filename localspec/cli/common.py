@@ -1,4 +1,5 @@
 """Options shared by the subcommands that load a model pair."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,12 @@ def add_spec_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--proposer", choices=PROPOSERS, default=None, help="default: the entry's default_proposer")
     parser.add_argument("--k", type=int, default=None, help="draft tokens per step (default: the entry's k)")
     parser.add_argument("--sampler", choices=SAMPLERS, default="auto", help="rejection sampler implementation")
-    parser.add_argument("--adaptive", choices=("on", "off"), default=None,
-                        help="pick K ≤ --k each step from measured costs (off = always K); default: the entry's setting")
+    parser.add_argument(
+        "--adaptive",
+        choices=("on", "off"),
+        default=None,
+        help="pick K ≤ --k each step from measured costs (off = always K); default: the entry's setting",
+    )
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -44,11 +49,13 @@ def check_spec_options(args, pair) -> None:
     """--proposer, --k and --sampler against the entry, before any model loads (a refusal takes no time)."""
     from localspec.config import ConfigError, SpecConfig
 
-    spec = SpecConfig(proposer=args.proposer or pair.default_proposer, k=pair.k if args.k is None else args.k,
-                      sampler=args.sampler).validate()
+    spec = SpecConfig(
+        proposer=args.proposer or pair.default_proposer, k=pair.k if args.k is None else args.k, sampler=args.sampler
+    ).validate()
     if spec.proposer not in pair.proposers:
-        raise ConfigError(f"model pair {pair.name!r} has no {spec.proposer!r} proposer; it has: "
-                          f"{', '.join(pair.proposers)}")
+        raise ConfigError(
+            f"model pair {pair.name!r} has no {spec.proposer!r} proposer; it has: {', '.join(pair.proposers)}"
+        )
 
 
 def load_session(args, load_draft: bool = True, pair=None):
@@ -56,6 +63,11 @@ def load_session(args, load_draft: bool = True, pair=None):
     from localspec.chat import ChatSession
     from localspec.models import loading
 
-    loaded = loading.load_pair(pair or resolve_pair(args), quant=args.quant, device=args.device,
-                               load_draft=load_draft, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    loaded = loading.load_pair(
+        pair or resolve_pair(args),
+        quant=args.quant,
+        device=args.device,
+        load_draft=load_draft,
+        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )
     return ChatSession(loaded)

@@ -5,12 +5,14 @@ stayed lossless, and c = head step time / target one-token step time. --top-k in
 target's greedy answers, how often the target's token is in the head's top 1-4 per draft step. Exits 1 when the
 head's greedy output differs from the target's.
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 from localspec.config import ConfigError, check_k
+
 from .common import DEFAULT_MODELS_YAML
 
 
@@ -24,9 +26,12 @@ def add_parser(sub) -> None:
     parser.add_argument("--k", type=int, default=4, help="draft tokens per step")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", default=None, help="also write the report here")
-    parser.add_argument("--top-k", action="store_true",
-                        help="instead: teacher-forced on the target's greedy answers, how often its token is in the "
-                             "head's top 1-4 per draft step (the headroom of a token tree over a chain)")
+    parser.add_argument(
+        "--top-k",
+        action="store_true",
+        help="instead: teacher-forced on the target's greedy answers, how often its token is in the "
+        "head's top 1-4 per draft step (the headroom of a token tree over a chain)",
+    )
 
 
 def run(args) -> int:
@@ -49,7 +54,7 @@ def run(args) -> int:
     session = ChatSession(load_pair(find_pair(load_registry(args.models), args.model), device="cpu"))
     prompts = held_out_prompts()
     n = args.prompts
-    chosen = prompts if n >= len(prompts) else prompts[: n // 2] + prompts[len(prompts) - (n - n // 2):]
+    chosen = prompts if n >= len(prompts) else prompts[: n // 2] + prompts[len(prompts) - (n - n // 2) :]
     if args.top_k:
         head = load_head_proposer(args.head, session.loaded.target, "cpu").head
         sampling = SamplingParams(max_new_tokens=args.max_new_tokens)  # greedy
@@ -63,8 +68,13 @@ def run(args) -> int:
             print(f"draft step {step}: " + "  ".join(f"top-{k} {share:.3f}" for k, share in zip(TOP_KS, row)))
         result, status = {"prompts": len(chosen), "top_k_by_step": shares}, 0
     else:
-        report = evaluate_head(session, chosen, lambda: load_head_proposer(args.head, session.loaded.target, "cpu"),
-                               k=args.k, max_new_tokens=args.max_new_tokens)
+        report = evaluate_head(
+            session,
+            chosen,
+            lambda: load_head_proposer(args.head, session.loaded.target, "cpu"),
+            k=args.k,
+            max_new_tokens=args.max_new_tokens,
+        )
         result, status = report.to_dict(), 0 if report.lossless else 1
         print(json.dumps(result, indent=1))
     if args.json:

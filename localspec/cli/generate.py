@@ -1,4 +1,5 @@
 """`localspec generate`: one answer, printed as it streams, or as one JSON object."""
+
 from __future__ import annotations
 
 import json
@@ -28,10 +29,17 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              max_new_tokens=args.max_new_tokens, seed=args.seed).validate()
-    messages = validate_messages(([{"role": "system", "content": args.system}] if args.system else []) + [
-        {"role": "user", "content": args.prompt}])
+    sampling = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+    ).validate()
+    messages = validate_messages(
+        ([{"role": "system", "content": args.system}] if args.system else [])
+        + [{"role": "user", "content": args.prompt}]
+    )
     if not args.prompt.strip():
         raise ConfigError("the message is empty; give --prompt some text")
     pair = resolve_pair(args)
@@ -48,28 +56,36 @@ def run(args) -> int:
             sys.stdout.flush()
     stats = last.stats if last else None
     if args.json:
-        print(json.dumps({
-            "model": session.loaded.spec.name,
-            "proposer": spec.proposer,
-            "k": spec.k,
-            "adaptive": spec.adaptive,
-            "quant": session.loaded.quant,
-            "dtype": session.loaded.dtype.to_dict() if session.loaded.dtype is not None else None,
-            "text": "".join(t.text for t in tokens),
-            "token_ids": [t.token_id for t in tokens],
-            "events": [t.to_dict() for t in tokens],
-            "finish_reason": last.finish_reason if last else None,
-            "error": last.error if last else None,
-            "stats": stats.to_dict() if stats else {},
-        }, ensure_ascii=False))
+        print(
+            json.dumps(
+                {
+                    "model": session.loaded.spec.name,
+                    "proposer": spec.proposer,
+                    "k": spec.k,
+                    "adaptive": spec.adaptive,
+                    "quant": session.loaded.quant,
+                    "dtype": session.loaded.dtype.to_dict() if session.loaded.dtype is not None else None,
+                    "text": "".join(t.text for t in tokens),
+                    "token_ids": [t.token_id for t in tokens],
+                    "events": [t.to_dict() for t in tokens],
+                    "finish_reason": last.finish_reason if last else None,
+                    "error": last.error if last else None,
+                    "stats": stats.to_dict() if stats else {},
+                },
+                ensure_ascii=False,
+            )
+        )
     else:
         print()
         if session.loaded.dtype is not None:
             print(f"[dtype {session.loaded.dtype.describe()}]", file=sys.stderr)
         if stats:
-            print(f"[{spec.proposer} K={spec.k}] {stats.emitted} tokens, {stats.tokens_per_s:.1f} tok/s, "
-                  f"accepted {stats.accepted}/{stats.drafted} draft tokens ({stats.acceptance_rate:.0%}), "
-                  f"{stats.mean_acceptance_length:.2f} tokens per target forward", file=sys.stderr)
+            print(
+                f"[{spec.proposer} K={spec.k}] {stats.emitted} tokens, {stats.tokens_per_s:.1f} tok/s, "
+                f"accepted {stats.accepted}/{stats.drafted} draft tokens ({stats.acceptance_rate:.0%}), "
+                f"{stats.mean_acceptance_length:.2f} tokens per target forward",
+                file=sys.stderr,
+            )
     if last is not None and last.finish_reason == "error":
         print(f"localspec: {last.error}", file=sys.stderr)
         return 1

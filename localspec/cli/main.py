@@ -1,4 +1,5 @@
 """The `localspec` command. Each subcommand lives in localspec/cli/<name>.py with add_parser() and run()."""
+
 from __future__ import annotations
 
 import argparse

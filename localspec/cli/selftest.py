@@ -9,24 +9,28 @@
    token for token, or except at a near-tie below the path's measured rounding bound. The guarantee is printed.
 Exit code 0 when nothing failed, 1 otherwise.
 """
+
 from __future__ import annotations
 
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 
 from localspec.config import SamplingParams
 from localspec.verify import get_verifier, rejection_sample, triton_available
 from localspec.verify.checks import compare_outputs, emitted_distribution_pvalues, make_verify_case
+
 from .common import add_model_options
 
 # short answers that repeat themselves, so the n-gram proposer gets drafts accepted and rejected
-PROMPTS = ("List the numbers from 1 to 12, separated by commas.",
-           "Repeat this sentence three times: the cat sat on the mat.")
+PROMPTS = (
+    "List the numbers from 1 to 12, separated by commas.",
+    "Repeat this sentence three times: the cat sat on the mat.",
+)
 GREEDY_TOKENS = 24
 CHI_SQUARE_SAMPLES = 20000
 MIN_P = 1e-4
@@ -85,8 +89,9 @@ def chi_square_cases() -> list[tuple[str, torch.Tensor, torch.Tensor | None, Sam
 def check_chi_square(name: str, sampler: Callable, device: torch.device) -> CheckResult:
     worst, parts = 1.0, []
     for label, target_probs, draft_probs, sampling in chi_square_cases():
-        p1, p2, pb, _n2, _nb = emitted_distribution_pvalues(sampler, target_probs, draft_probs, sampling,
-                                                            samples=CHI_SQUARE_SAMPLES, device=device)
+        p1, p2, pb, _n2, _nb = emitted_distribution_pvalues(
+            sampler, target_probs, draft_probs, sampling, samples=CHI_SQUARE_SAMPLES, device=device
+        )
         worst = min(worst, p1, p2, pb)
         parts.append(f"{label}: min p {min(p1, p2, pb):.3g}")
     status = "pass" if worst > MIN_P else "fail"
@@ -110,8 +115,9 @@ def check_kernel_vs_reference(device: torch.device) -> CheckResult:
     for vocab in vocabs:
         for batch, k in shapes:
             for seed, (temperature, with_draft) in enumerate([(0.0, False), (0.0, True), (0.7, False), (1.3, True)]):
-                case = make_verify_case(seed, batch, k, vocab, temperature=temperature, with_draft_probs=with_draft,
-                                        device=device)
+                case = make_verify_case(
+                    seed, batch, k, vocab, temperature=temperature, with_draft_probs=with_draft, device=device
+                )
                 problems = compare_outputs(case.run(fused_rejection_sample), case.run(rejection_sample))
                 cases += 1
                 if problems:
@@ -126,6 +132,7 @@ def check_greedy_lossless(args, device: torch.device, info: dict) -> CheckResult
     from localspec.config import SpecConfig
     from localspec.verify.greedy_check import compare_greedy
     from localspec.verify.guarantee import guarantee_for_model
+
     from .common import load_session
 
     name = "greedy losslessness"
@@ -151,8 +158,12 @@ def check_greedy_lossless(args, device: torch.device, info: dict) -> CheckResult
         if not result.ok:
             return CheckResult(name, "fail", f"{prompt!r}: {result.detail} (guarantee: {guarantee.greedy})")
         details.append(f"{result.detail}, {accepted} drafts accepted")
-    return CheckResult(name, "pass", f"{loaded.spec.name}, {guarantee.path}, n-gram K={spec.k}, sampler "
-                                     f"{sampler_name}, greedy guarantee {guarantee.greedy}: " + "; ".join(details))
+    return CheckResult(
+        name,
+        "pass",
+        f"{loaded.spec.name}, {guarantee.path}, n-gram K={spec.k}, sampler "
+        f"{sampler_name}, greedy guarantee {guarantee.greedy}: " + "; ".join(details),
+    )
 
 
 def _timed(fn: Callable[[], CheckResult], name: str) -> CheckResult:
@@ -168,16 +179,29 @@ def _timed(fn: Callable[[], CheckResult], name: str) -> CheckResult:
 def run_checks(args) -> tuple[list[CheckResult], dict]:
     device = _device(args)
     fused_mode = _fused_mode(device)
-    results = [_timed(lambda: check_chi_square("sampler chi-square (torch reference)", rejection_sample, device),
-                      "sampler chi-square (torch reference)")]
+    results = [
+        _timed(
+            lambda: check_chi_square("sampler chi-square (torch reference)", rejection_sample, device),
+            "sampler chi-square (torch reference)",
+        )
+    ]
     if device.type == "cuda" and fused_mode.startswith("compiled"):
         from localspec.verify.triton_fused import fused_rejection_sample
 
-        results.append(_timed(lambda: check_chi_square("sampler chi-square (fused kernel)", fused_rejection_sample,
-                                                       device), "sampler chi-square (fused kernel)"))
+        results.append(
+            _timed(
+                lambda: check_chi_square("sampler chi-square (fused kernel)", fused_rejection_sample, device),
+                "sampler chi-square (fused kernel)",
+            )
+        )
     results.append(_timed(lambda: check_kernel_vs_reference(device), "fused kernel = reference"))
-    info = {"device": str(device), "torch": torch.__version__, "fused_kernel": fused_mode,
-            "sampler_auto": get_verifier("auto", device)[0], "guarantee": None}
+    info = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "fused_kernel": fused_mode,
+        "sampler_auto": get_verifier("auto", device)[0],
+        "guarantee": None,
+    }
     if args.skip_model:
         results.append(CheckResult("greedy losslessness", "skip", "--skip-model"))
     else:
@@ -191,8 +215,10 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"passed": passed, **info, "checks": [asdict(r) for r in results]}))
     else:
-        print(f"localspec selftest: device {info['device']}, torch {info['torch']}, fused kernel: "
-              f"{info['fused_kernel']}, sampler auto → {info['sampler_auto']}")
+        print(
+            f"localspec selftest: device {info['device']}, torch {info['torch']}, fused kernel: "
+            f"{info['fused_kernel']}, sampler auto → {info['sampler_auto']}"
+        )
         width = max(len(r.name) for r in results)
         print(f"{'check':<{width}}  result  {'time':>7}  detail")
         for r in results:

@@ -1,5 +1,6 @@
 """`localspec serve`: the OpenAI-compatible API (/v1/models, /v1/chat/completions, /v1/completions) and /metrics
 for one loaded pair, on 127.0.0.1 unless --host says otherwise (another host needs LOCALSPEC_API_KEY)."""
+
 from __future__ import annotations
 
 import sys
@@ -16,10 +17,17 @@ def add_parser(sub) -> None:
     add_model_options(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default: %(default)s)")
-    parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_WAITING,
-                        help="requests that may wait for the engine; one more gets 429 (default: %(default)s)")
-    parser.add_argument("--no-auth", action="store_true",
-                        help="bind a non-loopback --host without LOCALSPEC_API_KEY (anyone reaching it can use it)")
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=DEFAULT_MAX_WAITING,
+        help="requests that may wait for the engine; one more gets 429 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="bind a non-loopback --host without LOCALSPEC_API_KEY (anyone reaching it can use it)",
+    )
 
 
 def run(args) -> int:
@@ -40,8 +48,11 @@ def run(args) -> int:
     session = load_session(args)
     name = session.loaded.spec.name
     app = create_app(FixedBackend(pairs, name, session), admission, MetricsRecorder(admission), api_key)
-    print(f"Serving {name} on http://{args.host}:{args.port}/v1 (metrics: /metrics)"
-          f"{'; clients must send Authorization: Bearer $LOCALSPEC_API_KEY' if api_key else ''}",
-          file=sys.stderr, flush=True)
+    print(
+        f"Serving {name} on http://{args.host}:{args.port}/v1 (metrics: /metrics)"
+        f"{'; clients must send Authorization: Bearer $LOCALSPEC_API_KEY' if api_key else ''}",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -1,6 +1,7 @@
 """Corpus sequences → padded training windows. A window of N + 1 ids and N feature rows gives S = N - 1 query
 positions p = 1..N-1 (index i = p - 1): token x_p, previous features h_(p-1), target features h_p. A feature row is
 the target's last hidden state (F = H), or the outputs of some earlier layers followed by it (see features.py)."""
+
 from __future__ import annotations
 
 import random
@@ -26,9 +27,9 @@ def windows(sequences: list[tuple[torch.Tensor, torch.Tensor]], window: int) -> 
     out = []
     for ids, hidden in sequences:
         for start in range(0, hidden.shape[0], window):
-            piece_hidden = hidden[start: start + window]
+            piece_hidden = hidden[start : start + window]
             if piece_hidden.shape[0] >= 3:
-                out.append((ids[start: start + piece_hidden.shape[0] + 1], piece_hidden))
+                out.append((ids[start : start + piece_hidden.shape[0] + 1], piece_hidden))
     return out
 
 
@@ -41,9 +42,9 @@ def make_batch(pieces: list[tuple[torch.Tensor, torch.Tensor]], device: torch.de
     valid = torch.zeros((len(pieces), longest), dtype=torch.bool)
     for row, (ids, hidden) in enumerate(pieces):
         s = hidden.shape[0] - 1
-        tokens[row, :s] = ids[1: s + 1].long()
+        tokens[row, :s] = ids[1 : s + 1].long()
         prev_hidden[row, :s] = hidden[:s].float()
-        target_hidden[row, :s] = hidden[1: s + 1].float()
+        target_hidden[row, :s] = hidden[1 : s + 1].float()
         valid[row, :s] = True
     return Batch(tokens.to(device), prev_hidden.to(device), target_hidden.to(device), valid.to(device))
 
@@ -54,11 +55,11 @@ def iterate_batches(pieces: list, batch_size: int, seed: int, device="cpu"):
     while True:
         order = list(range(len(pieces)))
         rng.shuffle(order)
-        groups = [order[i: i + batch_size * 16] for i in range(0, len(order), batch_size * 16)]
+        groups = [order[i : i + batch_size * 16] for i in range(0, len(order), batch_size * 16)]
         batches = []
         for group in groups:
             group.sort(key=lambda i: pieces[i][1].shape[0])
-            batches.extend(group[i: i + batch_size] for i in range(0, len(group), batch_size))
+            batches.extend(group[i : i + batch_size] for i in range(0, len(group), batch_size))
         rng.shuffle(batches)
         for batch in batches:
             yield make_batch([pieces[i] for i in batch], device)
@@ -99,8 +100,9 @@ def token_counts(sequences: list, vocab_size: int) -> torch.Tensor:
     return counts
 
 
-def pick_draft_vocab(sequences: list, vocab_size: int, draft_vocab: int, always: set[int] = frozenset(),
-                     by_id_share: float = 0.5) -> torch.Tensor:
+def pick_draft_vocab(
+    sequences: list, vocab_size: int, draft_vocab: int, always: set[int] = frozenset(), by_id_share: float = 0.5
+) -> torch.Tensor:
     """The draft vocabulary, sorted by id: `always` (e.g. the stop tokens), then the most frequent tokens of the
     corpus for (1 - by_id_share) of it, then the lowest ids not yet chosen (a byte-level BPE numbers its tokens in
     merge order, roughly by frequency in the tokenizer's own training text), so a corpus narrower than the chats

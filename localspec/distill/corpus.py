@@ -8,11 +8,13 @@ is handled by build_text_corpus, at prefill speed.
 A head that reads multi-layer features gets them from load_corpus(feature_layers=…): one teacher-forced pass over
 the stored ids (prefill speed, ~1,000–1,300 positions/s on 2 threads here), cached per shard next to the corpus.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -20,17 +22,24 @@ Progress = Callable[[int, int, float], None]  # (done prompts, total prompts, to
 
 
 def encode_chat(tokenizer, prompt: str) -> list[int]:
-    out = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        tokenize=True)
+    out = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+    )
     if isinstance(out, dict) or hasattr(out, "input_ids"):
         out = out["input_ids"]
     return list(out)
 
 
 @torch.inference_mode()
-def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, stop_ids: set[int],
-                   temperature: float = 0.0, generator: Optional[torch.Generator] = None,
-                   pad_id: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def generate_batch(
+    model,
+    prompts_ids: list[list[int]],
+    max_new_tokens: int,
+    stop_ids: set[int],
+    temperature: float = 0.0,
+    generator: Optional[torch.Generator] = None,
+    pad_id: int = 0,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Left-padded batched decoding. Returns, per prompt, (ids [T], hidden [T-1, H]) over prompt + answer.
 
     transformers' generate with a static KV cache, written in place (64 answers × 160 tokens on 2 threads here:
@@ -44,17 +53,24 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, sto
     input_ids = torch.full((batch, longest), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((batch, longest), dtype=torch.long, device=device)
     for row, ids in enumerate(prompts_ids):
-        input_ids[row, longest - len(ids):] = torch.tensor(ids, device=device)
-        mask[row, longest - len(ids):] = 1
+        input_ids[row, longest - len(ids) :] = torch.tensor(ids, device=device)
+        mask[row, longest - len(ids) :] = 1
     hidden_steps: list[torch.Tensor] = []  # [B, longest, H] for the prompt, then [B, 1, H] per generated token
     hook = model.base_model.register_forward_hook(
-        lambda module, args, output: hidden_steps.append(output.last_hidden_state.to(torch.float16)))
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                              temperature=temperature if temperature > 0 else None, top_k=None, top_p=None,
-                              eos_token_id=sorted(stop_ids) or None, pad_token_id=pad_id,
-                              cache_implementation="static")
+        lambda module, args, output: hidden_steps.append(output.last_hidden_state.to(torch.float16))
+    )
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else None,
+        top_k=None,
+        top_p=None,
+        eos_token_id=sorted(stop_ids) or None,
+        pad_token_id=pad_id,
+        cache_implementation="static",
+    )
     if temperature > 0:  # generate samples from the global generator: seed it from ours
-        torch.manual_seed(int(torch.randint(2 ** 62, (1,), generator=generator)))
+        torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
     try:
         sequences = model.generate(input_ids, attention_mask=mask, generation_config=config)
     finally:
@@ -68,15 +84,26 @@ def generate_batch(model, prompts_ids: list[list[int]], max_new_tokens: int, sto
         n_answer = int(stopped[0]) + 1 if len(stopped) else answers.shape[1]
         seq = torch.tensor(ids + answers[row, :n_answer].tolist(), dtype=torch.int32)
         start = longest - len(ids)
-        hidden = all_hidden[row, start: start + len(seq) - 1].clone()  # [T-1, H]
+        hidden = all_hidden[row, start : start + len(seq) - 1].clone()  # [T-1, H]
         results.append((seq, hidden))
     return results
 
 
-def build_corpus(model, tokenizer, prompts: list[str], out_dir: Path, target_tokens: int, max_new_tokens: int = 256,
-                 batch_size: int = 8, temperatures: tuple[float, ...] = (0.0,), stop_ids: set[int] = frozenset(),
-                 max_prompt_tokens: int = 384, seed: int = 0, minutes: float | None = None,
-                 progress: Optional[Progress] = None) -> int:
+def build_corpus(
+    model,
+    tokenizer,
+    prompts: list[str],
+    out_dir: Path,
+    target_tokens: int,
+    max_new_tokens: int = 256,
+    batch_size: int = 8,
+    temperatures: tuple[float, ...] = (0.0,),
+    stop_ids: set[int] = frozenset(),
+    max_prompt_tokens: int = 384,
+    seed: int = 0,
+    minutes: float | None = None,
+    progress: Optional[Progress] = None,
+) -> int:
     """Generate answers to the prompts (greedy first, then sampled passes) until target_tokens are stored or time
     runs out; shards are written as they fill, and existing shards are kept (resume). Returns the token count."""
     out_dir = Path(out_dir)
@@ -94,7 +121,7 @@ def build_corpus(model, tokenizer, prompts: list[str], out_dir: Path, target_tok
             continue
         if tokens >= target_tokens or (minutes is not None and time.time() - t0 > minutes * 60):
             break
-        chunk = encoded[start: start + batch_size]
+        chunk = encoded[start : start + batch_size]
         results = generate_batch(model, chunk, max_new_tokens, set(stop_ids), temp, generator, pad_id)
         torch.save({"ids": [r[0] for r in results], "hidden": [r[1] for r in results]}, out_dir / f"{name}.pt")
         tokens += sum(len(r[0]) for r in results)
@@ -110,8 +137,9 @@ def corpus_tokens(out_dir: Path) -> int:
     return total
 
 
-def load_corpus(out_dir: Path, target=None, feature_layers: tuple[int, ...] = (),
-                progress: Optional[Callable[[str], None]] = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def load_corpus(
+    out_dir: Path, target=None, feature_layers: tuple[int, ...] = (), progress: Optional[Callable[[str], None]] = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every stored (ids [T], features [T-1, F]). With feature_layers, the features are the target's teacher-forced
     [layer outputs ; last hidden] (see features.py), computed once per shard and cached in
     out_dir/features-<layers>/."""
@@ -144,8 +172,9 @@ def shard_key(sequences: list[torch.Tensor]) -> list[tuple[int, int]]:
     return [(len(ids), int((ids.long() * torch.arange(1, len(ids) + 1)).sum())) for ids in sequences]
 
 
-def shard_features(target, sequences: list[torch.Tensor], feature_layers: tuple[int, ...],
-                   batch_tokens: int = 4096) -> list[torch.Tensor]:
+def shard_features(
+    target, sequences: list[torch.Tensor], feature_layers: tuple[int, ...], batch_tokens: int = 4096
+) -> list[torch.Tensor]:
     """Teacher-forced features [T-1, F] float16 for each id sequence; rows of similar length share a prefill."""
     from .stream import teacher_forced_pieces
 
@@ -163,9 +192,18 @@ def shard_features(target, sequences: list[torch.Tensor], feature_layers: tuple[
     return features
 
 
-def build_text_corpus(model, tokenizer, documents: list[tuple[str, str]], out_dir: Path, target_tokens: int,
-                      max_len: int = 512, batch_size: int = 4, shard_tokens: int = 16384,
-                      minutes: float | None = None, progress: Optional[Progress] = None) -> int:
+def build_text_corpus(
+    model,
+    tokenizer,
+    documents: list[tuple[str, str]],
+    out_dir: Path,
+    target_tokens: int,
+    max_len: int = 512,
+    batch_size: int = 4,
+    shard_tokens: int = 16384,
+    minutes: float | None = None,
+    progress: Optional[Progress] = None,
+) -> int:
     """Teacher forcing over (ask, answer) documents in the chat template; right-padded batches (causal attention
     keeps padding out of the real positions). Shards text-XXXXXX.pt are written as they fill; existing ones are
     skipped (resume)."""
@@ -188,8 +226,7 @@ def build_text_corpus(model, tokenizer, documents: list[tuple[str, str]], out_di
     def flush_shard():
         nonlocal shard_index, pending_ids, pending_hidden
         if pending_ids:
-            torch.save({"ids": pending_ids, "hidden": pending_hidden},
-                       out_dir / f"shard-text-{shard_index:06d}.pt")
+            torch.save({"ids": pending_ids, "hidden": pending_hidden}, out_dir / f"shard-text-{shard_index:06d}.pt")
             shard_index += 1
             pending_ids, pending_hidden = [], []
 

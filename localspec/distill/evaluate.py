@@ -1,5 +1,6 @@
 """Measure a head on held-out prompts: α, mean acceptance length, tokens/s against no proposer (same run,
 interleaved per prompt), lossless greedy output, and c = head step time / target one-token step time."""
+
 from __future__ import annotations
 
 import time
@@ -73,8 +74,9 @@ TOP_KS = (1, 2, 3, 4)  # the branch counts `--top-k` reports
 
 
 @torch.no_grad()
-def teacher_forced_top_k(head, target, rows: list[tuple[list[int], int]], steps: int = 3,
-                         ks: tuple[int, ...] = TOP_KS) -> list[list[float]]:
+def teacher_forced_top_k(
+    head, target, rows: list[tuple[list[int], int]], steps: int = 3, ks: tuple[int, ...] = TOP_KS
+) -> list[list[float]]:
     """rows: (prompt + the target's greedy answer, prompt length). For each draft step (training-time test: steps
     2.. read the head's own hidden states, with the answer's true tokens before them) and each k, the share of answer
     positions where the target's token is among the head's top k drafts. Top-1 is what a chain can accept; top-k is
@@ -100,8 +102,9 @@ def teacher_forced_top_k(head, target, rows: list[tuple[list[int], int]], steps:
     return [[h / max(c, 1) for h in row] for row, c in zip(hits, counts)]
 
 
-def evaluate_head(session, prompts: list[str], proposer_factory, k: int = 4, max_new_tokens: int = 128,
-                  log=print) -> HeldOutReport:
+def evaluate_head(
+    session, prompts: list[str], proposer_factory, k: int = 4, max_new_tokens: int = 128, log=print
+) -> HeldOutReport:
     """Greedy; for each prompt, runs no-proposer then head (same engine, same moment)."""
     engine = session.engine
     sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
@@ -130,15 +133,26 @@ def evaluate_head(session, prompts: list[str], proposer_factory, k: int = 4, max
                 per_pos_drafted[i] += d
         if spec_out != base:
             mismatched.append(index)
-        log(f"prompt {index}: {len(base)} tokens, α {stats.accepted}/{stats.drafted}, "
+        log(
+            f"prompt {index}: {len(base)} tokens, α {stats.accepted}/{stats.drafted}, "
             f"none {len(base) / t_none:.1f} tok/s, head {len(spec_out) / t_head:.1f} tok/s"
-            + ("" if spec_out == base else "  MISMATCH"))
+            + ("" if spec_out == base else "  MISMATCH")
+        )
     first_ids, _ = session.prompt_ids([{"role": "user", "content": prompts[0]}], 16)
     head_ms, target_ms = measure_c(session.loaded.target, proposer_factory, first_ids, k)
     return HeldOutReport(
-        prompts=len(prompts), k=k, max_new_tokens=max_new_tokens,
-        acceptance_rate=accepted / max(drafted, 1), mean_acceptance_length=emitted / max(forwards, 1),
+        prompts=len(prompts),
+        k=k,
+        max_new_tokens=max_new_tokens,
+        acceptance_rate=accepted / max(drafted, 1),
+        mean_acceptance_length=emitted / max(forwards, 1),
         per_position_acceptance=[a / d if d else 0.0 for a, d in zip(per_pos_accept, per_pos_drafted)],
-        tokens_per_s_head=head_tokens / head_s, tokens_per_s_none=none_tokens / none_s,
-        speedup=(head_tokens / head_s) / (none_tokens / none_s), lossless=not mismatched,
-        mismatched_prompts=mismatched, head_step_ms=head_ms, target_step_ms=target_ms, c=head_ms / target_ms)
+        tokens_per_s_head=head_tokens / head_s,
+        tokens_per_s_none=none_tokens / none_s,
+        speedup=(head_tokens / head_s) / (none_tokens / none_s),
+        lossless=not mismatched,
+        mismatched_prompts=mismatched,
+        head_step_ms=head_ms,
+        target_step_ms=target_ms,
+        c=head_ms / target_ms,
+    )

@@ -1,13 +1,15 @@
 """The whole distillation: corpus (the target's answers + optional teacher-forced offline text) → draft vocabulary
 → training with validation and early stopping → a folder models.yaml can name."""
+
 from __future__ import annotations
 
 import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -17,6 +19,7 @@ from localspec.heads.config import HEAD_KINDS, HeadConfig, target_shapes
 from localspec.heads.io import load_head, read_head_config, save_head
 from localspec.heads.model import FeatureHead, with_feature_layers
 from localspec.models.stop_tokens import stop_token_ids
+
 from .batches import pick_draft_vocab, split_validation, windows
 from .corpus import build_corpus, build_text_corpus, load_corpus
 from .train_head import expected_acceptance_length, train_head, ttt_forward
@@ -57,19 +60,23 @@ class DistillOptions:
     corpus_dir: Optional[Path] = None
     progress: bool = True
 
-    def validate(self) -> "DistillOptions":
+    def validate(self) -> DistillOptions:
         if self.kind not in KINDS:
             raise ConfigError(f"--kind must be one of {', '.join(KINDS)} (got {self.kind!r})")
-        if self.answer_tokens < 0 or self.text_tokens < 0 or (
-                self.answer_tokens + self.text_tokens <= 0 and not self.stream_text):
+        if (
+            self.answer_tokens < 0
+            or self.text_tokens < 0
+            or (self.answer_tokens + self.text_tokens <= 0 and not self.stream_text)
+        ):
             raise ConfigError("--tokens / --text-tokens / --stream-text must ask for some data")
         if not 0.0 <= self.answer_share <= 1.0:
             raise ConfigError("--answer-share must be from 0 to 1")
         if self.init is not None and self.kind == "draft":
             raise ConfigError("--init continues a trained head; it does not apply to --kind draft")
         if self.feature_layers and self.kind == "draft":
-            raise ConfigError("--feature-layers is for heads (eagle, eagle3, mtp); "
-                              "a standalone draft reads tokens only")
+            raise ConfigError(
+                "--feature-layers is for heads (eagle, eagle3, mtp); a standalone draft reads tokens only"
+            )
         if self.feature_layers != "auto" and any(not isinstance(i, int) or i < 0 for i in self.feature_layers):
             raise ConfigError(f"--feature-layers takes layer indices or 'auto' (got {self.feature_layers!r})")
         if self.draft_vocab < 0:
@@ -103,15 +110,23 @@ def resolve_feature_layers(options: DistillOptions, target: torch.nn.Module) -> 
     else:
         wanted = tuple(sorted(set(options.feature_layers))) or init_layers
     if not set(init_layers) <= set(wanted):
-        raise ConfigError(f"--init {options.init} reads layers {list(init_layers)}; it can be widened to more layers "
-                          f"but not retrained on {list(wanted)}")
+        raise ConfigError(
+            f"--init {options.init} reads layers {list(init_layers)}; it can be widened to more layers "
+            f"but not retrained on {list(wanted)}"
+        )
     if any(i >= num_layers - 1 for i in wanted):
         raise ConfigError(f"--feature-layers must be below the last layer ({num_layers - 1}); got {list(wanted)}")
     return wanted
 
 
-def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: DistillOptions,
-            log: Callable[[str], None] = print, documents: Optional[list] = None) -> dict:
+def distill(
+    target: torch.nn.Module,
+    tokenizer,
+    prompts: list[str],
+    options: DistillOptions,
+    log: Callable[[str], None] = print,
+    documents: Optional[list] = None,
+) -> dict:
     options.validate()
     torch.manual_seed(options.seed)
     t_start = time.time()
@@ -128,17 +143,34 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
     if options.answer_tokens:
         if not prompts:
             raise ConfigError("no training prompts (pass --prompts FILE, or keep ../shared/data next to the repo)")
-        build_corpus(target, tokenizer, prompts, corpus_dir, options.answer_tokens,
-                     max_new_tokens=options.max_new_tokens, batch_size=options.gen_batch_size,
-                     temperatures=options.temperatures, stop_ids=stops, seed=options.seed, minutes=corpus_minutes,
-                     progress=progress)
+        build_corpus(
+            target,
+            tokenizer,
+            prompts,
+            corpus_dir,
+            options.answer_tokens,
+            max_new_tokens=options.max_new_tokens,
+            batch_size=options.gen_batch_size,
+            temperatures=options.temperatures,
+            stop_ids=stops,
+            seed=options.seed,
+            minutes=corpus_minutes,
+            progress=progress,
+        )
     if options.text_tokens:
         from .text import offline_documents
 
         left = None if corpus_minutes is None else max(0.1, corpus_minutes - (time.time() - t_start) / 60)
         docs = documents if documents is not None else offline_documents(options.seed)
-        build_text_corpus(target, tokenizer, docs, corpus_dir,
-                          options.answer_tokens + options.text_tokens, minutes=left, progress=progress)
+        build_text_corpus(
+            target,
+            tokenizer,
+            docs,
+            corpus_dir,
+            options.answer_tokens + options.text_tokens,
+            minutes=left,
+            progress=progress,
+        )
     feature_layers = resolve_feature_layers(options, target)
     if feature_layers:
         log(f"features: target layers {list(feature_layers)} + the last hidden")
@@ -163,30 +195,52 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
             raise ConfigError("--stream-text found no offline text to teacher-force")
         if not val_pieces:  # no stored answers to validate on: hold back a few documents, kept out of training
             held = min(4 * options.batch_size, len(docs) // 2)
-            val_pieces = teacher_forced_documents(target, tokenizer, docs[len(docs) - held:], options.batch_size,
-                                                  options.window, feature_layers)
+            val_pieces = teacher_forced_documents(
+                target, tokenizer, docs[len(docs) - held :], options.batch_size, options.window, feature_layers
+            )
             docs = docs[: len(docs) - held]
-        fresh = text_batches(target, tokenizer, docs, options.batch_size, options.window, options.seed,
-                             feature_layers)
+        fresh = text_batches(target, tokenizer, docs, options.batch_size, options.window, options.seed, feature_layers)
         batches = mixed_batches(fresh, train_pieces, options.answer_share, options.batch_size, options.seed)
     minutes_left = None if options.minutes is None else max(0.2, options.minutes - (time.time() - t_start) / 60)
-    common = dict(steps=options.steps, out_dir=out, lr=options.lr, batch_size=options.batch_size,
-                  max_updates=options.max_updates, minutes=minutes_left, eval_every=options.eval_every,
-                  patience=options.patience, seed=options.seed, resume=options.resume, log=log,
-                  progress=options.progress, batches=batches)
+    common = dict(
+        steps=options.steps,
+        out_dir=out,
+        lr=options.lr,
+        batch_size=options.batch_size,
+        max_updates=options.max_updates,
+        minutes=minutes_left,
+        eval_every=options.eval_every,
+        patience=options.patience,
+        seed=options.seed,
+        resume=options.resume,
+        log=log,
+        progress=options.progress,
+        batches=batches,
+    )
     if options.kind == "draft":
         from .train_draft import draft_forward, make_draft, save_draft
 
         model = make_draft(target, options.draft_layers)
-        result = train_head(model, train_pieces, val_pieces, forward=draft_forward,
-                            save=lambda m: save_draft(m, tokenizer, out), **{**common, "steps": 1})
+        result = train_head(
+            model,
+            train_pieces,
+            val_pieces,
+            forward=draft_forward,
+            save=lambda m: save_draft(m, tokenizer, out),
+            **{**common, "steps": 1},
+        )
         model_size = trainable_parameters(model)
     else:
         vocab = target.config.vocab_size
         draft_vocab = options.draft_vocab or vocab
-        config = HeadConfig(kind=options.kind, num_modules=options.steps if options.kind == "mtp" else 1,
-                            draft_vocab_size=min(draft_vocab, vocab), max_k=options.steps,
-                            feature_layers=feature_layers, **target_shapes(target.config))
+        config = HeadConfig(
+            kind=options.kind,
+            num_modules=options.steps if options.kind == "mtp" else 1,
+            draft_vocab_size=min(draft_vocab, vocab),
+            max_k=options.steps,
+            feature_layers=feature_layers,
+            **target_shapes(target.config),
+        )
         if options.init is not None:
             head = load_head(options.init, target).train()
             if head.config.kind != options.kind:
@@ -204,17 +258,25 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
                 norm.weight.data.copy_(target.base_model.norm.weight.data)
             head.init_feature_proj()
         forward = functools.partial(ttt_forward, hard_weight=options.hard_label_weight)
-        result = train_head(head, train_pieces, val_pieces, save=lambda h: save_head(h, out), forward=forward,
-                            **common)
+        result = train_head(head, train_pieces, val_pieces, save=lambda h: save_head(h, out), forward=forward, **common)
         model_size = trainable_parameters(head)
     summary = {
-        "kind": options.kind, "corpus_tokens": corpus_tokens, "corpus_sequences": len(sequences),
-        "train_windows": len(train_pieces), "val_windows": len(val_pieces), "corpus_seconds": round(corpus_s, 1),
-        "train_minutes": round(result["minutes"], 2), "updates": result["updates"],
-        "stop_reason": result["stop_reason"], "best_val_loss": result["best_val_loss"],
-        "trainable_parameters": model_size, "steps": options.steps,
+        "kind": options.kind,
+        "corpus_tokens": corpus_tokens,
+        "corpus_sequences": len(sequences),
+        "train_windows": len(train_pieces),
+        "val_windows": len(val_pieces),
+        "corpus_seconds": round(corpus_s, 1),
+        "train_minutes": round(result["minutes"], 2),
+        "updates": result["updates"],
+        "stop_reason": result["stop_reason"],
+        "best_val_loss": result["best_val_loss"],
+        "trainable_parameters": model_size,
+        "steps": options.steps,
         "hard_label_weight": options.hard_label_weight,
-        "draft_vocab": options.draft_vocab, "feature_layers": list(feature_layers), "history": result["history"],
+        "draft_vocab": options.draft_vocab,
+        "feature_layers": list(feature_layers),
+        "history": result["history"],
     }
     last = [h for h in result["history"] if h.get("val_agreement")]
     if last:
@@ -224,4 +286,3 @@ def distill(target: torch.nn.Module, tokenizer, prompts: list[str], options: Dis
             summary["val_expected_acceptance_length"] = expected_acceptance_length(best["val_agreement"])
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-

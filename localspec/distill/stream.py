@@ -1,21 +1,25 @@
 """Teacher forcing inside the training loop: fresh offline text goes through the target as training needs it, so
 every update sees new tokens at prefill speed and nothing is stored (EAGLE-1's recipe: a fixed corpus, the
 target's features by teacher forcing). Stored windows (the target's own answers) can be mixed in at a set share."""
+
 from __future__ import annotations
 
 import random
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 import torch
 
 from localspec.engine.features import backbone_features
+
 from .batches import Batch, iterate_batches, make_batch
 from .text import chat_ids
 
 
 @torch.inference_mode()
-def teacher_forced_pieces(target: torch.nn.Module, token_rows: list[list[int]],
-                          feature_layers: tuple[int, ...] = ()) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def teacher_forced_pieces(
+    target: torch.nn.Module, token_rows: list[list[int]], feature_layers: tuple[int, ...] = ()
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One right-padded prefill over the rows (causal attention keeps the padding out of the real positions).
     Returns per row (ids [T] int32, features [T-1, F] float32): features[p] predicts ids[p + 1] (F = H, the last
     hidden state, unless feature_layers names earlier layers too; see features.py)."""
@@ -26,8 +30,9 @@ def teacher_forced_pieces(target: torch.nn.Module, token_rows: list[list[int]],
         input_ids[i, : len(row)] = torch.tensor(row, device=device)
     _, hidden = backbone_features(target.base_model, feature_layers, input_ids=input_ids)
     hidden = hidden.float()  # [B, T, F]
-    return [(torch.tensor(row, dtype=torch.int32), hidden[i, : len(row) - 1].clone())
-            for i, row in enumerate(token_rows)]
+    return [
+        (torch.tensor(row, dtype=torch.int32), hidden[i, : len(row) - 1].clone()) for i, row in enumerate(token_rows)
+    ]
 
 
 def document_ids(tokenizer, document: tuple[str, str], window: int) -> Optional[list[int]]:
@@ -36,16 +41,32 @@ def document_ids(tokenizer, document: tuple[str, str], window: int) -> Optional[
     return ids if len(ids) >= 8 else None
 
 
-def teacher_forced_documents(target: torch.nn.Module, tokenizer, documents: list[tuple[str, str]], batch_size: int,
-                             window: int, feature_layers: tuple[int, ...] = ()) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def teacher_forced_documents(
+    target: torch.nn.Module,
+    tokenizer,
+    documents: list[tuple[str, str]],
+    batch_size: int,
+    window: int,
+    feature_layers: tuple[int, ...] = (),
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every document once, as (ids, hidden) pieces (e.g. a validation set held back from the text stream)."""
     rows = [ids for ids in (document_ids(tokenizer, doc, window) for doc in documents) if ids is not None]
-    return [piece for start in range(0, len(rows), batch_size)
-            for piece in teacher_forced_pieces(target, rows[start: start + batch_size], feature_layers)]
+    return [
+        piece
+        for start in range(0, len(rows), batch_size)
+        for piece in teacher_forced_pieces(target, rows[start : start + batch_size], feature_layers)
+    ]
 
 
-def text_batches(target: torch.nn.Module, tokenizer, documents: list[tuple[str, str]], batch_size: int,
-                 window: int, seed: int = 0, feature_layers: tuple[int, ...] = ()) -> Iterator[Batch]:
+def text_batches(
+    target: torch.nn.Module,
+    tokenizer,
+    documents: list[tuple[str, str]],
+    batch_size: int,
+    window: int,
+    seed: int = 0,
+    feature_layers: tuple[int, ...] = (),
+) -> Iterator[Batch]:
     """Batches of fresh teacher-forced text, forever: each document used once per pass (passes reshuffle)."""
     rng = random.Random(seed)
     device = next(target.parameters()).device
@@ -65,8 +86,9 @@ def text_batches(target: torch.nn.Module, tokenizer, documents: list[tuple[str, 
             yield make_batch(teacher_forced_pieces(target, rows, feature_layers), device)
 
 
-def mixed_batches(fresh: Iterator[Batch], stored_pieces: Optional[list], stored_share: float, batch_size: int,
-                  seed: int = 0) -> Iterator[Batch]:
+def mixed_batches(
+    fresh: Iterator[Batch], stored_pieces: Optional[list], stored_share: float, batch_size: int, seed: int = 0
+) -> Iterator[Batch]:
     """Each batch is stored windows with probability `stored_share`, otherwise the next fresh batch."""
     rng = random.Random(seed + 1)
     stored = iterate_batches(stored_pieces, batch_size, seed) if stored_pieces and stored_share > 0 else None

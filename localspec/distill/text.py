@@ -1,15 +1,19 @@
 """Offline text for teacher-forced feature extraction: Python's standard library sources and the documentation
 shipped with installed packages, each piece wrapped as an assistant answer in the target's chat template (so the
 head sees the same context shape as in a chat)."""
+
 from __future__ import annotations
 
 import random
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-CODE_ASKS = ("Show me the Python code of the module `{name}`.", "Write the next part of `{name}` in Python.",
-             "Complete this Python code from `{name}`.")
+CODE_ASKS = (
+    "Show me the Python code of the module `{name}`.",
+    "Write the next part of `{name}` in Python.",
+    "Complete this Python code from `{name}`.",
+)
 PROSE_ASKS = ("Explain {name}.", "Write the documentation for {name}.", "Tell me about {name}.")
 
 
@@ -56,8 +60,9 @@ def offline_documents(seed: int = 0, chars: int = 1500, extra_roots: tuple = ())
 
 
 def chat_ids(tokenizer, ask: str, answer: str) -> list[int]:
-    out = tokenizer.apply_chat_template([{"role": "user", "content": ask}, {"role": "assistant", "content": answer}],
-                                        tokenize=True)
+    out = tokenizer.apply_chat_template(
+        [{"role": "user", "content": ask}, {"role": "assistant", "content": answer}], tokenize=True
+    )
     if isinstance(out, dict) or hasattr(out, "input_ids"):
         out = out["input_ids"]
     return list(out)

@@ -1,17 +1,20 @@
 """Train a feature-level head with training-time test: steps 2..K read the head's own fed-back hidden states,
 attending to real entries up to the chain's start plus the chain's own earlier entries, exactly as at inference."""
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from localspec.heads.model import FeatureHead
+
 from .batches import Batch, iterate_batches, make_batch
 
 
@@ -41,7 +44,7 @@ def chain_attention(q, real_k, real_v, offset: int, chain: list[tuple[torch.Tens
     weights_real = torch.nan_to_num(weights[..., :s])
     out = weights_real @ real_v
     for c, (_, v) in enumerate(chain):
-        out = out + weights[..., s + c: s + c + 1] * v.repeat_interleave(repeat, dim=1)
+        out = out + weights[..., s + c : s + c + 1] * v.repeat_interleave(repeat, dim=1)
     return out
 
 
@@ -52,9 +55,15 @@ class StepMetrics:
     positions: int
 
 
-def ttt_forward(head: FeatureHead, batch: Batch, steps: int, reg_weight: float = 0.1,
-                step_decay: float = 0.8, hard_weight: float = 0.0,
-                collect_logits: Optional[list] = None) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+def ttt_forward(
+    head: FeatureHead,
+    batch: Batch,
+    steps: int,
+    reg_weight: float = 0.1,
+    step_decay: float = 0.8,
+    hard_weight: float = 0.0,
+    collect_logits: Optional[list] = None,
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """Returns (loss, per-step agreement counts, per-step position counts). collect_logits, when given, receives each
     step's logits [B, S, Vd] over the draft vocabulary.
 
@@ -65,7 +74,7 @@ def ttt_forward(head: FeatureHead, batch: Batch, steps: int, reg_weight: float =
     config = head.config
     b, s = batch.tokens.shape
     prev_real = head.project_features(batch.prev_hidden)  # [B, S, H] what the head reads of the target at p - 1
-    target_last = batch.target_hidden[..., -config.hidden_size:]  # [B, S, H] the last hidden it predicts at p
+    target_last = batch.target_hidden[..., -config.hidden_size :]  # [B, S, H] the last hidden it predicts at p
     embedding = head.embedding[batch.tokens]  # [B, S, H]
     positions = torch.arange(1, s + 1, device=batch.tokens.device)
     cos, sin = head.rope(positions)
@@ -93,8 +102,11 @@ def ttt_forward(head: FeatureHead, batch: Batch, steps: int, reg_weight: float =
             real_kv[module] = (rk, rv)
         if step > 1:
             chain[step] = (module, k, v)
-        entries = [(shift(ck, step - i, dim=2), shift(cv, step - i, dim=2)) for i, (m, ck, cv) in sorted(chain.items())
-                   if m == module]
+        entries = [
+            (shift(ck, step - i, dim=2), shift(cv, step - i, dim=2))
+            for i, (m, ck, cv) in sorted(chain.items())
+            if m == module
+        ]
         out = chain_attention(q, *real_kv[module], step - 1, entries)
         hidden = head.norms[module](layer.finish(out, residual))  # [B, S, H]
         logits = hidden @ lm.T  # [B, S, Vd]
@@ -124,7 +136,7 @@ def evaluate(head, pieces: list, steps: int, batch_size: int = 8, forward=None) 
     agree = [0.0] * steps
     counts = [0.0] * steps
     for i in range(0, len(pieces), batch_size):
-        batch = make_batch(pieces[i: i + batch_size], device)
+        batch = make_batch(pieces[i : i + batch_size], device)
         loss, a, c = forward(head, batch, steps)
         loss_sum += float(loss)
         n_batches += 1
@@ -132,8 +144,7 @@ def evaluate(head, pieces: list, steps: int, batch_size: int = 8, forward=None) 
             agree[j] += float(a[j])
             counts[j] += float(c[j])
     head.train()
-    return StepMetrics(loss_sum / max(n_batches, 1), [a / max(c, 1) for a, c in zip(agree, counts)],
-                       int(counts[0]))
+    return StepMetrics(loss_sum / max(n_batches, 1), [a / max(c, 1) for a, c in zip(agree, counts)], int(counts[0]))
 
 
 def expected_acceptance_length(agreement: list[float]) -> float:
@@ -145,12 +156,26 @@ def expected_acceptance_length(agreement: list[float]) -> float:
     return total
 
 
-def train_head(head: torch.nn.Module, train_pieces: list, val_pieces: list, steps: int, out_dir: Path,
-               save: Callable[[FeatureHead], None], lr: float = 5e-4, batch_size: int = 8,
-               max_updates: int = 100_000, minutes: Optional[float] = None, eval_every: int = 200,
-               patience: int = 4, seed: int = 0, resume: bool = False,
-               log: Callable[[str], None] = print, progress: bool = True, forward=None,
-               batches: Optional[Iterator[Batch]] = None) -> dict:
+def train_head(
+    head: torch.nn.Module,
+    train_pieces: list,
+    val_pieces: list,
+    steps: int,
+    out_dir: Path,
+    save: Callable[[FeatureHead], None],
+    lr: float = 5e-4,
+    batch_size: int = 8,
+    max_updates: int = 100_000,
+    minutes: Optional[float] = None,
+    eval_every: int = 200,
+    patience: int = 4,
+    seed: int = 0,
+    resume: bool = False,
+    log: Callable[[str], None] = print,
+    progress: bool = True,
+    forward=None,
+    batches: Optional[Iterator[Batch]] = None,
+) -> dict:
     """AdamW with warmup + cosine decay; validation every eval_every updates keeps the best head (saved through
     `save`), stops after `patience` evaluations without improvement or when time runs out. A checkpoint
     (weights, optimizer, update count) is written at each evaluation for --resume. `batches` replaces the shuffled
@@ -206,20 +231,35 @@ def train_head(head: torch.nn.Module, train_pieces: list, val_pieces: list, step
         if update % eval_every == 0 or update == max_updates or out_of_time:
             metrics = evaluate(head, val_pieces, steps, batch_size, forward) if val_pieces else None
             val_loss = metrics.loss if metrics else float(loss)
-            record = {"update": update, "train_loss": float(loss), "val_loss": val_loss,
-                      "val_agreement": metrics.agreement if metrics else None,
-                      "minutes": (time.time() - t0) / 60}
+            record = {
+                "update": update,
+                "train_loss": float(loss),
+                "val_loss": val_loss,
+                "val_agreement": metrics.agreement if metrics else None,
+                "minutes": (time.time() - t0) / 60,
+            }
             history.append(record)
             agreement = ", ".join(f"{a:.2f}" for a in (metrics.agreement if metrics else []))
-            log(f"update {update}: train {float(loss):.3f}  val {val_loss:.3f}  agreement per step [{agreement}]"
-                + (f"  E≈{expected_acceptance_length(metrics.agreement):.2f}" if metrics else ""))
+            log(
+                f"update {update}: train {float(loss):.3f}  val {val_loss:.3f}  agreement per step [{agreement}]"
+                + (f"  E≈{expected_acceptance_length(metrics.agreement):.2f}" if metrics else "")
+            )
             if val_loss < best - 1e-4:
                 best, bad_evals = val_loss, 0
                 save(head)
             else:
                 bad_evals += 1
-            torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "update": update,
-                        "best": best, "bad_evals": bad_evals, "history": history}, checkpoint_path)
+            torch.save(
+                {
+                    "head": head.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "update": update,
+                    "best": best,
+                    "bad_evals": bad_evals,
+                    "history": history,
+                },
+                checkpoint_path,
+            )
             if bad_evals >= patience:
                 stop_reason = "early stopping (validation loss stopped improving)"
                 break
@@ -230,5 +270,10 @@ def train_head(head: torch.nn.Module, train_pieces: list, val_pieces: list, step
         bar.close()
     if best == float("inf"):
         save(head)
-    return {"updates": update, "best_val_loss": best, "stop_reason": stop_reason, "history": history,
-            "minutes": (time.time() - t0) / 60}
+    return {
+        "updates": update,
+        "best_val_loss": best,
+        "stop_reason": stop_reason,
+        "history": history,
+        "minutes": (time.time() - t0) / 60,
+    }

@@ -11,6 +11,7 @@ forgetting so the controller follows the text (chat vs code) within an answer.
 
 The controller is pure Python (no torch) so its decisions are unit-tested with synthetic numbers.
 """
+
 from __future__ import annotations
 
 import math
@@ -116,9 +117,19 @@ class AdaptiveController:
          nothing (no n-gram match) taught nothing and cost nothing: the next step probes again.
     """
 
-    def __init__(self, max_k: int, costs: CostModel | None = None, prior_acceptance: float = 0.5,
-                 prior_weight: float = 2.0, forget: float = 0.95, off_below: float = 1.0, on_above: float = 1.03,
-                 probe_budget: float = 0.02, min_probe_every: int = 4, max_probe_every: int = 64) -> None:
+    def __init__(
+        self,
+        max_k: int,
+        costs: CostModel | None = None,
+        prior_acceptance: float = 0.5,
+        prior_weight: float = 2.0,
+        forget: float = 0.95,
+        off_below: float = 1.0,
+        on_above: float = 1.03,
+        probe_budget: float = 0.02,
+        min_probe_every: int = 4,
+        max_probe_every: int = 64,
+    ) -> None:
         if max_k < 1:
             raise ValueError("max_k must be ≥ 1")
         self.max_k = max_k
@@ -191,8 +202,13 @@ class AdaptiveController:
             return None
         k, speedup = self.best()
         draft_c, verify = self.costs.ratios(self.max_k)
-        return {"k": k, "cost": k * draft_c + verify[k], "tokens": expected_tokens(self.acceptance(), k),
-                "speedup": speedup, "probe_every": self.probe_every(k)}
+        return {
+            "k": k,
+            "cost": k * draft_c + verify[k],
+            "tokens": expected_tokens(self.acceptance(), k),
+            "speedup": speedup,
+            "probe_every": self.probe_every(k),
+        }
 
     # -- the two calls the engine makes ----------------------------------------------------------------------------
     def choose_k(self) -> int:

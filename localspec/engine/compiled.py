@@ -9,6 +9,7 @@ are cropped right after. K changing from step to step therefore reuses the few g
 and so needs fixed shapes and addresses: the runner then uses transformers' StaticCache (the whole capacity is
 attended to, masked) instead of the preallocated cache that attends to the filled prefix only.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """What the engine yields. The UI, the CLI and the store only render or record these."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -27,16 +28,28 @@ class TokenEvent:
     text: str = ""  # filled by the chat layer; the engine knows only ids
 
     @classmethod
-    def accepted(cls, token_id: int, target_prob: float, draft_prob: float) -> "TokenEvent":
+    def accepted(cls, token_id: int, target_prob: float, draft_prob: float) -> TokenEvent:
         """A draft token the target kept."""
         return cls(token_id, "accepted", target_prob, draft_prob)
 
     @classmethod
-    def resampled(cls, token_id: int, target_prob: float, rejected_token_id: int, rejected_target_prob: float,
-                  rejected_draft_prob: float) -> "TokenEvent":
+    def resampled(
+        cls,
+        token_id: int,
+        target_prob: float,
+        rejected_token_id: int,
+        rejected_target_prob: float,
+        rejected_draft_prob: float,
+    ) -> TokenEvent:
         """The target's token in place of the draft token it rejected."""
-        return cls(token_id, "resampled", target_prob, rejected_token_id=rejected_token_id,
-                   rejected_target_prob=rejected_target_prob, rejected_draft_prob=rejected_draft_prob)
+        return cls(
+            token_id,
+            "resampled",
+            target_prob,
+            rejected_token_id=rejected_token_id,
+            rejected_target_prob=rejected_target_prob,
+            rejected_draft_prob=rejected_draft_prob,
+        )
 
     @property
     def acceptance_prob(self) -> Optional[float]:
@@ -76,7 +89,8 @@ class StepEvent:
     error: Optional[str] = None
 
     @classmethod
-    def finished_early(cls, stats: StatsSnapshot, reason: FinishReason, error: Optional[str] = None,
-                       drafted: int = 0) -> "StepEvent":
+    def finished_early(
+        cls, stats: StatsSnapshot, reason: FinishReason, error: Optional[str] = None, drafted: int = 0
+    ) -> StepEvent:
         """The answer ends without emitting this step: cancelled, or an error (with its message)."""
         return cls(propose_token_num=drafted, stats=stats, finished=True, finish_reason=reason, error=error)

@@ -5,6 +5,7 @@ One function serves the engine's verify forwards and teacher forcing (the text s
 multi-layer features), so a head is trained on exactly the features it reads at inference. The width F of one
 position's features is HeadConfig.feature_size.
 """
+
 from __future__ import annotations
 
 import torch

@@ -3,18 +3,21 @@
 Each step: draft K tokens → score K+1 positions in one target forward → rejection-sample → roll the cache back
 to what was kept → tell the proposer. Run (step.py) carries the answer's state from step to step.
 """
+
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.proposers.base import Proposer
 from localspec.verify import VerifyOutput, get_verifier, make_draws
+
 from .adaptive import AdaptiveController
 from .events import StepEvent
 from .metrics import StatsSnapshot
@@ -39,8 +42,14 @@ class Engine:
     def max_context(self) -> int:
         return self.target.max_context
 
-    def generate(self, prompt_ids: list[int], sampling: SamplingParams, spec: SpecConfig,
-                 proposer: Optional[Proposer] = None, cancel: Optional[threading.Event] = None) -> Iterator[StepEvent]:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        spec: SpecConfig,
+        proposer: Optional[Proposer] = None,
+        cancel: Optional[threading.Event] = None,
+    ) -> Iterator[StepEvent]:
         """Answer prompt_ids, one StepEvent per target forward. proposer None (or spec.proposer 'none') is plain
         autoregressive decoding through the same loop: the baseline every speedup is measured against."""
         run = self._start(prompt_ids, sampling, spec, None if spec.proposer == "none" else proposer)
@@ -49,11 +58,11 @@ class Engine:
                 self._prefill(run, prompt_ids)
                 yield from self._steps(run, cancel)
         except Exception as exc:  # a model that breaks mid-answer ends the answer with a message, not a traceback
-            yield StepEvent.finished_early(run.snapshot(), "error",
-                                           f"generation failed: {type(exc).__name__}: {exc}")
+            yield StepEvent.finished_early(run.snapshot(), "error", f"generation failed: {type(exc).__name__}: {exc}")
 
-    def _start(self, prompt_ids: list[int], sampling: SamplingParams, spec: SpecConfig,
-               proposer: Optional[Proposer]) -> Run:
+    def _start(
+        self, prompt_ids: list[int], sampling: SamplingParams, spec: SpecConfig, proposer: Optional[Proposer]
+    ) -> Run:
         sampling.validate()
         spec.validate()
         if not prompt_ids:
@@ -62,11 +71,19 @@ class Engine:
             raise ConfigError(f"the prompt has {len(prompt_ids)} tokens; this model's context holds {self.max_context}")
         max_k = spec.k if proposer is not None else 0
         self.sampler_name, verify = get_verifier(spec.sampler, self.target.device)
-        return Run(sampling=sampling, spec=spec, proposer=proposer, verify=verify,
-                   generator=torch.Generator(device=self.target.device).manual_seed(sampling.seed),
-                   max_new=min(sampling.max_new_tokens, self.max_context - len(prompt_ids)), max_k=max_k,
-                   context=list(prompt_ids), controllers=self.controllers, stats=StatsSnapshot.start(max_k),
-                   pending=prompt_ids[-1])
+        return Run(
+            sampling=sampling,
+            spec=spec,
+            proposer=proposer,
+            verify=verify,
+            generator=torch.Generator(device=self.target.device).manual_seed(sampling.seed),
+            max_new=min(sampling.max_new_tokens, self.max_context - len(prompt_ids)),
+            max_k=max_k,
+            context=list(prompt_ids),
+            controllers=self.controllers,
+            stats=StatsSnapshot.start(max_k),
+            pending=prompt_ids[-1],
+        )
 
     def _prefill(self, run: Run, prompt_ids: list[int]) -> None:
         """Cache the prompt but its last token (whose logits are the first verified position); start the proposer."""
@@ -74,8 +91,9 @@ class Engine:
         started = time.perf_counter()
         hidden = None
         if len(prompt_ids) > 1:
-            hidden = self.target.extend(prompt_ids[:-1], want_hidden=run.wants_hidden, logits_to_keep=0,
-                                        feature_layers=run.feature_layers).hidden
+            hidden = self.target.extend(
+                prompt_ids[:-1], want_hidden=run.wants_hidden, logits_to_keep=0, feature_layers=run.feature_layers
+            ).hidden
         if run.proposer is not None:
             run.proposer.begin(list(prompt_ids), hidden)
         run.stats = replace(run.stats, prefill_s=time.perf_counter() - started)
@@ -112,8 +130,9 @@ class Engine:
         """One target forward over the pending token and the K drafts, the rejection sampler, one host read."""
         device, k = self.target.device, proposal.k
         started = synced_clock(device)
-        forward = self.target.extend([run.pending] + proposal.token_ids, want_hidden=run.wants_hidden,
-                                     feature_layers=run.feature_layers)
+        forward = self.target.extend(
+            [run.pending] + proposal.token_ids, want_hidden=run.wants_hidden, feature_layers=run.feature_layers
+        )
         logits = forward.logits.unsqueeze(0)  # [1, K+1, V]
         scored = synced_clock(device)  # the forward has finished: the split is right on a GPU
         draws = None if run.sampling.greedy else make_draws(run.generator, 1, k, logits.shape[-1], device)
@@ -137,6 +156,14 @@ class Engine:
             run.proposer.on_verified(verdict.num_accepted, emitted, hidden)
         run.pending = emitted[-1]
         run.observe(outcome, len(emitted))
-        return StepEvent(tuple(tokens), proposal.propose_s * 1e6, outcome.score_s * 1e6, outcome.sampler_s * 1e6,
-                         propose_token_num=proposal.k, accept_token_num=verdict.num_accepted,
-                         stats=run.snapshot(), finished=finish_reason is not None, finish_reason=finish_reason)
+        return StepEvent(
+            tuple(tokens),
+            proposal.propose_s * 1e6,
+            outcome.score_s * 1e6,
+            outcome.sampler_s * 1e6,
+            propose_token_num=proposal.k,
+            accept_token_num=verdict.num_accepted,
+            stats=run.snapshot(),
+            finished=finish_reason is not None,
+            finish_reason=finish_reason,
+        )

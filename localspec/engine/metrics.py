@@ -3,6 +3,7 @@
 StatsSnapshot is the one record. The engine folds each step into it (after_step); every other form is derived:
 the JSON form (to_dict: the fields plus the derived rates), the bench's sums, the UI's table.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
@@ -33,8 +34,9 @@ class StatsSnapshot:
     def start(cls, max_k: int) -> StatsSnapshot:
         return cls(per_position_drafted=(0,) * max_k, per_position_accepted=(0,) * max_k, k=max_k)
 
-    def after_step(self, drafted: int, accepted: int, emitted: int, propose_s: float, score_s: float,
-                   sampler_s: float) -> StatsSnapshot:
+    def after_step(
+        self, drafted: int, accepted: int, emitted: int, propose_s: float, score_s: float, sampler_s: float
+    ) -> StatsSnapshot:
         """These statistics with one more step: `drafted` tokens proposed, `accepted` kept, `emitted` emitted."""
         width = max(len(self.per_position_drafted), drafted)
         pos_drafted = list(self.per_position_drafted) + [0] * (width - len(self.per_position_drafted))
@@ -42,11 +44,18 @@ class StatsSnapshot:
         for position in range(drafted):
             pos_drafted[position] += 1
             pos_accepted[position] += position < accepted
-        return replace(self, drafted=self.drafted + drafted, accepted=self.accepted + accepted,
-                       emitted=self.emitted + emitted, target_forwards=self.target_forwards + 1,
-                       propose_s=self.propose_s + propose_s, score_s=self.score_s + score_s,
-                       sampler_s=self.sampler_s + sampler_s, per_position_drafted=tuple(pos_drafted),
-                       per_position_accepted=tuple(pos_accepted))
+        return replace(
+            self,
+            drafted=self.drafted + drafted,
+            accepted=self.accepted + accepted,
+            emitted=self.emitted + emitted,
+            target_forwards=self.target_forwards + 1,
+            propose_s=self.propose_s + propose_s,
+            score_s=self.score_s + score_s,
+            sampler_s=self.sampler_s + sampler_s,
+            per_position_drafted=tuple(pos_drafted),
+            per_position_accepted=tuple(pos_accepted),
+        )
 
     @property
     def acceptance_rate(self) -> float:
@@ -68,9 +77,12 @@ class StatsSnapshot:
     def to_dict(self) -> dict:
         """The JSON form: every field, plus the derived rates."""
         data = asdict(self)
-        data.update(per_position_drafted=list(self.per_position_drafted),
-                    per_position_accepted=list(self.per_position_accepted),
-                    per_position_acceptance=list(self.per_position_acceptance),
-                    acceptance_rate=self.acceptance_rate, mean_acceptance_length=self.mean_acceptance_length,
-                    tokens_per_s=self.tokens_per_s)
+        data.update(
+            per_position_drafted=list(self.per_position_drafted),
+            per_position_accepted=list(self.per_position_accepted),
+            per_position_acceptance=list(self.per_position_acceptance),
+            acceptance_rate=self.acceptance_rate,
+            mean_acceptance_length=self.mean_acceptance_length,
+            tokens_per_s=self.tokens_per_s,
+        )
         return data

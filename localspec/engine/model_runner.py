@@ -1,4 +1,5 @@
 """A causal LM with its own KV cache: extend by some tokens, crop back to a length. Used for target and draft."""
+
 from __future__ import annotations
 
 import inspect
@@ -67,8 +68,13 @@ class ModelRunner:
         self.tokens = []
 
     @torch.inference_mode()
-    def extend(self, token_ids: list[int], want_hidden: bool = False, logits_to_keep: int | None = None,
-               feature_layers: tuple[int, ...] = ()) -> ForwardOutput:
+    def extend(
+        self,
+        token_ids: list[int],
+        want_hidden: bool = False,
+        logits_to_keep: int | None = None,
+        feature_layers: tuple[int, ...] = (),
+    ) -> ForwardOutput:
         """Run the new tokens through the model on top of the cache; return logits for the new positions: all of
         them (None), the last `logits_to_keep`, or none (0: a prefill whose logits nobody reads skips the LM head,
         a 49k x 576 matmul per prompt token on SmolLM2). want_hidden: also return the features (the last hidden
@@ -79,11 +85,18 @@ class ModelRunner:
             self.cache.ensure_capacity(len(self.tokens) + len(token_ids))
         rows, backbone, pad = len(token_ids), self._backbone, 0
         padded = bucket(rows) if self._compiled is not None and self.tokens else None
-        if padded is not None and len(self.tokens) + padded <= self.max_context:  # a verify-sized forward: the compiled graph of its row bucket
+        if (
+            padded is not None and len(self.tokens) + padded <= self.max_context
+        ):  # a verify-sized forward: the compiled graph of its row bucket
             backbone, pad = self._compiled, padded - rows
         input_ids = torch.tensor([token_ids + token_ids[-1:] * pad], dtype=torch.long, device=self.device)
-        out, features = backbone_features(backbone, feature_layers if want_hidden else (),
-                                          input_ids=input_ids, use_cache=True, **{self._cache_kwarg: self.cache})
+        out, features = backbone_features(
+            backbone,
+            feature_layers if want_hidden else (),
+            input_ids=input_ids,
+            use_cache=True,
+            **{self._cache_kwarg: self.cache},
+        )
         if pad:
             self.cache.crop(-pad)  # the padding rows' positions
         hidden = out.last_hidden_state[0, :rows]  # [T, H]
@@ -103,7 +116,7 @@ class ModelRunner:
         drop = len(self.tokens) - max(length, 0)
         if drop > 0:
             self.cache.crop(-drop)  # transformers 5: a negative value drops that many trailing positions
-            del self.tokens[len(self.tokens) - drop:]
+            del self.tokens[len(self.tokens) - drop :]
 
     def common_prefix(self, context: list[int]) -> int:
         n = min(len(self.tokens), len(context))

@@ -1,4 +1,5 @@
 """Logits → probabilities, shared by every proposer and the target so both see the same distribution."""
+
 from __future__ import annotations
 
 import torch

@@ -9,6 +9,7 @@ keeps the length as a Python int, so no step reads a device value back. A prompt
 
 Only models whose layers all use full attention get it (cache_supported); others keep a DynamicCache.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """What the engine loop carries between steps (Run) and what one step decided (Proposal, StepOutcome)."""
+
 from __future__ import annotations
 
 import time
@@ -11,6 +12,7 @@ from localspec.config import SamplingParams, SpecConfig
 from localspec.proposers.base import Proposer
 from localspec.verify import Verifier
 from localspec.verify.types import HostVerdict
+
 from .adaptive import AdaptiveController
 from .events import TokenEvent
 from .metrics import StatsSnapshot
@@ -55,14 +57,16 @@ class Run:
         proposal, num_accepted = outcome.proposal, outcome.verdict.num_accepted
         stats = self.stats
         if self.controller is not None:
-            self.controller.observe(proposal.asked, proposal.k, num_accepted, proposal.propose_s,
-                                    outcome.score_s + outcome.sampler_s)
+            self.controller.observe(
+                proposal.asked, proposal.k, num_accepted, proposal.propose_s, outcome.score_s + outcome.sampler_s
+            )
             stats = replace(stats, k=proposal.asked)
             if proposal.budget_k > 0:  # the last step of a length-capped answer cannot draft: it predicts nothing
                 stats = replace(stats, predicted_speedup=self.controller.predicted(proposal.asked))
             stats = replace(stats, paused=self.controller.pause_reason() if self.spec.adaptive else None)
-        self.stats = stats.after_step(proposal.k, num_accepted, emitted, proposal.propose_s, outcome.score_s,
-                                      outcome.sampler_s)
+        self.stats = stats.after_step(
+            proposal.k, num_accepted, emitted, proposal.propose_s, outcome.score_s, outcome.sampler_s
+        )
 
     def choose_k(self) -> tuple[int, int]:
         """(the budget's K, the K to ask for). Never drafts past the token budget, since K+1 tokens may be emitted;
@@ -118,12 +122,21 @@ def token_events(outcome: StepOutcome) -> list[TokenEvent]:
     bonus token (every draft was kept) or the target's own token (nothing was drafted)."""
     verdict, draft_ids, k = outcome.verdict, outcome.proposal.token_ids, outcome.proposal.k
     n = verdict.num_accepted
-    tokens = [TokenEvent.accepted(token_id, verdict.target_probs_of_drafts[i], verdict.draft_probs_of_drafts[i])
-              for i, token_id in enumerate(verdict.emitted[:n])]
+    tokens = [
+        TokenEvent.accepted(token_id, verdict.target_probs_of_drafts[i], verdict.draft_probs_of_drafts[i])
+        for i, token_id in enumerate(verdict.emitted[:n])
+    ]
     last = verdict.emitted[n]
     if n < k:
-        tokens.append(TokenEvent.resampled(last, verdict.target_prob_of_last, draft_ids[n],
-                                           verdict.target_probs_of_drafts[n], verdict.draft_probs_of_drafts[n]))
+        tokens.append(
+            TokenEvent.resampled(
+                last,
+                verdict.target_prob_of_last,
+                draft_ids[n],
+                verdict.target_probs_of_drafts[n],
+                verdict.draft_probs_of_drafts[n],
+            )
+        )
     else:
         tokens.append(TokenEvent(last, "bonus" if k > 0 else "target", verdict.target_prob_of_last))
     return tokens

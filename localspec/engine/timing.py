@@ -1,5 +1,6 @@
 """Step timing on an asynchronous device: a forward returns before a GPU finishes it, so each timed split ends with
 a sync (on the CPU there is nothing to wait for)."""
+
 from __future__ import annotations
 
 import time

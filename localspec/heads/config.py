@@ -1,4 +1,5 @@
 """What a feature-level head is: its kind and shapes, saved as config.json next to its weights."""
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ class HeadConfig:
     # () = the last hidden only. The head projects the [len + 1] × hidden features down to hidden.
     feature_layers: tuple[int, ...] = ()
 
-    def validate(self) -> "HeadConfig":
+    def validate(self) -> HeadConfig:
         if self.kind not in HEAD_KINDS:
             raise ConfigError(f"head kind {self.kind!r} is not one of {', '.join(HEAD_KINDS)}")
         if self.kind != "mtp" and self.num_modules != 1:
@@ -56,7 +57,7 @@ class HeadConfig:
         return {"format": "localspec-head", **asdict(self)}  # json writes the feature_layers tuple as a list
 
     @staticmethod
-    def from_json(data: dict) -> "HeadConfig":
+    def from_json(data: dict) -> HeadConfig:
         from dataclasses import MISSING
 
         names = {f.name for f in fields(HeadConfig)}
@@ -81,8 +82,13 @@ def target_shapes(target_config) -> dict:
     rope = getattr(target_config, "rope_parameters", None) or {}
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
     theta = theta or getattr(target_config, "rope_theta", None) or 10000.0
-    return dict(hidden_size=hidden, num_heads=heads,
-                num_kv_heads=getattr(target_config, "num_key_value_heads", None) or heads,
-                head_dim=getattr(target_config, "head_dim", None) or hidden // heads,
-                intermediate_size=target_config.intermediate_size, vocab_size=target_config.vocab_size,
-                rms_eps=float(getattr(target_config, "rms_norm_eps", 1e-5)), rope_theta=float(theta))
+    return dict(
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=getattr(target_config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(target_config, "head_dim", None) or hidden // heads,
+        intermediate_size=target_config.intermediate_size,
+        vocab_size=target_config.vocab_size,
+        rms_eps=float(getattr(target_config, "rms_norm_eps", 1e-5)),
+        rope_theta=float(theta),
+    )

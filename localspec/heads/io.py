@@ -1,4 +1,5 @@
 """Save a head as a folder (config.json + head.safetensors + optional README.md) and load it onto a target."""
+
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ from pathlib import Path
 import torch
 
 from localspec.config import ConfigError
+
 from .config import HeadConfig
 from .model import FeatureHead
 
@@ -52,12 +54,15 @@ def load_head(folder: Path, target_model: torch.nn.Module, device: torch.device 
     lm_weight = target_model.get_output_embeddings().weight
     target_hidden = target_model.config.hidden_size
     if config.hidden_size != target_hidden or config.vocab_size != embedding.shape[0]:
-        raise ConfigError(f"head {folder} was trained for hidden size {config.hidden_size} and vocabulary "
-                          f"{config.vocab_size}; this target has {target_hidden} and {embedding.shape[0]}")
+        raise ConfigError(
+            f"head {folder} was trained for hidden size {config.hidden_size} and vocabulary "
+            f"{config.vocab_size}; this target has {target_hidden} and {embedding.shape[0]}"
+        )
     num_layers = getattr(target_model.config, "num_hidden_layers", None)
     if config.feature_layers and num_layers is not None and max(config.feature_layers) >= num_layers:
-        raise ConfigError(f"head {folder} reads target layers {list(config.feature_layers)}; this target has "
-                          f"{num_layers} layers")
+        raise ConfigError(
+            f"head {folder} reads target layers {list(config.feature_layers)}; this target has {num_layers} layers"
+        )
     if not (folder / WEIGHTS).exists():
         raise ConfigError(f"head folder {folder} has no {WEIGHTS}")
     device = torch.device(device) if device is not None else embedding.device
@@ -67,14 +72,16 @@ def load_head(folder: Path, target_model: torch.nn.Module, device: torch.device 
     try:
         state = load_file(str(folder / WEIGHTS))
     except Exception as exc:  # a truncated or foreign file: safetensors' own message names no file
-        raise ConfigError(f"{folder / WEIGHTS} is not a readable safetensors file ({type(exc).__name__}: {exc})") \
-            from None
+        raise ConfigError(
+            f"{folder / WEIGHTS} is not a readable safetensors file ({type(exc).__name__}: {exc})"
+        ) from None
     if "draft_token_ids" not in state:
         raise ConfigError(f"{folder / WEIGHTS} holds no draft_token_ids; is it a head saved by `localspec distill`?")
     head.set_draft_vocab(state["draft_token_ids"])
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [m for m in missing if m != "draft_token_ids"]
     if missing or unexpected:
-        raise ConfigError(f"head {folder} weights do not fit its config (missing {missing[:3]}, "
-                          f"unexpected {unexpected[:3]})")
+        raise ConfigError(
+            f"head {folder} weights do not fit its config (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     return head.to(device=device, dtype=dtype).eval()

@@ -1,5 +1,6 @@
 """The pieces of a head: RMSNorm, rotary embedding, a Llama-style decoder layer split into stages (fuse → qkv →
 attention → finish) so inference (with a KV cache) and training (with the training-time-test mask) share them."""
+
 from __future__ import annotations
 
 import torch
@@ -45,8 +46,9 @@ class HeadModule(nn.Module):
                  previous hidden is that same target hidden: it is duplicated).
     """
 
-    def __init__(self, kind: str, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
-                 eps: float) -> None:
+    def __init__(
+        self, kind: str, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, eps: float
+    ) -> None:
         super().__init__()
         self.kind, self.heads, self.kv_heads, self.head_dim = kind, heads, kv_heads, head_dim
         if kind == "eagle3":
@@ -69,8 +71,9 @@ class HeadModule(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
-    def fuse(self, prev_hidden: torch.Tensor, embedding: torch.Tensor,
-             anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def fuse(
+        self, prev_hidden: torch.Tensor, embedding: torch.Tensor, anchor: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """[..., T, H] each → (attention input [..., T, A], residual [..., T, H])."""
         if self.kind == "eagle3":
             x = self.fc_norm(self.fc_proj(torch.cat([anchor, prev_hidden], dim=-1)))
@@ -104,7 +107,7 @@ class HeadModule(nn.Module):
                     dst.copy_(src)
                 elif dst.shape[1] == 2 * src.shape[1]:
                     dst.zero_()
-                    dst[:, src.shape[1]:].copy_(src)
+                    dst[:, src.shape[1] :].copy_(src)
             for name in ("gate_proj", "up_proj", "down_proj"):
                 getattr(self, name).weight.copy_(getattr(layer.mlp, name).weight)
             self.post_attention_layernorm.weight.copy_(layer.post_attention_layernorm.weight)
@@ -138,8 +141,8 @@ class KVCache:
             grown_k[:, :, : self.length] = self.keys[:, :, : self.length]
             grown_v[:, :, : self.length] = self.values[:, :, : self.length]
             self.keys, self.values = grown_k, grown_v
-        self.keys[:, :, self.length: self.length + new] = keys
-        self.values[:, :, self.length: self.length + new] = values
+        self.keys[:, :, self.length : self.length + new] = keys
+        self.values[:, :, self.length : self.length + new] = values
         self.length += new
         return self.keys[:, :, : self.length], self.values[:, :, : self.length]
 

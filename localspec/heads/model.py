@@ -6,6 +6,7 @@ Positions: the head's entry at position p reads (hidden at p - 1, token at p) an
 argmax is the token at p + 1. Real entries (target hidden) live in each module's KV cache; draft-chain entries are
 appended while proposing and cropped right after.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -25,13 +26,15 @@ class FeatureHead(nn.Module):
         super().__init__()
         self.config = config.validate()
         c = config
-        self.layers = nn.ModuleList(HeadModule(c.kind, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
-                                               c.intermediate_size, c.rms_eps) for _ in range(c.num_modules))
+        self.layers = nn.ModuleList(
+            HeadModule(c.kind, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_eps)
+            for _ in range(c.num_modules)
+        )
         self.norms = nn.ModuleList(RMSNorm(c.hidden_size, c.rms_eps) for _ in range(c.num_modules))
         # multi-layer features: each earlier layer's output normed (mid-stack residuals are ~10-100x the last
         # hidden's scale here), then [normed ; last hidden] projected to hidden
         self.feature_norms = nn.ModuleList(RMSNorm(c.hidden_size, c.rms_eps) for _ in c.feature_layers)
-        self.feature_proj = (nn.Linear(c.feature_size, c.hidden_size, bias=False) if c.feature_layers else None)
+        self.feature_proj = nn.Linear(c.feature_size, c.hidden_size, bias=False) if c.feature_layers else None
         self.register_buffer("draft_token_ids", torch.arange(c.draft_vocab_size), persistent=True)  # [Vd] int64
         self.embedding = embedding.detach()  # [V, H], frozen, not a parameter
         self.lm_weight = embedding.detach()  # [V, H]
@@ -79,8 +82,15 @@ class FeatureHead(nn.Module):
         return hidden @ self.draft_lm_weight.T
 
     # ---- inference: one module, its cache, some new positions ----------------------------------------------
-    def run_module(self, module_index: int, cache: KVCache, prev_hidden: torch.Tensor, token_ids: torch.Tensor,
-                   positions: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+    def run_module(
+        self,
+        module_index: int,
+        cache: KVCache,
+        prev_hidden: torch.Tensor,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        anchor: torch.Tensor,
+    ) -> torch.Tensor:
         """prev_hidden, anchor [T, H]; token_ids, positions [T] → the head's hidden [T, H] (after its norm).
         Appends T entries to the cache; the queries see the cache and themselves causally."""
         layer = self.layers[module_index]
@@ -98,8 +108,10 @@ class FeatureHead(nn.Module):
 
     def new_caches(self) -> list[KVCache]:
         p = next(self.parameters())
-        return [KVCache(self.config.num_kv_heads, self.config.head_dim, p.dtype, p.device)
-                for _ in range(self.config.num_modules)]
+        return [
+            KVCache(self.config.num_kv_heads, self.config.head_dim, p.dtype, p.device)
+            for _ in range(self.config.num_modules)
+        ]
 
 
 def with_feature_layers(head: FeatureHead, feature_layers: tuple[int, ...]) -> FeatureHead:
@@ -108,8 +120,10 @@ def with_feature_layers(head: FeatureHead, feature_layers: tuple[int, ...]) -> F
     at zero, so it predicts exactly what `head` did until training moves it."""
     old_layers = head.config.feature_layers
     if not set(old_layers) <= set(feature_layers):
-        raise ValueError(f"a head reading layers {list(old_layers)} can only be widened to a superset of them "
-                         f"(got {list(feature_layers)})")
+        raise ValueError(
+            f"a head reading layers {list(old_layers)} can only be widened to a superset of them "
+            f"(got {list(feature_layers)})"
+        )
     config = replace(head.config, feature_layers=tuple(feature_layers)).validate()
     widened = FeatureHead(config, head.embedding)
     widened.set_lm_weight(head.lm_weight)
@@ -124,8 +138,9 @@ def with_feature_layers(head: FeatureHead, feature_layers: tuple[int, ...]) -> F
             for old_index, layer in enumerate(old_layers):
                 new_index = config.feature_layers.index(layer)
                 widened.feature_norms[new_index].load_state_dict(head.feature_norms[old_index].state_dict())
-                widened.feature_proj.weight[:, new_index * hidden:(new_index + 1) * hidden].copy_(
-                    head.feature_proj.weight[:, old_index * hidden:(old_index + 1) * hidden])
+                widened.feature_proj.weight[:, new_index * hidden : (new_index + 1) * hidden].copy_(
+                    head.feature_proj.weight[:, old_index * hidden : (old_index + 1) * hidden]
+                )
             widened.feature_proj.weight[:, -hidden:].copy_(head.feature_proj.weight[:, -hidden:])
     parameter = next(head.parameters())
     return widened.to(device=parameter.device, dtype=parameter.dtype).train(head.training)

@@ -12,6 +12,7 @@ The decision is cached in the data folder (cache_dir()/dtype-decisions.json), ke
 the torch thread count, the torch version and the model (source and weight bytes), so later loads do not time
 anything. An unreadable cache file is measured again and rewritten. An explicit dtype in the entry always wins.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,13 +80,22 @@ class DtypeDecision:
         return f"{self.dtype} (auto: 1-token {plain}, {self.k + 1}-token {verify}, measured {self.measured_on})"
 
     def to_dict(self) -> dict:
-        return {"dtype": self.dtype, "how": self.how, "k": self.k, "measured_on": self.measured_on,
-                "note": self.note, "timings": [t.__dict__ for t in self.timings], "text": self.describe()}
+        return {
+            "dtype": self.dtype,
+            "how": self.how,
+            "k": self.k,
+            "measured_on": self.measured_on,
+            "note": self.note,
+            "timings": [t.__dict__ for t in self.timings],
+            "text": self.describe(),
+        }
 
     @classmethod
     def from_dict(cls, data: dict, how: How) -> DtypeDecision:
-        timings = tuple(Timing(str(t["dtype"]), float(t["plain_s"]), float(t["verify_s"]), float(t["tokens_per_s"]))
-                        for t in data["timings"])
+        timings = tuple(
+            Timing(str(t["dtype"]), float(t["plain_s"]), float(t["verify_s"]), float(t["tokens_per_s"]))
+            for t in data["timings"]
+        )
         if data["dtype"] not in DTYPES or not any(t.dtype == data["dtype"] for t in timings):
             raise ValueError(f"cached dtype {data['dtype']!r} is not one that was measured")
         return cls(str(data["dtype"]), how, int(data["k"]), timings, str(data["measured_on"]), str(data["note"]))
@@ -131,8 +141,9 @@ def cache_key(device: torch.device, source: str, folder: str) -> str:
     if path.is_dir():
         weights = sum(f.stat().st_size for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
     threads = f"threads {torch.get_num_threads()}" if device.type == "cpu" else ""
-    return " | ".join(x for x in (device_name(device), threads, f"torch {torch.__version__}", source,
-                                  f"{weights} bytes") if x)
+    return " | ".join(
+        x for x in (device_name(device), threads, f"torch {torch.__version__}", source, f"{weights} bytes") if x
+    )
 
 
 # -- timing -------------------------------------------------------------------------------------------------------
@@ -155,7 +166,7 @@ def time_forwards(models: dict[str, torch.nn.Module], sizes: tuple[int, ...]) ->
         for size in sizes:
             for name, runner in list(runners.items()):
                 started = time.perf_counter()
-                logits = runner.extend(ids[CONTEXT_TOKENS: CONTEXT_TOKENS + size]).logits
+                logits = runner.extend(ids[CONTEXT_TOKENS : CONTEXT_TOKENS + size]).logits
                 finite = bool(torch.isfinite(logits).all())
                 elapsed = time.perf_counter() - started
                 runner.crop(CONTEXT_TOKENS)
@@ -213,8 +224,14 @@ def cached_decision(key: str) -> DtypeDecision | None:
 
 
 # -- the decision -------------------------------------------------------------------------------------------------
-def decide(key: str, device: torch.device, k: int, load: Loader, timer: Timer | None = None,
-           progress: Callable[[str], None] | None = None) -> tuple[DtypeDecision, torch.nn.Module | None]:
+def decide(
+    key: str,
+    device: torch.device,
+    k: int,
+    load: Loader,
+    timer: Timer | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[DtypeDecision, torch.nn.Module | None]:
     """The cached decision for `key` (and no model), or: load every candidate, time them interleaved, cache the
     pick, and return it with the loaded winner. All candidates are held during the timing (once per machine and
     model); the losers are released before this returns."""
@@ -233,9 +250,16 @@ def decide(key: str, device: torch.device, k: int, load: Loader, timer: Timer | 
     if progress is not None:
         progress(f"Timing {', '.join(names)} (1-token and {k + 1}-token forwards, interleaved)…")
     measured = timer(models, (1, k + 1))
-    timings = [Timing(name, measured[name][1], measured[name][k + 1],
-                      predicted_throughput(measured[name][1], measured[name][k + 1], k))
-               for name in names if name in measured]
+    timings = [
+        Timing(
+            name,
+            measured[name][1],
+            measured[name][k + 1],
+            predicted_throughput(measured[name][1], measured[name][k + 1], k),
+        )
+        for name in names
+        if name in measured
+    ]
     if not timings:
         return DtypeDecision("float32", "fixed", k, note="every dtype measured gave non-finite logits"), None
     best = max(timings, key=lambda t: t.tokens_per_s)
@@ -246,9 +270,15 @@ def decide(key: str, device: torch.device, k: int, load: Loader, timer: Timer | 
     return decision, winner
 
 
-def choose_dtype(spec, folder: str, k: int, device: torch.device, load: Loader,
-                 progress: Callable[[str], None] | None = None,
-                 timer: Timer | None = None) -> tuple[DtypeDecision, torch.nn.Module | None]:
+def choose_dtype(
+    spec,
+    folder: str,
+    k: int,
+    device: torch.device,
+    load: Loader,
+    progress: Callable[[str], None] | None = None,
+    timer: Timer | None = None,
+) -> tuple[DtypeDecision, torch.nn.Module | None]:
     """The hook loading.load_pair calls for a target with dtype auto: (decision, the loaded winner or None)."""
     return decide(cache_key(device, spec.source, folder), device, k, load, timer, progress)
 

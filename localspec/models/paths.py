@@ -1,4 +1,5 @@
 """Where the app keeps its data. LOCALSPEC_HOME moves all of it."""
+
 from __future__ import annotations
 
 import os

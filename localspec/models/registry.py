@@ -1,4 +1,5 @@
 """models.yaml → PairSpec list, with errors that name the entry and the field."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,15 +27,19 @@ def _check_keys(mapping: Any, allowed: set[str], where: str, field: str) -> dict
         raise ConfigError(f"{where}: field '{field}' must be a mapping, got {type(mapping).__name__}")
     unknown = sorted(set(mapping) - allowed, key=repr)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} in '{field}'; "
-                          f"allowed: {', '.join(sorted(allowed))}")
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(map(repr, unknown))} in '{field}'; "
+            f"allowed: {', '.join(sorted(allowed))}"
+        )
     return mapping
 
 
 def _resolve_source(source: Any, base_dir: Path, where: str, field: str) -> str:
     if not isinstance(source, str) or not source.strip():
-        raise ConfigError(f"{where}: field '{field}.source' must be a non-empty string (a local path, a hub id, "
-                          f"or {GGUF_PREFIX}<package>/<file.gguf>)")
+        raise ConfigError(
+            f"{where}: field '{field}.source' must be a non-empty string (a local path, a hub id, "
+            f"or {GGUF_PREFIX}<package>/<file.gguf>)"
+        )
     source = source.strip()
     if source.startswith(GGUF_PREFIX):
         return source
@@ -42,7 +47,7 @@ def _resolve_source(source: Any, base_dir: Path, where: str, field: str) -> str:
         source.encode("utf-8")
         path = Path(source).expanduser()
         if not path.is_absolute():
-            candidate = (base_dir / path)
+            candidate = base_dir / path
             if candidate.exists() or looks_like_path(source):
                 return str(candidate.resolve())
         return str(path) if path.is_absolute() else source
@@ -73,8 +78,13 @@ def _model(raw: Any, base_dir: Path, where: str, field: str, allowed: set[str], 
     device_map = raw.get("device_map")
     if device_map is not None and (not isinstance(device_map, str) or not device_map.strip()):
         raise ConfigError(f"{where}: field '{field}.device_map' must be a string such as auto or balanced")
-    return ModelSpec(source=_resolve_source(raw["source"], base_dir, where, field), quant=quant, dtype=dtype,
-                     trust_remote_code=trust, device_map=device_map)
+    return ModelSpec(
+        source=_resolve_source(raw["source"], base_dir, where, field),
+        quant=quant,
+        dtype=dtype,
+        trust_remote_code=trust,
+        device_map=device_map,
+    )
 
 
 def _int(raw: Any, where: str, field: str, low: int, high: int) -> int:
@@ -108,18 +118,29 @@ def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
         draft = _model(proposers["draft"], base_dir, where, "proposers.draft", DRAFT_KEYS, "auto")
     head = None
     if proposers.get("head") is not None:
-        head = _resolve_source(proposers["head"] if isinstance(proposers["head"], str) else None, base_dir, where,
-                               "proposers.head")
+        head = _resolve_source(
+            proposers["head"] if isinstance(proposers["head"], str) else None, base_dir, where, "proposers.head"
+        )
     adaptive = raw.get("adaptive", False)
     if not isinstance(adaptive, bool):
         raise ConfigError(f"{where}: field 'adaptive' must be true or false")
     k = _int(raw.get("k", 4), where, "k", K_MIN, K_MAX)
-    pair = PairSpec(name=name.strip(), target=target, k=k, adaptive=adaptive,
-                    ngram=ngram, draft=draft, head=head, description=str(raw.get("description", "")),
-                    default_proposer=raw.get("default_proposer", "ngram" if ngram else "none"))
+    pair = PairSpec(
+        name=name.strip(),
+        target=target,
+        k=k,
+        adaptive=adaptive,
+        ngram=ngram,
+        draft=draft,
+        head=head,
+        description=str(raw.get("description", "")),
+        default_proposer=raw.get("default_proposer", "ngram" if ngram else "none"),
+    )
     if pair.default_proposer not in pair.proposers:
-        raise ConfigError(f"{where}: field 'default_proposer' is {pair.default_proposer!r}, but this entry only "
-                          f"has {', '.join(pair.proposers)}")
+        raise ConfigError(
+            f"{where}: field 'default_proposer' is {pair.default_proposer!r}, but this entry only "
+            f"has {', '.join(pair.proposers)}"
+        )
     return pair
 
 
@@ -149,8 +170,9 @@ def parse_registry(text: str, base_dir: Path, origin: str = "models.yaml") -> li
     return pairs
 
 
-def parse_registry_lenient(text: str, base_dir: Path,
-                           origin: str = "models.yaml") -> tuple[list[PairSpec], list[BrokenEntry]]:
+def parse_registry_lenient(
+    text: str, base_dir: Path, origin: str = "models.yaml"
+) -> tuple[list[PairSpec], list[BrokenEntry]]:
     """The entries that parse, and (entry, error) for those that do not. Raises ConfigError only when the file as a
     whole is unusable (not YAML, not a list) or no entry at all is valid."""
     data = _entries(text, origin)
@@ -169,8 +191,11 @@ def parse_registry_lenient(text: str, base_dir: Path,
         seen.add(pair.name)
         pairs.append(pair)
     if not pairs:
-        raise ConfigError(broken[0].error if len(broken) == 1 else
-                          f"{origin} has no usable entry: " + "; ".join(b.error for b in broken))
+        raise ConfigError(
+            broken[0].error
+            if len(broken) == 1
+            else f"{origin} has no usable entry: " + "; ".join(b.error for b in broken)
+        )
     return pairs, broken
 
 
@@ -199,8 +224,7 @@ def load_registry_lenient(path: str | Path) -> tuple[list[PairSpec], list[Broken
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"model list {path} not found")
-    return parse_registry_lenient(path.read_text(encoding="utf-8", errors="replace"), path.parent.resolve(),
-                                  str(path))
+    return parse_registry_lenient(path.read_text(encoding="utf-8", errors="replace"), path.parent.resolve(), str(path))
 
 
 def find_pair(pairs: list[PairSpec], name: str | None) -> PairSpec:

@@ -1,4 +1,5 @@
 """Which token ids end an answer: the tokenizer's EOS and the end-of-turn markers of the common chat templates."""
+
 from __future__ import annotations
 
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>")

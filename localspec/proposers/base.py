@@ -1,4 +1,5 @@
 """The proposer interface: anything that drafts tokens for the target to verify."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,8 +42,7 @@ class Proposer(Protocol):
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
         """A new answer starts. prompt_hidden: [len(prompt_ids) - 1, F] for the prefilled prompt, or None."""
 
-    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Draft:
+    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
         """Draft up to k tokens that follow context_ids (the prompt plus everything emitted so far)."""
 
     def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:

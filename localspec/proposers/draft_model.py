@@ -1,4 +1,5 @@
 """A standalone draft model with the target's tokenizer: K autoregressive steps on its own KV cache."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -8,6 +9,7 @@ import torch
 from localspec.config import SamplingParams
 from localspec.engine.model_runner import ModelRunner
 from localspec.engine.sampling import logits_to_probs, sample_with_noise
+
 from .base import Draft, Proposer
 
 
@@ -35,8 +37,7 @@ class DraftModelProposer(Proposer):
         self.runner.reset()
 
     @torch.inference_mode()
-    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Draft:
+    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
         runner = self.runner
         keep = min(runner.common_prefix(context_ids), len(context_ids) - 1)
         runner.crop(keep)

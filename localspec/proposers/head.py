@@ -4,6 +4,7 @@ The head keeps one KV cache per module holding real positions only (target hidde
 first feeds the positions verified since the last one, then drafts K steps, feeding its own predicted hidden state
 back; the draft-chain entries are cropped right after (the rollback), so rejected drafts never stay in the cache.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -13,9 +14,10 @@ from typing import Optional
 import torch
 
 from localspec.config import SamplingParams
+from localspec.engine.sampling import logits_to_probs, sample_with_noise
 from localspec.heads.io import load_head
 from localspec.heads.model import FeatureHead
-from localspec.engine.sampling import logits_to_probs, sample_with_noise
+
 from .base import Draft, Proposer
 
 
@@ -57,7 +59,7 @@ class HeadProposer(Proposer):
             return False
         if new == 0:
             return self.last_hidden is not None
-        tokens = torch.tensor(context_ids[self.fed + 1: n + 1], dtype=torch.long, device=self.device)
+        tokens = torch.tensor(context_ids[self.fed + 1 : n + 1], dtype=torch.long, device=self.device)
         positions = torch.arange(self.fed + 1, n + 1, device=self.device)
         first_module = self.config.module_for_step(1)
         for index, cache in enumerate(self.caches):
@@ -70,8 +72,7 @@ class HeadProposer(Proposer):
         return True
 
     @torch.inference_mode()
-    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Draft:
+    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
         if k <= 0 or not self.catch_up(context_ids):
             return Draft(token_ids=[])
         head, n = self.head, self.fed
@@ -92,9 +93,13 @@ class HeadProposer(Proposer):
             if step < k:
                 module = self.config.module_for_step(step + 1)
                 hidden = head.run_module(
-                    module, self.caches[module], hidden[None],
+                    module,
+                    self.caches[module],
+                    hidden[None],
                     torch.tensor([token], dtype=torch.long, device=self.device),
-                    torch.tensor([n + step], device=self.device), self.anchor[None])[-1]
+                    torch.tensor([n + step], device=self.device),
+                    self.anchor[None],
+                )[-1]
         for cache in self.caches:
             cache.crop(n)  # drop the draft chain: the cache holds verified positions only
         return Draft(token_ids=token_ids, probs=torch.stack(probs_rows))
@@ -104,8 +109,9 @@ class HeadProposer(Proposer):
 
 
 # target model → {(folder, mtime, device): head}; keyed weakly, so a switched-away target (and its heads) is freed
-_HEADS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[str, float, str], FeatureHead]]" = \
+_HEADS: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[str, float, str], FeatureHead]] = (
     weakref.WeakKeyDictionary()
+)
 
 
 def cached_head(folder, target_model: torch.nn.Module, device=None) -> FeatureHead:

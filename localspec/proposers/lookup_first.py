@@ -12,6 +12,7 @@ lookup is strong on code, which repeats the prompt; the head on prose); chat.py 
 match, below which the head guesses better. `part()` tells the engine which part drafts next, so adaptive K keeps
 one controller (costs, acceptance, best K) per part.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -19,8 +20,8 @@ from typing import Optional
 import torch
 
 from localspec.config import SamplingParams
-from .base import Draft, Proposer
 
+from .base import Draft, Proposer
 
 _PEEK = SamplingParams()  # the lookup is deterministic: peeking at it draws nothing
 _PEEK_GENERATOR = torch.Generator()
@@ -48,8 +49,7 @@ class LookupFirstProposer(Proposer):
         self.lookup.begin(prompt_ids, prompt_hidden)
         self.model.begin(prompt_ids, prompt_hidden)
 
-    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Draft:
+    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
         if self._no_match_at != len(context_ids):
             draft = self.lookup.propose(context_ids, k, sampling, generator)
             if draft.token_ids:

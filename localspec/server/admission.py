@@ -5,6 +5,7 @@ taken, whoever took them, and at most `max_waiting` may wait at once (one more i
 API turns into 429 + Retry-After and the chat window into a message). Loading a model pair uses the Lock-like
 acquire/release: a non-blocking acquire succeeds only when nobody holds or waits, so it never jumps the queue.
 """
+
 from __future__ import annotations
 
 import threading

@@ -4,6 +4,7 @@ build_routes() returns plain Starlette/FastAPI routes, so the same ones serve `l
 the chat app's server (`python app.py --api` hands them to Gradio's FastAPI app). Errors are answered by each route
 itself (an app-level exception handler would not travel with the routes).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,17 +53,22 @@ async def next_item(job: Job, request: Request):
         except asyncio.TimeoutError:
             if await request.is_disconnected():
                 job.cancel.set()
-                raise asyncio.CancelledError
+                raise asyncio.CancelledError from None
 
 
-def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorder | None,
-                 api_key: str | None) -> list:
+def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorder | None, api_key: str | None) -> list:
     router = APIRouter()
 
     def check_key(request: Request) -> None:
         if api_key is not None and not key_matches(api_key, request.headers.get("authorization")):
-            raise APIError("a valid API key is required: send 'Authorization: Bearer <LOCALSPEC_API_KEY>'", None,
-                           401, "invalid_request_error", "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+            raise APIError(
+                "a valid API key is required: send 'Authorization: Bearer <LOCALSPEC_API_KEY>'",
+                None,
+                401,
+                "invalid_request_error",
+                "invalid_api_key",
+                {"WWW-Authenticate": "Bearer"},
+            )
 
     @router.get("/v1/models")
     async def models(request: Request):
@@ -71,10 +77,22 @@ def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorde
         except APIError as exc:
             return error_response(exc)
         name, _session = backend.current()
-        data = [{"id": p.name, "object": "model", "created": 0, "owned_by": "localspec",
-                 "localspec": {"loaded": p.name == name, "proposers": list(p.proposers),
-                               "default_proposer": p.default_proposer, "k": p.k, "adaptive": p.adaptive}}
-                for p in backend.pairs]
+        data = [
+            {
+                "id": p.name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "localspec",
+                "localspec": {
+                    "loaded": p.name == name,
+                    "proposers": list(p.proposers),
+                    "default_proposer": p.default_proposer,
+                    "k": p.k,
+                    "adaptive": p.adaptive,
+                },
+            }
+            for p in backend.pairs
+        ]
         return JSONResponse({"object": "list", "data": data})
 
     @router.get("/metrics")
@@ -94,8 +112,9 @@ def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorde
             try:
                 job = Job(parsed, backend, admission, metrics)
             except QueueFull as exc:
-                raise APIError(str(exc), None, 429, "rate_limit_exceeded", "queue_full",
-                               {"Retry-After": str(exc.retry_after_s)}) from None
+                raise APIError(
+                    str(exc), None, 429, "rate_limit_exceeded", "queue_full", {"Retry-After": str(exc.retry_after_s)}
+                ) from None
             try:
                 first = await next_item(job, request)
             except asyncio.CancelledError:
@@ -106,8 +125,11 @@ def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorde
         except APIError as exc:
             return error_response(exc)
         if parsed.stream:
-            return StreamingResponse(stream(job, first, request), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                stream(job, first, request),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         try:
             collector = Collector(parsed, job.tokenizer)
             item = first
@@ -164,7 +186,11 @@ def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorde
     return list(router.routes)
 
 
-def create_app(backend: Backend, admission: Admission, metrics: MetricsRecorder | None,
-               api_key: str | None) -> FastAPI:
-    return FastAPI(title="localspec", routes=build_routes(backend, admission, metrics, api_key), docs_url=None,
-                   redoc_url=None, openapi_url=None)
+def create_app(backend: Backend, admission: Admission, metrics: MetricsRecorder | None, api_key: str | None) -> FastAPI:
+    return FastAPI(
+        title="localspec",
+        routes=build_routes(backend, admission, metrics, api_key),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )

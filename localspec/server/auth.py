@@ -1,4 +1,5 @@
 """Who may call the API: loopback needs nothing; another host needs LOCALSPEC_API_KEY unless --no-auth."""
+
 from __future__ import annotations
 
 import hmac
@@ -27,8 +28,10 @@ def api_key_for(host: str, no_auth: bool, environ=os.environ) -> str | None:
         return key
     if is_loopback(host) or no_auth:
         return None
-    raise ConfigError(f"binding to {host} makes the API reachable from other machines; set {API_KEY_ENV} to a "
-                      f"secret key that clients send as 'Authorization: Bearer <key>' (or pass --no-auth on purpose)")
+    raise ConfigError(
+        f"binding to {host} makes the API reachable from other machines; set {API_KEY_ENV} to a "
+        f"secret key that clients send as 'Authorization: Bearer <key>' (or pass --no-auth on purpose)"
+    )
 
 
 def key_matches(expected: str, authorization: str | None) -> bool:

@@ -15,12 +15,12 @@ localspec's own (vLLM has none):
 Every metric carries model_name (as vLLM's do); the request counter also carries source (chat / api).
 This module imports prometheus_client and the engine's events only: never Gradio, never the server's app.
 """
+
 from __future__ import annotations
 
 import threading
 
 import prometheus_client
-
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -54,24 +54,47 @@ class MetricsRecorder:
         self.num_drafts = counter("spec_decode_num_drafts", "Number of spec decoding drafts (steps that drafted).")
         self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Number of draft tokens.")
         self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Number of accepted tokens.")
-        self.accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
-                                        "Accepted tokens per draft position.", ("model_name", "position"))
-        self.requests = counter("request_success", "Count of finished requests.",
-                                ("model_name", "finished_reason", "source"))
+        self.accepted_per_pos = counter(
+            "spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.", ("model_name", "position")
+        )
+        self.requests = counter(
+            "request_success", "Count of finished requests.", ("model_name", "finished_reason", "source")
+        )
         self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
-        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token in seconds.",
-                              ("model_name",), buckets=LATENCY_BUCKETS, registry=reg)
-        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Engine time of a request in seconds.",
-                             ("model_name",), buckets=LATENCY_BUCKETS, registry=reg)
-        self.step_seconds = Histogram(PREFIX + "spec_decode_step_seconds",
-                                      "Time of one step's phase (propose, score, sample) in seconds.",
-                                      ("model_name", "phase"), buckets=STEP_BUCKETS, registry=reg)
-        self.adaptive_k = Gauge(PREFIX + "spec_decode_adaptive_k", "K of the latest step (the adaptive "
-                                "controller's choice when adaptive).", ("model_name",), registry=reg)
-        self.predicted_speedup = Gauge(PREFIX + "spec_decode_predicted_speedup",
-                                       "Predicted speedup E / (K*c + v) of the latest step.", ("model_name",),
-                                       registry=reg)
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "Time to first token in seconds.",
+            ("model_name",),
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "Engine time of a request in seconds.",
+            ("model_name",),
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.step_seconds = Histogram(
+            PREFIX + "spec_decode_step_seconds",
+            "Time of one step's phase (propose, score, sample) in seconds.",
+            ("model_name", "phase"),
+            buckets=STEP_BUCKETS,
+            registry=reg,
+        )
+        self.adaptive_k = Gauge(
+            PREFIX + "spec_decode_adaptive_k",
+            "K of the latest step (the adaptive controller's choice when adaptive).",
+            ("model_name",),
+            registry=reg,
+        )
+        self.predicted_speedup = Gauge(
+            PREFIX + "spec_decode_predicted_speedup",
+            "Predicted speedup E / (K*c + v) of the latest step.",
+            ("model_name",),
+            registry=reg,
+        )
         if admission is not None:
             running = Gauge(PREFIX + "num_requests_running", "Requests the engine is answering.", registry=reg)
             waiting = Gauge(PREFIX + "num_requests_waiting", "Requests waiting in the FIFO queue.", registry=reg)
@@ -90,8 +113,11 @@ class MetricsRecorder:
                     self.accepted_per_pos.labels(model, str(position)).inc()
             if event.tokens:
                 self.generation_tokens.labels(model).inc(len(event.tokens))
-                for phase, us in (("propose", event.propose_time_us), ("score", event.score_time_us),
-                                  ("sample", event.sampler_time_us)):
+                for phase, us in (
+                    ("propose", event.propose_time_us),
+                    ("score", event.score_time_us),
+                    ("sample", event.sampler_time_us),
+                ):
                     self.step_seconds.labels(model, phase).observe(us / 1e6)
                 if event.stats.target_forwards == 1:
                     self.ttft.labels(model).observe(event.stats.elapsed_s)
@@ -112,5 +138,6 @@ def observer_for(recorder: MetricsRecorder | None):
     """The manager's hook: (event, model, prompt_tokens) -> None, counting chat-window answers; None without one."""
     if recorder is None:
         return None
-    return lambda event, model, prompt_tokens: recorder.observe(event, model=model, source="chat",
-                                                                prompt_tokens=prompt_tokens)
+    return lambda event, model, prompt_tokens: recorder.observe(
+        event, model=model, source="chat", prompt_tokens=prompt_tokens
+    )

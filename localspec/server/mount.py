@@ -4,6 +4,7 @@ The routes go to Gradio's app through launch(app_kwargs={'routes': …}) (FastAP
 The chat window and the API share one FIFO Admission (the manager's lock) and one MetricsRecorder (the manager's
 observer), so chat answers count in /metrics and wait in the same queue as API requests.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ class ApiParts:
     manager_options: dict = field(default_factory=dict)  # ModelManager(admission=…, observer=…)
 
     @classmethod
-    def for_host(cls, host: str, no_auth: bool) -> "ApiParts":
+    def for_host(cls, host: str, no_auth: bool) -> ApiParts:
         api_key = api_key_for(host, no_auth)  # ConfigError before anything loads
         admission = Admission()
         metrics = MetricsRecorder(admission)

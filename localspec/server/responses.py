@@ -4,6 +4,7 @@ Without `localspec: {provenance: true}` the bodies are plain OpenAI. With it, ea
 choice) gains `localspec: {tokens: [...]}` with every token's kind, p_target and p_draft, and `usage` gains
 drafted_tokens, accepted_tokens, acceptance_rate and mean_acceptance_length.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,7 +61,7 @@ class Collector:
             upto = len(self.text)
         else:
             upto = len(self.text) - self._held(stops)
-        piece, self.sent = self.text[self.sent:upto], max(self.sent, upto)
+        piece, self.sent = self.text[self.sent : upto], max(self.sent, upto)
         out = []
         while self.released < len(self.tokens):
             tok, offset = self.tokens[self.released]
@@ -88,8 +89,14 @@ class Collector:
         content = []
         for tok in tokens:
             text = self.tokenizer.decode([tok.token_id])
-            content.append({"token": text, "logprob": logprob(tok.target_prob),
-                            "bytes": list(text.encode("utf-8")), "top_logprobs": []})
+            content.append(
+                {
+                    "token": text,
+                    "logprob": logprob(tok.target_prob),
+                    "bytes": list(text.encode("utf-8")),
+                    "top_logprobs": [],
+                }
+            )
         return {"content": content}
 
     def completion_logprobs(self, tokens: list[TokenEvent], first_offset: int) -> dict:
@@ -98,16 +105,26 @@ class Collector:
         for text in texts:
             offsets.append(at)
             at += len(text)
-        return {"tokens": texts, "token_logprobs": [logprob(t.target_prob) for t in tokens],
-                "top_logprobs": None, "text_offset": offsets}
+        return {
+            "tokens": texts,
+            "token_logprobs": [logprob(t.target_prob) for t in tokens],
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
 
     def usage(self, prompt_tokens: int) -> dict:
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": self.released,
-                 "total_tokens": prompt_tokens + self.released}
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": self.released,
+            "total_tokens": prompt_tokens + self.released,
+        }
         if self.request.extension.provenance:
-            usage.update(drafted_tokens=self.stats.drafted, accepted_tokens=self.stats.accepted,
-                         acceptance_rate=self.stats.acceptance_rate,
-                         mean_acceptance_length=self.stats.mean_acceptance_length)
+            usage.update(
+                drafted_tokens=self.stats.drafted,
+                accepted_tokens=self.stats.accepted,
+                acceptance_rate=self.stats.acceptance_rate,
+                mean_acceptance_length=self.stats.mean_acceptance_length,
+            )
         return usage
 
     def _head(self, object_: str) -> dict:
@@ -115,15 +132,24 @@ class Collector:
 
     def _decorate(self, choice: dict, tokens: list[TokenEvent], offset: int) -> dict:
         if self.request.logprobs:
-            choice["logprobs"] = (self.chat_logprobs(tokens) if self.request.endpoint == "chat"
-                                  else self.completion_logprobs(tokens, offset))
+            choice["logprobs"] = (
+                self.chat_logprobs(tokens)
+                if self.request.endpoint == "chat"
+                else self.completion_logprobs(tokens, offset)
+            )
         if self.request.extension.provenance:
             choice["localspec"] = self.provenance(tokens)
         return choice
 
     # ---- whole bodies -----------------------------------------------------------------------------------------
-    def chunk(self, piece: str, tokens: list[TokenEvent], finish_reason: str | None = None, first: bool = False,
-              offset: int = 0) -> dict:
+    def chunk(
+        self,
+        piece: str,
+        tokens: list[TokenEvent],
+        finish_reason: str | None = None,
+        first: bool = False,
+        offset: int = 0,
+    ) -> dict:
         if self.request.endpoint == "chat":
             delta = {"role": "assistant", "content": piece} if first else ({"content": piece} if piece else {})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
@@ -144,8 +170,12 @@ class Collector:
         tokens = [tok for tok, _ in self.tokens[: self.released]]
         text = self.text[: self.sent]
         if self.request.endpoint == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": self.finish_reason}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": self.finish_reason,
+            }
             body = self._head("chat.completion")
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason}

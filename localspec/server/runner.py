@@ -1,5 +1,6 @@
 """One API request's generation: waits its turn in the shared FIFO queue, then runs the engine in a worker thread
 and hands events to the request's asyncio task. Cancelling (client gone, stop string) stops the engine."""
+
 from __future__ import annotations
 
 import asyncio
@@ -50,16 +51,20 @@ def check_model(backend: Backend, model: str) -> None:
         raise APIError("no model pair is loaded", "model", 503, "server_error", "model_not_loaded")
     if model != name:
         known = [p.name for p in backend.pairs]
-        message = (f"model {model!r} is listed but not loaded; this server answers with {name!r}" if model in known
-                   else f"model {model!r} does not exist; this server answers with {name!r}")
+        message = (
+            f"model {model!r} is listed but not loaded; this server answers with {name!r}"
+            if model in known
+            else f"model {model!r} does not exist; this server answers with {name!r}"
+        )
         raise APIError(message, "model", 404, code="model_not_found")
 
 
 class Job:
     """Items on .items: ('event', StepEvent) …, then ('error', APIError) or nothing, then ('end', None)."""
 
-    def __init__(self, request: GenerationRequest, backend: Backend, admission: Admission,
-                 metrics: MetricsRecorder | None) -> None:
+    def __init__(
+        self, request: GenerationRequest, backend: Backend, admission: Admission, metrics: MetricsRecorder | None
+    ) -> None:
         self.request, self.backend, self.admission, self.metrics = request, backend, admission, metrics
         self.cancel = threading.Event()
         self.prompt_tokens = 0
@@ -88,8 +93,7 @@ class Job:
         except ConfigError as exc:
             self._push("error", APIError(str(exc), "messages" if self.request.endpoint == "chat" else "prompt"))
         except Exception as exc:  # the server stays up; the client is told what went wrong
-            self._push("error", APIError(f"generation failed: {type(exc).__name__}: {exc}", None, 500,
-                                         "server_error"))
+            self._push("error", APIError(f"generation failed: {type(exc).__name__}: {exc}", None, 500, "server_error"))
         finally:
             self.admission.leave(self.ticket)
             self._push("end")

@@ -3,6 +3,7 @@
 The ranges are the project's (SamplingParams.validate, SpecConfig.validate, chat.MAX_MESSAGE_CHARS,
 store.validation): a rule the chat window applies is applied here by the same code, with the field named.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -21,17 +22,31 @@ DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; 0 is greedy
 DEFAULT_MAX_TOKENS = SamplingParams().max_new_tokens
 Endpoint = Literal["chat", "completions"]
 # accepted only with these values (what OpenAI's clients send by default); anything else is refused by name
-NEUTRAL = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None), "logit_bias": (None, {}),
-           "tools": (None, []), "tool_choice": (None, "none", "auto"), "response_format": (None, {"type": "text"}),
-           "echo": (False, None), "best_of": (1, None), "suffix": (None,)}
+NEUTRAL = {
+    "presence_penalty": (0, 0.0, None),
+    "frequency_penalty": (0, 0.0, None),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+    "echo": (False, None),
+    "best_of": (1, None),
+    "suffix": (None,),
+}
 
 
 class APIError(Exception):
     """An error answered as {"error": {"message", "type", "param", "code"}} with an HTTP status."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 type_: str = "invalid_request_error", code: str | None = None,
-                 headers: dict | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict | None = None,
+    ) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.type, self.code = message, param, status, type_, code
         self.headers = headers or {}
@@ -69,8 +84,10 @@ class GenerationRequest:
         try:
             spec = session.default_spec(proposer=ext.proposer, k=ext.k, adaptive=ext.adaptive)
             if spec.proposer not in session.proposers:
-                raise APIError(f"this model pair has no {spec.proposer!r} proposer; it has: "
-                               f"{', '.join(session.proposers)}", "localspec.proposer")
+                raise APIError(
+                    f"this model pair has no {spec.proposer!r} proposer; it has: {', '.join(session.proposers)}",
+                    "localspec.proposer",
+                )
             return spec.validate()
         except ConfigError as exc:
             raise APIError(str(exc), "localspec.k" if "K" in str(exc) else "localspec.proposer") from None
@@ -124,8 +141,10 @@ def _messages(value: Any) -> tuple:
             raise APIError(f"messages[{index}] must be an object with 'role' and 'content'", f"messages[{index}]")
         role = "system" if message.get("role") == "developer" else message.get("role")
         if role not in ROLES:
-            raise APIError(f"messages[{index}].role is {message.get('role')!r}; choose one of "
-                           f"{', '.join(ROLES)}", f"messages[{index}].role")
+            raise APIError(
+                f"messages[{index}].role is {message.get('role')!r}; choose one of {', '.join(ROLES)}",
+                f"messages[{index}].role",
+            )
         out.append({"role": role, "content": _content(message.get("content"), index)})
     if not out[-1]["content"].strip():
         raise APIError("the last message is empty", f"messages[{len(out) - 1}].content")
@@ -150,8 +169,10 @@ def _extension(value: Any) -> Extension:
         raise APIError("localspec must be an object: {proposer, k, adaptive, provenance}", "localspec")
     unknown = set(value) - {"proposer", "k", "adaptive", "provenance"}
     if unknown:
-        raise APIError(f"localspec has unknown field {sorted(unknown)[0]!r}; it takes proposer, k, adaptive, "
-                       f"provenance", f"localspec.{sorted(unknown)[0]}")
+        raise APIError(
+            f"localspec has unknown field {sorted(unknown)[0]!r}; it takes proposer, k, adaptive, provenance",
+            f"localspec.{sorted(unknown)[0]}",
+        )
     proposer = value.get("proposer")
     if proposer is not None and not isinstance(proposer, str):
         raise APIError(f"localspec.proposer must be a name (got {proposer!r})", "localspec.proposer")
@@ -176,7 +197,7 @@ def _sampling(body: dict) -> SamplingParams:
         "temperature": body.get("temperature", DEFAULT_TEMPERATURE),
         "top_p": body.get("top_p", 1.0),
         "max_new_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-        "seed": secrets.randbelow(2 ** 63) if seed is None else seed,
+        "seed": secrets.randbelow(2**63) if seed is None else seed,
     }
     values = {k: (SamplingParams.__dataclass_fields__[k].default if v is None else v) for k, v in values.items()}
     params = SamplingParams(**values)
@@ -184,8 +205,14 @@ def _sampling(body: dict) -> SamplingParams:
         return params.validate()
     except ConfigError as exc:
         message = str(exc)
-        param = next((p for p, words in (("temperature", "temperature"), ("top_p", "top-p"), ("seed", "seed"))
-                      if message.startswith(words)), "max_tokens")
+        param = next(
+            (
+                p
+                for p, words in (("temperature", "temperature"), ("top_p", "top-p"), ("seed", "seed"))
+                if message.startswith(words)
+            ),
+            "max_tokens",
+        )
         raise APIError(message, param) from None
 
 
@@ -213,12 +240,21 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
         top = _int(body, "logprobs")
         logprobs = top is not None
     if top:
-        raise APIError("top_logprobs is not supported: the engine reports the target's probability of each emitted "
-                       "token only; ask for logprobs: true (chat) or logprobs: 0 (completions)",
-                       "top_logprobs" if endpoint == "chat" else "logprobs")
-    request = GenerationRequest(endpoint=endpoint, model=model, sampling=_sampling(body), stream=stream,
-                                include_usage=include_usage, logprobs=logprobs, stop=_stop(body.get("stop")),
-                                extension=_extension(body.get("localspec")))
+        raise APIError(
+            "top_logprobs is not supported: the engine reports the target's probability of each emitted "
+            "token only; ask for logprobs: true (chat) or logprobs: 0 (completions)",
+            "top_logprobs" if endpoint == "chat" else "logprobs",
+        )
+    request = GenerationRequest(
+        endpoint=endpoint,
+        model=model,
+        sampling=_sampling(body),
+        stream=stream,
+        include_usage=include_usage,
+        logprobs=logprobs,
+        stop=_stop(body.get("stop")),
+        extension=_extension(body.get("localspec")),
+    )
     if endpoint == "chat":
         return replace(request, messages=_messages(body.get("messages")))
     prompt = body.get("prompt")

@@ -10,6 +10,7 @@
 - Titles and content are stored exactly as given (lone surrogates, which cannot be UTF-8, become U+FFFD);
   escaping is the renderer's job.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from localspec.config import ConfigError
+
 from .schema import SCHEMA_VERSION, migrate, user_version
 from .validation import ROLES, clean_text
 
@@ -247,9 +249,11 @@ class ConversationStore:
                 raise sqlite3.DatabaseError(f"database disk image is malformed: {check}")
             version = user_version(conn)
             if version > SCHEMA_VERSION:
-                raise StoreError(f"the conversation database {self.path} was written by a newer localspec (schema "
-                                 f"{version}; this version reads up to {SCHEMA_VERSION}). Update localspec, or "
-                                 f"set LOCALSPEC_HOME to use another folder.")
+                raise StoreError(
+                    f"the conversation database {self.path} was written by a newer localspec (schema "
+                    f"{version}; this version reads up to {SCHEMA_VERSION}). Update localspec, or "
+                    f"set LOCALSPEC_HOME to use another folder."
+                )
             migrate(conn)
             return conn
         except BaseException:
@@ -270,8 +274,10 @@ class ConversationStore:
                 if side.exists():
                     side.rename(target.with_name(target.name + suffix))
         except OSError as exc:
-            raise StoreError(f"the conversation database {self.path} is damaged and could not be moved aside "
-                             f"({exc}); move it yourself or set LOCALSPEC_HOME") from None
+            raise StoreError(
+                f"the conversation database {self.path} is damaged and could not be moved aside "
+                f"({exc}); move it yourself or set LOCALSPEC_HOME"
+            ) from None
         return target
 
     def close(self) -> None:
@@ -283,7 +289,7 @@ class ConversationStore:
             self._conn.close()
             self._closed = True
 
-    def __enter__(self) -> "ConversationStore":
+    def __enter__(self) -> ConversationStore:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -333,14 +339,25 @@ class ConversationStore:
         now = time.time()
 
         def insert(conn):
-            cur = conn.execute("INSERT INTO conversations (title, model, created_at, updated_at) VALUES (?, ?, ?, ?)",
-                               (title, model, now, now))
+            cur = conn.execute(
+                "INSERT INTO conversations (title, model, created_at, updated_at) VALUES (?, ?, ?, ?)",
+                (title, model, now, now),
+            )
             return int(cur.lastrowid)
 
         return self._write(insert)
 
-    def _insert_message(self, conversation_id: Any, role: str, content: str, complete: bool, model=None,
-                        proposer=None, k=None, sampling: Optional[dict] = None) -> int:
+    def _insert_message(
+        self,
+        conversation_id: Any,
+        role: str,
+        content: str,
+        complete: bool,
+        model=None,
+        proposer=None,
+        k=None,
+        sampling: Optional[dict] = None,
+    ) -> int:
         if role not in ROLES:
             raise StoreError(f"unknown message role {role!r}; choose one of {', '.join(ROLES)}")
         content = clean_text(content, "the message")
@@ -352,7 +369,8 @@ class ConversationStore:
             cur = conn.execute(
                 "INSERT INTO messages (conversation_id, role, content, complete, model, proposer, k, sampling, "
                 "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (cid, role, content, int(bool(complete)), model, proposer, k, sampling_json, now))
+                (cid, role, content, int(bool(complete)), model, proposer, k, sampling_json, now),
+            )
             conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, cid))
             return int(cur.lastrowid)
 
@@ -362,20 +380,27 @@ class ConversationStore:
         """A user or system message, or an assistant message that is already whole. Returns the message id."""
         return self._insert_message(conversation_id, role, content, complete)
 
-    def start_answer(self, conversation_id: int, model: str, proposer: str, k: int,
-                     sampling: Optional[dict] = None) -> int:
+    def start_answer(
+        self, conversation_id: int, model: str, proposer: str, k: int, sampling: Optional[dict] = None
+    ) -> int:
         """An empty assistant message, marked incomplete until finish_answer. Returns its id for append_tokens."""
-        return self._insert_message(conversation_id, "assistant", "", False,
-                                    clean_text(str(model), "the model name"), clean_text(str(proposer), "proposer"),
-                                    _int_or_none(k), sampling)
+        return self._insert_message(
+            conversation_id,
+            "assistant",
+            "",
+            False,
+            clean_text(str(model), "the model name"),
+            clean_text(str(proposer), "proposer"),
+            _int_or_none(k),
+            sampling,
+        )
 
     def _open_answer(self, conn: sqlite3.Connection, message_id: Any) -> Optional[sqlite3.Row]:
         """The message row, or None when it no longer exists (its conversation was deleted mid-answer)."""
         mid = _int_or_none(message_id)
         if mid is None:
             return None
-        return conn.execute("SELECT id, conversation_id, role, complete FROM messages WHERE id = ?",
-                            (mid,)).fetchone()
+        return conn.execute("SELECT id, conversation_id, role, complete FROM messages WHERE id = ?", (mid,)).fetchone()
 
     def append_tokens(self, message_id: int, tokens: list[dict]) -> bool:
         """Record one step's tokens (TokenEvent.to_dict() rows) and extend the message text, in one transaction.
@@ -392,10 +417,19 @@ class ConversationStore:
             if token_id is None:
                 raise StoreError(f"a token record has no integer 'id': {tok!r}")
             extra = {k: v for k, v in tok.items() if k not in TOKEN_FIELDS}
-            rows.append((token_id, clean_text(str(tok.get("text") or ""), "token text"), str(tok.get("kind") or ""),
-                         _real(tok.get("p_target")), _real(tok.get("p_draft")), _int_or_none(tok.get("rejected_id")),
-                         _real(tok.get("rejected_p_target")), _real(tok.get("rejected_p_draft")),
-                         json.dumps(_jsonable(extra), allow_nan=False) if extra else None))
+            rows.append(
+                (
+                    token_id,
+                    clean_text(str(tok.get("text") or ""), "token text"),
+                    str(tok.get("kind") or ""),
+                    _real(tok.get("p_target")),
+                    _real(tok.get("p_draft")),
+                    _int_or_none(tok.get("rejected_id")),
+                    _real(tok.get("rejected_p_target")),
+                    _real(tok.get("rejected_p_draft")),
+                    json.dumps(_jsonable(extra), allow_nan=False) if extra else None,
+                )
+            )
         text = "".join(row[1] for row in rows)
         now = time.time()
 
@@ -405,12 +439,14 @@ class ConversationStore:
                 return False
             if message["role"] != "assistant" or message["complete"]:
                 raise StoreError(f"message {message_id} is not an answer in progress; start one with start_answer")
-            start = conn.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM tokens WHERE message_id = ?",
-                                 (message["id"],)).fetchone()[0]
+            start = conn.execute(
+                "SELECT COALESCE(MAX(seq) + 1, 0) FROM tokens WHERE message_id = ?", (message["id"],)
+            ).fetchone()[0]
             conn.executemany(
                 "INSERT INTO tokens (message_id, seq, token_id, text, kind, p_target, p_draft, rejected_id, "
                 "rejected_p_target, rejected_p_draft, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(message["id"], start + i) + row for i, row in enumerate(rows)])
+                [(message["id"], start + i) + row for i, row in enumerate(rows)],
+            )
             if text:
                 conn.execute("UPDATE messages SET content = content || ? WHERE id = ?", (text, message["id"]))
             conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, message["conversation_id"]))
@@ -418,8 +454,9 @@ class ConversationStore:
 
         return self._write(append)
 
-    def finish_answer(self, message_id: int, finish_reason: str, stats: dict | None = None,
-                      error: str | None = None) -> bool:
+    def finish_answer(
+        self, message_id: int, finish_reason: str, stats: dict | None = None, error: str | None = None
+    ) -> bool:
         """Mark the answer complete with why it ended ('stop', 'length', 'cancelled', 'error') and its final stats.
         Returns False when the message is gone (see append_tokens)."""
         stats_json = json.dumps(_jsonable(stats), allow_nan=False) if stats is not None else None
@@ -433,8 +470,10 @@ class ConversationStore:
                 return False
             if message["role"] != "assistant":
                 raise StoreError(f"message {message_id} is not an answer")
-            conn.execute("UPDATE messages SET complete = 1, finish_reason = ?, stats = ?, error = ? WHERE id = ?",
-                         (reason, stats_json, error, message["id"]))
+            conn.execute(
+                "UPDATE messages SET complete = 1, finish_reason = ?, stats = ?, error = ? WHERE id = ?",
+                (reason, stats_json, error, message["id"]),
+            )
             conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, message["conversation_id"]))
             return True
 
@@ -468,8 +507,11 @@ class ConversationStore:
         def retract(conn) -> bool:
             row = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (aid,)).fetchone()
             conn.execute("DELETE FROM messages WHERE id IN (?, ?)", (uid, aid))
-            if row is not None and conn.execute("SELECT COUNT(*) FROM messages WHERE conversation_id = ?",
-                                                (row[0],)).fetchone()[0] == 0:
+            if (
+                row is not None
+                and conn.execute("SELECT COUNT(*) FROM messages WHERE conversation_id = ?", (row[0],)).fetchone()[0]
+                == 0
+            ):
                 conn.execute("DELETE FROM conversations WHERE id = ?", (row[0],))
                 return True
             return False
@@ -485,10 +527,14 @@ class ConversationStore:
             row = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (aid,)).fetchone()
             if row is None:
                 return 0
-            last_user = conn.execute("SELECT COALESCE(MAX(id), 0) FROM messages WHERE conversation_id = ? AND "
-                                     "role = 'user' AND id < ?", (row[0], aid)).fetchone()[0]
-            cur = conn.execute("DELETE FROM messages WHERE conversation_id = ? AND role = 'assistant' AND id > ? "
-                               "AND id <> ?", (row[0], last_user, aid))
+            last_user = conn.execute(
+                "SELECT COALESCE(MAX(id), 0) FROM messages WHERE conversation_id = ? AND role = 'user' AND id < ?",
+                (row[0], aid),
+            ).fetchone()[0]
+            cur = conn.execute(
+                "DELETE FROM messages WHERE conversation_id = ? AND role = 'assistant' AND id > ? AND id <> ?",
+                (row[0], last_user, aid),
+            )
             return cur.rowcount
 
         return self._write(drop)
@@ -499,16 +545,17 @@ class ConversationStore:
         uid = _int_or_none(user_message_id)
 
         def drop(conn) -> int:
-            row = conn.execute("SELECT conversation_id FROM messages WHERE id = ? AND role = 'user'",
-                               (uid,)).fetchone()
+            row = conn.execute("SELECT conversation_id FROM messages WHERE id = ? AND role = 'user'", (uid,)).fetchone()
             if row is None:
                 return 0
-            previous = conn.execute("SELECT MAX(id) FROM messages WHERE conversation_id = ? AND role = 'user' AND "
-                                    "id < ?", (row[0], uid)).fetchone()[0]
+            previous = conn.execute(
+                "SELECT MAX(id) FROM messages WHERE conversation_id = ? AND role = 'user' AND id < ?", (row[0], uid)
+            ).fetchone()[0]
             if previous is None:
                 return 0
-            cur = conn.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ? AND id < ?",
-                               (row[0], previous, uid))
+            cur = conn.execute(
+                "DELETE FROM messages WHERE conversation_id = ? AND id >= ? AND id < ?", (row[0], previous, uid)
+            )
             return cur.rowcount
 
         return self._write(drop)
@@ -528,38 +575,65 @@ class ConversationStore:
             rows = self._conn.execute(
                 "SELECT c.id, c.title, c.model, c.created_at, c.updated_at, "
                 "EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.complete = 0) AS incomplete "
-                "FROM conversations c ORDER BY c.updated_at DESC, c.id DESC").fetchall()
-        return [ConversationSummary(r["id"], r["title"], r["model"], r["created_at"], r["updated_at"],
-                                    bool(r["incomplete"])) for r in rows]
+                "FROM conversations c ORDER BY c.updated_at DESC, c.id DESC"
+            ).fetchall()
+        return [
+            ConversationSummary(
+                r["id"], r["title"], r["model"], r["created_at"], r["updated_at"], bool(r["incomplete"])
+            )
+            for r in rows
+        ]
 
     def get_conversation(self, conversation_id: int) -> Conversation:
         with self._lock:
             conn = self._conn
             cid = _int_or_none(conversation_id)
-            row = conn.execute("SELECT * FROM conversations WHERE id = ?", (cid,)).fetchone() if cid is not None \
-                else None
+            row = (
+                conn.execute("SELECT * FROM conversations WHERE id = ?", (cid,)).fetchone() if cid is not None else None
+            )
             if row is None:
                 raise StoreError(f"conversation {conversation_id!r} does not exist (it may have been deleted)")
-            message_rows = conn.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id",
-                                        (cid,)).fetchall()
+            message_rows = conn.execute(
+                "SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (cid,)
+            ).fetchall()
             token_rows = conn.execute(
                 "SELECT t.* FROM tokens t JOIN messages m ON m.id = t.message_id WHERE m.conversation_id = ? "
-                "ORDER BY t.message_id, t.seq", (cid,)).fetchall()
+                "ORDER BY t.message_id, t.seq",
+                (cid,),
+            ).fetchall()
         tokens: dict[int, list[dict]] = {}
         for t in token_rows:
-            record = {"id": t["token_id"], "text": t["text"], "kind": t["kind"], "p_target": t["p_target"],
-                      "p_draft": t["p_draft"], "rejected_id": t["rejected_id"],
-                      "rejected_p_target": t["rejected_p_target"], "rejected_p_draft": t["rejected_p_draft"]}
+            record = {
+                "id": t["token_id"],
+                "text": t["text"],
+                "kind": t["kind"],
+                "p_target": t["p_target"],
+                "p_draft": t["p_draft"],
+                "rejected_id": t["rejected_id"],
+                "rejected_p_target": t["rejected_p_target"],
+                "rejected_p_draft": t["rejected_p_draft"],
+            }
             if t["extra"]:
                 record.update(json.loads(t["extra"]))
             tokens.setdefault(t["message_id"], []).append(record)
         messages = tuple(
-            Message(id=m["id"], role=m["role"], content=m["content"], complete=bool(m["complete"]),
-                    created_at=m["created_at"], model=m["model"], proposer=m["proposer"], k=m["k"],
-                    finish_reason=m["finish_reason"], stats=json.loads(m["stats"]) if m["stats"] else None,
-                    error=m["error"], tokens=tuple(tokens.get(m["id"], ())),
-                    sampling=json.loads(m["sampling"]) if m["sampling"] else None)
-            for m in message_rows)
+            Message(
+                id=m["id"],
+                role=m["role"],
+                content=m["content"],
+                complete=bool(m["complete"]),
+                created_at=m["created_at"],
+                model=m["model"],
+                proposer=m["proposer"],
+                k=m["k"],
+                finish_reason=m["finish_reason"],
+                stats=json.loads(m["stats"]) if m["stats"] else None,
+                error=m["error"],
+                tokens=tuple(tokens.get(m["id"], ())),
+                sampling=json.loads(m["sampling"]) if m["sampling"] else None,
+            )
+            for m in message_rows
+        )
         return Conversation(row["id"], row["title"], row["model"], row["created_at"], row["updated_at"], messages)
 
     # -- export --------------------------------------------------------------------------------------------------
@@ -575,24 +649,43 @@ class ConversationStore:
             "created_at": _iso(conv.created_at),
             "updated_at": _iso(conv.updated_at),
             "messages": [
-                {"role": m.role, "content": m.content, "complete": m.complete, "created_at": _iso(m.created_at),
-                 **({"model": m.model, "proposer": m.proposer, "k": m.k, "finish_reason": m.finish_reason,
-                     "error": m.error, "sampling": m.sampling, "stats": m.stats, "tokens": list(m.tokens)}
-                    if m.role == "assistant" else {})}
+                {
+                    "role": m.role,
+                    "content": m.content,
+                    "complete": m.complete,
+                    "created_at": _iso(m.created_at),
+                    **(
+                        {
+                            "model": m.model,
+                            "proposer": m.proposer,
+                            "k": m.k,
+                            "finish_reason": m.finish_reason,
+                            "error": m.error,
+                            "sampling": m.sampling,
+                            "stats": m.stats,
+                            "tokens": list(m.tokens),
+                        }
+                        if m.role == "assistant"
+                        else {}
+                    ),
+                }
                 for m in conv.messages
             ],
         }
 
     def export_json(self, conversation_id: int) -> str:
         """The whole conversation, token records included, as a JSON document (UTF-8 text, no NaN)."""
-        return json.dumps(_jsonable(self.export_dict(conversation_id)), ensure_ascii=False, indent=2,
-                          allow_nan=False)
+        return json.dumps(_jsonable(self.export_dict(conversation_id)), ensure_ascii=False, indent=2, allow_nan=False)
 
     def export_markdown(self, conversation_id: int) -> str:
         """A readable Markdown transcript. Plain text: titles and messages appear exactly as stored."""
         conv = self.get_conversation(conversation_id)
-        lines = [f"# {conv.title}", "", f"*Model: {conv.model} · started {_iso(conv.created_at)} · "
-                                        f"last change {_iso(conv.updated_at)}*", ""]
+        lines = [
+            f"# {conv.title}",
+            "",
+            f"*Model: {conv.model} · started {_iso(conv.created_at)} · last change {_iso(conv.updated_at)}*",
+            "",
+        ]
         for m in conv.messages:
             heading = m.role.capitalize()
             notes = []

@@ -10,6 +10,7 @@ reopened answer).
 A migration is a list of SQL statements run in one transaction together with the user_version bump, so a
 crash during an upgrade leaves the file at the old version, never half-way.
 """
+
 from __future__ import annotations
 
 import sqlite3

@@ -1,5 +1,6 @@
 """Small checks for what arrives from outside (the browser, a file): each ends in a ConfigError with a message
 meant to be shown as is, or returns a cleaned value."""
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,9 @@ def validate_messages(messages: Any) -> list[dict]:
     cleaned = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise ConfigError(f"message {index + 1} must be a mapping with 'role' and 'content' "
-                              f"(got {type(message).__name__})")
+            raise ConfigError(
+                f"message {index + 1} must be a mapping with 'role' and 'content' (got {type(message).__name__})"
+            )
         role = message.get("role")
         if role not in ROLES:
             raise ConfigError(f"message {index + 1} has role {role!r}; choose one of {', '.join(ROLES)}")

@@ -1,4 +1,5 @@
 """The Gradio chat window. build_app(manager) → Blocks; ModelManager loads pairs and serialises answers."""
+
 import os
 
 # before gradio (or anything that imports it) is loaded

@@ -6,6 +6,7 @@ back in the box; the next Send replaces that exchange (in the window and in the 
 edit puts it back. The edit in progress lives in a gr.State: None, or {"turns": [the user turn, its answer],
 "at": how many turns stayed}.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -13,6 +14,7 @@ from typing import Optional
 import gradio as gr
 
 from localspec.config import ConfigError
+
 from .handlers import Handlers, events_json, history_of, owner_of
 from .manager import Busy
 from .render import stats_html, status_html, transcript_html
@@ -27,8 +29,12 @@ EDITING = "Editing your last message: change it and press Send to replace it and
 
 def last_exchange(turns: list[dict]) -> Optional[int]:
     """Index of the last user turn when it is followed by its finished answer (the last turn), else None."""
-    if len(turns) >= 2 and turns[-1]["role"] == "assistant" and turns[-2]["role"] == "user" \
-            and "pending" not in turns[-1]:
+    if (
+        len(turns) >= 2
+        and turns[-1]["role"] == "assistant"
+        and turns[-2]["role"] == "user"
+        and "pending" not in turns[-1]
+    ):
         return len(turns) - 2
     return None
 
@@ -46,12 +52,29 @@ class Actions:
         return self.recorder is None or self.recorder.is_editing(owner)
 
     def _stats(self, answer: AssistantTurn, done: bool) -> str:
-        return stats_html(answer.stats, proposer_label(answer.proposer), answer.k if answer.proposer != "none" else None,
-                          answer.finish_reason if done else None, runtime_of(self.manager.session))
+        return stats_html(
+            answer.stats,
+            proposer_label(answer.proposer),
+            answer.k if answer.proposer != "none" else None,
+            answer.finish_reason if done else None,
+            runtime_of(self.manager.session),
+        )
 
     # ---- regenerate ------------------------------------------------------------------------------------------
-    def regenerate(self, turns, editing, proposer, k, temperature, top_p, top_k, max_new_tokens, seed, colour,
-                   request: gr.Request = None):
+    def regenerate(
+        self,
+        turns,
+        editing,
+        proposer,
+        k,
+        temperature,
+        top_p,
+        top_k,
+        max_new_tokens,
+        seed,
+        colour,
+        request: gr.Request = None,
+    ):
         """Outputs: transcript, stats, status, events, state."""
         owner = owner_of(request)
         turns = list(turns or [])
@@ -81,16 +104,25 @@ class Actions:
         for _, status in self.handlers._run(owner, history, sampling, proposer, k_value, answer, sink):  # fills it
             if answer.finish_reason == "error" and not answer.tokens:
                 turns = kept + [old]  # nothing was said: the previous answer stays
-                yield (transcript_html(turns, colour), gr.skip(),
-                       status_html(f"{answer.error} (the previous answer is kept)", "error"), gr.skip(), turns)
+                yield (
+                    transcript_html(turns, colour),
+                    gr.skip(),
+                    status_html(f"{answer.error} (the previous answer is kept)", "error"),
+                    gr.skip(),
+                    turns,
+                )
                 return
             done = not answer.streaming
             if done:
                 status = self.handlers._final_status(answer)
             turns = kept + [answer.to_state()]
-            yield (transcript_html(turns, colour, answer.notice), self._stats(answer, done),
-                   status_html(status, "error" if answer.finish_reason == "error" else "info"),
-                   events_json(answer), turns)
+            yield (
+                transcript_html(turns, colour, answer.notice),
+                self._stats(answer, done),
+                status_html(status, "error" if answer.finish_reason == "error" else "info"),
+                events_json(answer),
+                turns,
+            )
 
     # ---- edit and resend -------------------------------------------------------------------------------------
     def edit(self, turns, editing, colour, request: gr.Request = None):
@@ -98,16 +130,28 @@ class Actions:
         owner = owner_of(request)
         turns = list(turns or [])
         at = last_exchange(turns)
-        problem = ("already editing: press Send or Cancel edit" if self._editing(editing, turns, owner) else
-                   STREAMING if self.manager.is_answering(owner) else
-                   NOTHING_TO_REDO if at is None else None)
+        problem = (
+            "already editing: press Send or Cancel edit"
+            if self._editing(editing, turns, owner)
+            else STREAMING
+            if self.manager.is_answering(owner)
+            else NOTHING_TO_REDO
+            if at is None
+            else None
+        )
         if problem:
             return gr.skip(), status_html(problem, "error"), gr.skip(), turns, editing, gr.skip()
         if self.recorder is not None:
             self.recorder.begin_edit(owner)
         kept, taken = turns[:at], turns[at:]
-        return (transcript_html(kept, colour), status_html(EDITING), taken[0]["content"], kept,
-                {"turns": taken, "at": len(kept)}, gr.update(visible=True))
+        return (
+            transcript_html(kept, colour),
+            status_html(EDITING),
+            taken[0]["content"],
+            kept,
+            {"turns": taken, "at": len(kept)},
+            gr.update(visible=True),
+        )
 
     def cancel_edit(self, turns, editing, colour, request: gr.Request = None):
         """Put the exchange taken out by edit back. Outputs: transcript, status, message box, state, edit state,
@@ -121,8 +165,14 @@ class Actions:
         if self.recorder is not None:
             self.recorder.end_edit(owner)
         if not active:
-            return gr.skip(), status_html("The edit was dropped; the window has changed since."), gr.skip(), \
-                turns, None, hidden
+            return (
+                gr.skip(),
+                status_html("The edit was dropped; the window has changed since."),
+                gr.skip(),
+                turns,
+                None,
+                hidden,
+            )
         turns = turns + list(editing["turns"])
         return transcript_html(turns, colour), status_html("Edit cancelled."), "", turns, None, hidden
 
@@ -139,14 +189,15 @@ class Actions:
             self.recorder.end_edit(owner_of(request))
         return None, gr.update(visible=False)
 
-
     # ---- the buttons and their wiring (called by layout.build_app) -------------------------------------------
     def buttons(self) -> dict:
         """Render the buttons where called (inside a gr.Row) and the edit state."""
-        return {"editing": gr.State(None),
-                "regenerate": gr.Button("Regenerate", size="sm", elem_id="ls-regenerate"),
-                "edit": gr.Button("Edit last message", size="sm", elem_id="ls-edit"),
-                "cancel": gr.Button("Cancel edit", size="sm", visible=False, elem_id="ls-cancel-edit")}
+        return {
+            "editing": gr.State(None),
+            "regenerate": gr.Button("Regenerate", size="sm", elem_id="ls-regenerate"),
+            "edit": gr.Button("Edit last message", size="sm", elem_id="ls-edit"),
+            "cancel": gr.Button("Cancel edit", size="sm", visible=False, elem_id="ls-cancel-edit"),
+        }
 
     def wire(self, redo: dict, sent, clear, parts: dict, sampling_inputs: list):
         """Wire the buttons; parts holds turns, transcript, stats, status, events, colour, message. Returns the
@@ -155,11 +206,21 @@ class Actions:
         sent.then(self.after_send, [turns, editing], [editing, cancel], api_name=False, show_progress="hidden")
         clear.click(self.reset, None, [editing, cancel], api_name=False, show_progress="hidden")
         edit_outputs = [parts["transcript"], parts["status"], parts["message"], turns, editing, cancel]
-        redo["edit"].click(self.edit, [turns, editing, parts["colour"]], edit_outputs, api_name="edit_last",
-                           show_progress="hidden")
-        cancel.click(self.cancel_edit, [turns, editing, parts["colour"]], edit_outputs, api_name="cancel_edit",
-                     show_progress="hidden")
+        redo["edit"].click(
+            self.edit, [turns, editing, parts["colour"]], edit_outputs, api_name="edit_last", show_progress="hidden"
+        )
+        cancel.click(
+            self.cancel_edit,
+            [turns, editing, parts["colour"]],
+            edit_outputs,
+            api_name="cancel_edit",
+            show_progress="hidden",
+        )
         return redo["regenerate"].click(
-            self.regenerate, [turns, editing, *sampling_inputs],
-            [parts["transcript"], parts["stats"], parts["status"], parts["events"], turns], api_name="regenerate",
-            concurrency_limit=None, show_progress="hidden")
+            self.regenerate,
+            [turns, editing, *sampling_inputs],
+            [parts["transcript"], parts["stats"], parts["status"], parts["events"], turns],
+            api_name="regenerate",
+            concurrency_limit=None,
+            show_progress="hidden",
+        )

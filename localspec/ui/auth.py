@@ -6,6 +6,7 @@ reads. After FREE_FAILURES wrong passwords from one address, each further attemp
 BASE_DELAY_S · 2^(failures − FREE_FAILURES), at most MAX_DELAY_S, and one address's attempts are answered one at a time,
 so guessing runs at a few tries a minute. A right password clears that address's record.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,8 +47,9 @@ class ThrottledPassword:
     """`check(username, password) -> bool`, slowed down per client after failures. Gradio gets `attempt`: it must
     be a coroutine function (Gradio awaits only those; anything else it calls and treats as a plain answer)."""
 
-    def __init__(self, check: Callable[[str, str], bool],
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    def __init__(
+        self, check: Callable[[str, str], bool], sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    ) -> None:
         self.check = check
         self.sleep = sleep
         self.records: dict[str, _Record] = {}
@@ -56,7 +58,7 @@ class ThrottledPassword:
     def delay_for(failures: int) -> float:
         """Seconds an attempt waits after `failures` wrong passwords in a row from its address."""
         extra = failures - FREE_FAILURES  # 0 for the first attempt after the free ones
-        return 0.0 if extra < 0 else min(BASE_DELAY_S * 2 ** extra, MAX_DELAY_S)
+        return 0.0 if extra < 0 else min(BASE_DELAY_S * 2**extra, MAX_DELAY_S)
 
     async def attempt(self, username: str, password: str) -> bool:
         client = CLIENT.get()

@@ -1,6 +1,7 @@
 """Number controls whose values reach the handlers exactly as sent (browser or API), so that one validation
 (settings.read_sampling → SamplingParams / SpecConfig.validate in config.py) checks every range and type and
 answers in the app's own words: no silent rounding, no Gradio bounds message, no raw preprocessing error."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """The saved-conversations panel: list, reopen, rename, delete (with confirmation), export as JSON or Markdown."""
+
 from __future__ import annotations
 
 import re
@@ -10,10 +11,11 @@ from typing import Optional
 import gradio as gr
 
 from localspec.config import ConfigError
+
 from . import tempfiles
-from .render import stats_html, status_html, transcript_html
 from .handlers import events_json, owner_of
 from .recorder import Recorder, turns_from_conversation
+from .render import stats_html, status_html, transcript_html
 from .turns import AssistantTurn, turns_from_state
 
 
@@ -47,8 +49,14 @@ class ConversationHandlers:
         """Outputs: transcript, stats, status, events, state, title box."""
         cid = _id(conversation_id)
         if cid is None:
-            return gr.skip(), gr.skip(), status_html("Choose a conversation to open.", "error"), gr.skip(), \
-                gr.skip(), gr.skip()
+            return (
+                gr.skip(),
+                gr.skip(),
+                status_html("Choose a conversation to open.", "error"),
+                gr.skip(),
+                gr.skip(),
+                gr.skip(),
+            )
         try:
             conversation = self.store.get_conversation(cid)
         except ConfigError as exc:
@@ -59,12 +67,19 @@ class ConversationHandlers:
         turns = turns_from_conversation(conversation)
         last = next((t for t in reversed(turns_from_state(turns)) if isinstance(t, AssistantTurn)), None)
         note = " Its last answer is incomplete (the app stopped while it streamed)." if conversation.incomplete else ""
-        return (transcript_html(turns, colour), stats_html(last.stats if last else None,
-                                                           last.proposer if last else None,
-                                                           last.k if last else None,
-                                                           last.finish_reason if last else None),
-                status_html(f"Opened “{conversation.title}”.{note} New messages continue it."),
-                events_json(last), turns, conversation.title)
+        return (
+            transcript_html(turns, colour),
+            stats_html(
+                last.stats if last else None,
+                last.proposer if last else None,
+                last.k if last else None,
+                last.finish_reason if last else None,
+            ),
+            status_html(f"Opened “{conversation.title}”.{note} New messages continue it."),
+            events_json(last),
+            turns,
+            conversation.title,
+        )
 
     def rename(self, conversation_id, title):
         """Outputs: list, status."""
@@ -81,8 +96,11 @@ class ConversationHandlers:
         """Outputs: confirm button, cancel button, status."""
         if _id(conversation_id) is None:
             return gr.skip(), gr.skip(), status_html("Choose a conversation to delete.", "error")
-        return gr.update(visible=True), gr.update(visible=True), \
-            status_html("Delete this conversation for good? Press “Confirm delete” (or Cancel).")
+        return (
+            gr.update(visible=True),
+            gr.update(visible=True),
+            status_html("Delete this conversation for good? Press “Confirm delete” (or Cancel)."),
+        )
 
     def delete(self, conversation_id):
         """Outputs: list, confirm button, cancel button, status."""
@@ -122,9 +140,14 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
     """Render the panel where it is called (inside a Blocks column) and wire its events."""
     handlers = ConversationHandlers(store, recorder, manager)
     with gr.Accordion("Saved conversations", open=False, elem_id="ls-conversations"):
-        chooser = gr.Dropdown(handlers.choices(), value=None, label="Conversation", interactive=True,
-                              allow_custom_value=True,  # the list changes in other tabs; ids are checked here
-                              elem_id="ls-conversation")
+        chooser = gr.Dropdown(
+            handlers.choices(),
+            value=None,
+            label="Conversation",
+            interactive=True,
+            allow_custom_value=True,  # the list changes in other tabs; ids are checked here
+            elem_id="ls-conversation",
+        )
         with gr.Row():
             open_button = gr.Button("Open", size="sm", elem_id="ls-open")
             refresh = gr.Button("Refresh list", size="sm", elem_id="ls-refresh")
@@ -141,17 +164,20 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
         exported = gr.File(label="Exported file", interactive=False, elem_id="ls-exported")
 
     status, turns = parts["status"], parts["turns"]
-    open_button.click(handlers.open, [chooser, parts["colour"]],
-                      [parts["transcript"], parts["stats"], status, parts["events"], turns, title],
-                      api_name="open_conversation")
+    open_button.click(
+        handlers.open,
+        [chooser, parts["colour"]],
+        [parts["transcript"], parts["stats"], status, parts["events"], turns, title],
+        api_name="open_conversation",
+    )
     refresh.click(handlers.refresh, None, [chooser], api_name="list_conversations")
     rename.click(handlers.rename, [chooser, title], [chooser, status], api_name="rename_conversation")
     delete.click(handlers.ask_delete, [chooser], [confirm, cancel, status], api_name=False)
     confirm.click(handlers.delete, [chooser], [chooser, confirm, cancel, status], api_name="delete_conversation")
     cancel.click(handlers.cancel_delete, None, [confirm, cancel, status], api_name=False)
-    export_json.click(lambda cid: handlers.export(cid, "json"), [chooser], [exported, status],
-                      api_name="export_json")
-    export_md.click(lambda cid: handlers.export(cid, "markdown"), [chooser], [exported, status],
-                    api_name="export_markdown")
+    export_json.click(lambda cid: handlers.export(cid, "json"), [chooser], [exported, status], api_name="export_json")
+    export_md.click(
+        lambda cid: handlers.export(cid, "markdown"), [chooser], [exported, status], api_name="export_markdown"
+    )
     parts["refresh_list"] = (handlers.refresh, chooser)
     return handlers

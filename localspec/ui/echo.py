@@ -4,14 +4,16 @@ For the browser tests and the streaming benchmark: the window's rendering (markd
 checked with text chosen by the test instead of what a random tiny model happens to say. Run the window on it
 with `python -m localspec.ui.echo [--port N] [--step-ms MS]`.
 """
+
 from __future__ import annotations
 
 import argparse
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Iterator, Optional
+from typing import Optional
 
 from localspec.config import ModelSpec, PairSpec, SamplingParams, SpecConfig
 from localspec.engine.events import StatsSnapshot, StepEvent, TokenEvent
@@ -53,8 +55,9 @@ class EchoSession:
         self._text = str(messages[-1].get("content", ""))
         return [0], None
 
-    def stream_ids(self, ids: list[int], sampling: SamplingParams, spec: SpecConfig,
-                   cancel: Optional[threading.Event] = None) -> Iterator[StepEvent]:
+    def stream_ids(
+        self, ids: list[int], sampling: SamplingParams, spec: SpecConfig, cancel: Optional[threading.Event] = None
+    ) -> Iterator[StepEvent]:
         parts = pieces(self._text)[: sampling.max_new_tokens]
         started, emitted = time.perf_counter(), 0
         for step in range(0, len(parts), 2):
@@ -62,19 +65,34 @@ class EchoSession:
                 yield StepEvent((), 0.0, 0.0, 0.0, 0, 0, StatsSnapshot(emitted=emitted), True, "cancelled")
                 return
             tokens = []
-            for i, text in enumerate(parts[step: step + 2], start=step):
+            for i, text in enumerate(parts[step : step + 2], start=step):
                 kind = CYCLE[i % len(CYCLE)]
                 if kind == "resampled":
-                    tokens.append(TokenEvent(i, kind, 0.4, rejected_token_id=i + 1000, rejected_target_prob=0.1,
-                                             rejected_draft_prob=0.5, text=text))
+                    tokens.append(
+                        TokenEvent(
+                            i,
+                            kind,
+                            0.4,
+                            rejected_token_id=i + 1000,
+                            rejected_target_prob=0.1,
+                            rejected_draft_prob=0.5,
+                            text=text,
+                        )
+                    )
                 else:
                     tokens.append(TokenEvent(i, kind, 0.8, 0.9 if kind == "accepted" else None, text=text))
             emitted += len(tokens)
             if self.step_s:
                 time.sleep(self.step_s)
             done = step + 2 >= len(parts)
-            stats = StatsSnapshot(drafted=emitted, accepted=emitted // 2, emitted=emitted,
-                                  target_forwards=step // 2 + 1, elapsed_s=time.perf_counter() - started, k=3)
+            stats = StatsSnapshot(
+                drafted=emitted,
+                accepted=emitted // 2,
+                emitted=emitted,
+                target_forwards=step // 2 + 1,
+                elapsed_s=time.perf_counter() - started,
+                k=3,
+            )
             yield StepEvent(tuple(tokens), 0.0, 0.0, 0.0, len(tokens), 1, stats, done, "stop" if done else None)
         if not parts:
             yield StepEvent((), 0.0, 0.0, 0.0, 0, 0, StatsSnapshot(), True, "stop")

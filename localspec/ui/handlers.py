@@ -3,6 +3,7 @@
 The conversation of a browser tab lives in a gr.State as a list of turns in their dict form; the handlers work on
 UserTurn / AssistantTurn (turns.py) and convert at that boundary.
 """
+
 from __future__ import annotations
 
 import queue
@@ -13,12 +14,21 @@ from typing import Any, Optional
 import gradio as gr
 
 from localspec.config import ConfigError
-from .render import compare_html, stats_html, status_html, transcript_html
+
 from .loadbar import LoadProgress
 from .manager import Busy, ModelManager, drain
+from .render import compare_html, stats_html, status_html, transcript_html
 from .runtime import runtime_of
-from .settings import (answer_label, first_difference, proposer_choices, proposer_label, read_k, read_proposer,
-                       read_sampling, sampling_dict)
+from .settings import (
+    answer_label,
+    first_difference,
+    proposer_choices,
+    proposer_label,
+    read_k,
+    read_proposer,
+    read_sampling,
+    sampling_dict,
+)
 from .turns import AssistantTurn, Turn, UserTurn, turns_from_state
 
 YIELD_EVERY_S = 0.08  # at most ~12 screen updates a second while streaming
@@ -46,8 +56,7 @@ class Handlers:
         self.shown: dict[str, Optional[str]] = {}  # the pair each tab's controls show, by owner
 
     # ---- one answer ------------------------------------------------------------------------------------------
-    def _run(self, owner: str, history: list[dict], sampling, proposer: str, k: int, answer: AssistantTurn,
-             sink=None):
+    def _run(self, owner: str, history: list[dict], sampling, proposer: str, k: int, answer: AssistantTurn, sink=None):
         """Stream one answer into `answer`; yields (answer, status) as it changes."""
         chosen: dict = {}
 
@@ -100,8 +109,20 @@ class Handlers:
                 yield answer, status
 
     # ---- events ----------------------------------------------------------------------------------------------
-    def send(self, message, turns, proposer, k, temperature, top_p, top_k, max_new_tokens, seed, colour,
-             request: gr.Request = None):
+    def send(
+        self,
+        message,
+        turns,
+        proposer,
+        k,
+        temperature,
+        top_p,
+        top_k,
+        max_new_tokens,
+        seed,
+        colour,
+        request: gr.Request = None,
+    ):
         """Outputs: transcript, stats, status, events, message box, state."""
         owner = owner_of(request)
         state = list(turns or [])
@@ -131,12 +152,20 @@ class Handlers:
             if done:
                 status = self._final_status(answer)
             turns = state + [question, answer.to_state()]
-            yield (transcript_html(turns, colour, answer.notice),
-                   stats_html(answer.stats, proposer_label(answer.proposer),
-                              answer.k if answer.proposer != "none" else None,
-                              answer.finish_reason if done else None, runtime_of(self.manager.session)),
-                   status_html(status, "error" if answer.finish_reason == "error" else "info"),
-                   events_json(answer), gr.skip(), turns)
+            yield (
+                transcript_html(turns, colour, answer.notice),
+                stats_html(
+                    answer.stats,
+                    proposer_label(answer.proposer),
+                    answer.k if answer.proposer != "none" else None,
+                    answer.finish_reason if done else None,
+                    runtime_of(self.manager.session),
+                ),
+                status_html(status, "error" if answer.finish_reason == "error" else "info"),
+                events_json(answer),
+                gr.skip(),
+                turns,
+            )
 
     def _switched_away(self, owner: str) -> Optional[str]:
         """The pair now loaded, when another tab switched to it after this tab's controls were drawn."""
@@ -146,9 +175,11 @@ class Handlers:
     def _check_pair_shown(self, owner: str, proposer) -> None:
         switched, session = self._switched_away(owner), self.manager.session
         if switched and session is not None and proposer not in session.proposers:
-            raise ConfigError(f"the model pair was switched to {switched} in another window; it has no "
-                              f"{proposer_label(proposer)} proposer. The controls here now show its "
-                              f"proposers: choose one and send again")
+            raise ConfigError(
+                f"the model pair was switched to {switched} in another window; it has no "
+                f"{proposer_label(proposer)} proposer. The controls here now show its "
+                f"proposers: choose one and send again"
+            )
 
     def refresh_pair(self, request: gr.Request = None):
         """Timer tick: when another tab switched the pair, redraw this tab's controls for it (once).
@@ -159,17 +190,30 @@ class Handlers:
             self.shown.setdefault(owner, self.manager.name)
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         self.shown[owner] = switched
-        return (switched, *self.proposer_updates(),
-                status_html(f"The model pair was switched to {switched} in another window; the controls here now "
-                            f"show its proposers."))
+        return (
+            switched,
+            *self.proposer_updates(),
+            status_html(
+                f"The model pair was switched to {switched} in another window; the controls here now "
+                f"show its proposers."
+            ),
+        )
 
     @staticmethod
     def _refused(reason: str, text: str, state: list[dict], colour) -> tuple:
         """Send's outputs for a refused message: real values everywhere (an API caller cannot read gr.skip()), the
         window as it was, the reason in the status line and the message back in the box."""
         last = next((turn for turn in reversed(turns_from_state(state)) if isinstance(turn, AssistantTurn)), None)
-        stats = (stats_html(last.stats, proposer_label(last.proposer), last.k if last.proposer != "none" else None,
-                            last.finish_reason) if last else stats_html(None))
+        stats = (
+            stats_html(
+                last.stats,
+                proposer_label(last.proposer),
+                last.k if last.proposer != "none" else None,
+                last.finish_reason,
+            )
+            if last
+            else stats_html(None)
+        )
         return transcript_html(state, colour), stats, status_html(reason, "error"), events_json(last), text, state
 
     @staticmethod
@@ -202,20 +246,34 @@ class Handlers:
     def compare(self, turns, request: gr.Request = None):
         """Regenerate the last prompt with speculation off. Outputs: compare panel, status."""
         turns = turns_from_state(turns)
-        last = next((i for i in range(len(turns) - 1, -1, -1) if isinstance(turns[i], AssistantTurn)
-                     and turns[i].tokens), None)
+        last = next(
+            (i for i in range(len(turns) - 1, -1, -1) if isinstance(turns[i], AssistantTurn) and turns[i].tokens), None
+        )
         if last is None:
-            yield "", status_html("Send a message first; compare regenerates the last answer without speculation.",
-                                  "error")
+            yield (
+                "",
+                status_html("Send a message first; compare regenerates the last answer without speculation.", "error"),
+            )
             return
         spec_answer = turns[last]
         if spec_answer.proposer == "none":
-            yield "", status_html("The last answer already ran with speculation off; pick a proposer and send "
-                                  "again to compare.", "error")
+            yield (
+                "",
+                status_html(
+                    "The last answer already ran with speculation off; pick a proposer and send again to compare.",
+                    "error",
+                ),
+            )
             return
         if not spec_answer.sampling:
-            yield "", status_html("This answer was saved without its sampling settings (an older version of the "
-                                  "app); send the message again to compare.", "error")
+            yield (
+                "",
+                status_html(
+                    "This answer was saved without its sampling settings (an older version of the "
+                    "app); send the message again to compare.",
+                    "error",
+                ),
+            )
             return
         try:
             sampling = read_sampling(**spec_answer.sampling)
@@ -224,15 +282,19 @@ class Handlers:
             return
         history = history_of(turns[:last])
         if self.manager.is_answering(owner_of(request)):
-            yield gr.skip(), status_html("an answer is still streaming in this window; wait for it or press Stop",
-                                         "error")
+            yield (
+                gr.skip(),
+                status_html("an answer is still streaming in this window; wait for it or press Stop", "error"),
+            )
             return
         baseline = AssistantTurn(streaming=True)
         yield gr.skip(), status_html("Baseline: regenerating the last prompt with speculation off…")
         for _, status in self._run(owner_of(request), history, sampling, "none", spec_answer.k or 1, baseline):
             if baseline.streaming:
-                yield gr.skip(), status_html(f"Baseline: {len(baseline.tokens)} tokens…"
-                                             if status != WAITING else status)
+                yield (
+                    gr.skip(),
+                    status_html(f"Baseline: {len(baseline.tokens)} tokens…" if status != WAITING else status),
+                )
                 continue
             if baseline.finish_reason == "error":
                 yield "", status_html(baseline.error or "the baseline failed", "error")
@@ -243,9 +305,17 @@ class Handlers:
             note = ""
             if "cancelled" in (spec_answer.finish_reason, baseline.finish_reason):
                 note = " (one of the two answers was stopped early)"
-            yield (compare_html(spec_answer.stats, baseline.stats, proposer_label(spec_answer.proposer),
-                                greedy=sampling.greedy, identical=diff is None, first_difference=diff),
-                   status_html(f"Baseline done: {len(base_ids)} tokens{note}."))
+            yield (
+                compare_html(
+                    spec_answer.stats,
+                    baseline.stats,
+                    proposer_label(spec_answer.proposer),
+                    greedy=sampling.greedy,
+                    identical=diff is None,
+                    first_difference=diff,
+                ),
+                status_html(f"Baseline done: {len(base_ids)} tokens{note}."),
+            )
 
     # ---- model pairs -----------------------------------------------------------------------------------------
     def switch(self, name, request: gr.Request = None):
@@ -254,8 +324,11 @@ class Handlers:
         if name is None or name not in {p.name for p in manager.pairs}:
             kept = f" Still using {manager.name}." if manager.name else ""
             broken = manager.broken_entry(name)
-            reason = (f"this models.yaml entry is unavailable: {broken.error}" if broken else
-                      f"choose a model pair from the list (got {name!r})")
+            reason = (
+                f"this models.yaml entry is unavailable: {broken.error}"
+                if broken
+                else f"choose a model pair from the list (got {name!r})"
+            )
             self.shown[owner_of(request)] = manager.name
             yield status_html(f"Could not switch: {reason}.{kept}", "error"), manager.name, *self.proposer_updates()
             return
@@ -263,7 +336,7 @@ class Handlers:
             self.shown[owner_of(request)] = name
             yield status_html(f"{name} is already loaded."), name, gr.update(), gr.update()  # the tab's choices stay
             return
-        progress: "queue.Queue[Optional[str]]" = queue.Queue()
+        progress: queue.Queue[Optional[str]] = queue.Queue()
         result: dict = {}
 
         def work():
@@ -287,22 +360,32 @@ class Handlers:
         if "seconds" in result:
             self.shown[owner_of(request)] = name
             notices = manager.session.notices
-            yield (status_html(" ".join((f"Loaded {name} in {result['seconds']:.1f} s.", *notices)),
-                               "error" if notices else "info"), name,
-                   *self.proposer_updates())
+            yield (
+                status_html(
+                    " ".join((f"Loaded {name} in {result['seconds']:.1f} s.", *notices)), "error" if notices else "info"
+                ),
+                name,
+                *self.proposer_updates(),
+            )
             return
         reason = result.get("busy") or result.get("error")
         kept = f" Still using {manager.name}." if manager.name else ""
-        yield (status_html(f"Could not switch: {reason}.{kept}" if "error" in result else f"{reason}.{kept}",
-                           "error"), manager.name, gr.skip(), gr.skip())
+        yield (
+            status_html(f"Could not switch: {reason}.{kept}" if "error" in result else f"{reason}.{kept}", "error"),
+            manager.name,
+            gr.skip(),
+            gr.skip(),
+        )
 
     def proposer_updates(self):
         session = self.manager.session
         if session is None:
             return gr.update(choices=[("off", "none")], value="none"), gr.update()
         spec = session.default_spec()
-        return (gr.update(choices=proposer_choices(tuple(session.proposers)), value=spec.proposer),
-                gr.update(value=spec.k))
+        return (
+            gr.update(choices=proposer_choices(tuple(session.proposers)), value=spec.proposer),
+            gr.update(value=spec.k),
+        )
 
     def on_load(self, request: gr.Request = None):
         """Page (re)load: show the pair in use. Outputs: model dropdown, proposer, K, status."""

@@ -1,4 +1,5 @@
 """The chat window: controls on the left, the coloured transcript in the middle, live stats on the right."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,20 +9,23 @@ import gradio as gr
 
 from localspec.chat import TRUNCATION_POLICY
 from localspec.config import K_MAX, K_MIN, TEMPERATURE_MAX
-from .render import legend_html, stats_html, status_html, transcript_html
+
 from .actions import Actions
 from .controls import CheckedNumber, CheckedSlider
 from .conversations import conversations_panel
 from .handlers import Handlers
 from .manager import ModelManager
 from .recorder import Recorder
+from .render import legend_html, stats_html, status_html, transcript_html
 from .settings import proposer_choices
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TITLE = "localspec"
 PAIR_POLL_S = 2.0  # how often a tab checks whether another tab switched the pair
-INTRO = ("Local chat with speculative decoding. Each token of an answer is coloured by how it was made; "
-         "hover one for its probabilities.")
+INTRO = (
+    "Local chat with speculative decoding. Each token of an answer is coloured by how it was made; "
+    "hover one for its probabilities."
+)
 
 
 def stylesheet() -> str:
@@ -54,33 +58,64 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             gr.HTML(f'<div class="ls-title"><b>localspec</b> <span>{INTRO}</span></div>', js_on_load=None)
         with gr.Row(equal_height=False, elem_id="ls-main"):
             with gr.Column(scale=2, min_width=250, elem_id="ls-controls"):
-                model = gr.Dropdown(manager.choices(), value=manager.name, label="Model pair", interactive=True,
-                                    elem_id="ls-model")
-                status = gr.HTML(status_html(manager.ready_text()), js_on_load=None,
-                                 elem_id="ls-status")
-                proposer = gr.Radio(proposer_choices(available), value=spec.proposer if spec else "none",
-                                    label="Proposer", elem_id="ls-proposer")
-                k = CheckedSlider(K_MIN, K_MAX, value=spec.k if spec else 4, step=1, label="K (draft tokens per step)",
-                                  elem_id="ls-k")
+                model = gr.Dropdown(
+                    manager.choices(), value=manager.name, label="Model pair", interactive=True, elem_id="ls-model"
+                )
+                status = gr.HTML(status_html(manager.ready_text()), js_on_load=None, elem_id="ls-status")
+                proposer = gr.Radio(
+                    proposer_choices(available),
+                    value=spec.proposer if spec else "none",
+                    label="Proposer",
+                    elem_id="ls-proposer",
+                )
+                k = CheckedSlider(
+                    K_MIN, K_MAX, value=spec.k if spec else 4, step=1, label="K (draft tokens per step)", elem_id="ls-k"
+                )
                 max_new = CheckedNumber(256, label="Max new tokens", elem_id="ls-max-new")
                 colour = gr.Checkbox(True, label="Colour tokens by kind", elem_id="ls-colour")
                 with gr.Accordion("Sampling (temperature, top-p, top-k, seed)", open=False):
-                    temperature = CheckedSlider(0.0, TEMPERATURE_MAX, value=0.0, step=0.05,
-                                                label="Temperature (0 = greedy)", elem_id="ls-temperature")
+                    temperature = CheckedSlider(
+                        0.0,
+                        TEMPERATURE_MAX,
+                        value=0.0,
+                        step=0.05,
+                        label="Temperature (0 = greedy)",
+                        elem_id="ls-temperature",
+                    )
                     top_p = CheckedSlider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="ls-top-p")
                     with gr.Row():
-                        top_k = CheckedNumber(0, label="Top-k", info="0 = off", min_width=70, elem_id="ls-top-k",
-                                              elem_classes="ls-compact")
-                        seed = CheckedNumber(0, label="Seed", min_width=70, elem_id="ls-seed",
-                                             elem_classes="ls-compact")
+                        top_k = CheckedNumber(
+                            0,
+                            label="Top-k",
+                            info="0 = off",
+                            min_width=70,
+                            elem_id="ls-top-k",
+                            elem_classes="ls-compact",
+                        )
+                        seed = CheckedNumber(
+                            0, label="Seed", min_width=70, elem_id="ls-seed", elem_classes="ls-compact"
+                        )
             with gr.Column(scale=5, min_width=420, elem_id="ls-chat"):
-                transcript = gr.HTML(transcript_html([]), js_on_load=transcript_script(), autoscroll=True, max_height=440,
-                                     min_height=440, elem_id="ls-transcript", padding=False)
+                transcript = gr.HTML(
+                    transcript_html([]),
+                    js_on_load=transcript_script(),
+                    autoscroll=True,
+                    max_height=440,
+                    min_height=440,
+                    elem_id="ls-transcript",
+                    padding=False,
+                )
                 gr.HTML(legend_html(), js_on_load=None)
                 with gr.Row(equal_height=True):
-                    message = gr.Textbox(placeholder="Message (Enter sends, Shift+Enter for a new line)",
-                                         show_label=False, lines=1, max_lines=8, scale=6, elem_id="ls-message",
-                                         autofocus=True)
+                    message = gr.Textbox(
+                        placeholder="Message (Enter sends, Shift+Enter for a new line)",
+                        show_label=False,
+                        lines=1,
+                        max_lines=8,
+                        scale=6,
+                        elem_id="ls-message",
+                        autofocus=True,
+                    )
                     with gr.Column(scale=1, min_width=90):
                         send = gr.Button("Send", variant="primary", elem_id="ls-send")
                         stop = gr.Button("Stop", variant="stop", elem_id="ls-stop")
@@ -94,15 +129,28 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                 compare_panel = gr.HTML("", js_on_load=None, elem_id="ls-compare-panel")
                 with gr.Accordion("Events of the last answer (JSON)", open=False):
                     events = gr.JSON(None, elem_id="ls-events")
-                parts = {"turns": turns, "transcript": transcript, "stats": stats, "status": status,
-                         "events": events, "colour": colour}
+                parts = {
+                    "turns": turns,
+                    "transcript": transcript,
+                    "stats": stats,
+                    "status": status,
+                    "events": events,
+                    "colour": colour,
+                }
                 if store is not None:
                     conversations_panel(store, recorder, manager, parts)
 
         sampling_inputs = [proposer, k, temperature, top_p, top_k, max_new, seed, colour]
         send_outputs = [transcript, stats, status, events, message, turns]
-        sent = gr.on([send.click, message.submit], handlers.send, [message, turns, *sampling_inputs], send_outputs,
-                     api_name="send", concurrency_limit=None, show_progress="hidden")
+        sent = gr.on(
+            [send.click, message.submit],
+            handlers.send,
+            [message, turns, *sampling_inputs],
+            send_outputs,
+            api_name="send",
+            concurrency_limit=None,
+            show_progress="hidden",
+        )
         redone = actions.wire(redo, sent, clear, dict(parts, message=message), sampling_inputs)
         if "refresh_list" in parts:  # a new or longer conversation moves to the top of the saved list
             refresh_list, chooser = parts["refresh_list"]
@@ -110,17 +158,40 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             redone.then(refresh_list, None, [chooser], api_name=False, show_progress="hidden")
             demo.load(refresh_list, None, [chooser], api_name=False)
         stop.click(handlers.stop, None, [status], api_name="stop", concurrency_limit=None, queue=False)
-        clear.click(handlers.clear, None, [transcript, stats, status, events, compare_panel, turns],
-                    api_name="clear", concurrency_limit=None)
-        compare.click(handlers.compare, [turns], [compare_panel, status], api_name="compare",
-                      concurrency_limit=None, show_progress="hidden")
+        clear.click(
+            handlers.clear,
+            None,
+            [transcript, stats, status, events, compare_panel, turns],
+            api_name="clear",
+            concurrency_limit=None,
+        )
+        compare.click(
+            handlers.compare,
+            [turns],
+            [compare_panel, status],
+            api_name="compare",
+            concurrency_limit=None,
+            show_progress="hidden",
+        )
         colour.change(handlers.recolour, [colour, turns], [transcript], api_name=False, show_progress="hidden")
-        model.input(handlers.switch, [model], [status, model, proposer, k], api_name="switch_model",
-                    concurrency_limit=None, show_progress="hidden")
+        model.input(
+            handlers.switch,
+            [model],
+            [status, model, proposer, k],
+            api_name="switch_model",
+            concurrency_limit=None,
+            show_progress="hidden",
+        )
         demo.load(handlers.on_load, None, [model, proposer, k, status], api_name=False)
         # a switch in another tab redraws this tab's pair and proposer controls within a tick
-        gr.Timer(PAIR_POLL_S).tick(handlers.refresh_pair, None, [model, proposer, k, status], api_name=False,
-                                    concurrency_limit=None, show_progress="hidden")
+        gr.Timer(PAIR_POLL_S).tick(
+            handlers.refresh_pair,
+            None,
+            [model, proposer, k, status],
+            api_name=False,
+            concurrency_limit=None,
+            show_progress="hidden",
+        )
     return demo
 
 

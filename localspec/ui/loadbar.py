@@ -4,6 +4,7 @@ A pair loads in these stages (models/loading.py says each one through its progre
 packaged GGUF that is not cached yet, loading the target, the same two for a draft, and "Ready.". The bar shows
 how many of them have been said; the switch handler's own "Loaded … in … s" ends it.
 """
+
 from __future__ import annotations
 
 from html import escape
@@ -50,6 +51,8 @@ class LoadProgress:
     def html(self, message: Optional[str] = None) -> str:
         shown = min(self.done, self.total)
         text = message or f"Loading {self.name}…"
-        return (f'<div class="ls-status ls-status-info ls-loading">{escape(text)}'
-                f'<progress class="ls-load" max="{self.total}" value="{shown}"></progress>'
-                f'<span class="ls-load-stage">stage {shown} of {self.total}</span></div>')
+        return (
+            f'<div class="ls-status ls-status-info ls-loading">{escape(text)}'
+            f'<progress class="ls-load" max="{self.total}" value="{shown}"></progress>'
+            f'<span class="ls-load-stage">stage {shown} of {self.total}</span></div>'
+        )

@@ -4,19 +4,22 @@ An answer runs in its own worker thread that holds the model lock and pushes mes
 browser tab never leaves the lock held, and two tabs sending at once are served in turn, each into its own queue.
 Loading a pair takes the same lock: a switch while an answer streams is refused with a message.
 """
+
 from __future__ import annotations
 
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Literal, Optional, Sequence
+from typing import Literal, Optional
 
 from localspec.config import ConfigError, PairSpec, SamplingParams, SpecConfig, require_proposer
 from localspec.engine.events import StepEvent
 from localspec.models.memory import must_free_first, release_models
 from localspec.models.registry import BrokenEntry, find_pair
 from localspec.server.admission import Admission, QueueFull
+
 from .render import token_record
 
 Progress = Callable[[str], None]
@@ -63,7 +66,7 @@ class _Out:
     """The queue a handler reads, plus an optional sink that sees each message first (and may not break it)."""
 
     def __init__(self, sink: Optional[Sink]) -> None:
-        self.queue: "queue.Queue[Message]" = queue.Queue()
+        self.queue: queue.Queue[Message] = queue.Queue()
         self.sink = sink
 
     def put(self, message: Message) -> None:
@@ -77,8 +80,14 @@ class _Out:
 
 
 class ModelManager:
-    def __init__(self, pairs: list[PairSpec], factory: SessionFactory, admission: Optional[Admission] = None,
-                 observer: Optional[EventObserver] = None, broken: Sequence[BrokenEntry] = ()) -> None:
+    def __init__(
+        self,
+        pairs: list[PairSpec],
+        factory: SessionFactory,
+        admission: Optional[Admission] = None,
+        observer: Optional[EventObserver] = None,
+        broken: Sequence[BrokenEntry] = (),
+    ) -> None:
         if not pairs:
             raise ConfigError("models.yaml lists no model pairs")
         self.pairs = pairs
@@ -102,8 +111,10 @@ class ModelManager:
 
     def choices(self) -> list[tuple[str, str]]:
         """Dropdown entries (label, value); entries that run the model's own code are marked."""
-        return [((f"{p.name}  ⚠ runs model code (trust_remote_code)" if trust_marker(p) else p.name), p.name)
-                for p in self.pairs] + [(b.label, b.value) for b in self.broken]
+        return [
+            ((f"{p.name}  ⚠ runs model code (trust_remote_code)" if trust_marker(p) else p.name), p.name)
+            for p in self.pairs
+        ] + [(b.label, b.value) for b in self.broken]
 
     def broken_entry(self, value: object) -> Optional[BrokenEntry]:
         return next((b for b in self.broken if b.value == value), None)
@@ -120,8 +131,10 @@ class ModelManager:
                 raise ConfigError(self.load_error or f"could not load {pair.name!r}")
             if self.loading:
                 raise Busy(f"{self.loading} is still loading; wait for it, then choose again")
-            raise Busy("an answer is streaming; the model was not switched. Press Stop or wait for the answer, "
-                       "then choose the model again")
+            raise Busy(
+                "an answer is streaming; the model was not switched. Press Stop or wait for the answer, "
+                "then choose the model again"
+            )
         self.loading = pair.name
         started = time.perf_counter()
         try:
@@ -163,8 +176,15 @@ class ModelManager:
     def is_answering(self, owner: str) -> bool:
         return owner in self._busy_owners
 
-    def answer(self, messages: list[dict], sampling: SamplingParams, spec: Callable[[object], SpecConfig],
-               cancel: threading.Event, sink: Optional[Sink] = None, owner: str = "") -> "queue.Queue[Message]":
+    def answer(
+        self,
+        messages: list[dict],
+        sampling: SamplingParams,
+        spec: Callable[[object], SpecConfig],
+        cancel: threading.Event,
+        sink: Optional[Sink] = None,
+        owner: str = "",
+    ) -> queue.Queue[Message]:
         """Start one answer in a worker thread; read its Messages from the returned queue until 'done'.
 
         spec is called with the session that will answer (so a proposer is checked against the pair in use).
@@ -179,8 +199,9 @@ class ModelManager:
             if owner:
                 self._busy_owners.add(owner)
                 self._cancels[owner] = cancel  # Stop in that window sets it
-        threading.Thread(target=self._work, args=(messages, sampling, spec, cancel, out, owner), daemon=True,
-                         name="localspec-answer").start()
+        threading.Thread(
+            target=self._work, args=(messages, sampling, spec, cancel, out, owner), daemon=True, name="localspec-answer"
+        ).start()
         return out.queue
 
     def _work(self, messages, sampling, spec_for, cancel, out, owner="") -> None:
@@ -234,7 +255,7 @@ class ModelManager:
             out.put(Message("error", text=f"the answer failed: {type(exc).__name__}: {exc}"))
 
 
-def drain(out: "queue.Queue[Message]", wait_s: float = 0.05) -> Iterator[Message]:
+def drain(out: queue.Queue[Message], wait_s: float = 0.05) -> Iterator[Message]:
     """The messages available now (waiting up to wait_s for the first one)."""
     try:
         yield out.get(timeout=wait_s)

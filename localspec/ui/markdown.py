@@ -14,6 +14,7 @@ Streaming: the top-level blocks before the last one cannot change when text is a
 the one markdown feature that reaches back, are off), so their HTML is cached per answer and each update parses
 and renders only from the start of the last block.
 """
+
 from __future__ import annotations
 
 import operator
@@ -140,7 +141,7 @@ class _Tokens:
                     if pending_text:
                         out.append(self._span(pending_index, "".join(pending_text)))
                     pending_index, pending_text = index, []
-                pending_text.append(piece[p:p + take])
+                pending_text.append(piece[p : p + take])
                 at, p, left = at + take, p + take, left - take
                 if left > 0 and index + 1 < len(starts):
                     index += 1
@@ -179,9 +180,13 @@ def _code_block(self, tokens, idx, options, env):
 def _fence(self, tokens, idx, options, env):
     token = tokens[idx]
     language = token.info.strip().split(maxsplit=1)[0] if token.info.strip() else ""
-    label = f'<span class="ls-code-lang">{escape(language)}</span>' if language else '<span class="ls-code-lang"></span>'
-    head = (f'<div class="ls-code-head">{label}'
-            '<button type="button" class="ls-copy" title="copy the code">copy</button></div>')
+    label = (
+        f'<span class="ls-code-lang">{escape(language)}</span>' if language else '<span class="ls-code-lang"></span>'
+    )
+    head = (
+        f'<div class="ls-code-head">{label}'
+        '<button type="button" class="ls-copy" title="copy the code">copy</button></div>'
+    )
     return f'<div class="ls-code">{head}<pre><code>{_piece(token, env)}</code></pre></div>'
 
 
@@ -208,9 +213,17 @@ def _as_text(self, tokens, idx, options, env):
     return escape(tokens[idx].content)
 
 
-for _name, _rule in (("text", _text), ("code_inline", _code_inline), ("code_block", _code_block), ("fence", _fence),
-                     ("link_open", _link_open), ("link_close", _link_close), ("image", _image),
-                     ("html_block", _as_text), ("html_inline", _as_text)):
+for _name, _rule in (
+    ("text", _text),
+    ("code_inline", _code_inline),
+    ("code_block", _code_block),
+    ("fence", _fence),
+    ("link_open", _link_open),
+    ("link_close", _link_close),
+    ("image", _image),
+    ("html_block", _as_text),
+    ("html_inline", _as_text),
+):
     MD.add_render_rule(_name, _rule)
 
 
@@ -240,7 +253,7 @@ class _Done:
     html: str  # their HTML
 
 
-_CACHE: "OrderedDict[tuple[int, bool], _Done]" = OrderedDict()
+_CACHE: OrderedDict[tuple[int, bool], _Done] = OrderedDict()
 
 
 def _cached(records: list, colour: bool) -> Optional[_Done]:
@@ -262,14 +275,14 @@ def answer_markdown_html(records: list[dict], colour: bool = True) -> str:
     if entry is None:
         entry = _Done([], [], "", 0, "")
     starts, text = list(entry.starts), entry.text
-    new = records[len(entry.records):]
+    new = records[len(entry.records) :]
     if new:
         offset = len(text)
         for r in new:
             starts.append(offset)
             offset += len(r["text"])
         text = text + "".join(r["text"] for r in new)
-    chunk = text[entry.done_len:]
+    chunk = text[entry.done_len :]
     done, live, cut = _render_chunk(chunk, _Tokens(records, starts, colour, entry.done_len))
     _CACHE[(id(records[0]), colour)] = _Done(records, starts, text, entry.done_len + cut, entry.html + done)
     _CACHE.move_to_end((id(records[0]), colour))

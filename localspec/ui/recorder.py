@@ -8,6 +8,7 @@ A regenerated answer (replaces="answer") is saved under the user message already
 (see begin_edit) is saved as a new exchange; either way what it replaces is deleted when the new answer says its
 first token, so an answer that fails before saying anything leaves the saved conversation as it was.
 """
+
 from __future__ import annotations
 
 import threading
@@ -35,10 +36,20 @@ def turns_from_conversation(conversation) -> list[dict]:
         if m.role != "assistant":
             turns.append(UserTurn(m.content, m.role))
             continue
-        turns.append(AssistantTurn(content=m.content, tokens=list(m.tokens), stats=m.stats,
-                                   finish_reason=m.finish_reason if m.complete else "incomplete", error=m.error,
-                                   model=m.model, proposer=m.proposer, k=m.k, sampling=m.sampling,
-                                   label=answer_label(m.model, m.proposer, m.k)))
+        turns.append(
+            AssistantTurn(
+                content=m.content,
+                tokens=list(m.tokens),
+                stats=m.stats,
+                finish_reason=m.finish_reason if m.complete else "incomplete",
+                error=m.error,
+                model=m.model,
+                proposer=m.proposer,
+                k=m.k,
+                sampling=m.sampling,
+                label=answer_label(m.model, m.proposer, m.k),
+            )
+        )
     return turns_to_state(turns)
 
 
@@ -85,8 +96,14 @@ class Recorder:
         replaces="answer": the answer regenerates the last one, under the user message already saved (a new
         conversation holding user_text when the tab has none). Otherwise a pending edit (begin_edit) makes this
         exchange replace the last one."""
-        state: dict = {"message_id": None, "user_message_id": None, "conversation_id": None, "finished": False,
-                       "said": False, "replaces": replaces}
+        state: dict = {
+            "message_id": None,
+            "user_message_id": None,
+            "conversation_id": None,
+            "finished": False,
+            "said": False,
+            "replaces": replaces,
+        }
 
         def on_message(message: Message) -> None:
             if message.kind == "started":
@@ -103,8 +120,9 @@ class Recorder:
                 if event.finished and event.finish_reason == "error" and not state["said"]:
                     self._retract(owner, state)
                 elif event.finished:
-                    self.store.finish_answer(state["message_id"], event.finish_reason or "stop",
-                                             event.stats.to_dict(), event.error)
+                    self.store.finish_answer(
+                        state["message_id"], event.finish_reason or "stop", event.stats.to_dict(), event.error
+                    )
                     state["finished"] = True
             elif message.kind in ("error", "done"):
                 if not state["said"]:
@@ -133,8 +151,9 @@ class Recorder:
                 del self._current[owner]  # it was this answer's new conversation, now gone
         state["finished"] = True
 
-    def _start(self, owner: str, user_text: str, message: Message, state: dict,
-               sampling: Optional[dict] = None) -> None:
+    def _start(
+        self, owner: str, user_text: str, message: Message, state: dict, sampling: Optional[dict] = None
+    ) -> None:
         from localspec.store.db import StoreError
 
         model = message.text

@@ -1,4 +1,5 @@
 """What the loaded pair runs on, as data for the stats panel header: device, dtype, quantization, sampler kernel."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -17,5 +18,4 @@ def runtime_of(session) -> Optional[dict]:
     from localspec.verify import get_verifier
 
     sampler = get_verifier(session.default_spec().sampler, loaded.device)[0]  # what the next answer verifies with
-    return {"device": str(loaded.device), "dtype": dtype_text(loaded), "quant": loaded.quant,
-            "sampler": sampler}
+    return {"device": str(loaded.device), "dtype": dtype_text(loaded), "quant": loaded.quant, "sampler": sampler}

@@ -1,9 +1,11 @@
 """The chat app's process: `python app.py` (this module's main) opens the local chat app on the first models.yaml entry.
 
 Options: --models PATH, --model NAME, --host, --port, --no-browser, --device, --password / LOCALSPEC_PASSWORD,
---no-auth, --no-save. Conversations are saved in $LOCALSPEC_HOME/conversations.db (or the user data folder). Binds 127.0.0.1 unless --host says otherwise; another host needs a password (or --no-auth on purpose).
-There is never a public share link.
+--no-auth, --no-save, --api. Conversations are saved in $LOCALSPEC_HOME/conversations.db (or the user data folder).
+Binds 127.0.0.1 unless --host says otherwise; another host needs a password (or --no-auth on purpose). There is never
+a public share link.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,21 +21,32 @@ REPO = Path(__file__).resolve().parents[2]
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="app.py", description="localspec: a local speculative-decoding chat app")
-    parser.add_argument("--models", default=str(REPO / "models.yaml"), help="models.yaml to read (default: %(default)s)")
+    parser.add_argument(
+        "--models", default=str(REPO / "models.yaml"), help="models.yaml to read (default: %(default)s)"
+    )
     parser.add_argument("--model", default=None, help="pair to load first (default: the first entry)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
     parser.add_argument("--port", type=int, default=None, help="port (default: the first free one from 7860)")
     parser.add_argument("--no-browser", action="store_true", help="do not open the default web browser")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--password", default=None,
-                        help="password asked for when binding to a non-loopback --host (other users can see it in "
-                             "the process list: prefer LOCALSPEC_PASSWORD)")
+    parser.add_argument(
+        "--password",
+        default=None,
+        help="password asked for when binding to a non-loopback --host (other users can see it in "
+        "the process list: prefer LOCALSPEC_PASSWORD)",
+    )
     parser.add_argument("--no-save", action="store_true", help="do not save conversations")
-    parser.add_argument("--no-auth", action="store_true",
-                        help="bind a non-loopback --host without a password (anyone who can reach it can use it)")
-    parser.add_argument("--api", action="store_true",
-                        help="also serve the OpenAI-compatible API (/v1/...) and /metrics on the same port; another "
-                             "--host needs LOCALSPEC_API_KEY (or --no-auth)")
+    parser.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="bind a non-loopback --host without a password (anyone who can reach it can use it)",
+    )
+    parser.add_argument(
+        "--api",
+        action="store_true",
+        help="also serve the OpenAI-compatible API (/v1/...) and /metrics on the same port; another "
+        "--host needs LOCALSPEC_API_KEY (or --no-auth)",
+    )
     return parser.parse_args(argv)
 
 
@@ -45,8 +58,10 @@ def auth_for(args: argparse.Namespace):
         return None
     password = args.password or os.environ.get("LOCALSPEC_PASSWORD")
     if not password:
-        raise ConfigError(f"binding to {args.host} makes the app reachable from other machines; give a password with "
-                          f"--password or LOCALSPEC_PASSWORD (or pass --no-auth on purpose)")
+        raise ConfigError(
+            f"binding to {args.host} makes the app reachable from other machines; give a password with "
+            f"--password or LOCALSPEC_PASSWORD (or pass --no-auth on purpose)"
+        )
     return lambda _user, given: given == password
 
 
@@ -74,8 +89,10 @@ def open_store(args: argparse.Namespace):
         return None, f"Conversations will not be saved: {exc}"
     print(f"Saving conversations to {store.path}", file=sys.stderr, flush=True)
     if store.recovered_from is not None:
-        notice = (f"The conversation database was damaged; it was moved to {store.recovered_from} and a fresh one "
-                  f"was started.")
+        notice = (
+            f"The conversation database was damaged; it was moved to {store.recovered_from} and a fresh one "
+            f"was started."
+        )
         print(f"localspec: {notice}", file=sys.stderr, flush=True)
         return store, notice
     return store, None
@@ -100,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     from . import ModelManager, build_app, default_session_factory, launch_options
     from .auth import launch_kwargs
 
-    manager = ModelManager(pairs, default_session_factory(args.device), broken=broken,
-                           **api.manager_options if api else {})
+    manager = ModelManager(
+        pairs, default_session_factory(args.device), broken=broken, **api.manager_options if api else {}
+    )
     try:
         seconds = manager.load(first.name, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
         print(f"Loaded {first.name} in {seconds:.1f} s", file=sys.stderr, flush=True)
@@ -117,13 +135,30 @@ def main(argv: list[str] | None = None) -> int:
         launch["app_kwargs"] = {**launch.get("app_kwargs", {}), **api.app_kwargs(manager)}
     try:
         # quiet: Gradio's own lines include "To create a public link, set `share=True`", which this app never does
-        demo.launch(server_name=args.host, server_port=args.port, inbrowser=not args.no_browser, share=False,
-                    auth_message="localspec: enter the password (any user name)" if auth else None,
-                    show_error=True, quiet=True, prevent_thread_lock=True, **launch, **launch_options())
-        reach = "this machine only" if is_loopback(args.host) else "other machines can connect; password required" \
-            if auth else "other machines can connect, WITHOUT a password (--no-auth)"
-        print(f"localspec: serving on {demo.local_url} ({reach}; never shared publicly). Ctrl+C stops it.",
-              file=sys.stderr, flush=True)
+        demo.launch(
+            server_name=args.host,
+            server_port=args.port,
+            inbrowser=not args.no_browser,
+            share=False,
+            auth_message="localspec: enter the password (any user name)" if auth else None,
+            show_error=True,
+            quiet=True,
+            prevent_thread_lock=True,
+            **launch,
+            **launch_options(),
+        )
+        reach = (
+            "this machine only"
+            if is_loopback(args.host)
+            else "other machines can connect; password required"
+            if auth
+            else "other machines can connect, WITHOUT a password (--no-auth)"
+        )
+        print(
+            f"localspec: serving on {demo.local_url} ({reach}; never shared publicly). Ctrl+C stops it.",
+            file=sys.stderr,
+            flush=True,
+        )
         demo.block_thread()
     except OSError as exc:  # port taken, address not available
         print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)

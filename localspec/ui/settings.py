@@ -1,4 +1,5 @@
 """Control values from the browser (or an API client) → validated SamplingParams and proposer/K choices."""
+
 from __future__ import annotations
 
 import math
@@ -6,8 +7,13 @@ from typing import Any, Optional
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
 
-PROPOSER_LABELS = {"draft": "draft model", "ngram": "n-gram", "head": "trained head",
-                   "ngram+head": "n-gram, else head", "none": "off"}
+PROPOSER_LABELS = {
+    "draft": "draft model",
+    "ngram": "n-gram",
+    "head": "trained head",
+    "ngram+head": "n-gram, else head",
+    "none": "off",
+}
 
 
 def proposer_label(proposer: Optional[str]) -> Optional[str]:
@@ -74,8 +80,13 @@ def read_proposer(proposer: Any, available: tuple[str, ...]) -> str:
 
 
 def sampling_dict(sampling: SamplingParams) -> dict:
-    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed}
+    return {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "max_new_tokens": sampling.max_new_tokens,
+        "seed": sampling.seed,
+    }
 
 
 def proposer_choices(available: tuple[str, ...]) -> list[tuple[str, str]]:

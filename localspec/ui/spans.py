@@ -1,8 +1,10 @@
 """One token as a coloured span: its kind class, its hover card, its text escaped."""
+
 from __future__ import annotations
 
 import html
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from localspec.engine.events import TOKEN_KINDS, TokenEvent
 
@@ -47,8 +49,10 @@ def token_title(record: dict) -> str:
     elif kind == "resampled":
         rejected = record.get("rejected_text")
         shown = repr(rejected) if rejected is not None else f"id {record.get('rejected_id')}"
-        lines.append(f"rejected draft token {shown}: p_target = {_prob(record.get('rejected_p_target'))}, "
-                     f"p_draft = {_prob(record.get('rejected_p_draft'))}")
+        lines.append(
+            f"rejected draft token {shown}: p_target = {_prob(record.get('rejected_p_target'))}, "
+            f"p_draft = {_prob(record.get('rejected_p_draft'))}"
+        )
         lines.append(f"acceptance min(1, p_target/p_draft) = {_prob(record.get('acceptance_prob'))}")
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 under the app's data folder, `$LOCALSPEC_HOME/tmp/gradio-<pid>` (0700), removed when the process exits. Folders
 left by a process that was killed are removed by the next start. Imports nothing from Gradio: `use()` must run
 before Gradio is imported, because Gradio reads GRADIO_TEMP_DIR at import time."""
+
 from __future__ import annotations
 
 import atexit
@@ -37,7 +38,7 @@ def folder() -> Path:
 
         root = _private_dir(home() / "tmp")
         for old in root.glob(PREFIX + "*"):  # left by a killed process
-            pid = old.name[len(PREFIX):]
+            pid = old.name[len(PREFIX) :]
             if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
                 shutil.rmtree(old, ignore_errors=True)
         _folder = _private_dir(root / f"{PREFIX}{os.getpid()}")

@@ -3,6 +3,7 @@
 gr.State holds each turn's plain dict form (to_state), which the renderers read and the browser's session keeps;
 the handlers convert once on the way in (turns_from_state) and once on the way out.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -47,8 +48,15 @@ class AssistantTurn:
 
     def events_json(self) -> dict:
         """What the events panel shows of this answer."""
-        return {"model": self.model, "proposer": self.proposer, "k": self.k, "finish_reason": self.finish_reason,
-                "error": self.error, "stats": self.stats, "tokens": self.tokens}
+        return {
+            "model": self.model,
+            "proposer": self.proposer,
+            "k": self.k,
+            "finish_reason": self.finish_reason,
+            "error": self.error,
+            "stats": self.stats,
+            "tokens": self.tokens,
+        }
 
 
 Turn = Union[UserTurn, AssistantTurn]

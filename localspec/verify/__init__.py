@@ -1,11 +1,13 @@
 """Verification: pick the rejection sampler implementation for a device."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from localspec.config import ConfigError
+
 from .reference import rejection_sample
 from .types import SamplerDraws, VerifyOutput, make_draws
 

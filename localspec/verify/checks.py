@@ -6,15 +6,17 @@
 - compare_outputs: one sampler's VerifyOutput against the reference's (tokens and counts exactly, probabilities
   within float32 tolerance).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from localspec.config import SamplingParams
 from localspec.engine.sampling import filter_logits
+
 from .types import SamplerDraws, VerifyOutput, make_draws
 
 Verifier = Callable[..., VerifyOutput]

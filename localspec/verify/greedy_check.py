@@ -3,9 +3,11 @@
 Only the first position where the two answers part can be judged (after it their contexts differ). There the top-2
 gap is read from plain decoding's own logits, recomputed exactly as plain decoding makes them: the prompt minus its
 last token prefilled, then one token per forward."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 
 from .guarantee import Guarantee
@@ -41,14 +43,25 @@ def plain_top2_gap(model: torch.nn.Module, prompt_ids: list[int], answer_ids: li
     return float(top[0] - top[1])
 
 
-def compare_greedy(model: torch.nn.Module, prompt_ids: list[int], plain_ids: list[int], spec_ids: list[int],
-                   guarantee: Guarantee) -> GreedyComparison:
+def compare_greedy(
+    model: torch.nn.Module, prompt_ids: list[int], plain_ids: list[int], spec_ids: list[int], guarantee: Guarantee
+) -> GreedyComparison:
     at = first_difference(plain_ids, spec_ids)
     if at is None:
         return GreedyComparison(True, None, None, f"{len(plain_ids)} tokens identical")
     gap = plain_top2_gap(model, prompt_ids, plain_ids, at)
     if guarantee.allows_flip(gap):
-        return GreedyComparison(True, at, gap, f"near-tie flip at token {at}: top-2 logit gap {gap:.2e} < the "
-                                               f"{guarantee.path} bound {guarantee.flip_bound:.2e}")
-    return GreedyComparison(False, at, gap, f"outputs differ at token {at} where the top-2 logit gap is {gap:.2e}, "
-                                            f"not below the {guarantee.path} bound {guarantee.flip_bound:.2e}")
+        return GreedyComparison(
+            True,
+            at,
+            gap,
+            f"near-tie flip at token {at}: top-2 logit gap {gap:.2e} < the "
+            f"{guarantee.path} bound {guarantee.flip_bound:.2e}",
+        )
+    return GreedyComparison(
+        False,
+        at,
+        gap,
+        f"outputs differ at token {at} where the top-2 logit gap is {gap:.2e}, "
+        f"not below the {guarantee.path} bound {guarantee.flip_bound:.2e}",
+    )

@@ -14,6 +14,7 @@ the top-2 gap g to be overturned, and g ≤ |Δ top-1| + |Δ top-2| ≤ 2 × max
 (MEASURED_ON); another CPU runs other kernels and may round differently, so a path's bound is a measurement, not a
 proof. Paths not measured (CUDA, other compute dtypes) get flip_bound = inf and say so.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,10 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 Quant = Literal["none", "nf4", "int8"]
 DeviceType = Literal["cpu", "cuda"]
 
-MEASURED_ON = ("Intel(R) Xeon(R) Processor (AVX-512 with BF16, FP16 and VNNI; AMX), 1 torch thread, torch 2.13.0+cpu, "
-               "transformers 5.24.0, bitsandbytes 0.50.2 without the kernels package")
+MEASURED_ON = (
+    "Intel(R) Xeon(R) Processor (AVX-512 with BF16, FP16 and VNNI; AMX), 1 torch thread, torch 2.13.0+cpu, "
+    "transformers 5.24.0, bitsandbytes 0.50.2 without the kernels package"
+)
 MEASUREMENT = "scripts/measure_rounding.py: 10 prompts from ../shared/data × 32 greedy tokens, K+1 ∈ {2, 4, 6, 9}"
 
 
@@ -72,9 +75,16 @@ class Guarantee:
 
     def to_dict(self) -> dict:
         bound = self.flip_bound if math.isfinite(self.flip_bound) else None  # JSON has no infinity
-        return {"path": self.path, "greedy": self.greedy, "flip_bound": bound, "measured": self.measured,
-                "measured_on": self.measured_on, "text": self.text, "max_abs_diff": self.max_abs_diff,
-                "max_flip_gap": self.max_flip_gap}
+        return {
+            "path": self.path,
+            "greedy": self.greedy,
+            "flip_bound": bound,
+            "measured": self.measured,
+            "measured_on": self.measured_on,
+            "text": self.text,
+            "max_abs_diff": self.max_abs_diff,
+            "max_flip_gap": self.max_flip_gap,
+        }
 
 
 def path_name(dtype: str, quant: str, device_type: str) -> str:
@@ -98,20 +108,40 @@ def guarantee_for(dtype: str, quant: str, device_type: str) -> Guarantee:
     exact = "sampling is distribution-exact with respect to the verify forward's logits"
     rounding = MEASURED.get((device_type, dtype, quant))
     if rounding is None:
-        return Guarantee(path, "near-tie", math.inf, False, "not measured",
-                         f"{path} (not measured): {exact}; greedy output may part from plain decoding wherever the "
-                         f"verify forward's rounding flips the top choice, with no measured bound on the gap")
+        return Guarantee(
+            path,
+            "near-tie",
+            math.inf,
+            False,
+            "not measured",
+            f"{path} (not measured): {exact}; greedy output may part from plain decoding wherever the "
+            f"verify forward's rounding flips the top choice, with no measured bound on the gap",
+        )
     if rounding.max_abs_diff == 0.0:
-        return Guarantee(path, "identical", 0.0, True, MEASURED_ON,
-                         f"{path}: {exact}; greedy output is identical to plain decoding token for token (the two "
-                         f"forwards were bitwise equal when measured on {MEASURED_ON}; another CPU may differ)",
-                         rounding.max_abs_diff, rounding.max_flip_gap)
+        return Guarantee(
+            path,
+            "identical",
+            0.0,
+            True,
+            MEASURED_ON,
+            f"{path}: {exact}; greedy output is identical to plain decoding token for token (the two "
+            f"forwards were bitwise equal when measured on {MEASURED_ON}; another CPU may differ)",
+            rounding.max_abs_diff,
+            rounding.max_flip_gap,
+        )
     bound = 2 * rounding.max_abs_diff
-    return Guarantee(path, "near-tie", bound, True, MEASURED_ON,
-                     f"{path}: {exact}; greedy output is identical to plain decoding except where the top-2 logit "
-                     f"gap is below {bound:.2g} (2 × the largest logit rounding difference, {rounding.max_abs_diff:.2g}, "
-                     f"measured on {MEASURED_ON}; another CPU may round differently)",
-                     rounding.max_abs_diff, rounding.max_flip_gap)
+    return Guarantee(
+        path,
+        "near-tie",
+        bound,
+        True,
+        MEASURED_ON,
+        f"{path}: {exact}; greedy output is identical to plain decoding except where the top-2 logit "
+        f"gap is below {bound:.2g} (2 × the largest logit rounding difference, {rounding.max_abs_diff:.2g}, "
+        f"measured on {MEASURED_ON}; another CPU may round differently)",
+        rounding.max_abs_diff,
+        rounding.max_flip_gap,
+    )
 
 
 def dtype_name(model) -> str:

@@ -8,12 +8,14 @@ at the first rejection draw from norm(max(0, p_target - p_draft)); after K accep
 position K. An n-gram draft has no distribution: draft_probs is None and the draft is one-hot (p_draft(d_i) = 1).
 The emitted tokens then follow the target's distribution exactly.
 """
+
 from __future__ import annotations
 
 import torch
 
 from localspec.config import SamplingParams
 from localspec.engine.sampling import logits_to_probs, sample_with_noise
+
 from .types import SamplerDraws, VerifyOutput
 
 

@@ -24,6 +24,7 @@ K and every shape-dependent integer are runtime arguments that Triton must not s
 so changing K never recompiles. Compile-time constants: the block size, the mode flags, the split count rounded up to
 a power of two (depends on V only) and the position tile (32 for every K ≤ 31).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,6 +45,7 @@ import triton.language as tl  # noqa: E402
 
 from localspec.config import ConfigError, SamplingParams  # noqa: E402
 from localspec.engine.sampling import process_logits  # noqa: E402
+
 from .types import SamplerDraws, VerifyOutput  # noqa: E402
 
 INTERPRETED = bool(triton.knobs.runtime.interpret)  # what @triton.jit below decides with
@@ -70,11 +72,23 @@ _SUM = tl.standard._sum_combine
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _row_stats_kernel(
-    logits_ptr, stride_row,  # [B*(K+1), V] rows, last dim contiguous: the logits the softmax is taken of
-    argmax_ptr, stride_arg_row,  # [B*(K+1), V] rows: the logits the greedy argmax is taken of
-    part_max_ptr, part_sum_ptr, part_best_ptr, part_best_idx_ptr,  # [B*(K+1), num_splits] each, out
-    K, V, chunk, num_splits, temperature,
-    GREEDY: tl.constexpr, SEPARATE_ARGMAX: tl.constexpr, MUL_INVERSE: tl.constexpr, INDEX_64: tl.constexpr,
+    logits_ptr,
+    stride_row,  # [B*(K+1), V] rows, last dim contiguous: the logits the softmax is taken of
+    argmax_ptr,
+    stride_arg_row,  # [B*(K+1), V] rows: the logits the greedy argmax is taken of
+    part_max_ptr,
+    part_sum_ptr,
+    part_best_ptr,
+    part_best_idx_ptr,  # [B*(K+1), num_splits] each, out
+    K,
+    V,
+    chunk,
+    num_splits,
+    temperature,
+    GREEDY: tl.constexpr,
+    SEPARATE_ARGMAX: tl.constexpr,
+    MUL_INVERSE: tl.constexpr,
+    INDEX_64: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -127,14 +141,31 @@ def _row_stats_kernel(
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _sample_partials_kernel(
-    logits_ptr, stride_row,  # [B*(K+1), V] rows
-    draft_ids_ptr, stride_db, stride_dk,  # [B, K]
-    draft_probs_ptr, stride_draft_row,  # [B*K, V] rows (not read for one-hot n-gram drafts)
-    noise_ptr, stride_noise_row,  # [B*(K+1), V] rows, Exp(1)
-    part_max_ptr, part_sum_ptr,  # [B*(K+1), num_splits] from _row_stats_kernel
-    res_best_ptr, res_idx_ptr, tgt_best_ptr, tgt_idx_ptr, res_max_ptr,  # [B*(K+1), num_splits] each, out
-    K, V, chunk, num_splits, temperature,
-    HAS_DRAFT_PROBS: tl.constexpr, MUL_INVERSE: tl.constexpr, INDEX_64: tl.constexpr, BLOCK_V: tl.constexpr,
+    logits_ptr,
+    stride_row,  # [B*(K+1), V] rows
+    draft_ids_ptr,
+    stride_db,
+    stride_dk,  # [B, K]
+    draft_probs_ptr,
+    stride_draft_row,  # [B*K, V] rows (not read for one-hot n-gram drafts)
+    noise_ptr,
+    stride_noise_row,  # [B*(K+1), V] rows, Exp(1)
+    part_max_ptr,
+    part_sum_ptr,  # [B*(K+1), num_splits] from _row_stats_kernel
+    res_best_ptr,
+    res_idx_ptr,
+    tgt_best_ptr,
+    tgt_idx_ptr,
+    res_max_ptr,  # [B*(K+1), num_splits] each, out
+    K,
+    V,
+    chunk,
+    num_splits,
+    temperature,
+    HAS_DRAFT_PROBS: tl.constexpr,
+    MUL_INVERSE: tl.constexpr,
+    INDEX_64: tl.constexpr,
+    BLOCK_V: tl.constexpr,
     SPLITS_POW2: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -205,17 +236,38 @@ def _sample_partials_kernel(
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _finalize_kernel(
-    logits_ptr, stride_row,  # [B*(K+1), V] rows
-    draft_ids_ptr, stride_db, stride_dk,  # [B, K]
-    draft_probs_ptr, stride_draft_row,  # [B*K, V] rows
-    uniforms_ptr, stride_ub, stride_uk,  # [B, K]
-    part_max_ptr, part_sum_ptr,  # [B*(K+1), num_splits]
-    best_ptr, best_idx_ptr,  # greedy: logit argmax partials; stochastic: residual / noise partials
-    tgt_best_ptr, tgt_idx_ptr, res_max_ptr,  # stochastic: p_target / noise partials, residual max
-    out_tokens_ptr, out_accepted_ptr, out_target_probs_ptr, out_draft_probs_ptr, out_last_prob_ptr,
-    K, V, chunk, num_splits, temperature,
-    GREEDY: tl.constexpr, HAS_DRAFT_PROBS: tl.constexpr, MUL_INVERSE: tl.constexpr,
-    POSITIONS_POW2: tl.constexpr, SPLITS_POW2: tl.constexpr,
+    logits_ptr,
+    stride_row,  # [B*(K+1), V] rows
+    draft_ids_ptr,
+    stride_db,
+    stride_dk,  # [B, K]
+    draft_probs_ptr,
+    stride_draft_row,  # [B*K, V] rows
+    uniforms_ptr,
+    stride_ub,
+    stride_uk,  # [B, K]
+    part_max_ptr,
+    part_sum_ptr,  # [B*(K+1), num_splits]
+    best_ptr,
+    best_idx_ptr,  # greedy: logit argmax partials; stochastic: residual / noise partials
+    tgt_best_ptr,
+    tgt_idx_ptr,
+    res_max_ptr,  # stochastic: p_target / noise partials, residual max
+    out_tokens_ptr,
+    out_accepted_ptr,
+    out_target_probs_ptr,
+    out_draft_probs_ptr,
+    out_last_prob_ptr,
+    K,
+    V,
+    chunk,
+    num_splits,
+    temperature,
+    GREEDY: tl.constexpr,
+    HAS_DRAFT_PROBS: tl.constexpr,
+    MUL_INVERSE: tl.constexpr,
+    POSITIONS_POW2: tl.constexpr,
+    SPLITS_POW2: tl.constexpr,
 ):
     """One batch row: all K+1 positions at once as a [POSITIONS_POW2, SPLITS_POW2] tile (POSITIONS_POW2 is fixed
     at 32 for every K ≤ 31, so K stays a runtime value)."""
@@ -245,8 +297,9 @@ def _finalize_kernel(
         z = tl.math.div_rn(x, tl.full([POSITIONS_POW2], 1.0, tl.float32) * temperature)
     target_probs = tl.exp(z - safe_row_max) / row_sum  # [P] p_target(draft token)
     if HAS_DRAFT_PROBS:
-        draft_probs = tl.load(draft_probs_ptr + (b * K + pos) * stride_draft_row + draft_tokens, mask=is_draft_pos,
-                              other=1.0).to(tl.float32)
+        draft_probs = tl.load(
+            draft_probs_ptr + (b * K + pos) * stride_draft_row + draft_tokens, mask=is_draft_pos, other=1.0
+        ).to(tl.float32)
     else:
         draft_probs = tl.full([POSITIONS_POW2], 1.0, tl.float32)
 
@@ -313,8 +366,10 @@ def fused_rejection_sample(
     if not greedy and draws is None:
         raise ValueError("stochastic verification needs random draws")
     if device.type != "cuda" and not INTERPRETED:
-        raise ConfigError(f"the fused Triton sampler runs on CUDA tensors, not {device.type} ones (this process "
-                          "compiles Triton kernels rather than interpreting them); use sampler 'torch' here")
+        raise ConfigError(
+            f"the fused Triton sampler runs on CUDA tensors, not {device.type} ones (this process "
+            "compiles Triton kernels rather than interpreting them); use sampler 'torch' here"
+        )
     filtered = bool(sampling.top_k) or sampling.top_p < 1.0
     if filtered:
         # top-k / top-p need a sort over V: the shared function applies them (and the temperature) before the kernel
@@ -361,27 +416,75 @@ def fused_rejection_sample(
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         grid = (rows, num_splits)
         _row_stats_kernel[grid](
-            logits, logits.stride(1), argmax_logits, argmax_logits.stride(1),
-            part_max, part_sum, best, best_idx, *runtime,
-            GREEDY=greedy, SEPARATE_ARGMAX=greedy and filtered, INDEX_64=INTERPRETED, BLOCK_V=block_v, **meta,
+            logits,
+            logits.stride(1),
+            argmax_logits,
+            argmax_logits.stride(1),
+            part_max,
+            part_sum,
+            best,
+            best_idx,
+            *runtime,
+            GREEDY=greedy,
+            SEPARATE_ARGMAX=greedy and filtered,
+            INDEX_64=INTERPRETED,
+            BLOCK_V=block_v,
+            **meta,
         )
         if greedy:
             uniforms = draft_ids  # placeholders, never read in greedy mode
         else:
             uniforms = draws.uniforms if k > 0 else out_last_prob.view(batch, 1)
             _sample_partials_kernel[grid](
-                logits, logits.stride(1), draft_ids, *draft_ids.stride(), probs, probs.stride(1),
-                noise, noise.stride(1), part_max, part_sum,
-                best, best_idx, tgt_best, tgt_idx, res_max, *runtime,
-                HAS_DRAFT_PROBS=has_draft_probs, INDEX_64=INTERPRETED, BLOCK_V=block_v,
-                SPLITS_POW2=_next_pow2(num_splits), **meta,
+                logits,
+                logits.stride(1),
+                draft_ids,
+                *draft_ids.stride(),
+                probs,
+                probs.stride(1),
+                noise,
+                noise.stride(1),
+                part_max,
+                part_sum,
+                best,
+                best_idx,
+                tgt_best,
+                tgt_idx,
+                res_max,
+                *runtime,
+                HAS_DRAFT_PROBS=has_draft_probs,
+                INDEX_64=INTERPRETED,
+                BLOCK_V=block_v,
+                SPLITS_POW2=_next_pow2(num_splits),
+                **meta,
             )
         _finalize_kernel[(batch,)](
-            logits, logits.stride(1), draft_ids, *draft_ids.stride(), probs, probs.stride(1),
-            uniforms, *uniforms.stride(), part_max, part_sum, best, best_idx, tgt_best, tgt_idx, res_max,
-            out_tokens, out_accepted, out_target_probs, out_draft_probs, out_last_prob, *runtime,
-            GREEDY=greedy, HAS_DRAFT_PROBS=has_draft_probs, POSITIONS_POW2=max(32, _next_pow2(k_plus_1)),
-            SPLITS_POW2=_next_pow2(num_splits), **meta,
+            logits,
+            logits.stride(1),
+            draft_ids,
+            *draft_ids.stride(),
+            probs,
+            probs.stride(1),
+            uniforms,
+            *uniforms.stride(),
+            part_max,
+            part_sum,
+            best,
+            best_idx,
+            tgt_best,
+            tgt_idx,
+            res_max,
+            out_tokens,
+            out_accepted,
+            out_target_probs,
+            out_draft_probs,
+            out_last_prob,
+            *runtime,
+            GREEDY=greedy,
+            HAS_DRAFT_PROBS=has_draft_probs,
+            POSITIONS_POW2=max(32, _next_pow2(k_plus_1)),
+            SPLITS_POW2=_next_pow2(num_splits),
+            **meta,
         )
     return VerifyOutput(
         output_token_ids=out_tokens,

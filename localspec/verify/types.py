@@ -1,4 +1,5 @@
 """Inputs and outputs of the verification (rejection sampling) step, shared by every implementation."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,24 +31,26 @@ class VerifyOutput:
     def to_host(self, finite: torch.Tensor, row: int = 0) -> list[float]:
         """One row and a finiteness flag ([1], 1.0 = all finite) in one host transfer, laid out as from_host reads it:
         K+1 output ids, the accepted count, K target probs, K draft probs, the last token's target prob, the flag."""
-        return torch.cat([
-            self.output_token_ids[row].to(torch.float64),
-            self.num_accepted[row: row + 1].to(torch.float64),
-            self.target_probs_of_drafts[row].to(torch.float64),
-            self.draft_probs_of_drafts[row].to(torch.float64),
-            self.target_prob_of_last[row: row + 1].to(torch.float64),
-            finite.to(torch.float64).view(1),
-        ]).tolist()
+        return torch.cat(
+            [
+                self.output_token_ids[row].to(torch.float64),
+                self.num_accepted[row : row + 1].to(torch.float64),
+                self.target_probs_of_drafts[row].to(torch.float64),
+                self.draft_probs_of_drafts[row].to(torch.float64),
+                self.target_prob_of_last[row : row + 1].to(torch.float64),
+                finite.to(torch.float64).view(1),
+            ]
+        ).tolist()
 
     @staticmethod
-    def from_host(packed: list[float], k: int) -> "HostVerdict":
+    def from_host(packed: list[float], k: int) -> HostVerdict:
         """Read what to_host transferred for a step that drafted k tokens."""
         num_accepted = int(packed[k + 1])
         return HostVerdict(
             emitted=[int(t) for t in packed[: num_accepted + 1]],
             num_accepted=num_accepted,
-            target_probs_of_drafts=packed[k + 2: 2 * k + 2],
-            draft_probs_of_drafts=packed[2 * k + 2: 3 * k + 2],
+            target_probs_of_drafts=packed[k + 2 : 2 * k + 2],
+            draft_probs_of_drafts=packed[2 * k + 2 : 3 * k + 2],
             target_prob_of_last=packed[3 * k + 2],
             finite=packed[-1] == 1.0,
         )
@@ -65,9 +68,7 @@ class HostVerdict:
     finite: bool  # target logits (and draft probabilities) held no NaN / inf
 
 
-def make_draws(
-    generator: torch.Generator, batch: int, k: int, vocab: int, device: torch.device | str
-) -> SamplerDraws:
+def make_draws(generator: torch.Generator, batch: int, k: int, vocab: int, device: torch.device | str) -> SamplerDraws:
     """Draw uniforms [B, K] and exponential noise [B, K+1, V] from the engine's generator."""
     uniforms = torch.rand((batch, k), generator=generator, device=device, dtype=torch.float32)
     noise = torch.empty((batch, k + 1, vocab), device=device, dtype=torch.float32)

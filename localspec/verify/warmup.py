@@ -1,6 +1,7 @@
 """Warm the sampler 'auto' picks up at load time: compile (K = 0 and K = k, greedy and stochastic) and check it
 against the torch reference, so a Triton compile or launch failure falls back to torch with a notice instead of
 failing every answer."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -24,8 +25,9 @@ def warm_up_sampler(device: torch.device | str, k: int) -> Optional[str]:
     try:
         for kk in sorted({0, k}):
             for temperature in (0.0, 1.0):
-                case = make_verify_case(kk + 1, 1, kk, WARM_VOCAB, temperature=temperature,
-                                        with_draft_probs=kk > 0, device=device)
+                case = make_verify_case(
+                    kk + 1, 1, kk, WARM_VOCAB, temperature=temperature, with_draft_probs=kk > 0, device=device
+                )
                 problems = compare_outputs(case.run(verify), case.run(rejection_sample))
                 if problems:
                     raise RuntimeError(f"disagrees with the torch reference at K={kk}: {problems[0]}")
