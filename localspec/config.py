@@ -21,7 +21,9 @@ K_MIN, K_MAX = 1, 16  # draft tokens per step
 K_NAME = "K (draft tokens per step)"
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
 TEMPERATURE_MAX = 5.0
-FIELD_LABELS = {"top_k": "top-k", "top_p": "top-p", "k": "K", "max_new_tokens": "max new tokens"}
+TOP_LOGPROBS_MAX = 20  # OpenAI's limit on top_logprobs
+FIELD_LABELS = {"top_k": "top-k", "top_p": "top-p", "k": "K", "max_new_tokens": "max new tokens",
+                "top_logprobs": "top logprobs"}
 
 
 class ConfigError(ValueError):
@@ -60,6 +62,9 @@ class SamplingParams:
     top_p: float = 1.0  # 1.0 = off
     max_new_tokens: int = 256
     seed: int = 0
+    # per emitted token, the n most likely tokens and their log-probabilities under the distribution the sampler
+    # used (logits_to_probs); 0 computes and transfers nothing more
+    top_logprobs: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -72,7 +77,7 @@ class SamplingParams:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or too_big:
                 raise ConfigError(f"{name.replace('_', '-')} must be a number in range (got {value!r})")
         check_max_new_tokens(self.max_new_tokens)
-        for name in ("top_k", "seed"):
+        for name in ("top_k", "seed", "top_logprobs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ConfigError(f"{FIELD_LABELS.get(name, name)} must be a whole number (got {value!r})")
@@ -85,6 +90,9 @@ class SamplingParams:
             raise ConfigError(f"top-p must be in (0, 1] (got {self.top_p!r}); 1 turns it off")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ConfigError(f"top-k must be a whole number ≥ 0 (got {self.top_k!r}); 0 turns it off")
+        if not 0 <= self.top_logprobs <= TOP_LOGPROBS_MAX:
+            raise ConfigError(f"top logprobs must be between 0 and {TOP_LOGPROBS_MAX} (got {self.top_logprobs!r}); "
+                              "0 turns it off")
         return self
 
 

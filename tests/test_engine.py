@@ -1,5 +1,6 @@
 """The engine on the tiny random pair: lossless greedy output, KV rollback, seeded sampling, limits, cancel."""
 
+import math
 import threading
 
 import pytest
@@ -178,3 +179,34 @@ def test_model_failure_mid_answer_becomes_an_error_event(engine, tiny_models):
     assert len(tokens) == 2  # the prefill and two steps ran before the failure
     ids, _, events = run(engine, None, SpecConfig(proposer="none"), SamplingParams(max_new_tokens=5))
     assert len(ids) == 5 and events[-1].finish_reason == "length"
+
+
+def test_top_logprobs_under_greedy_lead_with_the_emitted_token(engine, tiny_models):
+    _, tokens, _ = run(engine, DraftModelProposer(tiny_models[1]), SpecConfig(proposer="draft", k=3),
+                       SamplingParams(max_new_tokens=30, top_logprobs=5))
+    assert {"accepted", "resampled"} <= {t.kind for t in tokens}  # every kind of position carries them
+    for token in tokens:
+        assert len(token.top_logprobs) == 5
+        assert token.top_logprobs[0][0] == token.token_id
+        assert token.top_logprobs[0][1] == pytest.approx(math.log(token.target_prob), abs=1e-5)
+        values = [lp for _, lp in token.top_logprobs]
+        assert values == sorted(values, reverse=True) and len({i for i, _ in token.top_logprobs}) == 5
+
+
+def test_top_logprobs_are_of_the_sampled_distribution(engine, tiny_models):
+    """After temperature and top-k: the emitted token is among the top-k with its p_target, the rest are -inf."""
+    _, tokens, _ = run(engine, NgramProposer(1, 3), SpecConfig(proposer="ngram", k=3),
+                       SamplingParams(temperature=0.7, top_k=3, max_new_tokens=30, seed=3, top_logprobs=6))
+    for token in tokens:
+        kept = dict(token.top_logprobs[:3])
+        assert token.token_id in kept and kept[token.token_id] == pytest.approx(math.log(token.target_prob), abs=1e-5)
+        assert sum(math.exp(lp) for lp in kept.values()) == pytest.approx(1.0, abs=1e-5)
+        assert all(lp == -math.inf for _, lp in token.top_logprobs[3:])
+
+
+def test_top_logprobs_zero_adds_nothing_and_the_range_is_checked(engine):
+    _, tokens, _ = run(engine, NgramProposer(1, 3), SpecConfig(proposer="ngram", k=3), SamplingParams(max_new_tokens=8))
+    assert tokens and all(t.top_logprobs is None for t in tokens)
+    for bad in (21, -1):
+        with pytest.raises(ConfigError, match="top logprobs must be between 0 and 20"):
+            SamplingParams(top_logprobs=bad).validate()

@@ -25,6 +25,9 @@ class TokenEvent:
     rejected_token_id: Optional[int] = None  # for 'resampled': the draft token the target rejected
     rejected_target_prob: Optional[float] = None
     rejected_draft_prob: Optional[float] = None
+    # (token id, log-probability) of the n most likely tokens at this position under the distribution the sampler
+    # used, most likely first; None unless SamplingParams.top_logprobs > 0
+    top_logprobs: Optional[tuple[tuple[int, float], ...]] = None
     text: str = ""  # filled by the chat layer; the engine knows only ids
 
     @classmethod

@@ -22,7 +22,7 @@ from .adaptive import AdaptiveController
 from .events import StepEvent
 from .metrics import StatsSnapshot
 from .model_runner import ModelRunner
-from .step import ControllerKey, Proposal, Run, StepOutcome, cut_at_stop, token_events
+from .step import ControllerKey, Proposal, Run, StepOutcome, cut_at_stop, read_top_logprobs, token_events
 from .timing import synced_clock
 
 NON_FINITE = "the target produced NaN or infinite logits; the answer was stopped"
@@ -127,7 +127,8 @@ class Engine:
         return Proposal(budget_k, asked, token_ids, probs, time.perf_counter() - started)
 
     def _verify(self, run: Run, proposal: Proposal) -> StepOutcome:
-        """One target forward over the pending token and the K drafts, the rejection sampler, one host read."""
+        """One target forward over the pending token and the K drafts, the rejection sampler, one host read (and the
+        emitted positions' top log-probabilities in a second, when asked for)."""
         device, k = self.target.device, proposal.k
         started = synced_clock(device)
         forward = self.target.extend(
@@ -140,7 +141,10 @@ class Engine:
         result = run.verify(logits, drafts, proposal.probs, run.sampling, draws)
         finite = torch.isfinite(logits).all()
         verdict = VerifyOutput.from_host(result.to_host(finite), k)  # the step's one host read
-        return StepOutcome(proposal, verdict, forward.hidden, scored - started, time.perf_counter() - scored)
+        top = None
+        if run.sampling.top_logprobs and verdict.finite:  # asked for: a second read, of the emitted positions only
+            top = read_top_logprobs(forward.logits, run.sampling, verdict.num_accepted + 1)
+        return StepOutcome(proposal, verdict, forward.hidden, scored - started, time.perf_counter() - scored, top)
 
     def _advance(self, run: Run, outcome: StepOutcome) -> StepEvent:
         """Keep what the target accepted, up to a stop token, and tell the proposer, the controller and the stats."""

@@ -38,6 +38,14 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return torch.softmax(process_logits(logits, params), dim=-1)
 
 
+def top_logprobs(logits: torch.Tensor, params: SamplingParams, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The n most likely tokens of each row under the sampling parameters (the distribution logits_to_probs gives):
+    (log-probabilities [..., n] float32, descending; token ids [..., n] int64). A token top-k / top-p masked out has
+    log-probability -inf."""
+    values, ids = torch.topk(torch.log_softmax(process_logits(logits, params), dim=-1), n, dim=-1)
+    return values, ids
+
+
 def sample_with_noise(probs: torch.Tensor, exponential_noise: torch.Tensor) -> torch.Tensor:
     """Draw one token per row: argmax(probs / E) with E ~ Exp(1) is an exact sample from probs, with no host sync.
 

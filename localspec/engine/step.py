@@ -16,6 +16,9 @@ from localspec.verify.types import HostVerdict
 from .adaptive import AdaptiveController
 from .events import TokenEvent
 from .metrics import StatsSnapshot
+from .sampling import top_logprobs
+
+TopLogprobs = tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
 
 ControllerKey = tuple[str, int, bool]  # (proposer or proposer:part, K, adaptive)
 
@@ -115,6 +118,16 @@ class StepOutcome:
     hidden: Optional[torch.Tensor]  # [K+1, F] the verify forward's features, when the proposer wants them
     score_s: float
     sampler_s: float
+    top: Optional[list[TopLogprobs]] = None  # per emitted position, when the sampling parameters ask for it
+
+
+def read_top_logprobs(logits: torch.Tensor, sampling: SamplingParams, rows: int) -> list[TopLogprobs]:
+    """The first `rows` positions' top-n (n = sampling.top_logprobs) from the verify forward's logits [K+1, V], in
+    one host read."""
+    n = min(sampling.top_logprobs, logits.shape[-1])
+    values, ids = top_logprobs(logits[:rows], sampling, n)
+    packed = torch.cat([ids.to(torch.float64), values.to(torch.float64)], dim=-1).tolist()  # [rows, 2n]
+    return [tuple((int(row[i]), row[n + i]) for i in range(n)) for row in packed]
 
 
 def token_events(outcome: StepOutcome) -> list[TokenEvent]:
@@ -139,6 +152,8 @@ def token_events(outcome: StepOutcome) -> list[TokenEvent]:
         )
     else:
         tokens.append(TokenEvent(last, "bonus" if k > 0 else "target", verdict.target_prob_of_last))
+    if outcome.top is not None:
+        tokens = [replace(token, top_logprobs=top) for token, top in zip(tokens, outcome.top)]
     return tokens
 
 
