@@ -2,7 +2,8 @@
 
 Without `localspec: {provenance: true}` the bodies are plain OpenAI. With it, each choice (each streamed chunk's
 choice) gains `localspec: {tokens: [...]}` with every token's kind, p_target and p_draft, and `usage` gains
-drafted_tokens, accepted_tokens, acceptance_rate and mean_acceptance_length.
+drafted_tokens, accepted_tokens, acceptance_rate and mean_acceptance_length. `top_logprobs` (chat) and `logprobs: n`
+(completions) are of the distribution the sampler drew from at each position (after temperature and top-p).
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a probability that underflows
 
 def logprob(p: float) -> float:
     return math.log(p) if p > 0 else LOGPROB_FLOOR
+
+
+def finite(lp: float) -> float:
+    """A log-probability as JSON can carry it: log 0 (a token top-k / top-p masked out) becomes the floor."""
+    return lp if math.isfinite(lp) else LOGPROB_FLOOR
 
 
 class Collector:
@@ -85,18 +91,24 @@ class Collector:
     def provenance(self, tokens: list[TokenEvent]) -> dict:
         return {"tokens": [tok.to_dict() for tok in tokens]}
 
+    def _top(self, tok: TokenEvent) -> list[tuple[str, float]]:
+        """(text, log-probability) of the position's most likely tokens, most likely first; [] when not asked."""
+        return [(self.tokenizer.decode([token_id]), finite(lp)) for token_id, lp in tok.top_logprobs or ()]
+
+    def _top_by_text(self, tok: TokenEvent) -> dict[str, float]:
+        """The completions shape {text: log-probability}; of tokens that decode alike, the most likely one stays."""
+        out: dict[str, float] = {}
+        for text, lp in self._top(tok):
+            out.setdefault(text, lp)
+        return out
+
     def chat_logprobs(self, tokens: list[TokenEvent]) -> dict:
         content = []
         for tok in tokens:
             text = self.tokenizer.decode([tok.token_id])
-            content.append(
-                {
-                    "token": text,
-                    "logprob": logprob(tok.target_prob),
-                    "bytes": list(text.encode("utf-8")),
-                    "top_logprobs": [],
-                }
-            )
+            top = [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in self._top(tok)]
+            content.append({"token": text, "logprob": logprob(tok.target_prob),
+                            "bytes": list(text.encode("utf-8")), "top_logprobs": top})
         return {"content": content}
 
     def completion_logprobs(self, tokens: list[TokenEvent], first_offset: int) -> dict:
@@ -105,12 +117,9 @@ class Collector:
         for text in texts:
             offsets.append(at)
             at += len(text)
-        return {
-            "tokens": texts,
-            "token_logprobs": [logprob(t.target_prob) for t in tokens],
-            "top_logprobs": None,
-            "text_offset": offsets,
-        }
+        return {"tokens": texts, "token_logprobs": [logprob(t.target_prob) for t in tokens],
+                "top_logprobs": [self._top_by_text(t) for t in tokens] if self.request.sampling.top_logprobs else None,
+                "text_offset": offsets}
 
     def usage(self, prompt_tokens: int) -> dict:
         usage = {

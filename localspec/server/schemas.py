@@ -188,7 +188,7 @@ def _extension(value: Any) -> Extension:
     return Extension(proposer, k, adaptive, _bool(value, "provenance", where="localspec."))
 
 
-def _sampling(body: dict) -> SamplingParams:
+def _sampling(body: dict, top_logprobs: int, top_param: str) -> SamplingParams:
     max_tokens = _int(body, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens")
@@ -198,6 +198,7 @@ def _sampling(body: dict) -> SamplingParams:
         "top_p": body.get("top_p", 1.0),
         "max_new_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         "seed": secrets.randbelow(2**63) if seed is None else seed,
+        "top_logprobs": top_logprobs,
     }
     values = {k: (SamplingParams.__dataclass_fields__[k].default if v is None else v) for k, v in values.items()}
     params = SamplingParams(**values)
@@ -205,14 +206,10 @@ def _sampling(body: dict) -> SamplingParams:
         return params.validate()
     except ConfigError as exc:
         message = str(exc)
-        param = next(
-            (
-                p
-                for p, words in (("temperature", "temperature"), ("top_p", "top-p"), ("seed", "seed"))
-                if message.startswith(words)
-            ),
-            "max_tokens",
-        )
+        param = next((p for p, words in (("temperature", "temperature"), ("top_p", "top-p"), ("seed", "seed"),
+                                         (top_param, "top logprobs")) if message.startswith(words)), "max_tokens")
+        if param == top_param:
+            message = message.replace("top logprobs", top_param, 1)  # the field's name in the request
         raise APIError(message, param) from None
 
 
@@ -239,22 +236,13 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
     else:
         top = _int(body, "logprobs")
         logprobs = top is not None
-    if top:
-        raise APIError(
-            "top_logprobs is not supported: the engine reports the target's probability of each emitted "
-            "token only; ask for logprobs: true (chat) or logprobs: 0 (completions)",
-            "top_logprobs" if endpoint == "chat" else "logprobs",
-        )
-    request = GenerationRequest(
-        endpoint=endpoint,
-        model=model,
-        sampling=_sampling(body),
-        stream=stream,
-        include_usage=include_usage,
-        logprobs=logprobs,
-        stop=_stop(body.get("stop")),
-        extension=_extension(body.get("localspec")),
-    )
+    top_param = "top_logprobs" if endpoint == "chat" else "logprobs"
+    if top and not logprobs:
+        raise APIError("top_logprobs needs logprobs: true", top_param)
+    request = GenerationRequest(endpoint=endpoint, model=model, sampling=_sampling(body, top or 0, top_param),
+                                stream=stream,
+                                include_usage=include_usage, logprobs=logprobs, stop=_stop(body.get("stop")),
+                                extension=_extension(body.get("localspec")))
     if endpoint == "chat":
         return replace(request, messages=_messages(body.get("messages")))
     prompt = body.get("prompt")
