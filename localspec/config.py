@@ -22,8 +22,13 @@ K_NAME = "K (draft tokens per step)"
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
 TEMPERATURE_MAX = 5.0
 TOP_LOGPROBS_MAX = 20  # OpenAI's limit on top_logprobs
-FIELD_LABELS = {"top_k": "top-k", "top_p": "top-p", "k": "K", "max_new_tokens": "max new tokens",
-                "top_logprobs": "top logprobs"}
+FIELD_LABELS = {
+    "top_k": "top-k",
+    "top_p": "top-p",
+    "k": "K",
+    "max_new_tokens": "max new tokens",
+    "top_logprobs": "top logprobs",
+}
 
 
 class ConfigError(ValueError):
@@ -91,8 +96,9 @@ class SamplingParams:
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ConfigError(f"top-k must be a whole number ≥ 0 (got {self.top_k!r}); 0 turns it off")
         if not 0 <= self.top_logprobs <= TOP_LOGPROBS_MAX:
-            raise ConfigError(f"top logprobs must be between 0 and {TOP_LOGPROBS_MAX} (got {self.top_logprobs!r}); "
-                              "0 turns it off")
+            raise ConfigError(
+                f"top logprobs must be between 0 and {TOP_LOGPROBS_MAX} (got {self.top_logprobs!r}); 0 turns it off"
+            )
         return self
 
 

@@ -8,6 +8,7 @@ load that comes and goes on a shared machine falls on both; the medians and the 
     python scripts/api_overhead.py [--models models.yaml] [--model NAME] [--prompts 4] [--max-tokens 64]
                                    [--threads 2] [--device cpu]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,9 +63,14 @@ def through_api(client, name: str, prompt: str, max_tokens: int) -> tuple[float,
     """The same through the server (whose runner runs the engine in a worker thread)."""
     started = time.perf_counter()
     first, usage = None, None
-    stream = client.chat.completions.create(model=name, messages=[{"role": "user", "content": prompt}],
-                                            max_tokens=max_tokens, temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content and first is None:
             first = time.perf_counter() - started
@@ -124,8 +130,10 @@ def main() -> int:
         d = direct(session, prompt, args.max_tokens)
         a = through_api(client, pair.name, prompt, args.max_tokens)
         rows.append((d, a))
-        print(f"{prompt[:40]:40s}  TTFT direct {d[0] * 1e3:7.1f} ms  api {a[0] * 1e3:7.1f} ms   "
-              f"tok/s direct {d[2]:6.1f}  api {a[2]:6.1f}   tokens {d[1]}/{a[1]}")
+        print(
+            f"{prompt[:40]:40s}  TTFT direct {d[0] * 1e3:7.1f} ms  api {a[0] * 1e3:7.1f} ms   "
+            f"tok/s direct {d[2]:6.1f}  api {a[2]:6.1f}   tokens {d[1]}/{a[1]}"
+        )
     server.should_exit = True
 
     def median(path: int, field: int) -> float:
@@ -133,8 +141,10 @@ def main() -> int:
 
     ttft_d, ttft_a, tps_d, tps_a = median(0, 0), median(1, 0), median(0, 2), median(1, 2)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"\n{pair.name}, {args.device}, proposer {session.default_spec().proposer}, greedy, {args.max_tokens} tokens,"
-          f" {args.prompts} prompts, torch threads {torch.get_num_threads()}, load average {load}")
+    print(
+        f"\n{pair.name}, {args.device}, proposer {session.default_spec().proposer}, greedy, {args.max_tokens} tokens,"
+        f" {args.prompts} prompts, torch threads {torch.get_num_threads()}, load average {load}"
+    )
     print(f"{'':14s}{'direct':>10s}{'api':>10s}{'api/direct':>12s}")
     print(f"{'TTFT ms':14s}{ttft_d * 1e3:10.1f}{ttft_a * 1e3:10.1f}{ttft_a / ttft_d:12.2f}")
     print(f"{'tokens/s':14s}{tps_d:10.1f}{tps_a:10.1f}{tps_a / tps_d:12.2f}")

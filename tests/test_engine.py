@@ -182,8 +182,12 @@ def test_model_failure_mid_answer_becomes_an_error_event(engine, tiny_models):
 
 
 def test_top_logprobs_under_greedy_lead_with_the_emitted_token(engine, tiny_models):
-    _, tokens, _ = run(engine, DraftModelProposer(tiny_models[1]), SpecConfig(proposer="draft", k=3),
-                       SamplingParams(max_new_tokens=30, top_logprobs=5))
+    _, tokens, _ = run(
+        engine,
+        DraftModelProposer(tiny_models[1]),
+        SpecConfig(proposer="draft", k=3),
+        SamplingParams(max_new_tokens=30, top_logprobs=5),
+    )
     assert {"accepted", "resampled"} <= {t.kind for t in tokens}  # every kind of position carries them
     for token in tokens:
         assert len(token.top_logprobs) == 5
@@ -195,8 +199,12 @@ def test_top_logprobs_under_greedy_lead_with_the_emitted_token(engine, tiny_mode
 
 def test_top_logprobs_are_of_the_sampled_distribution(engine, tiny_models):
     """After temperature and top-k: the emitted token is among the top-k with its p_target, the rest are -inf."""
-    _, tokens, _ = run(engine, NgramProposer(1, 3), SpecConfig(proposer="ngram", k=3),
-                       SamplingParams(temperature=0.7, top_k=3, max_new_tokens=30, seed=3, top_logprobs=6))
+    _, tokens, _ = run(
+        engine,
+        NgramProposer(1, 3),
+        SpecConfig(proposer="ngram", k=3),
+        SamplingParams(temperature=0.7, top_k=3, max_new_tokens=30, seed=3, top_logprobs=6),
+    )
     for token in tokens:
         kept = dict(token.top_logprobs[:3])
         assert token.token_id in kept and kept[token.token_id] == pytest.approx(math.log(token.target_prob), abs=1e-5)

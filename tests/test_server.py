@@ -164,8 +164,12 @@ def test_top_logprobs_sorted_and_led_by_the_greedy_token(client):
         assert all(t["bytes"] == list(t["token"].encode("utf-8")) for t in top)
     with client.stream("POST", "/v1/chat/completions", json=body(logprobs=True, top_logprobs=4, stream=True)) as r:
         chunks = [json.loads(e[6:]) for e in "".join(r.iter_text()).split("\n\n") if e and e != "data: [DONE]"]
-    streamed = [e for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
-                for e in c["choices"][0]["logprobs"]["content"]]
+    streamed = [
+        e
+        for c in chunks
+        if c["choices"] and c["choices"][0]["logprobs"]
+        for e in c["choices"][0]["logprobs"]["content"]
+    ]
     assert streamed == content
 
 
@@ -176,8 +180,9 @@ def test_top_logprobs_zero_adds_nothing(client):
 
 
 def test_completions_logprobs_n(client):
-    logprobs = client.post("/v1/completions", json={"model": "tiny", "prompt": "abc", "max_tokens": 5,
-                                                    "temperature": 0, "logprobs": 3}).json()["choices"][0]["logprobs"]
+    logprobs = client.post(
+        "/v1/completions", json={"model": "tiny", "prompt": "abc", "max_tokens": 5, "temperature": 0, "logprobs": 3}
+    ).json()["choices"][0]["logprobs"]
     assert len(logprobs["top_logprobs"]) == 5
     for top, lp in zip(logprobs["top_logprobs"], logprobs["token_logprobs"]):
         assert 1 <= len(top) <= 3 and max(top.values()) == pytest.approx(lp, abs=1e-5)
@@ -190,19 +195,22 @@ def test_top_logprobs_over_the_limit_names_the_field(client):
     assert error["param"] == "logprobs" and error["message"].startswith("logprobs must be between 0 and 20")
 
 
-@pytest.mark.parametrize("extra, param, status", [
-    ({"n": 2}, "n", 400),
-    ({"temperature": 9}, "temperature", 400),
-    ({"top_p": 0}, "top_p", 400),
-    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", 400),
-    ({"messages": [{"role": "user", "content": "x" * 300_000}]}, "messages[0].content", 400),
-    ({"localspec": {"k": 99}}, "localspec.k", 400),
-    ({"localspec": {"proposer": "head"}}, "localspec.proposer", 400),
-    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs", 400),
-    ({"top_logprobs": 2}, "top_logprobs", 400),  # without logprobs: true
-    ({"model": "gpt-4"}, "model", 404),
-    ({"max_tokens": 0}, "max_tokens", 400),
-])
+@pytest.mark.parametrize(
+    "extra, param, status",
+    [
+        ({"n": 2}, "n", 400),
+        ({"temperature": 9}, "temperature", 400),
+        ({"top_p": 0}, "top_p", 400),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", 400),
+        ({"messages": [{"role": "user", "content": "x" * 300_000}]}, "messages[0].content", 400),
+        ({"localspec": {"k": 99}}, "localspec.k", 400),
+        ({"localspec": {"proposer": "head"}}, "localspec.proposer", 400),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs", 400),
+        ({"top_logprobs": 2}, "top_logprobs", 400),  # without logprobs: true
+        ({"model": "gpt-4"}, "model", 404),
+        ({"max_tokens": 0}, "max_tokens", 400),
+    ],
+)
 def test_bad_field_gets_openai_error(client, extra, param, status):
     r = client.post("/v1/chat/completions", json=body(**extra))
     assert r.status_code == status, r.text

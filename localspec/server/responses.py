@@ -107,8 +107,14 @@ class Collector:
         for tok in tokens:
             text = self.tokenizer.decode([tok.token_id])
             top = [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in self._top(tok)]
-            content.append({"token": text, "logprob": logprob(tok.target_prob),
-                            "bytes": list(text.encode("utf-8")), "top_logprobs": top})
+            content.append(
+                {
+                    "token": text,
+                    "logprob": logprob(tok.target_prob),
+                    "bytes": list(text.encode("utf-8")),
+                    "top_logprobs": top,
+                }
+            )
         return {"content": content}
 
     def completion_logprobs(self, tokens: list[TokenEvent], first_offset: int) -> dict:
@@ -117,9 +123,12 @@ class Collector:
         for text in texts:
             offsets.append(at)
             at += len(text)
-        return {"tokens": texts, "token_logprobs": [logprob(t.target_prob) for t in tokens],
-                "top_logprobs": [self._top_by_text(t) for t in tokens] if self.request.sampling.top_logprobs else None,
-                "text_offset": offsets}
+        return {
+            "tokens": texts,
+            "token_logprobs": [logprob(t.target_prob) for t in tokens],
+            "top_logprobs": [self._top_by_text(t) for t in tokens] if self.request.sampling.top_logprobs else None,
+            "text_offset": offsets,
+        }
 
     def usage(self, prompt_tokens: int) -> dict:
         usage = {

@@ -206,8 +206,19 @@ def _sampling(body: dict, top_logprobs: int, top_param: str) -> SamplingParams:
         return params.validate()
     except ConfigError as exc:
         message = str(exc)
-        param = next((p for p, words in (("temperature", "temperature"), ("top_p", "top-p"), ("seed", "seed"),
-                                         (top_param, "top logprobs")) if message.startswith(words)), "max_tokens")
+        param = next(
+            (
+                p
+                for p, words in (
+                    ("temperature", "temperature"),
+                    ("top_p", "top-p"),
+                    ("seed", "seed"),
+                    (top_param, "top logprobs"),
+                )
+                if message.startswith(words)
+            ),
+            "max_tokens",
+        )
         if param == top_param:
             message = message.replace("top logprobs", top_param, 1)  # the field's name in the request
         raise APIError(message, param) from None
@@ -239,10 +250,16 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
     top_param = "top_logprobs" if endpoint == "chat" else "logprobs"
     if top and not logprobs:
         raise APIError("top_logprobs needs logprobs: true", top_param)
-    request = GenerationRequest(endpoint=endpoint, model=model, sampling=_sampling(body, top or 0, top_param),
-                                stream=stream,
-                                include_usage=include_usage, logprobs=logprobs, stop=_stop(body.get("stop")),
-                                extension=_extension(body.get("localspec")))
+    request = GenerationRequest(
+        endpoint=endpoint,
+        model=model,
+        sampling=_sampling(body, top or 0, top_param),
+        stream=stream,
+        include_usage=include_usage,
+        logprobs=logprobs,
+        stop=_stop(body.get("stop")),
+        extension=_extension(body.get("localspec")),
+    )
     if endpoint == "chat":
         return replace(request, messages=_messages(body.get("messages")))
     prompt = body.get("prompt")
