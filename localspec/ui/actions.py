@@ -15,11 +15,10 @@ import gradio as gr
 
 from localspec.config import ConfigError
 
-from .handlers import Handlers, events_json, history_of, owner_of
+from .handlers import Handlers, history_of, owner_of
 from .manager import Busy
 from .render import stats_html, status_html, transcript_html
-from .runtime import runtime_of
-from .settings import proposer_label, read_k, read_sampling, sampling_dict
+from .settings import read_k, read_sampling, sampling_dict
 from .turns import AssistantTurn, turns_from_state
 
 STREAMING = "an answer is still streaming in this window; press Stop or wait for it"
@@ -50,15 +49,6 @@ class Actions:
         if not editing or len(turns) != editing["at"]:
             return False
         return self.recorder is None or self.recorder.is_editing(owner)
-
-    def _stats(self, answer: AssistantTurn, done: bool) -> str:
-        return stats_html(
-            answer.stats,
-            proposer_label(answer.proposer),
-            answer.k if answer.proposer != "none" else None,
-            answer.finish_reason if done else None,
-            runtime_of(self.manager.session),
-        )
 
     # ---- regenerate ------------------------------------------------------------------------------------------
     def regenerate(
@@ -112,17 +102,8 @@ class Actions:
                     turns,
                 )
                 return
-            done = not answer.streaming
-            if done:
-                status = self.handlers._final_status(answer)
             turns = kept + [answer.to_state()]
-            yield (
-                transcript_html(turns, colour, answer.notice),
-                self._stats(answer, done),
-                status_html(status, "error" if answer.finish_reason == "error" else "info"),
-                events_json(answer),
-                turns,
-            )
+            yield (*self.handlers.answer_views(answer, turns, colour, status), turns)
 
     # ---- edit and resend -------------------------------------------------------------------------------------
     def edit(self, turns, editing, colour, request: gr.Request = None):

@@ -148,24 +148,23 @@ class Handlers:
             if answer.finish_reason == "error" and not answer.tokens:
                 yield self._refused(answer.error, text, state, colour)  # nothing was said: message back
                 return
-            done = not answer.streaming
-            if done:
-                status = self._final_status(answer)
             turns = state + [question, answer.to_state()]
-            yield (
-                transcript_html(turns, colour, answer.notice),
-                stats_html(
-                    answer.stats,
-                    proposer_label(answer.proposer),
-                    answer.k if answer.proposer != "none" else None,
-                    answer.finish_reason if done else None,
-                    runtime_of(self.manager.session),
-                ),
-                status_html(status, "error" if answer.finish_reason == "error" else "info"),
-                events_json(answer),
-                gr.skip(),
-                turns,
-            )
+            yield (*self.answer_views(answer, turns, colour, status), gr.skip(), turns)
+
+    def answer_views(self, answer: AssistantTurn, turns: list[dict], colour, status: str) -> tuple[str, str, str, dict]:
+        """One update of a streaming answer: transcript, stats, status and events (send and regenerate share it)."""
+        done = not answer.streaming
+        if done:
+            status = self._final_status(answer)
+        stats = stats_html(
+            answer.stats,
+            proposer_label(answer.proposer),
+            answer.k if answer.proposer != "none" else None,
+            answer.finish_reason if done else None,
+            runtime_of(self.manager.session),
+        )
+        kind = "error" if answer.finish_reason == "error" else "info"
+        return transcript_html(turns, colour, answer.notice), stats, status_html(status, kind), events_json(answer)
 
     def _switched_away(self, owner: str) -> Optional[str]:
         """The pair now loaded, when another tab switched to it after this tab's controls were drawn."""
