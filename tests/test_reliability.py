@@ -61,6 +61,9 @@ def api(inproc_app):
         ({"k": 2.5}, "K must be a whole number"),
         ({"seed": -1}, "seed must be between 0 and"),
         ({"max_new": 0}, "max new tokens must be a whole number ≥ 1"),
+        # a proposer the pair does not have (an API client still using an earlier pair's): the app's words, not
+        # Gradio's "not in the list of choices"
+        ({"proposer": "head"}, "is not available for this model pair; choose one of: off (none)"),
     ],
 )
 def test_rejected_send_gives_api_callers_the_message(api, kwargs, words):

@@ -11,7 +11,7 @@ from localspec.chat import TRUNCATION_POLICY
 from localspec.config import K_MAX, K_MIN, TEMPERATURE_MAX
 
 from .actions import Actions
-from .controls import CheckedNumber, CheckedSlider
+from .controls import CheckedNumber, CheckedRadio, CheckedSlider
 from .conversations import conversations_panel
 from .handlers import Handlers
 from .manager import ModelManager
@@ -62,7 +62,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                     manager.choices(), value=manager.name, label="Model pair", interactive=True, elem_id="ls-model"
                 )
                 status = gr.HTML(status_html(manager.ready_text()), js_on_load=None, elem_id="ls-status")
-                proposer = gr.Radio(
+                proposer = CheckedRadio(
                     proposer_choices(available),
                     value=spec.proposer if spec else "none",
                     label="Proposer",
