@@ -1,8 +1,6 @@
-"""The speculative decoding loop. Knows only token ids; yields one StepEvent per target forward.
-
-Each step: draft K tokens → score K+1 positions in one target forward → rejection-sample → roll the cache back
-to what was kept → tell the proposer. Run (step.py) carries the answer's state from step to step.
-"""
+"""The speculative decoding loop, over token ids only, one StepEvent per target forward: draft K tokens → score K+1
+positions in one target forward → rejection-sample → roll the cache back to what was kept → tell the proposer.
+Run (step.py) carries the answer's state from step to step."""
 
 from __future__ import annotations
 
@@ -20,9 +18,8 @@ from localspec.verify import VerifyOutput, get_verifier, make_draws
 
 from .adaptive import AdaptiveController
 from .events import StepEvent
-from .metrics import StatsSnapshot
 from .model_runner import ModelRunner
-from .step import ControllerKey, Proposal, Run, StepOutcome, cut_at_stop, read_top_logprobs, token_events
+from .step import ControllerKey, Proposal, Run, StepOutcome, cut_at_stop, read_top_logprobs, step_event, token_events
 from .timing import synced_clock
 
 NON_FINITE = "the target produced NaN or infinite logits; the answer was stopped"
@@ -69,20 +66,9 @@ class Engine:
             raise ConfigError("the prompt is empty")
         if len(prompt_ids) >= self.max_context:
             raise ConfigError(f"the prompt has {len(prompt_ids)} tokens; this model's context holds {self.max_context}")
-        max_k = spec.k if proposer is not None else 0
         self.sampler_name, verify = get_verifier(spec.sampler, self.target.device)
-        return Run(
-            sampling=sampling,
-            spec=spec,
-            proposer=proposer,
-            verify=verify,
-            generator=torch.Generator(device=self.target.device).manual_seed(sampling.seed),
-            max_new=min(sampling.max_new_tokens, self.max_context - len(prompt_ids)),
-            max_k=max_k,
-            context=list(prompt_ids),
-            controllers=self.controllers,
-            stats=StatsSnapshot.start(max_k),
-            pending=prompt_ids[-1],
+        return Run.start(
+            prompt_ids, sampling, spec, proposer, verify, self.target.device, self.max_context, self.controllers
         )
 
     def _prefill(self, run: Run, prompt_ids: list[int]) -> None:
@@ -160,14 +146,4 @@ class Engine:
             run.proposer.on_verified(verdict.num_accepted, emitted, hidden)
         run.pending = emitted[-1]
         run.observe(outcome, len(emitted))
-        return StepEvent(
-            tuple(tokens),
-            proposal.propose_s * 1e6,
-            outcome.score_s * 1e6,
-            outcome.sampler_s * 1e6,
-            propose_token_num=proposal.k,
-            accept_token_num=verdict.num_accepted,
-            stats=run.snapshot(),
-            finished=finish_reason is not None,
-            finish_reason=finish_reason,
-        )
+        return step_event(tokens, outcome, run.snapshot(), finish_reason)

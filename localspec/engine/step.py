@@ -14,7 +14,7 @@ from localspec.verify import Verifier
 from localspec.verify.types import HostVerdict
 
 from .adaptive import AdaptiveController
-from .events import TokenEvent
+from .events import FinishReason, StepEvent, TokenEvent
 from .metrics import StatsSnapshot
 from .sampling import top_logprobs
 
@@ -42,6 +42,34 @@ class Run:
     controller: Optional[AdaptiveController] = None  # of the part drafting this step
     begun: set[str] = field(default_factory=set)  # the parts whose controllers this answer has begun
     started: float = field(default_factory=time.perf_counter)
+
+    @classmethod
+    def start(
+        cls,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        spec: SpecConfig,
+        proposer: Optional[Proposer],
+        verify: Verifier,
+        device: torch.device,
+        max_context: int,
+        controllers: dict[ControllerKey, AdaptiveController],
+    ) -> Run:
+        """A new answer to prompt_ids: seeded generator, token budget capped by the context left, empty statistics."""
+        max_k = spec.k if proposer is not None else 0
+        return cls(
+            sampling=sampling,
+            spec=spec,
+            proposer=proposer,
+            verify=verify,
+            generator=torch.Generator(device=device).manual_seed(sampling.seed),
+            max_new=min(sampling.max_new_tokens, max_context - len(prompt_ids)),
+            max_k=max_k,
+            context=list(prompt_ids),
+            controllers=controllers,
+            stats=StatsSnapshot.start(max_k),
+            pending=prompt_ids[-1],
+        )
 
     @property
     def wants_hidden(self) -> bool:
@@ -163,3 +191,20 @@ def cut_at_stop(tokens: list[TokenEvent], stop_token_ids: frozenset[int]) -> tup
         if token.token_id in stop_token_ids:
             return tokens[: i + 1], True
     return tokens, False
+
+
+def step_event(
+    tokens: list[TokenEvent], outcome: StepOutcome, stats: StatsSnapshot, finish_reason: Optional[FinishReason]
+) -> StepEvent:
+    """The event of one step that kept `tokens`: its time split, its draft counts and the answer's statistics."""
+    return StepEvent(
+        tuple(tokens),
+        outcome.proposal.propose_s * 1e6,
+        outcome.score_s * 1e6,
+        outcome.sampler_s * 1e6,
+        propose_token_num=outcome.proposal.k,
+        accept_token_num=outcome.verdict.num_accepted,
+        stats=stats,
+        finished=finish_reason is not None,
+        finish_reason=finish_reason,
+    )
