@@ -61,7 +61,7 @@ def test_speculative_equals_transformers_generate(embedded_session, prompts):
             assert_within_guarantee(embedded_session, prompt_ids, expected, got, f"prompt {n} ngram K={k}")
 
 
-def speculative_equals_plain(dtype: str, quant: str, limit_mt: int, limit_code: int, ks=KS):
+def check_speculative_equals_plain(dtype: str, quant: str, limit_mt: int, limit_code: int, ks=KS):
     import dataclasses
     from pathlib import Path
 
@@ -85,12 +85,12 @@ def speculative_equals_plain(dtype: str, quant: str, limit_mt: int, limit_code: 
 
 
 def test_nf4_speculative_equals_nf4_plain():
-    speculative_equals_plain("float32", "nf4", limit_mt=6, limit_code=4)
+    check_speculative_equals_plain("float32", "nf4", limit_mt=6, limit_code=4)
 
 
 def test_int8_speculative_equals_int8_plain():
-    speculative_equals_plain("float32", "int8", limit_mt=2, limit_code=1, ks=(3, 5))
+    check_speculative_equals_plain("float32", "int8", limit_mt=2, limit_code=1, ks=(3, 5))
 
 
 def test_bfloat16_speculative_equals_bfloat16_plain():
-    speculative_equals_plain("bfloat16", "none", limit_mt=2, limit_code=1, ks=(3, 5))
+    check_speculative_equals_plain("bfloat16", "none", limit_mt=2, limit_code=1, ks=(3, 5))
