@@ -188,12 +188,14 @@ def test_bad_head_folders_give_clear_errors(tiny_models, tmp_path):
 
 
 def assert_greedy_lossless_on_shared_prompts(session, proposer: str, k: int = 4) -> None:
-    """Greedy speculative output with `proposer` equals the no-proposer output on a few shared prompts."""
+    """Greedy speculative output with `proposer` equals the no-proposer output on a few shared prompts, within the
+    target path's guarantee (the embedded target's dtype is measured per machine: float32 or bfloat16)."""
     from tests.conftest import shared_prompts
+    from tests.lossless import assert_within_guarantee
 
     sampling = SamplingParams(temperature=0.0, max_new_tokens=48)
     drafted = 0
-    for prompt in shared_prompts(limit_mt=2, limit_code=1):
+    for n, prompt in enumerate(shared_prompts(limit_mt=2, limit_code=1)):
         ids, _ = session.prompt_ids([{"role": "user", "content": prompt}], 48)
         base = [
             t.token_id
@@ -209,7 +211,7 @@ def assert_greedy_lossless_on_shared_prompts(session, proposer: str, k: int = 4)
         ):
             spec_ids.extend(t.token_id for t in event.tokens)
             stats = event.stats
-        assert spec_ids == base
+        assert_within_guarantee(session, ids, base, spec_ids, f"prompt {n} {proposer} K={k}")
         drafted += stats.drafted
     assert drafted > 0
 
@@ -240,8 +242,11 @@ def test_shipped_draft_matches_the_embedded_target_and_is_lossless(embedded_sess
     draft, target = session.loaded.draft, session.loaded.target
     assert draft is not None and draft.config.localspec_kind == "draft"
     assert draft.config.num_hidden_layers < target.config.num_hidden_layers
-    torch.testing.assert_close(draft.get_input_embeddings().weight, target.get_input_embeddings().weight)
-    torch.testing.assert_close(draft.get_output_embeddings().weight, target.get_output_embeddings().weight)
+    for ours, theirs in (
+        (draft.get_input_embeddings().weight, target.get_input_embeddings().weight),
+        (draft.get_output_embeddings().weight, target.get_output_embeddings().weight),
+    ):  # the draft runs in its own dtype (float32); the target in the one measured fastest here
+        torch.testing.assert_close(ours.to(theirs.dtype), theirs, atol=0, rtol=0)
     assert_greedy_lossless_on_shared_prompts(session, "draft")
 
 

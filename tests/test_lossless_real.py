@@ -3,30 +3,18 @@
 Each path is held to exactly its stated guarantee (localspec/verify/guarantee.py): speculative greedy output equals
 plain decoding, except at a first parting position whose top-2 logit gap is below the path's measured flip bound."""
 
-import warnings
-
 import pytest
 import torch
 
 from localspec.config import SamplingParams, SpecConfig
-from localspec.verify.greedy_check import compare_greedy
-from localspec.verify.guarantee import guarantee_for, guarantee_for_model
+from localspec.verify.guarantee import guarantee_for
 
 from .conftest import shared_prompts
+from .lossless import assert_within_guarantee
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 32
 KS = (1, 3, 5, 8)
-
-
-def assert_within_guarantee(session, prompt_ids, expected, got, label):
-    loaded = session.loaded
-    guarantee = guarantee_for_model(loaded.target, loaded.quant, loaded.device.type)
-    assert guarantee.measured, f"{guarantee.path} has no measured bound: measure it (scripts/measure_rounding.py)"
-    result = compare_greedy(loaded.target, prompt_ids, expected, got, guarantee)
-    assert result.ok, f"{label}: {result.detail}"
-    if result.at is not None:
-        warnings.warn(f"{label}: {result.detail}", stacklevel=2)
 
 
 def ids_of(session, prompt_ids, spec):
