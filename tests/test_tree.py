@@ -45,6 +45,7 @@ def test_tree_structure_mask_and_positions():
     assert visible[:, :3].tolist() == [[1, 1, 1]] * 6  # the whole prefix
     assert visible[:, 3:].tolist() == expected_tree
     assert (mask[0, 0][visible == 0] == torch.finfo(torch.float32).min).all()
+    assert torch.equal(tree_attention_mask(TREE, 3, torch.bool)[0, 0], visible.bool())
     assert tree_positions(TREE, 3).tolist() == [[3, 4, 4, 5, 5, 6]]
     assert TokenTree.chain([5, 6, 7]).parents == [-1, 0, 1]
     assert TREE.within_depth(2).token_ids == [10, 11, 12, 13]
@@ -63,8 +64,17 @@ def _chain_runner(target, ids: list[int]) -> ModelRunner:
     return runner
 
 
-def test_tree_forward_equals_a_chain_forward_of_each_path(tiny_models):
+@pytest.fixture(params=["sdpa", "eager"])
+def attention(request, tiny_models):
+    """The tiny target under each attention implementation (sdpa gets a bool tree mask, eager an additive one)."""
     target, _ = tiny_models
+    target.set_attn_implementation(request.param)
+    yield target
+    target.set_attn_implementation("sdpa")
+
+
+def test_tree_forward_equals_a_chain_forward_of_each_path(attention):
+    target = attention
     runner = _chain_runner(target, PROMPT[:-1])
     out = runner.extend_tree(PROMPT[-1], TREE, want_hidden=True)
     assert out.logits.shape == (TREE.size + 1, target.config.vocab_size)

@@ -131,8 +131,9 @@ class ModelRunner:
             self.reset()
         prefix_len, rows = len(self.tokens), tree.size + 1
         self.cache.ensure_capacity(prefix_len + rows)
-        dtype = next(self.model.parameters()).dtype
-        dtype = dtype if dtype.is_floating_point else torch.float32
+        # sdpa takes a bool mask (or one in the query's dtype); eager adds a float mask to the scores
+        sdpa = self.model.config._attn_implementation == "sdpa"
+        dtype = torch.bool if sdpa else self.model.get_input_embeddings().weight.dtype
         input_ids = torch.tensor([[pending] + tree.token_ids], dtype=torch.long, device=self.device)  # [1, N+1]
         out, features = backbone_features(
             self._backbone,

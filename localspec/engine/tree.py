@@ -81,13 +81,16 @@ def tree_visibility(tree: TokenTree, device: torch.device | str = "cpu") -> torc
 def tree_attention_mask(
     tree: TokenTree, prefix_len: int, dtype: torch.dtype, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """[1, 1, N+1, prefix_len+N+1] additive mask (0 = visible, the dtype's lowest value = hidden) for a forward of
-    the pending token and the N nodes on top of a cache of prefix_len positions: every row sees the whole prefix,
-    itself and its ancestors. Additive float works with both the sdpa and the eager attention of transformers."""
+    """[1, 1, N+1, prefix_len+N+1] mask for a forward of the pending token and the N nodes on top of a cache of
+    prefix_len positions: every row sees the whole prefix, itself and its ancestors. dtype bool: True = visible
+    (what transformers builds for sdpa); a float dtype: additive, 0 = visible, the dtype's lowest value = hidden
+    (eager attention adds it to the scores)."""
     n = tree.size
     visible = torch.cat(
         [torch.ones((n + 1, prefix_len), dtype=torch.bool, device=device), tree_visibility(tree, device)], dim=1
     )  # [N+1, prefix_len+N+1]
+    if dtype == torch.bool:
+        return visible[None, None]
     mask = torch.zeros(visible.shape, dtype=dtype, device=device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[None, None]
