@@ -130,6 +130,23 @@ def test_greedy_tree_decoding_equals_plain_decoding(tiny_models, nodes):
         assert stats.target_forwards == len(events)
 
 
+def test_sampled_tree_decoding_is_reproducible_and_reports_top_logprobs(tiny_models):
+    target, _ = tiny_models
+    head = make_head(target, "eagle")
+    spec = SpecConfig(proposer="head", tree_nodes=6)
+    runs = []
+    for _ in range(2):
+        engine = Engine(target, {2})
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=24, seed=5, top_logprobs=2)
+        events = list(engine.generate(list(PROMPT), sampling, spec, HeadProposer(head)))
+        assert all(e.error is None for e in events)
+        tokens = [t for e in events for t in e.tokens]
+        assert len(tokens) == 24 and all(t.top_logprobs is not None and len(t.top_logprobs) == 2 for t in tokens)
+        assert max(e.propose_token_num for e in events) > 1  # trees were drafted
+        runs.append([t.token_id for t in tokens])
+    assert runs[0] == runs[1]
+
+
 def test_a_target_without_the_preallocated_cache_runs_chains(tiny_models):
     target, _ = tiny_models
     runner = ModelRunner(target, cache="dynamic")
@@ -307,7 +324,7 @@ def test_head_tree_on_the_embedded_model_is_within_the_guarantee(embedded_sessio
         pytest.skip("the default models.yaml entry names no head")
     sampling = SamplingParams(temperature=0.0, max_new_tokens=48)
     accepted = 0
-    for n, prompt in enumerate(shared_prompts(limit_mt=2, limit_code=1)):
+    for n, prompt in enumerate(shared_prompts(limit_mt=1, limit_code=1)):
         ids, _ = session.prompt_ids([{"role": "user", "content": prompt}], 48)
         plain = session.engine.generate(ids, sampling, SpecConfig(proposer="none"))
         base = [t.token_id for e in plain for t in e.tokens]
