@@ -19,6 +19,8 @@ SAMPLERS: tuple[SamplerName, ...] = get_args(SamplerName)
 
 K_MIN, K_MAX = 1, 16  # draft tokens per step
 K_NAME = "K (draft tokens per step)"
+TREE_NODES_MAX = 32  # draft nodes of a token tree per step (0 = a chain of K)
+TREE_NODES_NAME = "tree nodes (draft tokens per tree step)"
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
 TEMPERATURE_MAX = 5.0
 TOP_LOGPROBS_MAX = 20  # OpenAI's limit on top_logprobs
@@ -43,6 +45,14 @@ def k_error(got: Any, what: str = K_NAME) -> ConfigError:
 def check_k(value: int, what: str = K_NAME) -> int:
     if not K_MIN <= value <= K_MAX:
         raise k_error(value, what)
+    return value
+
+
+def check_tree_nodes(value: Any, what: str = TREE_NODES_NAME) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= TREE_NODES_MAX:
+        raise ConfigError(
+            f"{what} must be a whole number between 0 and {TREE_NODES_MAX} (got {value!r}); 0 drafts chains"
+        )
     return value
 
 
@@ -112,6 +122,9 @@ class SpecConfig:
     ngram_min: int = 1
     ngram_max: int = 4
     adaptive: bool = False  # pick K ≤ k each step from measured costs and acceptance; 0 = plain step
+    # > 0: a proposer that drafts trees (the head) drafts a tree of this many nodes per step, verified in one forward
+    # (engine/tree_step.py); proposers without trees, and targets without the preallocated cache, draft chains of k
+    tree_nodes: int = 0
 
     def validate(self) -> SpecConfig:
         for name in ("k", "ngram_min", "ngram_max"):
@@ -125,6 +138,9 @@ class SpecConfig:
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"unknown sampler {self.sampler!r}; choose one of {', '.join(SAMPLERS)}")
         check_k(self.k)
+        check_tree_nodes(self.tree_nodes)
+        if self.tree_nodes and self.adaptive:
+            raise ConfigError("token trees have a fixed size: turn adaptive K off, or set tree nodes to 0")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"n-gram sizes need 1 ≤ min_n ≤ max_n (got {self.ngram_min}, {self.ngram_max})")
         return self

@@ -8,26 +8,31 @@ from dataclasses import dataclass, field
 
 import torch
 
-from localspec.config import K_MAX, K_MIN, ConfigError, SamplingParams, k_error
+from localspec.config import K_MAX, K_MIN, ConfigError, SamplingParams, check_tree_nodes, k_error
 from localspec.engine.metrics import StatsSnapshot
 
 HF_MODES = ("hf", "hf-fp32", "hf-pld", "hf-assisted")
-ENGINE_MODES = ("none", "ngram", "draft", "head", "ngram+head", "adaptive")
+ENGINE_MODES = ("none", "ngram", "draft", "head", "ngram+head", "head-tree", "adaptive")
 ALL_MODES = HF_MODES + ENGINE_MODES
 SWEPT = ("ngram", "draft", "head", "ngram+head")  # run once per K of --k
 DEFAULT_ADAPTIVE_MAX_K = 8
+DEFAULT_TREE_NODES = 8  # head-tree: draft nodes of the head's token tree per step
 
 
 @dataclass(frozen=True)
 class Mode:
-    """name: one of ALL_MODES; k: draft tokens per step (the ceiling for adaptive); proposer for adaptive."""
+    """name: one of ALL_MODES; k: draft tokens per step (the ceiling for adaptive); proposer for adaptive;
+    tree_nodes: head-tree's nodes per step."""
 
     name: str
     k: int | None = None
     proposer: str | None = None
+    tree_nodes: int | None = None
 
     @property
     def label(self) -> str:
+        if self.name == "head-tree":
+            return f"head-tree N={self.tree_nodes}"
         if self.name == "adaptive":
             return f"adaptive ({self.proposer}, K≤{self.k})"
         return self.name if self.k is None or self.name == "hf-assisted" else f"{self.name} K={self.k}"
@@ -66,6 +71,13 @@ def available_modes(session) -> dict[str, str | None]:
         "ngram+head": (
             None if "ngram+head" in pair.proposers else f"pair {pair.name!r} lacks an n-gram proposer or a head"
         ),
+        "head-tree": (
+            f"pair {pair.name!r} has no trained head"
+            if pair.head is None
+            else None
+            if session.engine.target.supports_tree
+            else "the target runs a dynamic KV cache, which verifies chains only"
+        ),
         "adaptive": None if len(pair.proposers) > 1 else f"pair {pair.name!r} has no proposer to adapt",
     }
 
@@ -77,6 +89,7 @@ def parse_modes(
     adaptive_max_k: int = DEFAULT_ADAPTIVE_MAX_K,
     hf_k: int | None = None,
     adaptive_proposers: list[str] | None = None,
+    tree_nodes: int = DEFAULT_TREE_NODES,
 ) -> tuple[list[Mode], list[str]]:
     """Expand mode names over the K list (and adaptive over adaptive_proposers, default: the pair's default
     proposer); return (modes, notes about the modes that were skipped)."""
@@ -105,6 +118,10 @@ def parse_modes(
             modes.append(Mode(name, hf_k or pair.k))
         elif name == "hf-assisted":
             modes.append(Mode(name, None))
+        elif name == "head-tree":
+            if check_tree_nodes(tree_nodes, "--tree-nodes") == 0:
+                raise ConfigError("--tree-nodes must be ≥ 1 for head-tree (0 would draft chains: the head mode)")
+            modes.append(Mode(name, tree_nodes=tree_nodes))
         elif name == "adaptive":
             default = pair.default_proposer if pair.default_proposer != "none" else pair.proposers[1]
             modes.extend(
@@ -175,6 +192,8 @@ def run_engine(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) 
     sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     if mode.name == "adaptive":
         spec = session.default_spec(proposer=mode.proposer, k=mode.k, adaptive=True)
+    elif mode.name == "head-tree":
+        spec = session.default_spec(proposer="head", adaptive=False, tree_nodes=mode.tree_nodes)
     else:
         spec = session.default_spec(proposer=mode.name, k=mode.k or session.loaded.spec.k, adaptive=False)
     proposer = session.make_proposer(spec)

@@ -61,6 +61,12 @@ def add_parser(sub) -> None:
         metavar="P",
         help="run adaptive once over each of these proposers (default: the entry's default_proposer)",
     )
+    parser.add_argument(
+        "--tree-nodes",
+        type=int,
+        default=8,
+        help="draft nodes per step of the head-tree mode (the head's token tree; default: %(default)s)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument(
         "--threads",
@@ -94,7 +100,9 @@ def run(args) -> int:
     wants_draft = any(m in args.modes for m in ("draft", "hf-assisted"))
     session = load_session(args, load_draft=wants_draft)
     ks = args.k or [session.loaded.spec.k]
-    modes, notes = parse_modes(args.modes, ks, session, args.adaptive_max_k, args.hf_k, args.adaptive_proposers)
+    modes, notes = parse_modes(
+        args.modes, ks, session, args.adaptive_max_k, args.hf_k, args.adaptive_proposers, args.tree_nodes
+    )
     for note in notes:
         print(f"localspec bench: {note}", file=sys.stderr)
     print(

@@ -28,6 +28,7 @@ class TokenEvent:
     # (token id, log-probability) of the n most likely tokens at this position under the distribution the sampler
     # used, most likely first; None unless SamplingParams.top_logprobs > 0
     top_logprobs: Optional[tuple[tuple[int, float], ...]] = None
+    branch: int = 0  # a token tree's accepted node: its index among its siblings (0 = the proposer's first choice)
     text: str = ""  # filled by the chat layer; the engine knows only ids
 
     @classmethod
@@ -64,6 +65,8 @@ class TokenEvent:
         return None
 
     def to_dict(self) -> dict:
+        """The record the UI, the store and the API keep; "branch" only for a tree node off the first choice."""
+        branch = {"branch": self.branch} if self.branch else {}
         return {
             "id": self.token_id,
             "text": self.text,
@@ -73,6 +76,7 @@ class TokenEvent:
             "rejected_id": self.rejected_token_id,
             "rejected_p_target": self.rejected_target_prob,
             "rejected_p_draft": self.rejected_draft_prob,
+            **branch,
         }
 
 

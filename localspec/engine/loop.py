@@ -19,10 +19,19 @@ from localspec.verify import VerifyOutput, get_verifier, make_draws
 from .adaptive import AdaptiveController
 from .events import StepEvent
 from .model_runner import ModelRunner
-from .step import ControllerKey, Proposal, Run, StepOutcome, cut_at_stop, read_top_logprobs, step_event, token_events
+from .step import (
+    NON_FINITE,
+    ControllerKey,
+    Proposal,
+    Run,
+    StepOutcome,
+    cut_at_stop,
+    read_top_logprobs,
+    step_event,
+    token_events,
+)
 from .timing import synced_clock
-
-NON_FINITE = "the target produced NaN or infinite logits; the answer was stopped"
+from .tree_step import tree_step
 
 
 class Engine:
@@ -89,14 +98,16 @@ class Engine:
             if cancel is not None and cancel.is_set():
                 yield StepEvent.finished_early(run.snapshot(), "cancelled")
                 return
-            outcome = self._verify(run, self._draft(run))
-            if not outcome.verdict.finite:
-                yield StepEvent.finished_early(run.snapshot(), "error", NON_FINITE, drafted=outcome.proposal.k)
-                return
-            event = self._advance(run, outcome)
+            event = tree_step(self.target, run, self.stop_token_ids) or self._chain_step(run)
             yield event
             if event.finished:
                 return
+
+    def _chain_step(self, run: Run) -> StepEvent:
+        outcome = self._verify(run, self._draft(run))
+        if not outcome.verdict.finite:
+            return StepEvent.finished_early(run.snapshot(), "error", NON_FINITE, drafted=outcome.proposal.k)
+        return self._advance(run, outcome)
 
     def _draft(self, run: Run) -> Proposal:
         budget_k, asked = run.choose_k()

@@ -35,13 +35,23 @@ class StatsSnapshot:
         return cls(per_position_drafted=(0,) * max_k, per_position_accepted=(0,) * max_k, k=max_k)
 
     def after_step(
-        self, drafted: int, accepted: int, emitted: int, propose_s: float, score_s: float, sampler_s: float
+        self,
+        drafted: int,
+        accepted: int,
+        emitted: int,
+        propose_s: float,
+        score_s: float,
+        sampler_s: float,
+        depth: Optional[int] = None,
     ) -> StatsSnapshot:
-        """These statistics with one more step: `drafted` tokens proposed, `accepted` kept, `emitted` emitted."""
-        width = max(len(self.per_position_drafted), drafted)
+        """These statistics with one more step: `drafted` tokens proposed, `accepted` kept, `emitted` emitted.
+        depth: for a token tree, its depth (the per-position counts are per depth: a tree drafts one path's worth
+        of positions); None for a chain (depth = drafted)."""
+        positions = drafted if depth is None else depth
+        width = max(len(self.per_position_drafted), positions)
         pos_drafted = list(self.per_position_drafted) + [0] * (width - len(self.per_position_drafted))
         pos_accepted = list(self.per_position_accepted) + [0] * (width - len(self.per_position_accepted))
-        for position in range(drafted):
+        for position in range(positions):
             pos_drafted[position] += 1
             pos_accepted[position] += position < accepted
         return replace(

@@ -11,6 +11,7 @@ import torch
 from .compiled import CompileMode, bucket, compile_backbone, compile_mode_from_env
 from .features import backbone_features
 from .static_cache import PreallocatedCache, cache_supported
+from .tree import TokenTree, tree_attention_mask, tree_positions
 
 CacheKind = Literal["static", "dynamic"]
 
@@ -109,6 +110,59 @@ class ModelRunner:
             logits = None
         self.tokens.extend(token_ids)
         return ForwardOutput(logits=logits, hidden=features[0] if want_hidden else None)
+
+    @property
+    def supports_tree(self) -> bool:
+        """Token trees need the preallocated cache (keep_path moves its rows in place); a dynamic cache (sliding
+        window and other layer kinds) and the CUDA-graph StaticCache verify chains only."""
+        return self.cache_kind == "static" and self.compile_mode != "reduce-overhead"
+
+    @torch.inference_mode()
+    def extend_tree(
+        self, pending: int, tree: TokenTree, want_hidden: bool = False, feature_layers: tuple[int, ...] = ()
+    ) -> ForwardOutput:
+        """One forward of the pending token and the tree's N nodes on top of the cache, under the tree attention
+        mask and tree positions (eager: the compiled graphs are built for causal chains). Returns logits [N+1, V]
+        (row 0 = the pending token, row i + 1 = node i) and, when asked for, features [N+1, F]. The cache then
+        holds all N+1 rows: keep_path compacts it to the accepted path."""
+        if not self.supports_tree:
+            raise ValueError("token trees need the preallocated (static) KV cache")
+        if self.cache is None:
+            self.reset()
+        prefix_len, rows = len(self.tokens), tree.size + 1
+        self.cache.ensure_capacity(prefix_len + rows)
+        # sdpa takes a bool mask (or one in the query's dtype); eager adds a float mask to the scores
+        sdpa = self.model.config._attn_implementation == "sdpa"
+        dtype = torch.bool if sdpa else self.model.get_input_embeddings().weight.dtype
+        input_ids = torch.tensor([[pending] + tree.token_ids], dtype=torch.long, device=self.device)  # [1, N+1]
+        out, features = backbone_features(
+            self._backbone,
+            feature_layers if want_hidden else (),
+            input_ids=input_ids,
+            attention_mask=tree_attention_mask(tree, prefix_len, dtype, self.device),  # [1, 1, N+1, P+N+1]
+            position_ids=tree_positions(tree, prefix_len, self.device),  # [1, N+1]
+            use_cache=True,
+            **{self._cache_kwarg: self.cache},
+        )
+        self.tokens.extend([pending] + tree.token_ids)
+        logits = self._lm_head(out.last_hidden_state[0])  # [N+1, V]
+        return ForwardOutput(logits=logits, hidden=features[0] if want_hidden else None)
+
+    @torch.inference_mode()
+    def keep_path(self, prefix_len: int, rows: list[int]) -> None:
+        """After extend_tree on a cache of prefix_len positions: keep the prefix and the tree rows `rows` (row 0, the
+        pending token, first; then the accepted path's rows in order), moved down to be contiguous."""
+        if not rows or rows[0] != 0:
+            raise ValueError("keep_path keeps the pending token's row 0 first")
+        if rows != list(range(len(rows))):  # a path that is not the first rows: move its keys and values down
+            source = torch.tensor([prefix_len + r for r in rows], dtype=torch.long, device=self.device)  # [R]
+            end = prefix_len + len(rows)
+            for layer in self.cache.layers:
+                layer.keys[:, :, prefix_len:end] = layer.keys.index_select(2, source)  # [B, H, R, D]
+                layer.values[:, :, prefix_len:end] = layer.values.index_select(2, source)
+        for layer in self.cache.layers:
+            layer.length = prefix_len + len(rows)
+        self.tokens = self.tokens[:prefix_len] + [self.tokens[prefix_len + r] for r in rows]
 
     @torch.inference_mode()
     def crop(self, length: int) -> None:

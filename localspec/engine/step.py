@@ -20,6 +20,8 @@ from .sampling import top_logprobs
 
 TopLogprobs = tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
 
+NON_FINITE = "the target produced NaN or infinite logits; the answer was stopped"
+
 ControllerKey = tuple[str, int, bool]  # (proposer or proposer:part, K, adaptive)
 
 

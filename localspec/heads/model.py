@@ -90,9 +90,11 @@ class FeatureHead(nn.Module):
         token_ids: torch.Tensor,
         positions: torch.Tensor,
         anchor: torch.Tensor,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """prev_hidden, anchor [T, H]; token_ids, positions [T] → the head's hidden [T, H] (after its norm).
-        Appends T entries to the cache; the queries see the cache and themselves causally."""
+        Appends T entries to the cache; the queries see the cache and themselves causally, or what `mask`
+        ([T, cache length + T] bool, True = visible: a token tree's rows) allows."""
         layer = self.layers[module_index]
         embedding = self.embedding[token_ids]  # [T, H]
         attn_input, residual = layer.fuse(prev_hidden[None], embedding[None], anchor[None])
@@ -100,8 +102,7 @@ class FeatureHead(nn.Module):
         q, k, v = layer.qkv(attn_input, cos, sin)
         keys, values = cache.append(k, v)
         t, total = q.shape[2], keys.shape[2]
-        mask = None
-        if t > 1:
+        if mask is None and t > 1:
             mask = torch.ones((t, total), dtype=torch.bool, device=q.device).tril(total - t)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.norms[module_index](layer.finish(out, residual))[0]

@@ -8,6 +8,7 @@ from typing import Optional, Protocol, runtime_checkable
 import torch
 
 from localspec.config import SamplingParams
+from localspec.engine.tree import TokenTree
 
 
 @dataclass(frozen=True)
@@ -28,11 +29,15 @@ class Proposer(Protocol):
     to begin() and on_verified(), so feature-level heads (EAGLE / MTP) plug in unchanged: the last-layer hidden
     state, after the outputs of the decoder layers listed in `feature_layers` (layer indices; F = H × (len + 1),
     see features.py).
+
+    supports_tree: when True, propose_tree drafts a token tree (engine/tree.py) that the target verifies in one
+    forward (SpecConfig.tree_nodes > 0); the others draft chains only.
     """
 
     name: str
     wants_hidden: bool = False
     feature_layers: tuple[int, ...] = ()
+    supports_tree: bool = False
 
     def part(self, context_ids: list[int]) -> Optional[str]:
         """For a proposer made of parts (ngram+head): the part that drafts after context_ids, so adaptive K keeps one
@@ -44,6 +49,12 @@ class Proposer(Protocol):
 
     def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
         """Draft up to k tokens that follow context_ids (the prompt plus everything emitted so far)."""
+
+    def propose_tree(
+        self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, generator: torch.Generator
+    ) -> Optional[TokenTree]:
+        """Draft a tree of up to n_nodes nodes that follows context_ids; None: no tree here (a plain step)."""
+        return None
 
     def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:
         """The target kept num_accepted draft tokens; emitted_ids = those plus the resampled / bonus token.

@@ -15,15 +15,21 @@ import torch
 
 from localspec.config import SamplingParams
 from localspec.engine.sampling import logits_to_probs, sample_with_noise
+from localspec.engine.tree import TokenTree
 from localspec.heads.io import load_head
 from localspec.heads.model import FeatureHead
 
 from .base import Draft, Proposer
 
+TREE_WIDTH = 4  # nodes expanded per depth: the most probable there, by cumulative draft probability
+TREE_BRANCH = 4  # children drafted per expanded node: its most probable tokens
+TREE_MAX_DEPTH = 8
+
 
 class HeadProposer(Proposer):
     name = "head"
     wants_hidden = True
+    supports_tree = True
 
     def __init__(self, head: FeatureHead) -> None:
         self.head = head
@@ -103,6 +109,97 @@ class HeadProposer(Proposer):
         for cache in self.caches:
             cache.crop(n)  # drop the draft chain: the cache holds verified positions only
         return Draft(token_ids=token_ids, probs=torch.stack(probs_rows))
+
+    def _tree_log_probs(self, hidden: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+        """[T, H] head hiddens → [T, V] log-probabilities of the next token (the chain's distribution)."""
+        full = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32, device=self.device)
+        full[:, self.head.draft_token_ids] = self.head.draft_logits(hidden).float()  # outside the draft vocab: p = 0
+        return torch.log(logits_to_probs(full, sampling))
+
+    @torch.inference_mode()
+    def propose_tree(
+        self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, generator: torch.Generator
+    ) -> Optional[TokenTree]:
+        """EAGLE-2's dynamic tree: at each depth expand the TREE_WIDTH most probable nodes (by cumulative draft
+        log-probability) by their TREE_BRANCH most probable tokens, all of a depth's nodes in one head call under a
+        tree mask; then keep the n_nodes most probable candidates overall (a child is never more probable than its
+        parent, so the kept set holds every kept node's ancestors). The tree is a function of the context only
+        (top tokens, no draws): the verifier treats its nodes as one-hot drafts."""
+        if n_nodes <= 0 or not self.catch_up(context_ids):
+            return None
+        n, branch = self.fed, min(TREE_BRANCH, n_nodes)
+        tokens: list[int] = []  # per candidate: its token
+        parents: list[int] = []  # its parent candidate (-1 = the root)
+        depths: list[int] = []
+        scores: list[float] = []  # cumulative log-probability
+        producers: list[torch.Tensor] = []  # [H] the hidden whose logits drafted it (its parent's)
+        rows: list[list[int]] = [[] for _ in self.caches]  # per module: the candidate of each draft row in its cache
+
+        def add_children(parent_ids: list[int], hiddens: torch.Tensor, depth: int) -> None:
+            top = torch.topk(self._tree_log_probs(hiddens, sampling), branch, dim=-1)  # [T, branch]
+            for parent, hidden, values, ids in zip(parent_ids, hiddens, top.values.tolist(), top.indices.tolist()):
+                base = scores[parent] if parent >= 0 else 0.0
+                for value, token in zip(values, ids):
+                    if value == float("-inf"):
+                        break
+                    tokens.append(token)
+                    parents.append(parent)
+                    depths.append(depth)
+                    scores.append(base + value)
+                    producers.append(hidden)
+
+        add_children([-1], self.last_hidden[None], 1)
+        for depth in range(1, min(n_nodes, TREE_MAX_DEPTH)):
+            ranked = sorted(scores, reverse=True)
+            cutoff = ranked[n_nodes - 1] if len(ranked) >= n_nodes else float("-inf")  # children cannot enter below
+            frontier = sorted((i for i, d in enumerate(depths) if d == depth), key=lambda i: -scores[i])
+            frontier = [i for i in frontier[:TREE_WIDTH] if scores[i] > cutoff]
+            if not frontier:
+                break
+            add_children(frontier, self._expand_tree(frontier, tokens, parents, producers, rows, depth, n), depth + 1)
+        for cache in self.caches:
+            cache.crop(n)  # drop the draft rows: the cache holds verified positions only
+        kept = sorted(range(len(tokens)), key=lambda i: (-scores[i], depths[i], i))[:n_nodes]
+        kept.sort(key=lambda i: (depths[i], i))  # parents before children
+        index = {old: new for new, old in enumerate(kept)}
+        return TokenTree([tokens[i] for i in kept], [index[parents[i]] if parents[i] >= 0 else -1 for i in kept])
+
+    def _expand_tree(
+        self,
+        frontier: list[int],
+        tokens: list[int],
+        parents: list[int],
+        producers: list[torch.Tensor],
+        rows: list[list[int]],
+        depth: int,
+        n: int,
+    ) -> torch.Tensor:
+        """Run the frontier nodes (all at `depth`) through the module of draft step depth + 1 in one call: each row
+        sees the verified positions, the draft rows of its ancestors in that module's cache, and itself. Returns
+        their hiddens [T, H], whose logits draft their children."""
+        module = self.config.module_for_step(depth + 1)
+        cache, module_rows = self.caches[module], rows[module]
+        visible = torch.zeros((len(frontier), n + len(module_rows) + len(frontier)), dtype=torch.bool)
+        visible[:, :n] = True
+        for j, node in enumerate(frontier):
+            ancestors, walk = set(), node
+            while walk >= 0:
+                ancestors.add(walk)
+                walk = parents[walk]
+            for r, owner in enumerate(module_rows):
+                visible[j, n + r] = owner in ancestors
+            visible[j, n + len(module_rows) + j] = True
+        module_rows.extend(frontier)
+        count = len(frontier)
+        return self.head.run_module(
+            module,
+            cache,
+            torch.stack([producers[i] for i in frontier]),  # [T, H]
+            torch.tensor([tokens[i] for i in frontier], dtype=torch.long, device=self.device),  # [T]
+            torch.full((count,), n + depth, device=self.device),  # [T]
+            self.anchor[None].expand(count, -1),  # [T, H]
+            visible.to(self.device),
+        )
 
     def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:
         self.pending = torch.cat([self.pending, self._as_rows(target_hidden)])

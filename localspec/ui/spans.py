@@ -46,6 +46,8 @@ def token_title(record: dict) -> str:
     if kind == "accepted":
         lines.append(f"p_draft = {_prob(record.get('p_draft'))}")
         lines.append(f"acceptance min(1, p_target/p_draft) = {_prob(record.get('acceptance_prob'))}")
+        if record.get("branch"):
+            lines.append(f"branch {record['branch']} of the token tree (0 = the proposer's first choice)")
     elif kind == "resampled":
         rejected = record.get("rejected_text")
         shown = repr(rejected) if rejected is not None else f"id {record.get('rejected_id')}"
