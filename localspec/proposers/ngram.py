@@ -1,4 +1,12 @@
-"""Prompt lookup: find the longest recent n-gram that also appears earlier in the context, propose what followed."""
+"""Prompt lookup: find the longest recent n-gram that also appears earlier in the context, propose what followed.
+
+As a chain (propose): the continuation after the most recent earlier occurrence of the longest matching suffix.
+As a tree (propose_tree): every recent occurrence of that suffix offers its continuation; they merge into a trie,
+each node scored by the share of occurrences that pass through it (the most recent breaks ties), and the n_nodes
+best-scored nodes are kept — a node never scores above its parent, so the kept set is closed under ancestors. Where
+the text repeats itself one way the tree is one long branch; where it forks (the same words followed by different
+ones earlier in the chat) both forks are verified in the same forward.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +16,57 @@ import numpy as np
 import torch
 
 from localspec.config import SamplingParams
+from localspec.engine.tree import TokenTree
 
 from .base import Draft, Proposer
+
+TREE_MAX_DEPTH = 8  # deepest tree node (a continuation longer than this is cut)
+TREE_OCCURRENCES = 32  # most recent occurrences of the matched suffix whose continuations build the tree
+
+
+def longest_match(context: np.ndarray, min_n: int, max_n: int) -> tuple[int, np.ndarray]:
+    """(n, start positions of the earlier occurrences of the last n tokens, oldest first) for the longest n in
+    max_n..min_n that occurs earlier; (0, empty) when none does."""
+    length = len(context)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        # windows over context[:-1] so the suffix cannot match itself; a match at j continues at j + n
+        windows = np.lib.stride_tricks.sliding_window_view(context[: length - 1], n)
+        hits = np.flatnonzero((windows == context[length - n :]).all(axis=1))
+        if hits.size:
+            return n, hits
+    return 0, np.zeros(0, dtype=np.int64)
 
 
 def find_continuation(context: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
     """Longest suffix match of size max_n..min_n; the most recent earlier occurrence wins. Returns ≤ k ids."""
-    length = len(context)
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        suffix = context[length - n :]
-        # windows over context[:-1] so the suffix cannot match itself; a match at j continues at j + n
-        windows = np.lib.stride_tricks.sliding_window_view(context[: length - 1], n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return context[start : start + k].tolist()
-    return []
+    n, hits = longest_match(context, min_n, max_n)
+    if not n:
+        return []
+    start = int(hits[-1]) + n
+    return context[start : start + k].tolist()
+
+
+def continuation_tree(context: np.ndarray, n_nodes: int, min_n: int, max_n: int) -> Optional[TokenTree]:
+    """The trie of what followed the recent occurrences of the longest matching suffix, cut to its n_nodes
+    best-scored nodes (see the module docstring); None when no suffix matches."""
+    n, hits = longest_match(context, min_n, max_n)
+    if not n or n_nodes <= 0:
+        return None
+    recent = hits[::-1][:TREE_OCCURRENCES]
+    depth = min(TREE_MAX_DEPTH, n_nodes)
+    score: dict[tuple[int, ...], float] = {}
+    for rank, start in enumerate(recent):
+        continuation = context[start + n : start + n + depth].tolist()
+        weight = 1.0 + 1e-6 * (len(recent) - rank)  # a share of one occurrence; recency only breaks ties
+        for j in range(len(continuation)):
+            prefix = tuple(continuation[: j + 1])
+            score[prefix] = score.get(prefix, 0.0) + weight
+    if not score:
+        return None
+    kept = sorted(score, key=lambda path: (-score[path], len(path)))[:n_nodes]
+    kept.sort(key=lambda path: (len(path), -score[path]))  # parents before children, best sibling first
+    index = {path: i for i, path in enumerate(kept)}
+    return TokenTree([path[-1] for path in kept], [index[path[:-1]] if len(path) > 1 else -1 for path in kept])
 
 
 class NgramProposer(Proposer):
@@ -31,6 +74,7 @@ class NgramProposer(Proposer):
 
     name = "ngram"
     wants_hidden = False
+    supports_tree = True
 
     def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
         self.min_n = min_n
@@ -44,6 +88,13 @@ class NgramProposer(Proposer):
         if len(context_ids) != len(self._context):
             self._context = np.asarray(context_ids, dtype=np.int64)
         return Draft(token_ids=find_continuation(self._context, k, self.min_n, self.max_n))
+
+    def propose_tree(
+        self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, generator: torch.Generator
+    ) -> Optional[TokenTree]:
+        if len(context_ids) != len(self._context):
+            self._context = np.asarray(context_ids, dtype=np.int64)
+        return continuation_tree(self._context, n_nodes, self.min_n, self.max_n)
 
     def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:
         self._context = np.concatenate([self._context, np.asarray(emitted_ids, dtype=np.int64)])
