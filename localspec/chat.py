@@ -99,6 +99,7 @@ class ChatSession:
             proposer=self.loaded.default_proposer,
             k=pair.k,
             adaptive=pair.adaptive,
+            tree_nodes=pair.tree_nodes,
             ngram_min=ngram.min_n if ngram else 1,
             ngram_max=ngram.max_n if ngram else 4,
         )

@@ -123,7 +123,8 @@ class SpecConfig:
     ngram_max: int = 4
     adaptive: bool = False  # pick K ≤ k each step from measured costs and acceptance; 0 = plain step
     # > 0: a proposer that drafts trees (the head) drafts a tree of this many nodes per step, verified in one forward
-    # (engine/tree_step.py); proposers without trees, and targets without the preallocated cache, draft chains of k
+    # (engine/tree_step.py); proposers without trees, and targets without the preallocated cache, draft chains of k.
+    # With adaptive, each step is a tree of ≤ tree_nodes nodes, a chain of ≤ k, or plain (engine/adaptive_tree.py)
     tree_nodes: int = 0
 
     def validate(self) -> SpecConfig:
@@ -139,8 +140,6 @@ class SpecConfig:
             raise ConfigError(f"unknown sampler {self.sampler!r}; choose one of {', '.join(SAMPLERS)}")
         check_k(self.k)
         check_tree_nodes(self.tree_nodes)
-        if self.tree_nodes and self.adaptive:
-            raise ConfigError("token trees have a fixed size: turn adaptive K off, or set tree nodes to 0")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"n-gram sizes need 1 ≤ min_n ≤ max_n (got {self.ngram_min}, {self.ngram_max})")
         return self
@@ -181,6 +180,7 @@ class PairSpec:
     k: int = 4
     default_proposer: ProposerName = "ngram"
     adaptive: bool = False  # pick K ≤ k each step from measured costs and acceptance (and switch off when it loses)
+    tree_nodes: int = 0  # > 0: a proposer that drafts trees drafts one of this many nodes per step (SpecConfig)
     ngram: NgramSpec | None = field(default_factory=NgramSpec)
     draft: ModelSpec | None = None
     head: str | None = None  # folder of a trained feature-level head (EAGLE / Eagle3 / MTP)

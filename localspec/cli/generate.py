@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from localspec.config import ConfigError, SamplingParams
+from localspec.config import ConfigError, SamplingParams, check_tree_nodes
 from localspec.store.validation import validate_messages
 
 from .common import (
@@ -25,6 +25,12 @@ def add_parser(sub) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, events, stats")
     add_model_options(parser)
     add_spec_options(parser)
+    parser.add_argument(
+        "--tree-nodes",
+        type=int,
+        default=None,
+        help="draft a token tree of this many nodes per step (0 = chains of K; default: the entry's tree_nodes)",
+    )
     add_sampling_options(parser)
 
 
@@ -42,11 +48,15 @@ def run(args) -> int:
     )
     if not args.prompt.strip():
         raise ConfigError("the message is empty; give --prompt some text")
+    if args.tree_nodes is not None:
+        check_tree_nodes(args.tree_nodes, "--tree-nodes")
     pair = resolve_pair(args)
     check_spec_options(args, pair)
     session = load_session(args, load_draft=args.proposer in (None, "draft"), pair=pair)
     adaptive = None if args.adaptive is None else args.adaptive == "on"
-    spec = session.default_spec(proposer=args.proposer, k=args.k, sampler=args.sampler, adaptive=adaptive).validate()
+    spec = session.default_spec(
+        proposer=args.proposer, k=args.k, sampler=args.sampler, adaptive=adaptive, tree_nodes=args.tree_nodes
+    ).validate()
     tokens, last = [], None
     for event in session.stream(messages, sampling, spec):
         tokens.extend(event.tokens)
@@ -63,6 +73,7 @@ def run(args) -> int:
                     "proposer": spec.proposer,
                     "k": spec.k,
                     "adaptive": spec.adaptive,
+                    "tree_nodes": spec.tree_nodes,
                     "quant": session.loaded.quant,
                     "dtype": session.loaded.dtype.to_dict() if session.loaded.dtype is not None else None,
                     "text": "".join(t.text for t in tokens),

@@ -49,9 +49,13 @@ class CostModel:
     propose_per_token_s: _RecentMedian = field(default_factory=_RecentMedian)
 
     def observe(self, asked: int, drafted: int, propose_s: float, verify_s: float) -> None:
-        self.verify_s.setdefault(drafted + 1, _RecentMedian()).add(verify_s)
+        self.observe_verify(drafted + 1, verify_s)
         if asked > 0:
             self.propose_per_token_s.add(propose_s / asked)
+
+    def observe_verify(self, rows: int, verify_s: float) -> None:
+        """Seconds of score + sample for a forward of `rows` rows (a chain's K + 1, or a tree's N + 1)."""
+        self.verify_s.setdefault(rows, _RecentMedian()).add(verify_s)
 
     def _line(self) -> tuple[float, float, int] | None:
         """Least-squares line t(n) = intercept + slope·n through the measured sizes: (intercept, slope, sizes)."""

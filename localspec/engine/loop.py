@@ -17,6 +17,7 @@ from localspec.proposers.base import Proposer
 from localspec.verify import VerifyOutput, get_verifier, make_draws
 
 from .adaptive import AdaptiveController
+from .adaptive_tree import TreeSizeController
 from .events import StepEvent
 from .model_runner import ModelRunner
 from .step import (
@@ -25,6 +26,7 @@ from .step import (
     Proposal,
     Run,
     StepOutcome,
+    TreeControllerKey,
     cut_at_stop,
     read_top_logprobs,
     step_event,
@@ -43,6 +45,7 @@ class Engine:
         self.lock = threading.Lock()
         # measured costs and acceptance, kept across answers (costs are the machine's)
         self.controllers: dict[ControllerKey, AdaptiveController] = {}
+        self.tree_controllers: dict[TreeControllerKey, TreeSizeController] = {}
 
     @property
     def max_context(self) -> int:
@@ -77,7 +80,15 @@ class Engine:
             raise ConfigError(f"the prompt has {len(prompt_ids)} tokens; this model's context holds {self.max_context}")
         self.sampler_name, verify = get_verifier(spec.sampler, self.target.device)
         return Run.start(
-            prompt_ids, sampling, spec, proposer, verify, self.target.device, self.max_context, self.controllers
+            prompt_ids,
+            sampling,
+            spec,
+            proposer,
+            verify,
+            self.target.device,
+            self.max_context,
+            self.controllers,
+            self.tree_controllers,
         )
 
     def _prefill(self, run: Run, prompt_ids: list[int]) -> None:

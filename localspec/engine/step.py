@@ -14,6 +14,7 @@ from localspec.verify import Verifier
 from localspec.verify.types import HostVerdict
 
 from .adaptive import AdaptiveController
+from .adaptive_tree import TreeSizeController
 from .events import FinishReason, StepEvent, TokenEvent
 from .metrics import StatsSnapshot
 from .sampling import top_logprobs
@@ -23,6 +24,7 @@ TopLogprobs = tuple[tuple[int, float], ...]  # (token id, log-probability), most
 NON_FINITE = "the target produced NaN or infinite logits; the answer was stopped"
 
 ControllerKey = tuple[str, int, bool]  # (proposer or proposer:part, K, adaptive)
+TreeControllerKey = tuple[str, int, int, bool]  # (proposer or proposer:part, K, tree nodes, adaptive)
 
 
 @dataclass
@@ -42,6 +44,10 @@ class Run:
     pending: int = 0  # the last known token: its logits are the next verified position
     produced: int = 0
     controller: Optional[AdaptiveController] = None  # of the part drafting this step
+    # adaptive trees: the engine's tree-size controllers, kept across answers, and the one of this step's part
+    tree_controllers: dict[TreeControllerKey, TreeSizeController] = field(default_factory=dict)
+    tree_controller: Optional[TreeSizeController] = None
+    forced_k: Optional[int] = None  # the K a tree-size controller chose for this step's chain (0: plain)
     begun: set[str] = field(default_factory=set)  # the parts whose controllers this answer has begun
     started: float = field(default_factory=time.perf_counter)
 
@@ -56,6 +62,7 @@ class Run:
         device: torch.device,
         max_context: int,
         controllers: dict[ControllerKey, AdaptiveController],
+        tree_controllers: Optional[dict[TreeControllerKey, TreeSizeController]] = None,
     ) -> Run:
         """A new answer to prompt_ids: seeded generator, token budget capped by the context left, empty statistics."""
         max_k = spec.k if proposer is not None else 0
@@ -69,6 +76,7 @@ class Run:
             max_k=max_k,
             context=list(prompt_ids),
             controllers=controllers,
+            tree_controllers=tree_controllers if tree_controllers is not None else {},
             stats=StatsSnapshot.start(max_k),
             pending=prompt_ids[-1],
         )
@@ -96,20 +104,49 @@ class Run:
             stats = replace(stats, k=proposal.asked)
             if proposal.budget_k > 0:  # the last step of a length-capped answer cannot draft: it predicts nothing
                 stats = replace(stats, predicted_speedup=self.controller.predicted(proposal.asked))
-            stats = replace(stats, paused=self.controller.pause_reason() if self.spec.adaptive else None)
+            stats = replace(stats, paused=self.pause_reason())
+        if self.tree_controller is not None:
+            self.tree_controller.observe_chain(proposal.k)
         self.stats = stats.after_step(
             proposal.k, num_accepted, emitted, proposal.propose_s, outcome.score_s, outcome.sampler_s
         )
 
+    def pause_reason(self) -> Optional[dict]:
+        """Why adaptive speculation is off (the tree-size controller's reason when it decides), else None."""
+        if not self.spec.adaptive:
+            return None
+        decider = self.tree_controller or self.controller
+        return None if decider is None else decider.pause_reason()
+
     def choose_k(self) -> tuple[int, int]:
         """(the budget's K, the K to ask for). Never drafts past the token budget, since K+1 tokens may be emitted;
-        adaptive K asks for fewer, or none (a plain step), when the measured costs say so."""
+        adaptive K asks for fewer, or none (a plain step), when the measured costs say so (or the K the tree-size
+        controller chose, when it chose a chain or a plain step)."""
         budget_k = min(self.max_k, self.max_new - self.produced - 1)
+        forced, self.forced_k = self.forced_k, None
+        if forced is not None:
+            return budget_k, min(budget_k, forced)
+        self.tree_controller = None
         if self.proposer is not None:
             self.controller = self._controller_for(self.proposer.part(self.context))
         if self.controller is not None and self.spec.adaptive:
             return budget_k, min(budget_k, self.controller.choose_k())
         return budget_k, budget_k
+
+    def tree_controller_for(self, part: Optional[str]) -> TreeSizeController:
+        """The tree-size controller of this step's part (sharing the costs of the part's chain controller, which
+        becomes run.controller too)."""
+        self.controller = self._controller_for(part)
+        name = self.proposer.name if part is None else f"{self.proposer.name}:{part}"
+        key = (name, self.max_k, self.spec.tree_nodes, self.spec.adaptive)
+        found = self.tree_controllers.get(key)
+        if found is None or found.chain is not self.controller:
+            found = self.tree_controllers[key] = TreeSizeController(self.controller, self.spec.tree_nodes)
+        if f"tree:{name}" not in self.begun:
+            found.begin()
+            self.begun.add(f"tree:{name}")
+        self.tree_controller = found
+        return found
 
     def _controller_for(self, part: Optional[str]) -> AdaptiveController:
         """Each part of a proposer made of parts (ngram+head) has its own controller: the parts differ in cost and

@@ -4,7 +4,10 @@ cache is compacted to that path → the proposer is told, with the target's feat
 
 Used when SpecConfig.tree_nodes > 0, the proposer drafts trees (supports_tree) and the target runs the preallocated
 cache (ModelRunner.supports_tree); otherwise the loop runs its chain step. The events are the chain's: accepted
-nodes, then the resampled (recovered) or bonus token, each accepted node with the branch it took.
+nodes, then the resampled (recovered) or bonus token, each accepted node with the branch it took. Each tree step
+tells the part's tree-size controller (adaptive_tree.py) its costs and acceptance, for the predicted speedup; with
+SpecConfig.adaptive that controller also picks the step's shape: a tree of N nodes, or a chain / plain step that
+the loop's chain step runs.
 """
 
 from __future__ import annotations
@@ -29,10 +32,19 @@ def tree_step(target: ModelRunner, run: Run, stop_token_ids: frozenset[int]) -> 
         return None
     if not target.supports_tree or budget < 1:
         return None
+    controller = run.tree_controller_for(run.proposer.part(run.context))
+    n_nodes = run.spec.tree_nodes
+    if run.spec.adaptive:
+        shape, size = controller.choose()
+        if shape != "tree":  # a chain of K, or a plain step (K = 0): the loop's chain step runs it
+            run.forced_k = size
+            return None
+        n_nodes = size
     started = time.perf_counter()
-    tree = run.proposer.propose_tree(run.context, run.spec.tree_nodes, run.sampling, run.generator)
+    tree = run.proposer.propose_tree(run.context, n_nodes, run.sampling, run.generator)
     if tree is None or tree.size == 0:
         return None
+    whole = tree.max_depth <= budget
     tree = tree.within_depth(budget)
     propose_s = time.perf_counter() - started
 
@@ -61,7 +73,9 @@ def tree_step(target: ModelRunner, run: Run, stop_token_ids: frozenset[int]) -> 
         run.proposer.on_verified(verdict.num_accepted, emitted, hidden)
     run.pending = emitted[-1]
     score_s = scored - started
-    run.stats = run.stats.after_step(
+    controller.observe_tree(n_nodes, tree.size, verdict.num_accepted, propose_s, score_s + sampler_s, whole)
+    stats = replace(run.stats, k=n_nodes, predicted_speedup=controller.predicted(n_nodes), paused=run.pause_reason())
+    run.stats = stats.after_step(
         tree.size, verdict.num_accepted, len(emitted), propose_s, score_s, sampler_s, depth=tree.max_depth
     )
     return StepEvent(

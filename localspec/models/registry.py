@@ -8,9 +8,19 @@ from typing import Any
 
 import yaml
 
-from localspec.config import DTYPES, K_MAX, K_MIN, QUANTS, ConfigError, ModelSpec, NgramSpec, PairSpec
+from localspec.config import (
+    DTYPES,
+    K_MAX,
+    K_MIN,
+    QUANTS,
+    ConfigError,
+    ModelSpec,
+    NgramSpec,
+    PairSpec,
+    check_tree_nodes,
+)
 
-PAIR_KEYS = {"name", "target", "proposers", "default_proposer", "k", "adaptive", "description"}
+PAIR_KEYS = {"name", "target", "proposers", "default_proposer", "k", "adaptive", "tree_nodes", "description"}
 MODEL_KEYS = {"source", "quant", "dtype", "trust_remote_code", "device_map"}
 DRAFT_KEYS = {"source", "dtype", "trust_remote_code", "device_map"}
 NGRAM_KEYS = {"min_n", "max_n"}
@@ -125,11 +135,13 @@ def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
     if not isinstance(adaptive, bool):
         raise ConfigError(f"{where}: field 'adaptive' must be true or false")
     k = _int(raw.get("k", 4), where, "k", K_MIN, K_MAX)
+    tree_nodes = check_tree_nodes(raw.get("tree_nodes", 0), f"{where}: field 'tree_nodes'")
     pair = PairSpec(
         name=name.strip(),
         target=target,
         k=k,
         adaptive=adaptive,
+        tree_nodes=tree_nodes,
         ngram=ngram,
         draft=draft,
         head=head,

@@ -1,0 +1,202 @@
+"""Adaptive token trees: pick each step's shape (plain, a chain of K, or a tree of N nodes) from measured costs and
+acceptance, the one with the highest predicted speedup, and switch speculation off when none beats plain decoding.
+
+Model, in units of one plain step (a 1-token target forward + sampling), as the chain's (adaptive.py):
+  tokens(N)  = 1 + A(N)                      A(N): accepted nodes per step of a tree of N nodes
+  cost(N)    = (p(N) + t(N + 1)) / t(1)      p(N): seconds to propose it; t(rows): seconds to verify `rows` rows
+  speedup(N) = tokens(N) / cost(N)
+A(N) is a mean with exponential forgetting (the text changes within an answer) shrunk towards a prior worth
+`prior_weight` steps: the previous answer's A(N), else an optimistic guess from the chain's acceptance (see
+_prior), so each size is tried before its own numbers decide.
+The chain option's speedup is the chain controller's best K; both share one CostModel, whose verify seconds are
+keyed by rows verified (the same forward for a chain and a tree). Pure Python, unit-tested with synthetic numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from .adaptive import PRIOR_VERIFY_SLOPE, AdaptiveController, _RecentMedian, expected_tokens
+
+TREE_SIZES = (4, 8, 16)  # the tree sizes tried below the configured one
+Shape = Literal["plain", "chain", "tree"]
+Choice = tuple[Shape, int]  # ("plain", 0), ("chain", K) or ("tree", N)
+
+
+def tree_sizes(tree_nodes: int) -> tuple[int, ...]:
+    """The tree sizes adaptive chooses among: TREE_SIZES below tree_nodes, and tree_nodes itself."""
+    if tree_nodes <= 0:
+        return ()
+    return tuple(sorted({n for n in TREE_SIZES if n < tree_nodes} | {tree_nodes}))
+
+
+class TreeSizeController:
+    """Asked by the engine for the step's shape before each step; told a tree step's outcome after (chain and plain
+    steps are told to the chain controller, whose costs it shares). Switching off and probing work as in the chain
+    controller: below `off_below` plain steps, with a probe of the best option spaced to spend at most
+    `probe_budget` of the time; back on above `on_above`."""
+
+    def __init__(
+        self,
+        chain: AdaptiveController,
+        tree_nodes: int,
+        prior_weight: float = 2.0,
+        forget: float = 0.95,
+        off_below: float = 1.0,
+        on_above: float = 1.03,
+        probe_budget: float = 0.02,
+        min_probe_every: int = 4,
+        max_probe_every: int = 64,
+    ) -> None:
+        if tree_nodes < 1:
+            raise ValueError("tree_nodes must be ≥ 1")
+        self.chain = chain
+        self.costs = chain.costs
+        self.sizes = tree_sizes(tree_nodes)
+        self.prior_weight = prior_weight
+        self.forget = forget
+        self.off_below = off_below
+        self.on_above = on_above
+        self.probe_budget = probe_budget
+        self.min_probe_every = min_probe_every
+        self.max_probe_every = max_probe_every
+        self.propose_s = {n: _RecentMedian() for n in self.sizes}
+        self.steps = {n: 0.0 for n in self.sizes}  # decayed count of tree steps of size n
+        self.accepted = {n: 0.0 for n in self.sizes}  # … and of the nodes they accepted
+        self.answer_prior: dict[int, float] = {}  # the previous answer's A(n), once there was one
+        self.speculating = True
+        self.begin()
+
+    def begin(self) -> None:
+        """A new answer: keep the costs; the last answer's acceptance becomes this answer's prior."""
+        for n in self.sizes:
+            if self.steps[n] > 0:
+                self.answer_prior[n] = self.accepted_per_step(n)
+        self.steps = {n: 0.0 for n in self.sizes}
+        self.accepted = {n: 0.0 for n in self.sizes}
+        self.steps_off = 0
+        self.probing = False
+
+    # -- estimates -------------------------------------------------------------------------------------------------
+    def _prior(self, n: int) -> float:
+        """The previous answer's A(n); else an optimistic guess, so that every size gets tried and its own numbers
+        take over: the chain's acceptance with two tries per depth (1 - (1 - a)²) down to depth log2(n) + 1, and
+        at least what a smaller measured size accepts."""
+        if n in self.answer_prior:
+            return self.answer_prior[n]
+        depth = n.bit_length()
+        rates = self.chain.acceptance()
+        rates = [1 - (1 - a) ** 2 for a in rates + rates[-1:] * max(depth - len(rates), 0)]
+        guess = expected_tokens(rates, depth) - 1.0
+        smaller = [self.accepted_per_step(m) for m in self.sizes if m < n and self.steps[m] > 0]
+        return max([guess] + smaller)
+
+    def accepted_per_step(self, n: int) -> float:
+        """A(n): accepted nodes per tree step of n nodes (the measured mean shrunk towards its prior)."""
+        return (self.accepted[n] + self.prior_weight * self._prior(n)) / (self.steps[n] + self.prior_weight)
+
+    def proposal_s(self, n: int) -> float:
+        """p(n): the measured median; unmeasured, the nearest measured size's (a tree's proposal grows with its
+        depth, not its node count); none measured, the chain's per-token cost times a depth of log2(n) + 1."""
+        if self.propose_s[n].count:
+            return self.propose_s[n].value
+        measured = [m for m in self.sizes if self.propose_s[m].count]
+        if measured:
+            return self.propose_s[min(measured, key=lambda m: abs(m - n))].value
+        per_token = self.costs.propose_per_token_s
+        return per_token.value * n.bit_length() if per_token.count else 0.0
+
+    def cost(self, n: int) -> float:
+        """cost(n) in plain steps; the prior verify shape before anything is measured."""
+        plain = self.costs.verify_time(1)
+        if plain is None or plain <= 0:
+            return 1 + PRIOR_VERIFY_SLOPE * n
+        verify = max(self.costs.verify_time(n + 1) or plain, plain)
+        return (self.proposal_s(n) + verify) / plain
+
+    def predicted(self, n: int) -> float:
+        """Predicted speedup of a tree of n nodes (one of self.sizes)."""
+        return (1.0 + self.accepted_per_step(n)) / self.cost(n)
+
+    def options(self) -> dict[Choice, float]:
+        """Every shape this controller chooses among, with its predicted speedup (plain: 1)."""
+        k, chain_speedup = self.chain.best()
+        found: dict[Choice, float] = {("plain", 0): 1.0, ("chain", k): chain_speedup}
+        found.update({("tree", n): self.predicted(n) for n in self.sizes})
+        return found
+
+    def best(self) -> tuple[Choice, float]:
+        """The drafting shape (chain or tree) with the highest predicted speedup; ties go to the cheaper."""
+        drafting = [(choice, s) for choice, s in self.options().items() if choice[0] != "plain"]
+        return max(drafting, key=lambda item: (item[1], -self._cost_of(item[0])))
+
+    def _cost_of(self, choice: Choice) -> float:
+        if choice[0] == "tree":
+            return self.cost(choice[1])
+        draft_c, verify = self.costs.ratios(self.chain.max_k)
+        return choice[1] * draft_c + verify[choice[1]]
+
+    def probe_every(self, choice: Choice) -> int:
+        loss = max(self._cost_of(choice) - 1.0, 0.0)
+        return int(min(max(math.ceil(loss / self.probe_budget), self.min_probe_every), self.max_probe_every))
+
+    def pause_reason(self) -> dict | None:
+        """Why speculation is off, in the keys of AdaptiveController.pause_reason (k: the tokens the best option
+        drafts); None while it speculates."""
+        if self.speculating:
+            return None
+        choice, speedup = self.best()
+        cost = self._cost_of(choice)
+        return {
+            "k": choice[1],
+            "shape": choice[0],
+            "cost": cost,
+            "tokens": speedup * cost,
+            "speedup": speedup,
+            "probe_every": self.probe_every(choice),
+        }
+
+    # -- the two calls the engine makes ----------------------------------------------------------------------------
+    def choose(self) -> Choice:
+        choice, speedup = self.best()
+        self.probing = False
+        if self.speculating and speedup < self.off_below:
+            self.speculating = False
+            self.steps_off = 0
+        elif not self.speculating and speedup > self.on_above:
+            self.speculating = True
+        if not self.speculating:
+            self.steps_off += 1
+            if self.steps_off < self.probe_every(choice):
+                return ("plain", 0)
+            self.probing = True
+        return choice
+
+    def observe_tree(
+        self, n: int, drafted: int, num_accepted: int, propose_s: float, verify_s: float, whole: bool = True
+    ) -> None:
+        """One tree step asked for n nodes: the proposer drafted `drafted`, the target kept num_accepted, and the
+        seconds spent proposing and verifying. whole False: the token budget cut the tree, so its acceptance says
+        little about a tree of n nodes (only the costs are kept)."""
+        self.costs.observe_verify(drafted + 1, verify_s)
+        if drafted == 0:
+            return
+        self.propose_s[n].add(propose_s)
+        self.steps_off = 0
+        if not whole:
+            return
+        for m in self.sizes:
+            self.steps[m] *= self.forget
+            self.accepted[m] *= self.forget
+        self.steps[n] += 1.0
+        self.accepted[n] += num_accepted
+        if self.probing and self.best()[1] > self.on_above:
+            self.speculating = True
+
+    def observe_chain(self, drafted: int) -> None:
+        """A chain or plain step this controller chose (the chain controller is told its outcome)."""
+        if drafted:
+            self.steps_off = 0
+        if self.probing and drafted and self.best()[1] > self.on_above:
+            self.speculating = True

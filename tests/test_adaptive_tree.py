@@ -1,0 +1,127 @@
+"""The tree-size controller's decisions on synthetic costs and acceptances (pure Python), and adaptive trees in the
+engine: greedy output equals plain decoding, and the stats keep their K, predicted speedup and pause."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from localspec.config import SamplingParams, SpecConfig
+from localspec.engine.adaptive import AdaptiveController, expected_tokens
+from localspec.engine.adaptive_tree import TreeSizeController, tree_sizes
+
+PLAIN_S = 0.02
+
+
+def simulate(tree_accept: dict[int, float], chain_accept: float, slope: float, propose_s=0.0, steps=400, seed=0,
+             max_k=4, tree_nodes=16):
+    """A world where a tree of n nodes accepts each further depth with probability tree_accept[n] (up to depth
+    n.bit_length() + 1), a chain accepts each position with chain_accept, verifying r rows costs
+    PLAIN_S·(1 + slope·(r - 1)), and a proposal costs propose_s per step. Returns (tokens/s, shapes chosen,
+    controller)."""
+    rng = random.Random(seed)
+    chain = AdaptiveController(max_k)
+    trees = TreeSizeController(chain, tree_nodes)
+    tokens = seconds = 0.0
+    shapes: Counter = Counter()
+    for _ in range(steps):
+        shape, size = trees.choose()
+        shapes[shape, size] += 1
+        verify = PLAIN_S * (1 + slope * size)
+        accepted = 0
+        if shape == "tree":
+            while accepted < size.bit_length() + 1 and rng.random() < tree_accept[size]:
+                accepted += 1
+            trees.observe_tree(size, size, accepted, propose_s, verify)
+        else:
+            while accepted < size and rng.random() < chain_accept:
+                accepted += 1
+            chain.observe(size, size, accepted, propose_s if size else 0.0, verify)
+            trees.observe_chain(size)
+        tokens += accepted + 1
+        seconds += verify + (propose_s if size else 0.0)
+    return tokens / seconds, shapes, trees
+
+
+def test_the_sizes_tried_are_bounded_by_the_configured_one():
+    assert tree_sizes(16) == (4, 8, 16)
+    assert tree_sizes(6) == (4, 6)
+    assert tree_sizes(3) == (3,)
+    assert tree_sizes(32) == (4, 8, 16, 32)
+    assert tree_sizes(0) == ()
+
+
+def test_the_prior_of_an_unmeasured_tree_is_the_chains_acceptance_with_two_tries_per_depth():
+    chain = AdaptiveController(4)  # prior acceptance 0.5 per position
+    trees = TreeSizeController(chain, 8)
+    prior_4 = trees.accepted_per_step(4)
+    assert prior_4 == pytest.approx(expected_tokens([0.75] * 3, 3) - 1)
+    assert trees.accepted_per_step(8) == pytest.approx(expected_tokens([0.75] * 4, 4) - 1)
+    for _ in range(12):
+        trees.observe_tree(4, 4, 0, 0.0, PLAIN_S)
+    assert trees.accepted_per_step(4) < 0.2 * prior_4  # its own numbers (none accepted) take over
+    trees.observe_tree(4, 4, 4, 0.0, PLAIN_S)
+    # a bigger tree is expected to accept at least what a smaller measured one does
+    assert trees.accepted_per_step(8) >= trees.accepted_per_step(4)
+
+
+def test_free_verify_rows_and_a_deep_accepting_tree_pick_the_biggest_tree():
+    rate, shapes, trees = simulate({4: 0.5, 8: 0.7, 16: 0.85}, chain_accept=0.5, slope=0.0)
+    assert shapes.most_common(1)[0][0] == ("tree", 16)
+    assert rate > 2.0 / PLAIN_S  # well above plain decoding (1 / PLAIN_S)
+    assert trees.predicted(16) > trees.predicted(4)
+
+
+def test_costly_rows_pick_a_small_tree_or_a_chain():
+    """Each row costs half a plain step: a 16-node tree costs 9 plain steps and cannot pay."""
+    _, shapes, trees = simulate({4: 0.6, 8: 0.65, 16: 0.7}, chain_accept=0.6, slope=0.5)
+    late = shapes
+    assert late[("tree", 16)] < 0.1 * sum(late.values())
+    assert trees.predicted(16) < trees.predicted(4)
+
+
+def test_no_acceptance_switches_off_and_probes_within_budget():
+    rate, shapes, trees = simulate({4: 0.0, 8: 0.0, 16: 0.0}, chain_accept=0.0, slope=0.15)
+    assert shapes[("plain", 0)] > 0.85 * sum(shapes.values())
+    assert rate > 0.9 / PLAIN_S  # probes cost little
+    reason = trees.pause_reason()
+    assert reason is not None and reason["speedup"] < 1.0 and reason["probe_every"] >= trees.min_probe_every
+    assert set(reason) >= {"k", "cost", "tokens", "speedup", "probe_every"}
+
+
+def test_near_the_best_fixed_shape():
+    """Against every fixed shape in the same world, adaptive reaches ≥ 0.9× the best one."""
+    world = ({4: 0.55, 8: 0.7, 16: 0.75}, 0.55, 0.06)
+    adaptive, _, _ = simulate(*world, steps=800)
+    fixed = []
+    for n, accept in world[0].items():
+        depth = n.bit_length() + 1
+        tokens = expected_tokens([accept] * depth, depth)
+        fixed.append(tokens / (PLAIN_S * (1 + world[2] * n)))
+    fixed.append(expected_tokens([world[1]] * 4, 4) / (PLAIN_S * (1 + world[2] * 4)))
+    fixed.append(1 / PLAIN_S)
+    assert adaptive >= 0.9 * max(fixed)
+
+
+def test_the_engine_runs_adaptive_trees_losslessly_and_reports_them(tiny_models):
+    from localspec.engine.loop import Engine
+    from localspec.proposers.head import HeadProposer
+    from tests.test_heads import PROMPT, make_head
+
+    target, _ = tiny_models
+    engine = Engine(target, {2})
+    sampling = SamplingParams(max_new_tokens=32, seed=3)
+    plain = [t.token_id for e in engine.generate(list(PROMPT), sampling, SpecConfig(proposer="none")) for t in e.tokens]
+    spec = SpecConfig(proposer="head", k=3, tree_nodes=8, adaptive=True).validate()
+    events = list(engine.generate(list(PROMPT), sampling, spec, HeadProposer(make_head(target, "eagle"))))
+    assert all(e.error is None for e in events)
+    assert [t.token_id for e in events for t in e.tokens] == plain
+    assert len(engine.tree_controllers) == 1
+    trees = next(iter(engine.tree_controllers.values()))
+    tree_steps = [e for e in events if e.propose_token_num > 3]  # more than a chain of K = 3 could draft
+    assert tree_steps, "the controller's prior favours trees at first"
+    assert all(e.stats.k in trees.sizes and e.stats.predicted_speedup is not None for e in tree_steps)
+    assert sum(trees.propose_s[n].count for n in trees.sizes) == len(tree_steps)
+    assert trees.costs is engine.controllers[("head", 3, True)].costs  # one cost model per part
