@@ -270,7 +270,7 @@ def test_the_engine_reports_the_pause_in_its_stats(tiny_models):
     controller.speculating = False  # as after answers that lost
     controller.costs.observe(3, 3, 0.3, 0.2)  # drafting costs 3 plain steps' worth: it stays off
     controller.costs.observe(0, 0, 0.0, 0.05)
-    engine.controllers[("ngram", 3, True)] = controller
+    engine.controllers.chain[("ngram", 3, True)] = controller
     events = list(engine.generate([1, 5, 6, 7, 8], SamplingParams(max_new_tokens=6), spec, NgramProposer(1, 3)))
     paused = [ev.stats.paused for ev in events if ev.tokens]
     assert paused and all(p is not None and p["speedup"] < 1.0 for p in paused)

@@ -15,8 +15,16 @@ from localspec.engine.adaptive_tree import TreeSizeController, tree_sizes
 PLAIN_S = 0.02
 
 
-def simulate(tree_accept: dict[int, float], chain_accept: float, slope: float, propose_s=0.0, steps=400, seed=0,
-             max_k=4, tree_nodes=16):
+def simulate(
+    tree_accept: dict[int, float],
+    chain_accept: float,
+    slope: float,
+    propose_s=0.0,
+    steps=400,
+    seed=0,
+    max_k=4,
+    tree_nodes=16,
+):
     """A world where a tree of n nodes accepts each further depth with probability tree_accept[n] (up to depth
     n.bit_length() + 1), a chain accepts each position with chain_accept, verifying r rows costs
     PLAIN_S·(1 + slope·(r - 1)), and a proposal costs propose_s per step. Returns (tokens/s, shapes chosen,
@@ -118,10 +126,10 @@ def test_the_engine_runs_adaptive_trees_losslessly_and_reports_them(tiny_models)
     events = list(engine.generate(list(PROMPT), sampling, spec, HeadProposer(make_head(target, "eagle"))))
     assert all(e.error is None for e in events)
     assert [t.token_id for e in events for t in e.tokens] == plain
-    assert len(engine.tree_controllers) == 1
-    trees = next(iter(engine.tree_controllers.values()))
+    assert len(engine.controllers.tree) == 1
+    trees = next(iter(engine.controllers.tree.values()))
     tree_steps = [e for e in events if e.propose_token_num > 3]  # more than a chain of K = 3 could draft
     assert tree_steps, "the controller's prior favours trees at first"
     assert all(e.stats.k in trees.sizes and e.stats.predicted_speedup is not None for e in tree_steps)
     assert sum(trees.propose_s[n].count for n in trees.sizes) == len(tree_steps)
-    assert trees.costs is engine.controllers[("head", 3, True)].costs  # one cost model per part
+    assert trees.costs is engine.controllers.chain[("head", 3, True)].costs  # one cost model per part

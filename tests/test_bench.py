@@ -231,8 +231,10 @@ def test_summary_ratios_sweep_and_targets_from_known_numbers():
     assert summary["k_sweep"]["ngram"]["best_k"] == {"chat": 1, "code": 2, "all": 2}
     targets = {t["target"]: t for t in summary["targets"]}
     assert targets["ngram K=2 / hf-pld K=4, all prompts"]["value"] == pytest.approx((20 / 1.4) / (20 / 1.8))
-    chat_none = targets["adaptive (ngram, K≤8) / none, chat"]
-    assert chat_none["met"] and chat_none["value"] == pytest.approx(0.8 / 0.82)
+    chat_none = targets["adaptive (ngram, K≤8) / none, slowest category (chat)"]  # no category slower than none
+    assert not chat_none["met"] and chat_none["value"] == pytest.approx(0.8 / 0.82)
+    slow_chat = targets["ngram K=2 / none, slowest category (chat)"]
+    assert not slow_chat["met"] and slow_chat["value"] == pytest.approx(0.8 / 1.0)
     code_best = targets["adaptive (ngram, K≤8) / best fixed (ngram K=2), code"]
     assert code_best["met"] and code_best["value"] == pytest.approx(0.4 / 0.42)
     assert not targets["best of our modes (adaptive (ngram, K≤8)) / hf, all prompts"]["met"]  # 1.61× < 2×

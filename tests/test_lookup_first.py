@@ -139,7 +139,7 @@ def test_adaptive_k_keeps_one_controller_per_part(tiny_models):
         for t in e.tokens
     ]
     assert ids == baseline
-    parts = {key[0]: controller for key, controller in engine.controllers.items()}
+    parts = {key[0]: controller for key, controller in engine.controllers.chain.items()}
     assert set(parts) == {"ngram+head:ngram", "ngram+head:head"}
     assert all(sum(controller.reached) > 0 for controller in parts.values())  # each saw its own drafted steps
     lookup, head = parts["ngram+head:ngram"], parts["ngram+head:head"]

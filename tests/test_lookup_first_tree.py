@@ -72,9 +72,10 @@ def test_the_composite_offers_trees_when_a_part_does(tiny_models):
     head = HeadProposer(make_head(target, "eagle"))
     assert LookupFirstProposer(NgramProposer(2, 4), head).supports_tree
     assert LookupFirstProposer(BranchingLookup(2, 4), NgramProposer(1, 1)).supports_tree
-    plain_ngram = NgramProposer(2, 4)
-    plain_ngram.supports_tree = False  # the composite reads its parts, not the class
-    assert not LookupFirstProposer(plain_ngram, NgramProposer(1, 1)).supports_tree
+    chain_only = [NgramProposer(2, 4), NgramProposer(1, 1)]
+    for part in chain_only:
+        part.supports_tree = False  # the composite reads its parts, not the class
+    assert not LookupFirstProposer(*chain_only).supports_tree
 
 
 @pytest.mark.parametrize("lookup_class", [NgramProposer, BranchingLookup])

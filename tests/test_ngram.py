@@ -63,12 +63,16 @@ def test_greedy_ngram_trees_equal_plain_decoding(tiny_models):
     runs = {}
     for nodes in (0, 6):
         events = list(
-            Engine(target, set()).generate(prompt, sampling, SpecConfig(proposer="ngram", tree_nodes=nodes),
-                                           NgramProposer())
+            Engine(target, set()).generate(
+                prompt, sampling, SpecConfig(proposer="ngram", tree_nodes=nodes), NgramProposer()
+            )
         )
         runs[nodes] = ([t.token_id for e in events for t in e.tokens], events)
-    plain = [t.token_id for e in Engine(target, set()).generate(prompt, sampling, SpecConfig(proposer="none"))
-             for t in e.tokens]
+    plain = [
+        t.token_id
+        for e in Engine(target, set()).generate(prompt, sampling, SpecConfig(proposer="none"))
+        for t in e.tokens
+    ]
     assert runs[0][0] == plain and runs[6][0] == plain
     tree_events = runs[6][1]
     assert max(e.propose_token_num for e in tree_events) > 1 and tree_events[-1].stats.drafted > 0

@@ -108,8 +108,9 @@ def _generate(target, spec: SpecConfig, proposer, prompt, temperature=0.0, max_n
     if runner is not None:
         engine.target = runner
     ids, events = [], []
-    for event in engine.generate(list(prompt), SamplingParams(temperature, max_new_tokens=max_new, seed=3), spec,
-                                 proposer):
+    for event in engine.generate(
+        list(prompt), SamplingParams(temperature, max_new_tokens=max_new, seed=3), spec, proposer
+    ):
         assert event.error is None, event.error
         ids.extend(t.token_id for t in event.tokens)
         events.append(event)

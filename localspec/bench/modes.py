@@ -12,17 +12,18 @@ from localspec.config import K_MAX, K_MIN, ConfigError, SamplingParams, check_tr
 from localspec.engine.metrics import StatsSnapshot
 
 HF_MODES = ("hf", "hf-fp32", "hf-pld", "hf-assisted")
-ENGINE_MODES = ("none", "ngram", "draft", "head", "ngram+head", "head-tree", "adaptive")
+TREE_MODES = {"ngram-tree": "ngram", "head-tree": "head", "ngram+head-tree": "ngram+head"}  # mode → its proposer
+ENGINE_MODES = ("none", "ngram", "draft", "head", "ngram+head", *TREE_MODES, "adaptive", "adaptive-tree")
 ALL_MODES = HF_MODES + ENGINE_MODES
 SWEPT = ("ngram", "draft", "head", "ngram+head")  # run once per K of --k
 DEFAULT_ADAPTIVE_MAX_K = 8
-DEFAULT_TREE_NODES = 8  # head-tree: draft nodes of the head's token tree per step
+DEFAULT_TREE_NODES = 8  # tree modes: draft nodes of the token tree per step (adaptive-tree: the most it may pick)
 
 
 @dataclass(frozen=True)
 class Mode:
-    """name: one of ALL_MODES; k: draft tokens per step (the ceiling for adaptive); proposer for adaptive;
-    tree_nodes: head-tree's nodes per step."""
+    """name: one of ALL_MODES; k: draft tokens per step (the ceiling for adaptive); proposer: the tree modes' and
+    adaptive's; tree_nodes: a tree mode's nodes per step (adaptive-tree: the ceiling)."""
 
     name: str
     k: int | None = None
@@ -31,11 +32,17 @@ class Mode:
 
     @property
     def label(self) -> str:
-        if self.name == "head-tree":
-            return f"head-tree N={self.tree_nodes}"
+        if self.name in TREE_MODES:
+            return f"{self.name} N={self.tree_nodes}"
         if self.name == "adaptive":
             return f"adaptive ({self.proposer}, K≤{self.k})"
+        if self.name == "adaptive-tree":
+            return f"adaptive tree ({self.proposer}, K≤{self.k}, N≤{self.tree_nodes})"
         return self.name if self.k is None or self.name == "hf-assisted" else f"{self.name} K={self.k}"
+
+    @property
+    def is_adaptive(self) -> bool:
+        return self.name in ("adaptive", "adaptive-tree")
 
 
 @dataclass
@@ -55,7 +62,7 @@ def available_modes(session) -> dict[str, str | None]:
     has_draft = pair.draft is not None and session.loaded.draft is not None
     why_draft = None if has_draft else f"pair {pair.name!r} has no standalone draft model"
     fp32 = session.loaded.dtype is not None and session.loaded.dtype.dtype == "float32"
-    return {
+    why: dict[str, str | None] = {
         "hf": None,
         "none": None,
         "hf-fp32": "the target runs in float32 already (see hf)"
@@ -71,15 +78,13 @@ def available_modes(session) -> dict[str, str | None]:
         "ngram+head": (
             None if "ngram+head" in pair.proposers else f"pair {pair.name!r} lacks an n-gram proposer or a head"
         ),
-        "head-tree": (
-            f"pair {pair.name!r} has no trained head"
-            if pair.head is None
-            else None
-            if session.engine.target.supports_tree
-            else "the target runs a dynamic KV cache, which verifies chains only"
-        ),
-        "adaptive": None if len(pair.proposers) > 1 else f"pair {pair.name!r} has no proposer to adapt",
     }
+    why["adaptive"] = None if len(pair.proposers) > 1 else f"pair {pair.name!r} has no proposer to adapt"
+    no_trees = None if session.engine.target.supports_tree else "the target's KV cache verifies chains only"
+    for name, proposer in TREE_MODES.items():
+        why[name] = why[proposer] or no_trees
+    why["adaptive-tree"] = why["adaptive"] or no_trees
+    return why
 
 
 def parse_modes(
@@ -107,6 +112,12 @@ def parse_modes(
     if bad_k:
         raise k_error(bad_k, "--k values")
     why_not = available_modes(session)
+
+    def nodes(mode: str) -> int:
+        if check_tree_nodes(tree_nodes, "--tree-nodes") == 0:
+            raise ConfigError(f"--tree-nodes must be ≥ 1 for {mode} (0 would draft chains)")
+        return tree_nodes
+
     modes, notes = [], []
     for name in dict.fromkeys(names):
         if why_not[name] is not None:
@@ -118,14 +129,12 @@ def parse_modes(
             modes.append(Mode(name, hf_k or pair.k))
         elif name == "hf-assisted":
             modes.append(Mode(name, None))
-        elif name == "head-tree":
-            if check_tree_nodes(tree_nodes, "--tree-nodes") == 0:
-                raise ConfigError("--tree-nodes must be ≥ 1 for head-tree (0 would draft chains: the head mode)")
-            modes.append(Mode(name, tree_nodes=tree_nodes))
-        elif name == "adaptive":
+        elif name in TREE_MODES:
+            modes.append(Mode(name, proposer=TREE_MODES[name], tree_nodes=nodes(name)))
+        elif name in ("adaptive", "adaptive-tree"):
             default = pair.default_proposer if pair.default_proposer != "none" else pair.proposers[1]
             modes.extend(
-                Mode(name, max(adaptive_max_k, *ks), proposer)
+                Mode(name, max(adaptive_max_k, *ks), proposer, nodes(name) if name == "adaptive-tree" else None)
                 for proposer in dict.fromkeys(adaptive_proposers or [default])
             )
         else:
@@ -190,10 +199,10 @@ def run_hf(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> R
 def run_engine(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
     """Our engine through the same loop for every proposer; none = plain decoding."""
     sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    if mode.name == "adaptive":
-        spec = session.default_spec(proposer=mode.proposer, k=mode.k, adaptive=True)
-    elif mode.name == "head-tree":
-        spec = session.default_spec(proposer="head", adaptive=False, tree_nodes=mode.tree_nodes)
+    if mode.is_adaptive:
+        spec = session.default_spec(proposer=mode.proposer, k=mode.k, adaptive=True, tree_nodes=mode.tree_nodes or 0)
+    elif mode.name in TREE_MODES:
+        spec = session.default_spec(proposer=mode.proposer, adaptive=False, tree_nodes=mode.tree_nodes)
     else:
         spec = session.default_spec(proposer=mode.name, k=mode.k or session.loaded.spec.k, adaptive=False)
     proposer = session.make_proposer(spec)
@@ -208,4 +217,4 @@ def run_engine(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) 
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     if last is not None and last.finish_reason == "error":
         raise RuntimeError(f"{mode.label}: {last.error}")
-    return RunResult(token_ids, seconds, cpu_seconds, last.stats, ks if mode.name == "adaptive" else [])
+    return RunResult(token_ids, seconds, cpu_seconds, last.stats, ks if mode.is_adaptive else [])

@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from .modes import HF_MODES, SWEPT, Mode
+from .modes import HF_MODES, SWEPT, TREE_MODES, Mode
 from .runner import BenchRun
 
 ALL = "all"
@@ -141,26 +141,32 @@ def check_targets(modes: list[Mode], rows: dict, categories: list[str], key: str
         best = pick(ours)
         add(f"best of our modes ({best.label}) / hf-fp32, all prompts", tps(best.label) / tps("hf-fp32"), 2.5)
     if "ngram" in by_name and "hf-pld" in by_name:
-        best = pick(by_name["ngram"])
+        best = pick(by_name["ngram"] + by_name.get("ngram-tree", []))
         add(
             f"{best.label} / {by_name['hf-pld'][0].label}, all prompts",
             tps(best.label) / tps(by_name["hf-pld"][0].label),
-            1.5,
+            1.2,
         )
     if "draft" in by_name and "hf-assisted" in by_name:
         best = pick(by_name["draft"])
         add(f"{best.label} / hf-assisted, all prompts", tps(best.label) / tps("hf-assisted"), 1.5)
-    for adaptive in by_name.get("adaptive", []):
+    if "none" in by_name:
+        for mode in ours:
+            if mode.name != "none":
+                worst = min(categories, key=lambda c: tps(mode.label, c) / tps("none", c))
+                value = tps(mode.label, worst) / tps("none", worst)
+                add(f"{mode.label} / none, slowest category ({worst})", value, 1.0)
+    for adaptive in by_name.get("adaptive", []) + by_name.get("adaptive-tree", []):
         fixed = by_name.get(adaptive.proposer, [])
+        if adaptive.name == "adaptive-tree":
+            fixed = fixed + [m for m in ours if m.name in TREE_MODES and m.proposer == adaptive.proposer]
         for category in categories:
-            if "none" in by_name:
-                add(f"{adaptive.label} / none, {category}", tps(adaptive.label, category) / tps("none", category), 0.95)
             if fixed:
                 best = pick(fixed, category)
                 add(
                     f"{adaptive.label} / best fixed ({best.label}), {category}",
                     tps(adaptive.label, category) / tps(best.label, category),
-                    0.90,
+                    0.95,
                 )
     return targets
 

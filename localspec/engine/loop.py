@@ -12,21 +12,18 @@ from typing import Optional
 
 import torch
 
-from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.config import SamplingParams, SpecConfig
 from localspec.proposers.base import Proposer
 from localspec.verify import VerifyOutput, get_verifier, make_draws
 
-from .adaptive import AdaptiveController
-from .adaptive_tree import TreeSizeController
 from .events import StepEvent
 from .model_runner import ModelRunner
 from .step import (
     NON_FINITE,
-    ControllerKey,
+    Controllers,
     Proposal,
     Run,
     StepOutcome,
-    TreeControllerKey,
     cut_at_stop,
     read_top_logprobs,
     step_event,
@@ -43,9 +40,7 @@ class Engine:
         self.target = ModelRunner(target_model)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.lock = threading.Lock()
-        # measured costs and acceptance, kept across answers (costs are the machine's)
-        self.controllers: dict[ControllerKey, AdaptiveController] = {}
-        self.tree_controllers: dict[TreeControllerKey, TreeSizeController] = {}
+        self.controllers = Controllers()  # measured costs and acceptance, kept across answers
 
     @property
     def max_context(self) -> int:
@@ -72,34 +67,16 @@ class Engine:
     def _start(
         self, prompt_ids: list[int], sampling: SamplingParams, spec: SpecConfig, proposer: Optional[Proposer]
     ) -> Run:
-        sampling.validate()
-        spec.validate()
-        if not prompt_ids:
-            raise ConfigError("the prompt is empty")
-        if len(prompt_ids) >= self.max_context:
-            raise ConfigError(f"the prompt has {len(prompt_ids)} tokens; this model's context holds {self.max_context}")
         self.sampler_name, verify = get_verifier(spec.sampler, self.target.device)
-        return Run.start(
-            prompt_ids,
-            sampling,
-            spec,
-            proposer,
-            verify,
-            self.target.device,
-            self.max_context,
-            self.controllers,
-            self.tree_controllers,
-        )
+        device, limit = self.target.device, self.max_context
+        return Run.start(prompt_ids, sampling, spec, proposer, verify, device, limit, self.controllers)
 
     def _prefill(self, run: Run, prompt_ids: list[int]) -> None:
         """Cache the prompt but its last token (whose logits are the first verified position); start the proposer."""
         self.target.reset()
         started = time.perf_counter()
-        hidden = None
-        if len(prompt_ids) > 1:
-            hidden = self.target.extend(
-                prompt_ids[:-1], want_hidden=run.wants_hidden, logits_to_keep=0, feature_layers=run.feature_layers
-            ).hidden
+        cached = prompt_ids[:-1]  # its logits are never read (logits_to_keep 0)
+        hidden = self.target.extend(cached, run.wants_hidden, 0, run.feature_layers).hidden if cached else None
         if run.proposer is not None:
             run.proposer.begin(list(prompt_ids), hidden)
         run.stats = replace(run.stats, prefill_s=time.perf_counter() - started)

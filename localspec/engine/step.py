@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from localspec.config import SamplingParams, SpecConfig
+from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.proposers.base import Proposer
 from localspec.verify import Verifier
 from localspec.verify.types import HostVerdict
@@ -28,6 +28,15 @@ TreeControllerKey = tuple[str, int, int, bool]  # (proposer or proposer:part, K,
 
 
 @dataclass
+class Controllers:
+    """The engine's adaptive controllers, kept across answers (the costs are the machine's): one per proposer part
+    for chains, and one per part for tree sizes (sharing that part's chain costs)."""
+
+    chain: dict[ControllerKey, AdaptiveController] = field(default_factory=dict)
+    tree: dict[TreeControllerKey, TreeSizeController] = field(default_factory=dict)
+
+
+@dataclass
 class Run:
     """One answer in progress: its settings, where it stands, and its statistics."""
 
@@ -39,13 +48,11 @@ class Run:
     max_new: int  # the token budget: the request's, capped by the context left
     max_k: int  # draft tokens per step at most (0 without a proposer)
     context: list[int]  # the prompt plus every emitted token
-    controllers: dict[ControllerKey, AdaptiveController]  # the engine's, kept across answers
+    controllers: Controllers  # the engine's, kept across answers
     stats: StatsSnapshot
     pending: int = 0  # the last known token: its logits are the next verified position
     produced: int = 0
     controller: Optional[AdaptiveController] = None  # of the part drafting this step
-    # adaptive trees: the engine's tree-size controllers, kept across answers, and the one of this step's part
-    tree_controllers: dict[TreeControllerKey, TreeSizeController] = field(default_factory=dict)
     tree_controller: Optional[TreeSizeController] = None
     forced_k: Optional[int] = None  # the K a tree-size controller chose for this step's chain (0: plain)
     begun: set[str] = field(default_factory=set)  # the parts whose controllers this answer has begun
@@ -61,10 +68,15 @@ class Run:
         verify: Verifier,
         device: torch.device,
         max_context: int,
-        controllers: dict[ControllerKey, AdaptiveController],
-        tree_controllers: Optional[dict[TreeControllerKey, TreeSizeController]] = None,
+        controllers: Controllers,
     ) -> Run:
         """A new answer to prompt_ids: seeded generator, token budget capped by the context left, empty statistics."""
+        sampling.validate()
+        spec.validate()
+        if not prompt_ids:
+            raise ConfigError("the prompt is empty")
+        if len(prompt_ids) >= max_context:
+            raise ConfigError(f"the prompt has {len(prompt_ids)} tokens; this model's context holds {max_context}")
         max_k = spec.k if proposer is not None else 0
         return cls(
             sampling=sampling,
@@ -76,7 +88,6 @@ class Run:
             max_k=max_k,
             context=list(prompt_ids),
             controllers=controllers,
-            tree_controllers=tree_controllers if tree_controllers is not None else {},
             stats=StatsSnapshot.start(max_k),
             pending=prompt_ids[-1],
         )
@@ -139,9 +150,9 @@ class Run:
         self.controller = self._controller_for(part)
         name = self.proposer.name if part is None else f"{self.proposer.name}:{part}"
         key = (name, self.max_k, self.spec.tree_nodes, self.spec.adaptive)
-        found = self.tree_controllers.get(key)
+        found = self.controllers.tree.get(key)
         if found is None or found.chain is not self.controller:
-            found = self.tree_controllers[key] = TreeSizeController(self.controller, self.spec.tree_nodes)
+            found = self.controllers.tree[key] = TreeSizeController(self.controller, self.spec.tree_nodes)
         if f"tree:{name}" not in self.begun:
             found.begin()
             self.begun.add(f"tree:{name}")
@@ -154,7 +165,7 @@ class Run:
         (the break-even meter); when adaptive it also picks K."""
         name = self.proposer.name if part is None else f"{self.proposer.name}:{part}"
         key = (name, self.max_k, self.spec.adaptive)
-        found = self.controllers.setdefault(key, AdaptiveController(self.max_k))
+        found = self.controllers.chain.setdefault(key, AdaptiveController(self.max_k))
         if name not in self.begun:
             found.begin()
             self.begun.add(name)
