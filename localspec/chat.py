@@ -51,6 +51,10 @@ class ChatSession:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.engine = Engine(loaded.target, stop_token_ids(self.tokenizer))
+        decision = loaded.dtype
+        timed = [t for t in decision.timings if t.dtype == decision.dtype] if decision is not None else []
+        if timed:  # the target's own 1-token and (K+1)-token forwards, timed at load on this machine
+            self.engine.controllers.verify.set_prior(timed[0].plain_s, timed[0].verify_s, decision.k + 1)
         from localspec.verify.warmup import warm_up_sampler
 
         warm = warm_up_sampler(loaded.device, loaded.spec.k)  # 'auto' falls back to torch when Triton fails here

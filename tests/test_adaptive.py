@@ -6,7 +6,13 @@ import random
 
 import pytest
 
-from localspec.engine.adaptive import AdaptiveController, CostModel, expected_tokens, predicted_speedups
+from localspec.engine.adaptive import (
+    AdaptiveController,
+    CostModel,
+    VerifyCosts,
+    expected_tokens,
+    predicted_speedups,
+)
 
 PLAIN_S = 0.033  # a plain step: 1-token forward + sampling
 
@@ -281,3 +287,33 @@ def test_the_engine_reports_the_pause_in_its_stats(tiny_models):
         )
     )
     assert all(ev.stats.paused is None for ev in fixed)  # fixed K never pauses
+
+
+def test_the_verify_prior_comes_from_the_forwards_timed_on_this_machine():
+    """Before two sizes are measured, v(K) follows the slope of a 1-token vs (K+1)-token forward timed at load."""
+    flat, steep = VerifyCosts(), VerifyCosts()
+    flat.set_prior(0.050, 0.052, 5)  # bf16 on a CPU with native bf16: 5 rows cost about what 1 does
+    steep.set_prior(0.030, 0.060, 5)  # 5 rows cost twice 1
+    assert flat.prior_slope == pytest.approx(0.01) and steep.prior_slope == pytest.approx(0.25)
+    assert CostModel(flat).ratios(4)[1] == pytest.approx([1.0, 1.01, 1.02, 1.03, 1.04])
+    picks = {}
+    for name, costs in (("flat", flat), ("steep", steep)):
+        controller = AdaptiveController(8, CostModel(costs), prior_acceptance=0.6)
+        controller.observe(2, 2, 1, 0.0, 0.05)  # one size measured: the prior shape scales it
+        picks[name] = controller.choose_k()
+    assert picks["flat"] > picks["steep"]
+
+
+def test_verify_costs_follow_the_line_through_every_measured_size():
+    """A size measured early in an answer (a short cache) is not taken on its own: every size reads the fitted line,
+    so a few cheap 1-row samples do not make every larger K look expensive."""
+    costs = CostModel()
+    for _ in range(3):
+        costs.observe(0, 0, 0.0, 0.040)  # 1 row, early: short cache
+    for _ in range(15):
+        costs.observe(4, 4, 0.0, 0.050)
+        costs.observe(2, 2, 0.0, 0.049)
+    _, verify = costs.ratios(4)
+    assert verify[4] < 0.050 / 0.040  # the 1-row median alone would say 1.25
+    line = costs._line()
+    assert costs.verify_time(1) == pytest.approx(line[0] + line[1])

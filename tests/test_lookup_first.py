@@ -144,3 +144,4 @@ def test_adaptive_k_keeps_one_controller_per_part(tiny_models):
     assert all(sum(controller.reached) > 0 for controller in parts.values())  # each saw its own drafted steps
     lookup, head = parts["ngram+head:ngram"], parts["ngram+head:head"]
     assert lookup.costs.propose_per_token_s.value < head.costs.propose_per_token_s.value
+    assert lookup.costs.verify is head.costs.verify is engine.controllers.verify  # the target's: one record

@@ -19,8 +19,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-# Verify cost shape used until enough steps are measured: v(K) ≈ 1 + 0.12·K (fp32 SmolLM2-135M on a 2-core CPU:
-# 1 token 33 ms, 5 tokens 50 ms, 9 tokens 62 ms).
+# Verify cost shape v(K) ≈ 1 + slope·K used until enough steps are measured, when nothing better is known: the
+# engine replaces it with the slope timed on this machine at load (VerifyCosts.set_prior, from dtype_choice).
 PRIOR_VERIFY_SLOPE = 0.12
 
 
@@ -40,13 +40,30 @@ class _RecentMedian:
 
 
 @dataclass
+class VerifyCosts:
+    """The target's verify seconds by rows scored: a property of the target on this machine, so one record is
+    shared by every controller of an engine (each proposer part adds its steps' samples)."""
+
+    by_rows: dict[int, _RecentMedian] = field(default_factory=dict)  # rows (K + 1) → seconds of score + sample
+    prior_slope: float = PRIOR_VERIFY_SLOPE  # v(K) ≈ 1 + prior_slope·K before two sizes are measured
+
+    def set_prior(self, plain_s: float, verify_s: float, rows: int) -> None:
+        """The shape to assume until two sizes are measured, from a 1-token and a `rows`-token forward timed on
+        this machine (the dtype decision's timings)."""
+        self.prior_slope = max(verify_s / plain_s - 1.0, 0.0) / max(rows - 1, 1)
+
+
+@dataclass
 class CostModel:
     """Step costs of one (target, proposer) pair on this machine. Kept by the engine across answers."""
 
-    # tokens verified (K+1) → seconds of score + sample
-    verify_s: dict[int, _RecentMedian] = field(default_factory=dict)
+    verify: VerifyCosts = field(default_factory=VerifyCosts)
     # proposer seconds per drafted token asked for
     propose_per_token_s: _RecentMedian = field(default_factory=_RecentMedian)
+
+    @property
+    def verify_s(self) -> dict[int, _RecentMedian]:
+        return self.verify.by_rows
 
     def observe(self, asked: int, drafted: int, propose_s: float, verify_s: float) -> None:
         self.observe_verify(drafted + 1, verify_s)
@@ -73,15 +90,15 @@ class CostModel:
                 return intercept, slope, len(points)
         # one size known (or a nonsense fit): scale the best-measured size by the prior shape
         n0, t0, _ = max(points, key=lambda p: p[2])
-        plain = t0 / (1 + PRIOR_VERIFY_SLOPE * (n0 - 1))
-        return plain * (1 - PRIOR_VERIFY_SLOPE), plain * PRIOR_VERIFY_SLOPE, 1
+        slope = self.verify.prior_slope
+        plain = t0 / (1 + slope * (n0 - 1))
+        return plain * (1 - slope), plain * slope, 1
 
     def verify_time(self, tokens: int, line: tuple[float, float, int] | None = None) -> float | None:
-        """Seconds to verify `tokens` positions: the measured median when there are ≥ 3 samples, else from the
-        line through what is measured (the prior slope when only one size is known); None before any measurement."""
-        own = self.verify_s.get(tokens)
-        if own is not None and own.count >= 3:
-            return own.value
+        """Seconds to verify `tokens` positions, from the line through every measured size (the prior slope when
+        only one size is known); None before any measurement. The line, not each size's own median: a size is
+        measured when the text made the controller pick it, at whatever context length the answer had reached, and
+        the attention over a longer cache costs more, so single sizes' medians mix in the context length."""
         line = line or self._line()
         return None if line is None else line[0] + line[1] * tokens
 
@@ -90,7 +107,7 @@ class CostModel:
         line = self._line()
         plain = self.verify_time(1, line)
         if plain is None or plain <= 0:
-            return 0.0, [1 + PRIOR_VERIFY_SLOPE * k for k in range(max_k + 1)]
+            return 0.0, [1 + self.verify.prior_slope * k for k in range(max_k + 1)]
         verify = [max(self.verify_time(k + 1, line) or plain, plain) / plain for k in range(max_k + 1)]
         draft_c = self.propose_per_token_s.value / plain if self.propose_per_token_s.count else 0.0
         return draft_c, verify

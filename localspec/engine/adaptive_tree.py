@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from .adaptive import PRIOR_VERIFY_SLOPE, AdaptiveController, _RecentMedian, expected_tokens
+from .adaptive import AdaptiveController, _RecentMedian, expected_tokens
 
 TREE_SIZES = (4, 8, 16)  # the tree sizes tried below the configured one
 Shape = Literal["plain", "chain", "tree"]
@@ -111,7 +111,7 @@ class TreeSizeController:
         """cost(n) in plain steps; the prior verify shape before anything is measured."""
         plain = self.costs.verify_time(1)
         if plain is None or plain <= 0:
-            return 1 + PRIOR_VERIFY_SLOPE * n
+            return 1 + self.costs.verify.prior_slope * n
         verify = max(self.costs.verify_time(n + 1) or plain, plain)
         return (self.proposal_s(n) + verify) / plain
 

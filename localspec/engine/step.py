@@ -13,7 +13,7 @@ from localspec.proposers.base import Proposer
 from localspec.verify import Verifier
 from localspec.verify.types import HostVerdict
 
-from .adaptive import AdaptiveController
+from .adaptive import AdaptiveController, CostModel, VerifyCosts
 from .adaptive_tree import TreeSizeController
 from .events import FinishReason, StepEvent, TokenEvent
 from .metrics import StatsSnapshot
@@ -34,6 +34,7 @@ class Controllers:
 
     chain: dict[ControllerKey, AdaptiveController] = field(default_factory=dict)
     tree: dict[TreeControllerKey, TreeSizeController] = field(default_factory=dict)
+    verify: VerifyCosts = field(default_factory=VerifyCosts)  # the target's, shared by all of them
 
 
 @dataclass
@@ -165,7 +166,10 @@ class Run:
         (the break-even meter); when adaptive it also picks K."""
         name = self.proposer.name if part is None else f"{self.proposer.name}:{part}"
         key = (name, self.max_k, self.spec.adaptive)
-        found = self.controllers.chain.setdefault(key, AdaptiveController(self.max_k))
+        found = self.controllers.chain.get(key)
+        if found is None:
+            costs = CostModel(self.controllers.verify)
+            found = self.controllers.chain[key] = AdaptiveController(self.max_k, costs)
         if name not in self.begun:
             found.begin()
             self.begun.add(name)
