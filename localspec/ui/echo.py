@@ -51,6 +51,10 @@ class EchoSession:
         base = SpecConfig(proposer="ngram", k=3)
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
+    def tree_nodes_of(self, spec: SpecConfig) -> int:
+        """Echo drafts nothing; it reports the tree size asked for, as a proposer that drafts trees would."""
+        return spec.tree_nodes if spec.proposer != "none" else 0
+
     def prompt_ids(self, messages: list[dict], max_new_tokens: int) -> tuple[list[int], Optional[str]]:
         self._text = str(messages[-1].get("content", ""))
         return [0], None
