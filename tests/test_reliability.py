@@ -78,7 +78,7 @@ def test_rejected_send_gives_api_callers_the_message(api, kwargs, words):
 
 
 def test_switch_to_nothing_is_refused(api, inproc_app):
-    status, model, _proposer, _k = api.predict(None, api_name="/switch_model")
+    status, model, _proposer, _k, _tree = api.predict(None, api_name="/switch_model")
     assert "Loaded" not in status and "Could not switch" in status
     assert model == "tiny" and inproc_app.manager.name == "tiny"
 

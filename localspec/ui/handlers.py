@@ -51,6 +51,21 @@ def events_json(turn: Optional[AssistantTurn]) -> Optional[dict]:
     return turn.events_json() if turn is not None else None
 
 
+def answer_stats_html(turn: Optional[AssistantTurn], finish_reason: Optional[str], runtime=None) -> str:
+    """The stats panel of an answer (empty for none): its proposer, K or tree size, and figures."""
+    if turn is None:
+        return stats_html(None)
+    drafted = turn.proposer != "none"
+    return stats_html(
+        turn.stats,
+        proposer_label(turn.proposer),
+        turn.k if drafted else None,
+        finish_reason,
+        runtime,
+        turn.tree_nodes if drafted else None,
+    )
+
+
 class Handlers:
     def __init__(self, manager: ModelManager, recorder: Any = None, notice: Optional[str] = None) -> None:
         self.manager = manager
@@ -163,13 +178,7 @@ class Handlers:
         done = not answer.streaming
         if done:
             status = self._final_status(answer)
-        stats = stats_html(
-            answer.stats,
-            proposer_label(answer.proposer),
-            answer.k if answer.proposer != "none" else None,
-            answer.finish_reason if done else None,
-            runtime_of(self.manager.session),
-        )
+        stats = answer_stats_html(answer, answer.finish_reason if done else None, runtime_of(self.manager.session))
         kind = "error" if answer.finish_reason == "error" else "info"
         return transcript_html(turns, colour, answer.notice), stats, status_html(status, kind), events_json(answer)
 
@@ -210,16 +219,7 @@ class Handlers:
         """Send's outputs for a refused message: real values everywhere (an API caller cannot read gr.skip()), the
         window as it was, the reason in the status line and the message back in the box."""
         last = next((turn for turn in reversed(turns_from_state(state)) if isinstance(turn, AssistantTurn)), None)
-        stats = (
-            stats_html(
-                last.stats,
-                proposer_label(last.proposer),
-                last.k if last.proposer != "none" else None,
-                last.finish_reason,
-            )
-            if last
-            else stats_html(None)
-        )
+        stats = answer_stats_html(last, last.finish_reason if last else None)
         return transcript_html(state, colour), stats, status_html(reason, "error"), events_json(last), text, state
 
     @staticmethod

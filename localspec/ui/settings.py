@@ -26,10 +26,13 @@ def answer_label(
 ) -> str:
     """The line above an answer, live and reopened alike: model · proposer · K, or · tree N for an answer that
     drafted token trees of N nodes."""
-    shape = None
-    if proposer != "none":
-        shape = f"tree {tree_nodes}" if tree_nodes else f"K={k}" if k else None
+    shape = shape_label(k, tree_nodes) if proposer != "none" else None
     return " · ".join(part for part in (model, proposer_label(proposer), shape) if part)
+
+
+def shape_label(k: Optional[int], tree_nodes: Optional[int] = None) -> Optional[str]:
+    """How an answer drafted, in the answer's line and the stats panel: "tree N" (token trees of N nodes) or "K=k"."""
+    return f"tree {tree_nodes}" if tree_nodes else f"K={k}" if k else None
 
 
 def _number(value: Any, name: str) -> float:
