@@ -444,18 +444,18 @@ def test_other_tabs_learn_about_a_switch(tiny_session):
     assert list(handlers.switch("tiny-ngram", request=tab_b))[-1][1] == "tiny-ngram"
 
     # A still shows the old pair's proposers: its send says what happened instead of a bare "not available"
-    out = list(handlers.send("hello", [], "draft", 3, 0.0, 1.0, 0, 8, 0, True, request=tab_a))[-1]
+    out = list(handlers.send("hello", [], "draft", 3, 0.0, 1.0, 0, 8, 0, True, 0, request=tab_a))[-1]
     assert "switched to tiny-ngram in another window" in out[2] and out[4] == "hello"
 
     # A's controls catch up on the next tick (gr.Timer), once
-    model, proposer, _k, status = handlers.refresh_pair(request=tab_a)
+    model, proposer, _k, _tree, status = handlers.refresh_pair(request=tab_a)
     assert model == "tiny-ngram" and "switched to tiny-ngram in another window" in status
     assert [value for _label, value in proposer["choices"]] == ["ngram", "none"]
     again = handlers.refresh_pair(request=tab_a)
     assert all(isinstance(part, dict) and part.get("__type__") == "update" and len(part) == 1 for part in again)
     # B, which switched, is not disturbed, and A's next send answers with the new pair
     assert handlers.refresh_pair(request=tab_b)[0] == {"__type__": "update"}
-    out = list(handlers.send("hello", [], "ngram", 3, 0.0, 1.0, 0, 8, 0, True, request=tab_a))[-1]
+    out = list(handlers.send("hello", [], "ngram", 3, 0.0, 1.0, 0, 8, 0, True, 0, request=tab_a))[-1]
     assert out[3]["model"] == "tiny-ngram"
 
 
