@@ -112,11 +112,22 @@ def test_temperature_slider_reaches_the_documented_maximum(tiny_session):
         ({"temperature": float("inf")}, "temperature must be a finite number"),
         ({"temperature": 7}, "temperature must be between 0 and 5"),
         ({"k": 17}, r"K (draft tokens per step) must be between 1 and 16"),
+        ({"tree_nodes": 40}, "tree nodes (draft tokens per tree step) must be a whole number between 0 and 32"),
+        ({"tree_nodes": 2.5}, "tree nodes (draft tokens per tree step) must be a whole number between 0 and 32"),
         ({"seed": float("nan")}, "seed must be a finite number"),
     ],
 )
 def test_api_values_get_the_documented_messages(inproc_app, kwargs, words):
-    args = {"proposer": "ngram", "k": 3, "temperature": 0.0, "top_k": 0, "max_new": 8, "seed": 0, **kwargs}
+    args = {
+        "proposer": "ngram",
+        "k": 3,
+        "temperature": 0.0,
+        "top_k": 0,
+        "max_new": 8,
+        "seed": 0,
+        "tree_nodes": 0,
+        **kwargs,
+    }
     status = raw_send(
         inproc_app.url,
         [
@@ -129,6 +140,7 @@ def test_api_values_get_the_documented_messages(inproc_app, kwargs, words):
             args["max_new"],
             args["seed"],
             True,
+            args["tree_nodes"],
         ],
     )[2]
     assert words in status and "Could not preprocess" not in status

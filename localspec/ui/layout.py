@@ -149,7 +149,8 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                 if store is not None:
                     conversations_panel(store, recorder, manager, parts)
 
-        # tree_nodes last: a gradio_client caller written for the inputs before it may leave it out
+        # tree_nodes last: a gradio_client caller written for the inputs before it may leave it out (a raw HTTP
+        # call sends every input)
         sampling_inputs = [proposer, k, temperature, top_p, top_k, max_new, seed, colour, tree_nodes]
         send_outputs = [transcript, stats, status, events, message, turns]
         sent = gr.on(
