@@ -96,6 +96,15 @@ class ChatSession:
             return LookupFirstProposer(NgramProposer(min_n, spec.ngram_max), head)
         raise ConfigError(f"unknown proposer {spec.proposer!r}")
 
+    def tree_nodes_of(self, spec: SpecConfig) -> int:
+        """The size of the token trees an answer with this spec drafts: spec.tree_nodes where its proposer drafts
+        trees and the target verifies them (the preallocated cache), else 0: it drafts chains of K
+        (engine/tree_step.py)."""
+        if spec.tree_nodes <= 0 or spec.proposer == "none" or not self.engine.target.supports_tree:
+            return 0
+        proposer = self.make_proposer(spec)
+        return spec.tree_nodes if proposer is not None and proposer.supports_tree else 0
+
     def default_spec(self, **overrides) -> SpecConfig:
         pair = self.loaded.spec
         ngram = pair.ngram

@@ -12,8 +12,8 @@ from localspec.ui.recorder import Recorder
 
 store_db = pytest.importorskip("localspec.store.db")
 
-# proposer, k, temperature, top_p, top_k, max_new_tokens, seed, colour
-SETTINGS = ("ngram", 3, 0.0, 1.0, 0, 256, 0, True)
+# proposer, k, temperature, top_p, top_k, max_new_tokens, seed, colour, tree nodes
+SETTINGS = ("ngram", 3, 0.0, 1.0, 0, 256, 0, True, 0)
 
 
 def last(generator):

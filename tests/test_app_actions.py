@@ -77,6 +77,21 @@ def test_regenerate_through_the_app_keeps_one_answer_in_the_store(served):
     assert messages_of(store, "regenerate me please") == [("user", "regenerate me please"), ("assistant", said)]
 
 
+def test_tree_nodes_through_the_app(served):
+    """The tree-nodes input comes last: a caller that leaves it out gets the control's value (chains here)."""
+    url, store = served
+    c = client(url)
+    transcript, _stats, status, _events, box = c.predict("a tree answer please", *SETTINGS, 40, api_name="/send")
+    assert "tree nodes" in status and "between 0 and 32" in status and box == "a tree answer please"
+    transcript, *_ = c.predict("a tree answer please", *SETTINGS, 8, api_name="/send")
+    assert "n-gram · tree 8" in transcript
+    (summary,) = [s for s in store.list_conversations() if s.title == "a tree answer please"]
+    (answer,) = [m for m in store.get_conversation(summary.id).messages if m.role == "assistant"]
+    assert answer.tree_nodes == 8
+    transcript, *_ = c.predict("a chain answer please", *SETTINGS, api_name="/send")
+    assert transcript.count("n-gram · K=3") == 1 and transcript.count("tree 8") == 1
+
+
 def test_edit_and_resend_through_the_app_replaces_the_exchange(served):
     url, store = served
     c = client(url)

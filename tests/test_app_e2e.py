@@ -88,7 +88,7 @@ def test_bad_inputs_give_messages_and_the_app_still_answers(client):
 
 
 def test_failed_switch_keeps_the_old_model(client):
-    status, model, _proposer, _k = client.predict("missing", api_name="/switch_model")
+    status, model, _proposer, _k, _tree = client.predict("missing", api_name="/switch_model")
     assert "Could not switch" in status and "does not exist" in status and "Still using tiny" in status
     assert model == "tiny"
     _t, _s, status, events, _b = send(client, "still there?", max_new=8).result()
@@ -140,7 +140,7 @@ def test_switch_during_an_answer_is_refused(client):
     for update in job:
         if len(span_kinds(str(update[0]))) >= 3:
             break
-    status, model, _proposer, _k = client.predict("missing", api_name="/switch_model")
+    status, model, _proposer, _k, _tree = client.predict("missing", api_name="/switch_model")
     assert "answer is streaming" in status and "was not switched" in status and model == "tiny"
     client.predict(api_name="/stop")
     assert job.result(timeout=60)[3]["finish_reason"] == "cancelled"
@@ -177,7 +177,7 @@ def test_default_pair_that_fails_to_load_leaves_a_usable_app(tiny_pair, tmp_path
         client = Client(app.url, verbose=False)
         _t, _s, status, _e, box = send(client, "hello?", proposer="none").result()
         assert "does not exist" in status and box == "hello?"  # the message stays in the box
-        status, model, proposer, _k = client.predict("tiny", api_name="/switch_model")
+        status, model, proposer, _k, _tree = client.predict("tiny", api_name="/switch_model")
         assert "Loaded tiny" in status and model == "tiny"
         assert span_kinds(send(client, "hello?", proposer="ngram", max_new=8).result()[0])
     finally:

@@ -611,7 +611,7 @@ def test_window_limits_are_the_validation_limits():
 def test_a_refused_send_answers_real_values(tiny_session):
     from localspec.ui.handlers import Handlers
 
-    outputs = list(Handlers(_manager(tiny_session)).send("hi", [], "ngram", 3, math.nan, 1.0, 0, 8, 0, True))
+    outputs = list(Handlers(_manager(tiny_session)).send("hi", [], "ngram", 3, math.nan, 1.0, 0, 8, 0, True, 0))
     transcript, stats, status, events, box, turns = outputs[-1]
     assert "temperature must be a finite number (got nan)" in status
     assert isinstance(transcript, str) and isinstance(stats, str) and events is None and box == "hi" and turns == []
@@ -626,14 +626,14 @@ def test_switch_in_another_tab_messages(tiny_session):
     tab_a, tab_b = SimpleNamespace(session_hash="a"), SimpleNamespace(session_hash="b")
     handlers.on_load(request=tab_a)
     list(handlers.switch("tiny-b", request=tab_b))
-    status = list(handlers.send("hi", [], "draft", 3, 0.0, 1.0, 0, 8, 0, True, request=tab_a))[-1][2]
+    status = list(handlers.send("hi", [], "draft", 3, 0.0, 1.0, 0, 8, 0, True, 0, request=tab_a))[-1][2]
     assert (
         "the model pair was switched to tiny-b in another window; it has no draft model proposer. The controls "
         "here now show its proposers: choose one and send again"
     ) in status
     assert (
         "The model pair was switched to tiny-b in another window; the controls here now show its proposers."
-        in handlers.refresh_pair(request=tab_a)[3]
+        in handlers.refresh_pair(request=tab_a)[4]
     )
     assert (
         "Could not switch: choose a model pair from the list (got None). Still using tiny-b."

@@ -125,6 +125,19 @@ def test_chat_in_the_browser(browser, tiny_app):
     page.close()
 
 
+def test_tree_nodes_in_the_browser(browser, tiny_app):
+    page = open_page(browser, tiny_app.url)
+    box = page.locator("#ls-tree-nodes input[type=number]")
+    assert box.input_value() == "0"  # the tiny entry's tree_nodes: chains of K
+    set_max_tokens(page, 16)
+    page.get_by_role("radio", name="n-gram", exact=True).check()
+    box.fill("6")
+    box.blur()
+    send_and_wait(page, "one two three one two three", 0)
+    assert page.locator("#ls-transcript .ls-assistant .ls-meta").last.inner_text().endswith("n-gram · tree 6")
+    page.close()
+
+
 def test_failed_switch_in_the_browser(browser, tiny_app):
     page = open_page(browser, tiny_app.url)
     page.locator("#ls-model input").click()

@@ -78,7 +78,7 @@ def test_rejected_send_gives_api_callers_the_message(api, kwargs, words):
 
 
 def test_switch_to_nothing_is_refused(api, inproc_app):
-    status, model, _proposer, _k = api.predict(None, api_name="/switch_model")
+    status, model, _proposer, _k, _tree = api.predict(None, api_name="/switch_model")
     assert "Loaded" not in status and "Could not switch" in status
     assert model == "tiny" and inproc_app.manager.name == "tiny"
 
@@ -112,11 +112,22 @@ def test_temperature_slider_reaches_the_documented_maximum(tiny_session):
         ({"temperature": float("inf")}, "temperature must be a finite number"),
         ({"temperature": 7}, "temperature must be between 0 and 5"),
         ({"k": 17}, r"K (draft tokens per step) must be between 1 and 16"),
+        ({"tree_nodes": 40}, "tree nodes (draft tokens per tree step) must be a whole number between 0 and 32"),
+        ({"tree_nodes": 2.5}, "tree nodes (draft tokens per tree step) must be a whole number between 0 and 32"),
         ({"seed": float("nan")}, "seed must be a finite number"),
     ],
 )
 def test_api_values_get_the_documented_messages(inproc_app, kwargs, words):
-    args = {"proposer": "ngram", "k": 3, "temperature": 0.0, "top_k": 0, "max_new": 8, "seed": 0, **kwargs}
+    args = {
+        "proposer": "ngram",
+        "k": 3,
+        "temperature": 0.0,
+        "top_k": 0,
+        "max_new": 8,
+        "seed": 0,
+        "tree_nodes": 0,
+        **kwargs,
+    }
     status = raw_send(
         inproc_app.url,
         [
@@ -129,6 +140,7 @@ def test_api_values_get_the_documented_messages(inproc_app, kwargs, words):
             args["max_new"],
             args["seed"],
             True,
+            args["tree_nodes"],
         ],
     )[2]
     assert words in status and "Could not preprocess" not in status
@@ -444,18 +456,18 @@ def test_other_tabs_learn_about_a_switch(tiny_session):
     assert list(handlers.switch("tiny-ngram", request=tab_b))[-1][1] == "tiny-ngram"
 
     # A still shows the old pair's proposers: its send says what happened instead of a bare "not available"
-    out = list(handlers.send("hello", [], "draft", 3, 0.0, 1.0, 0, 8, 0, True, request=tab_a))[-1]
+    out = list(handlers.send("hello", [], "draft", 3, 0.0, 1.0, 0, 8, 0, True, 0, request=tab_a))[-1]
     assert "switched to tiny-ngram in another window" in out[2] and out[4] == "hello"
 
     # A's controls catch up on the next tick (gr.Timer), once
-    model, proposer, _k, status = handlers.refresh_pair(request=tab_a)
+    model, proposer, _k, _tree, status = handlers.refresh_pair(request=tab_a)
     assert model == "tiny-ngram" and "switched to tiny-ngram in another window" in status
     assert [value for _label, value in proposer["choices"]] == ["ngram", "none"]
     again = handlers.refresh_pair(request=tab_a)
     assert all(isinstance(part, dict) and part.get("__type__") == "update" and len(part) == 1 for part in again)
     # B, which switched, is not disturbed, and A's next send answers with the new pair
     assert handlers.refresh_pair(request=tab_b)[0] == {"__type__": "update"}
-    out = list(handlers.send("hello", [], "ngram", 3, 0.0, 1.0, 0, 8, 0, True, request=tab_a))[-1]
+    out = list(handlers.send("hello", [], "ngram", 3, 0.0, 1.0, 0, 8, 0, True, 0, request=tab_a))[-1]
     assert out[3]["model"] == "tiny-ngram"
 
 

@@ -163,6 +163,9 @@ def test_stats_panel_shows_the_snapshot_numbers():
     widths = [float(w) for w in re.findall(r'class="ls-bar" style="width:([\d.]+)%"', markup)]
     assert widths == [round(r * 100, 1) for r in stats.per_position_acceptance]
     assert stats_html(stats.to_dict(), "n-gram", 3) == markup  # the stored dict form renders the same
+    assert "n-gram · K=3" in text
+    tree_text = " ".join(parse(stats_html(stats, "n-gram", 3, tree_nodes=8)).text)
+    assert "n-gram · tree 8" in tree_text and "K=3" not in tree_text
 
 
 def test_chart_without_drafts_says_so():

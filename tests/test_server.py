@@ -149,6 +149,7 @@ def test_completions_and_models(client):
     assert len(data["choices"][0]["logprobs"]["token_logprobs"]) == 5
     models = client.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny"] and models["data"][0]["localspec"]["loaded"]
+    assert models["data"][0]["localspec"]["tree_nodes"] == 0  # the entry's default: chains of K
 
 
 def test_top_logprobs_sorted_and_led_by_the_greedy_token(client):
@@ -204,6 +205,8 @@ def test_top_logprobs_over_the_limit_names_the_field(client):
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", 400),
         ({"messages": [{"role": "user", "content": "x" * 300_000}]}, "messages[0].content", 400),
         ({"localspec": {"k": 99}}, "localspec.k", 400),
+        ({"localspec": {"tree_nodes": 33}}, "localspec.tree_nodes", 400),
+        ({"localspec": {"tree_nodes": "8"}}, "localspec.tree_nodes", 400),
         ({"localspec": {"proposer": "head"}}, "localspec.proposer", 400),
         ({"top_logprobs": 21, "logprobs": True}, "top_logprobs", 400),
         ({"top_logprobs": 2}, "top_logprobs", 400),  # without logprobs: true
@@ -216,6 +219,37 @@ def test_bad_field_gets_openai_error(client, extra, param, status):
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["param"] == param and error["message"] and error["type"]
+
+
+@pytest.mark.parametrize("bad", [33, -1, 2.5, True])
+def test_a_bad_tree_nodes_gets_the_rules_message(client, bad):
+    from localspec.config import ConfigError, check_tree_nodes
+
+    with pytest.raises(ConfigError) as rule:
+        check_tree_nodes(bad, "localspec.tree_nodes")
+    r = client.post("/v1/chat/completions", json=body(localspec={"tree_nodes": bad}))
+    assert r.status_code == 400
+    assert r.json()["error"] == {
+        "message": str(rule.value),
+        "type": "invalid_request_error",
+        "param": "localspec.tree_nodes",
+        "code": None,
+    }
+
+
+def test_tree_nodes_reach_the_spec(client, tiny_session, monkeypatch):
+    specs, stream_ids = [], tiny_session.stream_ids
+
+    def spy(ids, sampling, spec, cancel=None):
+        specs.append(spec)
+        return stream_ids(ids, sampling, spec, cancel)
+
+    monkeypatch.setattr(tiny_session, "stream_ids", spy)
+    r = client.post("/v1/chat/completions", json=body(localspec={"proposer": "ngram", "k": 2, "tree_nodes": 6}))
+    assert r.status_code == 200, r.text
+    assert (specs[-1].proposer, specs[-1].k, specs[-1].tree_nodes) == ("ngram", 2, 6)
+    assert client.post("/v1/chat/completions", json=body(localspec={"proposer": "ngram"})).status_code == 200
+    assert specs[-1].tree_nodes == tiny_session.loaded.spec.tree_nodes  # left out: the entry's
 
 
 def test_queue_full_answers_429(tiny_session):

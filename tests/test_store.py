@@ -52,7 +52,7 @@ def test_default_path_follows_localspec_home(tmp_path, monkeypatch):
 
 def test_wal_mode_and_schema_version(store):
     assert store.journal_mode == "wal"
-    assert store.schema_version == SCHEMA_VERSION == 3
+    assert store.schema_version == SCHEMA_VERSION == 4
     raw = sqlite3.connect(store.path)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # persistent: a second reader sees it too
     raw.close()
@@ -198,6 +198,26 @@ def test_export_json_and_markdown(store):
     assert md.index("## User") < md.index("Question?") < md.index("## Assistant") < md.index("Answer")
     assert "incomplete" not in md
     assert "incomplete" in store.export_markdown(cid2) and "Part" in store.export_markdown(cid2)
+
+
+def test_an_answer_keeps_its_tree_size_and_reopens_with_it(store):
+    from localspec.ui.recorder import turns_from_conversation
+
+    cid = store.create_conversation("Trees", "tiny")
+    store.add_message(cid, "user", "Question?")
+    trees = store.start_answer(cid, "tiny", "ngram+head", 4, tree_nodes=8)
+    store.append_tokens(trees, [token(1, "accepted", "Ans")])
+    store.finish_answer(trees, "stop", {"emitted": 1})
+    store.add_message(cid, "user", "Again?")
+    chain = store.start_answer(cid, "tiny", "ngram", 3)
+    store.finish_answer(chain, "stop", {"emitted": 0})
+    answers = [m for m in store.get_conversation(cid).messages if m.role == "assistant"]
+    assert [(m.k, m.tree_nodes) for m in answers] == [(4, 8), (3, None)]
+    assert [m["tree_nodes"] for m in store.export_dict(cid)["messages"] if m["role"] == "assistant"] == [8, None]
+    md = store.export_markdown(cid)
+    assert "proposer ngram+head, tree 8" in md and "proposer ngram, K=3" in md
+    labels = [t["label"] for t in turns_from_conversation(store.get_conversation(cid)) if t["role"] == "assistant"]
+    assert labels == ["tiny · n-gram, else head · tree 8", "tiny · n-gram · K=3"]
 
 
 def test_reopen_keeps_everything(tmp_path):
@@ -379,12 +399,13 @@ def test_migration_from_v1(tmp_path):
     with sqlite3.connect(path) as raw:
         assert "error" not in [r[1] for r in raw.execute("PRAGMA table_info(messages)")]
     with ConversationStore(path) as store:
-        assert store.schema_version == 3 and store.recovered_from is None
+        assert store.schema_version == 4 and store.recovered_from is None
         (summary,) = store.list_conversations()
         assert (summary.title, summary.model, summary.incomplete) == ("from v1", "old-model", True)
         user, answer = store.get_conversation(1).messages
         assert user.content == "old question"
         assert answer.content == "old ans" and answer.token_kinds == ["accepted", "resampled"]
+        assert answer.k == 4 and answer.tree_nodes is None  # saved before trees: a chain of K
         assert answer.tokens[1]["rejected_id"] == 9 and answer.tokens[1]["rejected_p_target"] is None
         # v2 columns work on migrated rows
         store.append_tokens(answer.id, [token(7, "bonus", "!")])
@@ -395,7 +416,7 @@ def test_migration_from_v1(tmp_path):
     with sqlite3.connect(path) as raw:
         indexes = {r[1] for r in raw.execute("PRAGMA index_list(messages)")}
         assert "messages_by_conversation" in indexes
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 4
 
 
 def test_newer_schema_is_refused_not_destroyed(tmp_path):

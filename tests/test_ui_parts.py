@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from localspec.config import ConfigError, ModelSpec, SamplingParams
 from localspec.ui.manager import Busy, ModelManager, drain
-from localspec.ui.settings import first_difference, read_k, read_proposer, read_sampling
+from localspec.ui.settings import first_difference, read_k, read_proposer, read_sampling, read_tree_nodes
 
 GOOD = dict(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=16, seed=0)
 
@@ -64,6 +64,13 @@ def test_k_and_proposer_checks():
     assert read_proposer("ngram", ("none", "ngram")) == "ngram"
     with pytest.raises(ConfigError, match="not available"):
         read_proposer("draft", ("none", "ngram"))
+
+
+def test_tree_nodes_check():
+    assert read_tree_nodes(8.0) == 8 and read_tree_nodes(0) == 0
+    for bad, words in ((33, "between 0 and 32"), (-1, "between 0 and 32"), (2.5, "whole number"), ("", "empty")):
+        with pytest.raises(ConfigError, match=words):
+            read_tree_nodes(bad)
 
 
 def test_first_difference():
@@ -248,21 +255,90 @@ def test_send_handler_streams_and_reports_a_broken_model(manager, tiny_session):
     from localspec.ui.handlers import Handlers
 
     handlers = Handlers(manager)
-    outputs = list(handlers.send("hello hello", [], "ngram", 3, 0.0, 1.0, 0, 24, 0, True))
+    outputs = list(handlers.send("hello hello", [], "ngram", 3, 0.0, 1.0, 0, 24, 0, True, 0))
     transcript, _stats, status, events, _box, turns = outputs[-1]
     assert "Done" in status and [t["role"] for t in turns] == ["user", "assistant"]
     assert events["tokens"] and 'class="tok tok-' in transcript
 
     handle = tiny_session.loaded.target.get_output_embeddings().register_forward_hook(_poison_lm_head)
     try:
-        outputs = list(handlers.send("and now?", turns, "ngram", 3, 0.0, 1.0, 0, 24, 0, True))
+        outputs = list(handlers.send("and now?", turns, "ngram", 3, 0.0, 1.0, 0, 24, 0, True, 0))
     finally:
         handle.remove()
     transcript, _stats, status, _events, box, after = outputs[-1]
     assert "NaN or infinite logits" in status and "ls-status-error" in status
     assert after == turns and box == "and now?"  # nothing was said: the message is back in the box
-    outputs = list(handlers.send("and now?", turns, "ngram", 3, 0.0, 1.0, 0, 8, 0, True))
+    outputs = list(handlers.send("and now?", turns, "ngram", 3, 0.0, 1.0, 0, 8, 0, True, 0))
     assert "Done" in outputs[-1][2]  # the app is still usable
+
+
+def _spy_specs(session, monkeypatch) -> list:
+    """The SpecConfig of every answer the session streams."""
+    specs, stream_ids = [], session.stream_ids
+
+    def spy(ids, sampling, spec, cancel=None):
+        specs.append(spec)
+        return stream_ids(ids, sampling, spec, cancel)
+
+    monkeypatch.setattr(session, "stream_ids", spy)
+    return specs
+
+
+def test_tree_nodes_reach_the_spec_and_the_answer_label(manager, tiny_session, monkeypatch):
+    from localspec.ui.handlers import Handlers
+
+    assert tiny_session.engine.target.supports_tree  # the tiny target runs the preallocated cache
+    specs = _spy_specs(tiny_session, monkeypatch)
+    handlers = Handlers(manager)
+    *_, events, _box, turns = list(handlers.send("hello hello", [], "ngram", 3, 0.0, 1.0, 0, 12, 0, True, 5))[-1]
+    assert specs[-1].tree_nodes == 5 and specs[-1].k == 3 and specs[-1].proposer == "ngram"
+    assert turns[-1]["tree_nodes"] == 5 and events["tree_nodes"] == 5
+    assert turns[-1]["label"].endswith("n-gram · tree 5") and "K=" not in turns[-1]["label"]
+    # a proposer that drafts chains only (the draft model): the answer runs, and says, chains of K
+    *_, turns = list(handlers.send("hello again", turns, "draft", 2, 0.0, 1.0, 0, 8, 0, True, 5))[-1]
+    assert specs[-1].proposer == "draft" and specs[-1].tree_nodes == 0
+    assert turns[-1]["tree_nodes"] == 0 and turns[-1]["label"].endswith("draft model · K=2")
+
+
+def _echo_handlers(**trees):
+    """Handlers over echo pairs: 'echo' (chains) and one pair per keyword, with that many tree nodes."""
+    from localspec.ui.echo import ECHO_PAIR, EchoSession
+    from localspec.ui.handlers import Handlers
+
+    pairs = [ECHO_PAIR] + [replace(ECHO_PAIR, name=name, tree_nodes=n) for name, n in trees.items()]
+    manager = ModelManager(pairs, lambda pair, _progress: EchoSession(pair=pair))
+    manager.load("echo")
+    return Handlers(manager)
+
+
+@pytest.mark.parametrize("bad, words", [(40, "between 0 and 32"), (2.5, "whole number"), (None, "empty")])
+def test_a_bad_tree_nodes_is_refused_with_the_message_back_in_the_box(bad, words):
+    from localspec.ui.actions import Actions
+
+    handlers = _echo_handlers()
+    settings = ("ngram", 3, 0.0, 1.0, 0, 16, 0, True)
+    _transcript, _stats, status, _events, box, turns = list(handlers.send("keep me", [], *settings, bad))[-1]
+    assert "tree nodes" in status and words in status and "ls-status-error" in status
+    assert box == "keep me" and turns == []  # nothing lost, nothing sent
+    *_, turns = list(handlers.send("keep me", [], *settings, 4))[-1]
+    assert turns[-1]["content"] == "keep me" and turns[-1]["label"].endswith("· tree 4")
+    *_, status, _events, after = list(Actions(handlers).regenerate(turns, None, *settings, bad))[-1]
+    assert "tree nodes" in status and words in status and after == turns  # the answer stays
+
+
+def test_a_switch_and_a_page_load_reset_tree_nodes_to_the_pairs():
+    handlers = _echo_handlers(trees=8)
+    status, name, _proposer, k, tree = list(handlers.switch("trees"))[-1]
+    assert "Loaded trees" in status and name == "trees" and tree["value"] == 8 and k["value"] == 3
+    model, _proposer, _k, tree, _status = handlers.on_load()
+    assert model == "trees" and tree["value"] == 8
+    *_, status, _events, _box, turns = list(handlers.send("a tree", [], "ngram", 3, 0.0, 1.0, 0, 8, 0, True, 8))[-1]
+    assert turns[-1]["label"] == "trees · n-gram · tree 8"
+    *_, tree = list(handlers.switch("echo"))[-1]
+    assert tree["value"] == 0
+    handlers.shown["other tab"] = "trees"  # another tab still shows the pair switched away from
+    model, _proposer, _k, tree, status = handlers.refresh_pair(type("R", (), {"session_hash": "other tab"})())
+    assert model == "echo" and tree["value"] == 0 and "switched to echo" in status
 
 
 def test_the_same_switch_asked_twice_shares_one_outcome(tiny_session):
@@ -357,3 +433,7 @@ def test_turns_round_trip_through_the_state_form():
     answer.streaming = False
     assert "pending" not in answer.to_state()
     assert answer_label("tiny", "none", 3) == "tiny · off"  # K means nothing without a proposer
+    assert answer_label("tiny", "ngram+head", 4, 8) == "tiny · n-gram, else head · tree 8"
+    assert answer_label("tiny", "ngram", 4, 0) == "tiny · n-gram · K=4"
+    old = {"role": "assistant", "content": "x", "model": "tiny", "proposer": "ngram", "k": 3}  # saved before trees
+    assert turns_from_state([old])[0].tree_nodes is None

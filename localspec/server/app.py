@@ -89,6 +89,7 @@ def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorde
                     "default_proposer": p.default_proposer,
                     "k": p.k,
                     "adaptive": p.adaptive,
+                    "tree_nodes": p.tree_nodes,
                 },
             }
             for p in backend.pairs

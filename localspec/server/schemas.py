@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from localspec.chat import MAX_MESSAGE_CHARS
-from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.config import ConfigError, SamplingParams, SpecConfig, check_tree_nodes
 from localspec.store.validation import ROLES, clean_text
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -62,6 +62,7 @@ class Extension:
     proposer: str | None = None
     k: int | None = None
     adaptive: bool | None = None
+    tree_nodes: int | None = None  # 0: chains of K; > 0: token trees of this many nodes where the proposer drafts them
     provenance: bool = False
 
 
@@ -82,7 +83,9 @@ class GenerationRequest:
         """The entry's defaults with the request's overrides, checked against the loaded pair."""
         ext = self.extension
         try:
-            spec = session.default_spec(proposer=ext.proposer, k=ext.k, adaptive=ext.adaptive)
+            spec = session.default_spec(
+                proposer=ext.proposer, k=ext.k, adaptive=ext.adaptive, tree_nodes=ext.tree_nodes
+            )
             if spec.proposer not in session.proposers:
                 raise APIError(
                     f"this model pair has no {spec.proposer!r} proposer; it has: {', '.join(session.proposers)}",
@@ -90,7 +93,12 @@ class GenerationRequest:
                 )
             return spec.validate()
         except ConfigError as exc:
-            raise APIError(str(exc), "localspec.k" if "K" in str(exc) else "localspec.proposer") from None
+            message = str(exc)
+            param = "localspec.tree_nodes" if "tree nodes" in message else "localspec.k" if "K" in message else None
+            raise APIError(message, param or "localspec.proposer") from None
+
+
+EXTENSION_FIELDS = ("proposer", "k", "adaptive", "tree_nodes", "provenance")
 
 
 def _bool(body: dict, name: str, default: bool = False, where: str = "") -> bool:
@@ -166,11 +174,11 @@ def _extension(value: Any) -> Extension:
     if value is None:
         return Extension()
     if not isinstance(value, dict):
-        raise APIError("localspec must be an object: {proposer, k, adaptive, provenance}", "localspec")
-    unknown = set(value) - {"proposer", "k", "adaptive", "provenance"}
+        raise APIError(f"localspec must be an object: {{{', '.join(EXTENSION_FIELDS)}}}", "localspec")
+    unknown = set(value) - set(EXTENSION_FIELDS)
     if unknown:
         raise APIError(
-            f"localspec has unknown field {sorted(unknown)[0]!r}; it takes proposer, k, adaptive, provenance",
+            f"localspec has unknown field {sorted(unknown)[0]!r}; it takes {', '.join(EXTENSION_FIELDS)}",
             f"localspec.{sorted(unknown)[0]}",
         )
     proposer = value.get("proposer")
@@ -185,7 +193,13 @@ def _extension(value: Any) -> Extension:
     adaptive = value.get("adaptive")
     if adaptive is not None and not isinstance(adaptive, bool):
         raise APIError(f"localspec.adaptive must be true or false (got {adaptive!r})", "localspec.adaptive")
-    return Extension(proposer, k, adaptive, _bool(value, "provenance", where="localspec."))
+    tree_nodes = value.get("tree_nodes")
+    if tree_nodes is not None:
+        try:
+            check_tree_nodes(tree_nodes, "localspec.tree_nodes")
+        except ConfigError as exc:
+            raise APIError(str(exc), "localspec.tree_nodes") from None
+    return Extension(proposer, k, adaptive, tree_nodes, _bool(value, "provenance", where="localspec."))
 
 
 def _sampling(body: dict, top_logprobs: int, top_param: str) -> SamplingParams:

@@ -68,6 +68,7 @@ class Message:
     error: Optional[str] = None
     tokens: tuple[dict, ...] = ()  # TokenEvent.to_dict() rows, in order
     sampling: Optional[dict] = field(default=None, hash=False, compare=False)  # SamplingParams fields, when saved
+    tree_nodes: Optional[int] = None  # the size of the token trees the answer drafted; None or 0: chains of K
 
     @property
     def token_kinds(self) -> list[str]:
@@ -357,6 +358,7 @@ class ConversationStore:
         proposer=None,
         k=None,
         sampling: Optional[dict] = None,
+        tree_nodes=None,
     ) -> int:
         if role not in ROLES:
             raise StoreError(f"unknown message role {role!r}; choose one of {', '.join(ROLES)}")
@@ -368,8 +370,8 @@ class ConversationStore:
             cid = self._require_conversation(conn, conversation_id)
             cur = conn.execute(
                 "INSERT INTO messages (conversation_id, role, content, complete, model, proposer, k, sampling, "
-                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (cid, role, content, int(bool(complete)), model, proposer, k, sampling_json, now),
+                "tree_nodes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (cid, role, content, int(bool(complete)), model, proposer, k, sampling_json, tree_nodes, now),
             )
             conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, cid))
             return int(cur.lastrowid)
@@ -381,9 +383,16 @@ class ConversationStore:
         return self._insert_message(conversation_id, role, content, complete)
 
     def start_answer(
-        self, conversation_id: int, model: str, proposer: str, k: int, sampling: Optional[dict] = None
+        self,
+        conversation_id: int,
+        model: str,
+        proposer: str,
+        k: int,
+        sampling: Optional[dict] = None,
+        tree_nodes: Optional[int] = None,
     ) -> int:
-        """An empty assistant message, marked incomplete until finish_answer. Returns its id for append_tokens."""
+        """An empty assistant message, marked incomplete until finish_answer. Returns its id for append_tokens.
+        tree_nodes: the size of the token trees it drafts (None or 0: chains of K)."""
         return self._insert_message(
             conversation_id,
             "assistant",
@@ -393,6 +402,7 @@ class ConversationStore:
             clean_text(str(proposer), "proposer"),
             _int_or_none(k),
             sampling,
+            _int_or_none(tree_nodes),
         )
 
     def _open_answer(self, conn: sqlite3.Connection, message_id: Any) -> Optional[sqlite3.Row]:
@@ -631,6 +641,7 @@ class ConversationStore:
                 error=m["error"],
                 tokens=tuple(tokens.get(m["id"], ())),
                 sampling=json.loads(m["sampling"]) if m["sampling"] else None,
+                tree_nodes=m["tree_nodes"],
             )
             for m in message_rows
         )
@@ -659,6 +670,7 @@ class ConversationStore:
                             "model": m.model,
                             "proposer": m.proposer,
                             "k": m.k,
+                            "tree_nodes": m.tree_nodes,
                             "finish_reason": m.finish_reason,
                             "error": m.error,
                             "sampling": m.sampling,
@@ -693,7 +705,8 @@ class ConversationStore:
                 if m.model:
                     notes.append(m.model)
                 if m.proposer:
-                    notes.append(f"proposer {m.proposer}" + (f", K={m.k}" if m.k else ""))
+                    shape = f", tree {m.tree_nodes}" if m.tree_nodes else f", K={m.k}" if m.k else ""
+                    notes.append(f"proposer {m.proposer}{shape}")
                 if not m.complete:
                     notes.append("incomplete: the app stopped before this answer finished")
                 elif m.finish_reason and m.finish_reason not in ("stop", "length"):

@@ -6,6 +6,7 @@ tokens.rejected_p_draft / tokens.extra (any further TokenEvent fields, as JSON),
 conversation list and the reopen path read through.
 Version 3: messages.sampling (the answer's sampling settings as JSON, so "compare with baseline" can repeat a
 reopened answer).
+Version 4: messages.tree_nodes (the size of the token trees an answer drafted; NULL or 0: chains of K).
 
 A migration is a list of SQL statements run in one transaction together with the user_version bump, so a
 crash during an upgrade leaves the file at the old version, never half-way.
@@ -60,8 +61,10 @@ V2 = [
 
 V3 = ["ALTER TABLE messages ADD COLUMN sampling TEXT"]
 
+V4 = ["ALTER TABLE messages ADD COLUMN tree_nodes INTEGER"]
+
 # MIGRATIONS[n] takes a database from version n to version n + 1 (version 0 = an empty file).
-MIGRATIONS: list[list[str]] = [V1, V2, V3]
+MIGRATIONS: list[list[str]] = [V1, V2, V3, V4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

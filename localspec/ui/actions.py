@@ -18,7 +18,7 @@ from localspec.config import ConfigError
 from .handlers import Handlers, history_of, owner_of
 from .manager import Busy
 from .render import stats_html, status_html, transcript_html
-from .settings import read_k, read_sampling, sampling_dict
+from .settings import read_sampling, read_speculation, sampling_dict
 from .turns import AssistantTurn, turns_from_state
 
 STREAMING = "an answer is still streaming in this window; press Stop or wait for it"
@@ -63,6 +63,7 @@ class Actions:
         max_new_tokens,
         seed,
         colour,
+        tree_nodes,
         request: gr.Request = None,
     ):
         """Outputs: transcript, stats, status, events, state."""
@@ -77,13 +78,13 @@ class Actions:
             if at is None:
                 raise ConfigError(NOTHING_TO_REDO)
             sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed)
-            k_value = read_k(k)
+            choice = read_speculation(proposer, k, tree_nodes)
         except ConfigError as exc:
             yield gr.skip(), gr.skip(), status_html(str(exc), "error"), gr.skip(), turns
             return
         old = turns[-1]
         user_text = turns[at]["content"]
-        answer = AssistantTurn(streaming=True, proposer=proposer, k=k_value, sampling=sampling_dict(sampling))
+        answer = AssistantTurn(streaming=True, proposer=proposer, k=choice.k, sampling=sampling_dict(sampling))
         kept = turns[:-1]
         turns = kept + [answer.to_state()]
         yield transcript_html(turns, colour), stats_html(None), status_html("Regenerating…"), gr.skip(), turns
@@ -91,7 +92,7 @@ class Actions:
         if self.recorder is not None:
             sink = self.recorder.sink(owner, user_text, sampling_dict(sampling), replaces="answer")
         history = history_of(turns_from_state(kept))
-        for _, status in self.handlers._run(owner, history, sampling, proposer, k_value, answer, sink):  # fills it
+        for _, status in self.handlers._run(owner, history, sampling, choice, answer, sink):  # fills it
             if answer.finish_reason == "error" and not answer.tokens:
                 turns = kept + [old]  # nothing was said: the previous answer stays
                 yield (

@@ -13,9 +13,9 @@ import gradio as gr
 from localspec.config import ConfigError
 
 from . import tempfiles
-from .handlers import events_json, owner_of
+from .handlers import answer_stats_html, events_json, owner_of
 from .recorder import Recorder, turns_from_conversation
-from .render import stats_html, status_html, transcript_html
+from .render import status_html, transcript_html
 from .turns import AssistantTurn, turns_from_state
 
 
@@ -69,12 +69,7 @@ class ConversationHandlers:
         note = " Its last answer is incomplete (the app stopped while it streamed)." if conversation.incomplete else ""
         return (
             transcript_html(turns, colour),
-            stats_html(
-                last.stats if last else None,
-                last.proposer if last else None,
-                last.k if last else None,
-                last.finish_reason if last else None,
-            ),
+            answer_stats_html(last, last.finish_reason if last else None),
             status_html(f"Opened “{conversation.title}”.{note} New messages continue it."),
             events_json(last),
             turns,

@@ -33,23 +33,30 @@ class _Tokenizer:
 
 
 class EchoSession:
-    """Answers each message with its own text; token kinds cycle accepted, accepted, resampled, bonus, target."""
+    """Answers each message with its own text; token kinds cycle accepted, accepted, resampled, bonus, target.
+    Its speculation defaults are its entry's (default proposer, K, tree nodes)."""
 
     notices: tuple[str, ...] = ()  # nothing of a pair failed to load
 
-    def __init__(self, step_s: float = 0.0) -> None:
+    def __init__(self, step_s: float = 0.0, pair: PairSpec = ECHO_PAIR) -> None:
         self.step_s = step_s
+        self.pair = pair
         self.tokenizer = _Tokenizer()
         self.loaded = None
         self._text = ""
 
     @property
     def proposers(self) -> tuple[str, ...]:
-        return ECHO_PAIR.proposers
+        return self.pair.proposers
 
     def default_spec(self, **overrides) -> SpecConfig:
-        base = SpecConfig(proposer="ngram", k=3)
+        pair = self.pair
+        base = SpecConfig(proposer=pair.default_proposer, k=pair.k, tree_nodes=pair.tree_nodes)
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+    def tree_nodes_of(self, spec: SpecConfig) -> int:
+        """Echo drafts nothing; it reports the tree size asked for, as a proposer that drafts trees would."""
+        return spec.tree_nodes if spec.proposer != "none" else 0
 
     def prompt_ids(self, messages: list[dict], max_new_tokens: int) -> tuple[list[int], Optional[str]]:
         self._text = str(messages[-1].get("content", ""))

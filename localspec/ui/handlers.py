@@ -9,6 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Optional
 
 import gradio as gr
@@ -20,18 +21,20 @@ from .manager import Busy, ModelManager, drain
 from .render import compare_html, stats_html, status_html, transcript_html
 from .runtime import runtime_of
 from .settings import (
+    Speculation,
     answer_label,
     first_difference,
     proposer_choices,
     proposer_label,
-    read_k,
     read_proposer,
     read_sampling,
+    read_speculation,
     sampling_dict,
 )
 from .turns import AssistantTurn, Turn, UserTurn, turns_from_state
 
 YIELD_EVERY_S = 0.08  # at most ~12 screen updates a second while streaming
+UNCHANGED = (gr.skip(),) * 3  # the proposer, K and tree-nodes controls left as they are
 WAITING = "Waiting: another answer is streaming (the model answers one request at a time)…"
 
 
@@ -48,6 +51,21 @@ def events_json(turn: Optional[AssistantTurn]) -> Optional[dict]:
     return turn.events_json() if turn is not None else None
 
 
+def answer_stats_html(turn: Optional[AssistantTurn], finish_reason: Optional[str], runtime=None) -> str:
+    """The stats panel of an answer (empty for none): its proposer, K or tree size, and figures."""
+    if turn is None:
+        return stats_html(None)
+    drafted = turn.proposer != "none"
+    return stats_html(
+        turn.stats,
+        proposer_label(turn.proposer),
+        turn.k if drafted else None,
+        finish_reason,
+        runtime,
+        turn.tree_nodes if drafted else None,
+    )
+
+
 class Handlers:
     def __init__(self, manager: ModelManager, recorder: Any = None, notice: Optional[str] = None) -> None:
         self.manager = manager
@@ -56,14 +74,15 @@ class Handlers:
         self.shown: dict[str, Optional[str]] = {}  # the pair each tab's controls show, by owner
 
     # ---- one answer ------------------------------------------------------------------------------------------
-    def _run(self, owner: str, history: list[dict], sampling, proposer: str, k: int, answer: AssistantTurn, sink=None):
+    def _run(self, owner: str, history: list[dict], sampling, choice: Speculation, answer: AssistantTurn, sink=None):
         """Stream one answer into `answer`; yields (answer, status) as it changes."""
         chosen: dict = {}
 
         def spec_for(session):
-            name = read_proposer(proposer, tuple(session.proposers))
-            spec = session.default_spec(proposer=name, k=k)
-            chosen.update(proposer=name, k=spec.k)
+            name = read_proposer(choice.proposer, tuple(session.proposers))
+            spec = session.default_spec(proposer=name, k=choice.k, tree_nodes=choice.tree_nodes)
+            spec = replace(spec, tree_nodes=session.tree_nodes_of(spec))  # 0 where the answer drafts chains anyway
+            chosen.update(proposer=name, k=spec.k, tree_nodes=spec.tree_nodes)
             return spec
 
         try:
@@ -82,7 +101,8 @@ class Handlers:
                     status = WAITING
                 elif msg.kind == "started":
                     answer.model, answer.proposer, answer.k = msg.text, chosen.get("proposer"), chosen.get("k")
-                    answer.label = answer_label(answer.model, answer.proposer, answer.k)
+                    answer.tree_nodes = chosen.get("tree_nodes")
+                    answer.label = answer_label(answer.model, answer.proposer, answer.k, answer.tree_nodes)
                     status = "Answering… (Stop keeps the partial answer)"
                 elif msg.kind == "notice":
                     answer.notice = msg.text
@@ -121,9 +141,11 @@ class Handlers:
         max_new_tokens,
         seed,
         colour,
+        tree_nodes,
         request: gr.Request = None,
     ):
-        """Outputs: transcript, stats, status, events, message box, state."""
+        """Outputs: transcript, stats, status, events, message box, state. tree_nodes comes last of the inputs, so
+        a gradio_client caller written for the inputs before it may leave it out (it gets the control's value)."""
         owner = owner_of(request)
         state = list(turns or [])
         text = "" if message is None else str(message)
@@ -131,7 +153,7 @@ class Handlers:
             if not text.strip():
                 raise ConfigError("the message is empty; type something to send")
             sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed)
-            k_value = read_k(k)
+            choice = read_speculation(proposer, k, tree_nodes)
             self._check_pair_shown(owner, proposer)
             if self.manager.is_answering(owner):
                 raise Busy("an answer is still streaming in this window; press Stop or wait for it, then send")
@@ -140,11 +162,11 @@ class Handlers:
             return
         history = history_of(turns_from_state(state)) + [{"role": "user", "content": text}]
         question = UserTurn(text).to_state()
-        answer = AssistantTurn(streaming=True, proposer=proposer, k=k_value, sampling=sampling_dict(sampling))
+        answer = AssistantTurn(streaming=True, proposer=proposer, k=choice.k, sampling=sampling_dict(sampling))
         turns = state + [question, answer.to_state()]
         yield (transcript_html(turns, colour), stats_html(None), status_html("Thinking…"), gr.skip(), "", turns)
         sink = self.recorder.sink(owner, text, sampling_dict(sampling)) if self.recorder is not None else None
-        for _, status in self._run(owner, history, sampling, proposer, k_value, answer, sink):  # fills `answer`
+        for _, status in self._run(owner, history, sampling, choice, answer, sink):  # fills `answer`
             if answer.finish_reason == "error" and not answer.tokens:
                 yield self._refused(answer.error, text, state, colour)  # nothing was said: message back
                 return
@@ -156,13 +178,7 @@ class Handlers:
         done = not answer.streaming
         if done:
             status = self._final_status(answer)
-        stats = stats_html(
-            answer.stats,
-            proposer_label(answer.proposer),
-            answer.k if answer.proposer != "none" else None,
-            answer.finish_reason if done else None,
-            runtime_of(self.manager.session),
-        )
+        stats = answer_stats_html(answer, answer.finish_reason if done else None, runtime_of(self.manager.session))
         kind = "error" if answer.finish_reason == "error" else "info"
         return transcript_html(turns, colour, answer.notice), stats, status_html(status, kind), events_json(answer)
 
@@ -182,12 +198,12 @@ class Handlers:
 
     def refresh_pair(self, request: gr.Request = None):
         """Timer tick: when another tab switched the pair, redraw this tab's controls for it (once).
-        Outputs: model dropdown, proposer, K, status."""
+        Outputs: model dropdown, proposer, K, tree nodes, status."""
         owner = owner_of(request)
         switched = self._switched_away(owner)
         if switched is None:
             self.shown.setdefault(owner, self.manager.name)
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return gr.skip(), *UNCHANGED, gr.skip()
         self.shown[owner] = switched
         return (
             switched,
@@ -203,16 +219,7 @@ class Handlers:
         """Send's outputs for a refused message: real values everywhere (an API caller cannot read gr.skip()), the
         window as it was, the reason in the status line and the message back in the box."""
         last = next((turn for turn in reversed(turns_from_state(state)) if isinstance(turn, AssistantTurn)), None)
-        stats = (
-            stats_html(
-                last.stats,
-                proposer_label(last.proposer),
-                last.k if last.proposer != "none" else None,
-                last.finish_reason,
-            )
-            if last
-            else stats_html(None)
-        )
+        stats = answer_stats_html(last, last.finish_reason if last else None)
         return transcript_html(state, colour), stats, status_html(reason, "error"), events_json(last), text, state
 
     @staticmethod
@@ -288,7 +295,8 @@ class Handlers:
             return
         baseline = AssistantTurn(streaming=True)
         yield gr.skip(), status_html("Baseline: regenerating the last prompt with speculation off…")
-        for _, status in self._run(owner_of(request), history, sampling, "none", spec_answer.k or 1, baseline):
+        baseline_choice = Speculation("none", spec_answer.k or 1)
+        for _, status in self._run(owner_of(request), history, sampling, baseline_choice, baseline):
             if baseline.streaming:
                 yield (
                     gr.skip(),
@@ -318,7 +326,7 @@ class Handlers:
 
     # ---- model pairs -----------------------------------------------------------------------------------------
     def switch(self, name, request: gr.Request = None):
-        """Outputs: status, model dropdown, proposer, K."""
+        """Outputs: status, model dropdown, proposer, K, tree nodes."""
         manager = self.manager
         if name is None or name not in {p.name for p in manager.pairs}:
             kept = f" Still using {manager.name}." if manager.name else ""
@@ -333,7 +341,7 @@ class Handlers:
             return
         if name == manager.name and manager.session is not None:
             self.shown[owner_of(request)] = name
-            yield status_html(f"{name} is already loaded."), name, gr.update(), gr.update()  # the tab's choices stay
+            yield status_html(f"{name} is already loaded."), name, *UNCHANGED  # the tab's choices stay
             return
         progress: queue.Queue[Optional[str]] = queue.Queue()
         result: dict = {}
@@ -350,12 +358,12 @@ class Handlers:
 
         bar = LoadProgress(name, manager.pairs)
         threading.Thread(target=work, daemon=True, name="localspec-load").start()
-        yield bar.html(), gr.skip(), gr.skip(), gr.skip()
+        yield bar.html(), gr.skip(), *UNCHANGED
         while True:
             message = progress.get()
             if message is None:
                 break
-            yield bar.advance(message), gr.skip(), gr.skip(), gr.skip()
+            yield bar.advance(message), gr.skip(), *UNCHANGED
         if "seconds" in result:
             self.shown[owner_of(request)] = name
             notices = manager.session.notices
@@ -372,22 +380,23 @@ class Handlers:
         yield (
             status_html(f"Could not switch: {reason}.{kept}" if "error" in result else f"{reason}.{kept}", "error"),
             manager.name,
-            gr.skip(),
-            gr.skip(),
+            *UNCHANGED,
         )
 
     def proposer_updates(self):
+        """The proposer, K and tree-nodes controls set to the loaded pair's defaults."""
         session = self.manager.session
         if session is None:
-            return gr.update(choices=[("off", "none")], value="none"), gr.update()
+            return gr.update(choices=[("off", "none")], value="none"), gr.update(), gr.update()
         spec = session.default_spec()
         return (
             gr.update(choices=proposer_choices(tuple(session.proposers)), value=spec.proposer),
             gr.update(value=spec.k),
+            gr.update(value=spec.tree_nodes),
         )
 
     def on_load(self, request: gr.Request = None):
-        """Page (re)load: show the pair in use. Outputs: model dropdown, proposer, K, status."""
+        """Page (re)load: show the pair in use. Outputs: model dropdown, proposer, K, tree nodes, status."""
         manager = self.manager
         self.shown[owner_of(request)] = manager.name
         if manager.session is None and manager.load_error:  # a failed switch leaves the old pair: not shown here

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import gradio as gr
 
 from localspec.chat import TRUNCATION_POLICY
-from localspec.config import K_MAX, K_MIN, TEMPERATURE_MAX
+from localspec.config import K_MAX, K_MIN, TEMPERATURE_MAX, TREE_NODES_MAX
 
 from .actions import Actions
 from .controls import CheckedNumber, CheckedRadio, CheckedSlider
@@ -70,6 +70,15 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                 )
                 k = CheckedSlider(
                     K_MIN, K_MAX, value=spec.k if spec else 4, step=1, label="K (draft tokens per step)", elem_id="ls-k"
+                )
+                tree_nodes = CheckedSlider(
+                    0,
+                    TREE_NODES_MAX,
+                    value=spec.tree_nodes if spec else 0,
+                    step=1,
+                    label="Tree nodes (0 = chains of K)",
+                    info="draft a token tree of this many nodes per step, where the proposer drafts trees",
+                    elem_id="ls-tree-nodes",
                 )
                 max_new = CheckedNumber(256, label="Max new tokens", elem_id="ls-max-new")
                 colour = gr.Checkbox(True, label="Colour tokens by kind", elem_id="ls-colour")
@@ -140,7 +149,9 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                 if store is not None:
                     conversations_panel(store, recorder, manager, parts)
 
-        sampling_inputs = [proposer, k, temperature, top_p, top_k, max_new, seed, colour]
+        # tree_nodes last: a gradio_client caller written for the inputs before it may leave it out (a raw HTTP
+        # call sends every input)
+        sampling_inputs = [proposer, k, temperature, top_p, top_k, max_new, seed, colour, tree_nodes]
         send_outputs = [transcript, stats, status, events, message, turns]
         sent = gr.on(
             [send.click, message.submit],
@@ -177,17 +188,17 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
         model.input(
             handlers.switch,
             [model],
-            [status, model, proposer, k],
+            [status, model, proposer, k, tree_nodes],
             api_name="switch_model",
             concurrency_limit=None,
             show_progress="hidden",
         )
-        demo.load(handlers.on_load, None, [model, proposer, k, status], api_name=False)
+        demo.load(handlers.on_load, None, [model, proposer, k, tree_nodes, status], api_name=False)
         # a switch in another tab redraws this tab's pair and proposer controls within a tick
         gr.Timer(PAIR_POLL_S).tick(
             handlers.refresh_pair,
             None,
-            [model, proposer, k, status],
+            [model, proposer, k, tree_nodes, status],
             api_name=False,
             concurrency_limit=None,
             show_progress="hidden",

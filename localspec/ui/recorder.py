@@ -46,8 +46,9 @@ def turns_from_conversation(conversation) -> list[dict]:
                 model=m.model,
                 proposer=m.proposer,
                 k=m.k,
+                tree_nodes=m.tree_nodes,
                 sampling=m.sampling,
-                label=answer_label(m.model, m.proposer, m.k),
+                label=answer_label(m.model, m.proposer, m.k, m.tree_nodes),
             )
         )
     return turns_to_state(turns)
@@ -157,7 +158,8 @@ class Recorder:
         from localspec.store.db import StoreError
 
         model = message.text
-        proposer, k = (message.spec.proposer, message.spec.k) if message.spec is not None else ("none", 0)
+        spec = message.spec
+        proposer, k, tree = (spec.proposer, spec.k, spec.tree_nodes) if spec is not None else ("none", 0, 0)
         with self._lock:
             conversation_id = self._current.get(owner)
             if state["replaces"] == "nothing" and owner in self._editing:
@@ -166,12 +168,12 @@ class Recorder:
                 try:
                     if state["replaces"] != "answer":
                         state["user_message_id"] = self.store.add_message(conversation_id, "user", user_text)
-                    state["message_id"] = self.store.start_answer(conversation_id, model, proposer, k, sampling)
+                    state["message_id"] = self.store.start_answer(conversation_id, model, proposer, k, sampling, tree)
                 except StoreError:  # deleted in another tab: start a new one
                     conversation_id = None
             if conversation_id is None:
                 conversation_id = self.store.create_conversation(title_from(user_text), model)
                 state["user_message_id"] = self.store.add_message(conversation_id, "user", user_text)
-                state["message_id"] = self.store.start_answer(conversation_id, model, proposer, k, sampling)
+                state["message_id"] = self.store.start_answer(conversation_id, model, proposer, k, sampling, tree)
                 self._current[owner] = conversation_id
         state["conversation_id"] = conversation_id

@@ -13,6 +13,7 @@ from typing import Optional
 from localspec.engine.events import TOKEN_KINDS, StatsSnapshot
 
 from .markdown import answer_markdown_html, plain_markdown_html
+from .settings import shape_label
 from .spans import KIND_LABELS, escape, token_record, token_span, token_title  # noqa: F401 (the render API)
 
 
@@ -123,8 +124,10 @@ def stats_html(
     k: Optional[int] = None,
     finish_reason: Optional[str] = None,
     runtime: Optional[dict] = None,
+    tree_nodes: Optional[int] = None,
 ) -> str:
-    """The live stats panel for the current answer; runtime: runtime.runtime_of(session) for the header."""
+    """The live stats panel for the current answer; runtime: runtime.runtime_of(session) for the header; tree_nodes:
+    the size of the token trees it drafted (the header then says "tree N" where a chain's says "K=k")."""
     data = _stats_dict(stats)
     if not data:
         return (
@@ -133,8 +136,9 @@ def stats_html(
         )
     drafted, accepted = data.get("drafted", 0), data.get("accepted", 0)
     rate = data.get("acceptance_rate", 0.0)
+    shape = shape_label(k, tree_nodes)
     head = (
-        f'<div class="ls-stats-head">{escape(proposer or "")}{f" · K={k}" if k else ""}'
+        f'<div class="ls-stats-head">{escape(proposer or "")}{f" · {shape}" if shape else ""}'
         f"{f' · {escape(finish_reason)}' if finish_reason else ' · streaming…'}</div>"
     )
     rows = [

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
-from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.config import ConfigError, SamplingParams, SpecConfig, check_tree_nodes
 
 PROPOSER_LABELS = {
     "draft": "draft model",
@@ -20,10 +21,18 @@ def proposer_label(proposer: Optional[str]) -> Optional[str]:
     return PROPOSER_LABELS.get(proposer, proposer)
 
 
-def answer_label(model: Optional[str], proposer: Optional[str], k: Optional[int]) -> str:
-    """The line above an answer, live and reopened alike: model · proposer · K."""
-    parts = (model, proposer_label(proposer), f"K={k}" if k and proposer != "none" else None)
-    return " · ".join(part for part in parts if part)
+def answer_label(
+    model: Optional[str], proposer: Optional[str], k: Optional[int], tree_nodes: Optional[int] = None
+) -> str:
+    """The line above an answer, live and reopened alike: model · proposer · K, or · tree N for an answer that
+    drafted token trees of N nodes."""
+    shape = shape_label(k, tree_nodes) if proposer != "none" else None
+    return " · ".join(part for part in (model, proposer_label(proposer), shape) if part)
+
+
+def shape_label(k: Optional[int], tree_nodes: Optional[int] = None) -> Optional[str]:
+    """How an answer drafted, in the answer's line and the stats panel: "tree N" (token trees of N nodes) or "K=k"."""
+    return f"tree {tree_nodes}" if tree_nodes else f"K={k}" if k else None
 
 
 def _number(value: Any, name: str) -> float:
@@ -69,6 +78,25 @@ def read_sampling(temperature: Any, top_p: Any, top_k: Any, max_new_tokens: Any,
 def read_k(k: Any) -> int:
     """K checked by SpecConfig.validate."""
     return SpecConfig(k=_exact(k, "K")).validate().k
+
+
+def read_tree_nodes(tree_nodes: Any) -> int:
+    """The tree-nodes control checked by check_tree_nodes (0 = chains of K)."""
+    return check_tree_nodes(_exact(tree_nodes, "tree nodes"))
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """The speculation controls of one answer: the proposer as chosen (checked against the pair when the answer
+    starts, since the pair may change before then), K and the tree size as checked here."""
+
+    proposer: str
+    k: int
+    tree_nodes: int = 0
+
+
+def read_speculation(proposer: Any, k: Any, tree_nodes: Any) -> Speculation:
+    return Speculation(str(proposer or ""), read_k(k), read_tree_nodes(tree_nodes))
 
 
 def read_proposer(proposer: Any, available: tuple[str, ...]) -> str:

@@ -32,6 +32,7 @@ class AssistantTurn:
     model: Optional[str] = None
     proposer: Optional[str] = None
     k: Optional[int] = None
+    tree_nodes: Optional[int] = None  # the size of the token trees it drafted; 0 or None: chains of K
     sampling: Optional[dict] = None  # settings_dict of the SamplingParams it ran with
     label: str = ""
     notice: Optional[str] = None
@@ -52,6 +53,7 @@ class AssistantTurn:
             "model": self.model,
             "proposer": self.proposer,
             "k": self.k,
+            "tree_nodes": self.tree_nodes,
             "finish_reason": self.finish_reason,
             "error": self.error,
             "stats": self.stats,
