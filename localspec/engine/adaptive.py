@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Verify cost shape v(K) ≈ 1 + slope·K used until enough steps are measured, when nothing better is known: the
@@ -127,7 +128,52 @@ def predicted_speedups(acceptance: list[float], draft_c: float, verify: list[flo
     return [expected_tokens(acceptance, k) / (k * draft_c + verify[k]) if k else 1.0 for k in range(len(verify))]
 
 
-class AdaptiveController:
+@dataclass(frozen=True)
+class Tuning:
+    """How a controller (chain or tree size) learns and switches speculation off and on."""
+
+    prior_weight: float = 2.0  # steps a prior acceptance is worth
+    forget: float = 0.95  # per-step decay of the acceptance counts: the estimate follows the text within an answer
+    off_below: float = 1.0  # switch off when the best predicted speedup drops below this
+    on_above: float = 1.03  # back on when it rises above this
+    probe_budget: float = 0.02  # share of the time probes may cost while off
+    min_probe_every: int = 4  # steps between probes, at least
+    max_probe_every: int = 64  # … and at most
+
+    def probe_every(self, loss: float) -> int:
+        """Steps between probes that each cost `loss` plain steps more than a plain step, within the budget."""
+        return int(min(max(math.ceil(loss / self.probe_budget), self.min_probe_every), self.max_probe_every))
+
+
+class OnOffSwitch:
+    """Speculation on or off with hysteresis, and probes while off; shared by the chain and tree-size controllers.
+
+    on: switch off when the best predicted speedup drops below tuning.off_below. off: plain steps until
+    `probe_every()` of them have passed, then one probe step; back on when it rises above tuning.on_above.
+    """
+
+    tuning: Tuning
+    speculating: bool
+    steps_off: int
+    probing: bool
+
+    def switch(self, speedup: float, probe_every: Callable[[], int]) -> bool:
+        """Given the best option's predicted speedup: does this step draft (speculating, or probing)?"""
+        self.probing = False
+        if self.speculating and speedup < self.tuning.off_below:
+            self.speculating = False
+            self.steps_off = 0
+        elif not self.speculating and speedup > self.tuning.on_above:
+            self.speculating = True
+        if not self.speculating:
+            self.steps_off += 1
+            if self.steps_off < probe_every():
+                return False
+            self.probing = True
+        return True
+
+
+class AdaptiveController(OnOffSwitch):
     """Asked by the engine for K before each step (0 = speculation off this step); told the step's outcome after.
 
     on:  K = argmax speedup(K); switch off when the best predicted speedup drops below `off_below`.
@@ -143,26 +189,14 @@ class AdaptiveController:
         max_k: int,
         costs: CostModel | None = None,
         prior_acceptance: float = 0.5,
-        prior_weight: float = 2.0,
-        forget: float = 0.95,
-        off_below: float = 1.0,
-        on_above: float = 1.03,
-        probe_budget: float = 0.02,
-        min_probe_every: int = 4,
-        max_probe_every: int = 64,
+        tuning: Tuning = Tuning(),
     ) -> None:
         if max_k < 1:
             raise ValueError("max_k must be ≥ 1")
         self.max_k = max_k
         self.costs = costs if costs is not None else CostModel()
         self.prior_acceptance = prior_acceptance
-        self.prior_weight = prior_weight
-        self.forget = forget
-        self.off_below = off_below
-        self.on_above = on_above
-        self.probe_budget = probe_budget
-        self.min_probe_every = min_probe_every
-        self.max_probe_every = max_probe_every
+        self.tuning = tuning
         self.reached = [0.0] * max_k  # decayed counts: steps that drafted position i with all before it accepted
         self.accepted = [0.0] * max_k  # … of which position i was accepted
         self.position_prior: list[float] | None = None  # the previous answer's acceptance, once there was one
@@ -189,7 +223,7 @@ class AdaptiveController:
         for position, (reached, accepted) in enumerate(zip(self.reached, self.accepted)):
             if self.position_prior is not None:
                 prior = self.position_prior[position]
-            rate = (accepted + self.prior_weight * prior) / (reached + self.prior_weight)
+            rate = (accepted + self.tuning.prior_weight * prior) / (reached + self.tuning.prior_weight)
             rates.append(rate)
             prior = rate
         return rates
@@ -212,7 +246,7 @@ class AdaptiveController:
         """Steps between probes so that probes drafting k tokens cost at most probe_budget of the time."""
         draft_c, verify = self.costs.ratios(self.max_k)
         loss = max(k * draft_c + verify[k] - 1.0, 0.0)
-        return int(min(max(math.ceil(loss / self.probe_budget), self.min_probe_every), self.max_probe_every))
+        return self.tuning.probe_every(loss)
 
     def pause_reason(self) -> dict | None:
         """Why speculation is off, in the controller's own numbers; None while it speculates.
@@ -234,18 +268,9 @@ class AdaptiveController:
     # -- the two calls the engine makes ----------------------------------------------------------------------------
     def choose_k(self) -> int:
         k, speedup = self.best()
-        self.probing = False
-        if self.speculating and speedup < self.off_below:
-            self.speculating = False
-            self.steps_off = 0
-        elif not self.speculating and speedup > self.on_above:
-            self.speculating = True
-        if not self.speculating:
-            self.steps_off += 1
-            if self.steps_off < self.probe_every(k):
-                self.last_k, self.last_predicted = 0, 1.0
-                return 0
-            self.probing = True
+        if not self.switch(speedup, lambda: self.probe_every(k)):
+            self.last_k, self.last_predicted = 0, 1.0
+            return 0
         self.last_k, self.last_predicted = k, speedup
         return k
 
@@ -256,13 +281,13 @@ class AdaptiveController:
         if drafted == 0:
             return  # nothing to learn (an unanswered probe stays due)
         self.steps_off = 0
-        self.reached = [r * self.forget for r in self.reached]
-        self.accepted = [a * self.forget for a in self.accepted]
+        self.reached = [r * self.tuning.forget for r in self.reached]
+        self.accepted = [a * self.tuning.forget for a in self.accepted]
         for position in range(min(num_accepted + 1, drafted, self.max_k)):
             self.reached[position] += 1.0
             if position < num_accepted:
                 self.accepted[position] += 1.0
         if self.probing:
             _, speedup = self.best()
-            if speedup > self.on_above:  # the probe found text worth speculating on
+            if speedup > self.tuning.on_above:  # the probe found text worth speculating on
                 self.speculating = True

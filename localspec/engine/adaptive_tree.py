@@ -14,10 +14,9 @@ keyed by rows verified (the same forward for a chain and a tree). Pure Python, u
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
-from .adaptive import AdaptiveController, _RecentMedian, expected_tokens
+from .adaptive import AdaptiveController, OnOffSwitch, Tuning, _RecentMedian, expected_tokens
 
 TREE_SIZES = (4, 8, 16)  # the tree sizes tried below the configured one
 Shape = Literal["plain", "chain", "tree"]
@@ -31,7 +30,7 @@ def tree_sizes(tree_nodes: int) -> tuple[int, ...]:
     return tuple(sorted({n for n in TREE_SIZES if n < tree_nodes} | {tree_nodes}))
 
 
-class TreeSizeController:
+class TreeSizeController(OnOffSwitch):
     """Asked by the engine for the step's shape before each step; told a tree step's outcome after (chain and plain
     steps are told to the chain controller, whose costs it shares). Switching off and probing work as in the chain
     controller: below `off_below` plain steps, with a probe of the best option spaced to spend at most
@@ -41,26 +40,14 @@ class TreeSizeController:
         self,
         chain: AdaptiveController,
         tree_nodes: int,
-        prior_weight: float = 2.0,
-        forget: float = 0.95,
-        off_below: float = 1.0,
-        on_above: float = 1.03,
-        probe_budget: float = 0.02,
-        min_probe_every: int = 4,
-        max_probe_every: int = 64,
+        tuning: Tuning = Tuning(),
     ) -> None:
         if tree_nodes < 1:
             raise ValueError("tree_nodes must be ≥ 1")
         self.chain = chain
         self.costs = chain.costs
         self.sizes = tree_sizes(tree_nodes)
-        self.prior_weight = prior_weight
-        self.forget = forget
-        self.off_below = off_below
-        self.on_above = on_above
-        self.probe_budget = probe_budget
-        self.min_probe_every = min_probe_every
-        self.max_probe_every = max_probe_every
+        self.tuning = tuning
         self.propose_s = {n: _RecentMedian() for n in self.sizes}
         self.steps = {n: 0.0 for n in self.sizes}  # decayed count of tree steps of size n
         self.accepted = {n: 0.0 for n in self.sizes}  # … and of the nodes they accepted
@@ -94,7 +81,8 @@ class TreeSizeController:
 
     def accepted_per_step(self, n: int) -> float:
         """A(n): accepted nodes per tree step of n nodes (the measured mean shrunk towards its prior)."""
-        return (self.accepted[n] + self.prior_weight * self._prior(n)) / (self.steps[n] + self.prior_weight)
+        weight = self.tuning.prior_weight
+        return (self.accepted[n] + weight * self._prior(n)) / (self.steps[n] + weight)
 
     def proposal_s(self, n: int) -> float:
         """p(n): the measured median; unmeasured, the nearest measured size's (a tree's proposal grows with its
@@ -139,7 +127,7 @@ class TreeSizeController:
 
     def probe_every(self, choice: Choice) -> int:
         loss = max(self._cost_of(choice) - 1.0, 0.0)
-        return int(min(max(math.ceil(loss / self.probe_budget), self.min_probe_every), self.max_probe_every))
+        return self.tuning.probe_every(loss)
 
     def pause_reason(self) -> dict | None:
         """Why speculation is off, in the keys of AdaptiveController.pause_reason (k: the tokens the best option
@@ -160,18 +148,7 @@ class TreeSizeController:
     # -- the two calls the engine makes ----------------------------------------------------------------------------
     def choose(self) -> Choice:
         choice, speedup = self.best()
-        self.probing = False
-        if self.speculating and speedup < self.off_below:
-            self.speculating = False
-            self.steps_off = 0
-        elif not self.speculating and speedup > self.on_above:
-            self.speculating = True
-        if not self.speculating:
-            self.steps_off += 1
-            if self.steps_off < self.probe_every(choice):
-                return ("plain", 0)
-            self.probing = True
-        return choice
+        return choice if self.switch(speedup, lambda: self.probe_every(choice)) else ("plain", 0)
 
     def observe_tree(
         self, n: int, drafted: int, num_accepted: int, propose_s: float, verify_s: float, whole: bool = True
@@ -187,16 +164,16 @@ class TreeSizeController:
         if not whole:
             return
         for m in self.sizes:
-            self.steps[m] *= self.forget
-            self.accepted[m] *= self.forget
+            self.steps[m] *= self.tuning.forget
+            self.accepted[m] *= self.tuning.forget
         self.steps[n] += 1.0
         self.accepted[n] += num_accepted
-        if self.probing and self.best()[1] > self.on_above:
+        if self.probing and self.best()[1] > self.tuning.on_above:
             self.speculating = True
 
     def observe_chain(self, drafted: int) -> None:
         """A chain or plain step this controller chose (the chain controller is told its outcome)."""
         if drafted:
             self.steps_off = 0
-        if self.probing and drafted and self.best()[1] > self.on_above:
+        if self.probing and drafted and self.best()[1] > self.tuning.on_above:
             self.speculating = True
