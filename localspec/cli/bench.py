@@ -9,7 +9,22 @@ from localspec.config import ConfigError, check_k
 
 from .common import add_model_options
 
-DEFAULT_MODES = ("hf", "hf-fp32", "hf-pld", "hf-assisted", "none", "ngram", "draft", "head", "adaptive")
+# every mode but head-tree (the trees rows: the n-gram's, ngram+head's and the default setting's, adaptive-tree)
+DEFAULT_MODES = (
+    "hf",
+    "hf-fp32",
+    "hf-pld",
+    "hf-assisted",
+    "none",
+    "ngram",
+    "ngram-tree",
+    "draft",
+    "head",
+    "ngram+head",
+    "ngram+head-tree",
+    "adaptive",
+    "adaptive-tree",
+)
 
 
 def add_parser(sub) -> None:
@@ -40,7 +55,7 @@ def add_parser(sub) -> None:
         nargs="+",
         default=list(DEFAULT_MODES),
         metavar="MODE",
-        help=f"from {', '.join(DEFAULT_MODES)} (default: all that the pair supports)",
+        help=f"default: {', '.join(DEFAULT_MODES)} (those the pair supports); head-tree on request",
     )
     parser.add_argument(
         "--k",
