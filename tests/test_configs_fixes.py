@@ -120,7 +120,9 @@ def _check_padded(session, sampler, max_new):
     assert [t.token_id for e in events for t in e.tokens] == [t.token_id for e in base for t in e.tokens]
     assert events[-1].stats.drafted > 0
     sampled = list(
-        session.engine.generate(list(PROMPT), SamplingParams(temperature=1.0, max_new_tokens=max_new, seed=0), spec, proposer)
+        session.engine.generate(
+            list(PROMPT), SamplingParams(temperature=1.0, max_new_tokens=max_new, seed=0), spec, proposer
+        )
     )
     assert sampled[-1].finish_reason == "length", sampled[-1].error
     draft = proposer.propose(list(PROMPT), 2, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
