@@ -24,14 +24,16 @@ def simulate(
     seed=0,
     max_k=4,
     tree_nodes=16,
+    trees: TreeSizeController | None = None,
 ):
     """A world where a tree of n nodes accepts each further depth with probability tree_accept[n] (up to depth
     n.bit_length() + 1), a chain accepts each position with chain_accept, verifying r rows costs
     PLAIN_S·(1 + slope·(r - 1)), and a proposal costs propose_s per step. Returns (tokens/s, shapes chosen,
-    controller)."""
+    controller). trees: go on with this controller (a world that changes)."""
     rng = random.Random(seed)
-    chain = AdaptiveController(max_k)
-    trees = TreeSizeController(chain, tree_nodes)
+    if trees is None:
+        trees = TreeSizeController(AdaptiveController(max_k), tree_nodes)
+    chain = trees.chain
     tokens = seconds = 0.0
     shapes: Counter = Counter()
     for _ in range(steps):
@@ -133,3 +135,31 @@ def test_the_engine_runs_adaptive_trees_losslessly_and_reports_them(tiny_models)
     assert all(e.stats.k in trees.sizes and e.stats.predicted_speedup is not None for e in tree_steps)
     assert sum(trees.propose_s[n].count for n in trees.sizes) == len(tree_steps)
     assert trees.costs is engine.controllers.chain[("head", 3, True)].costs  # one cost model per part
+
+
+def test_a_tree_shut_out_by_a_bad_stretch_is_tried_again_when_the_text_changes():
+    """Trees accept nothing for 300 steps, so chains run; then trees accept deeply. The trees' old evidence ages
+    on the chain steps too, so they are tried again and win, instead of staying shut out by stale numbers; the
+    retries in the bad stretch stay few."""
+    _, early, trees = simulate({4: 0.0, 8: 0.0}, chain_accept=0.6, slope=0.02, steps=300, tree_nodes=8)
+    assert sum(n for (shape, _), n in early.items() if shape == "tree") < 0.15 * 300
+    _, late, trees = simulate({4: 0.9, 8: 0.95}, chain_accept=0.6, slope=0.02, steps=300, seed=1, trees=trees)
+    assert sum(n for (shape, _), n in late.items() if shape == "tree") > 0.6 * 300, late
+
+
+def test_trees_that_go_deeper_on_code_take_over_from_the_chain():
+    """Chat (chains and trees accept little) then code (an 8-node tree accepts deeply, beyond the chain's K)."""
+    _, _, trees = simulate({4: 0.3, 8: 0.35}, chain_accept=0.3, slope=0.02, steps=300, tree_nodes=8)
+    _, code, trees = simulate({4: 0.85, 8: 0.9}, chain_accept=0.8, slope=0.02, steps=300, seed=1, trees=trees)
+    assert sum(n for (shape, _), n in code.items() if shape == "tree") > 0.6 * 300, code
+
+
+def test_the_depth_of_the_drafted_trees_sets_the_prior():
+    """A lookup's tree of 8 nodes can be one 8-deep match: the guess for it goes as deep as the trees drafted."""
+    chain = AdaptiveController(4)
+    trees = TreeSizeController(chain, 8)
+    shallow = trees.accepted_per_step(8)
+    trees.observe_tree(8, 8, 0, 0.0, PLAIN_S, depth=8)
+    trees.steps[8] = trees.accepted[8] = 0.0  # keep only the depth: the prior alone
+    assert trees.accepted_per_step(8) == pytest.approx(expected_tokens([0.75] * 8, 8) - 1)
+    assert trees.accepted_per_step(8) > shallow

@@ -13,7 +13,7 @@ from localspec.bench.prompts import (
     load_prompt_file,
     load_prompts,
 )
-from localspec.config import ConfigError
+from localspec.config import ConfigError, SamplingParams
 
 from .conftest import SHARED_DATA
 
@@ -298,3 +298,32 @@ def test_bench_reports_the_dtype_decision_the_float32_baseline_and_per_row_costs
     assert "Target dtype: bfloat16 (auto: 1-token 20 ms vs 40 ms float32" in table
     assert "| T tokens | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 |" in table and "| × T=1 | 1.00 | 2.00 |" in table
     assert any("/ hf-fp32" in t["target"] for t in data["summary"]["targets"])
+
+
+def test_chain_modes_run_chains_when_the_entry_drafts_trees(tiny_pair, tmp_path):
+    """The entry's tree_nodes is the chat window's default; the bench's chain rows (ngram K=…, adaptive) must not
+    silently run trees, or they would repeat the tree rows."""
+    from localspec.bench.modes import Mode, engine_spec
+    from localspec.chat import ChatSession
+    from localspec.models.loading import load_pair
+    from localspec.models.registry import load_registry
+
+    entry = tiny_pair["models_yaml"].read_text().replace("tiny-target", str(tiny_pair["target"]))
+    entry = entry.replace("tiny-draft", str(tiny_pair["draft"]))
+    yaml_path = tmp_path / "models.yaml"
+    yaml_path.write_text(entry + "  tree_nodes: 8\n")
+    session = ChatSession(load_pair(load_registry(yaml_path)[0], device="cpu"))
+    assert session.default_spec().tree_nodes == 8
+    assert engine_spec(session, Mode("ngram", 3)).tree_nodes == 0
+    assert engine_spec(session, Mode("adaptive", 3, "ngram")).tree_nodes == 0
+    assert engine_spec(session, Mode("ngram-tree", None, "ngram", 4)).tree_nodes == 4
+    assert engine_spec(session, Mode("adaptive-tree", 3, "ngram", 6)).tree_nodes == 6
+    prompt = session.tokenizer.encode("abcabcabcabcabcabcabc")
+
+    def most_drafted(mode):
+        spec = engine_spec(session, mode)
+        events = session.engine.generate(prompt, SamplingParams(max_new_tokens=24), spec, session.make_proposer(spec))
+        return max(event.propose_token_num for event in events)
+
+    assert most_drafted(Mode("ngram", 3)) == 3  # a chain of 3 at most, though the entry says trees of 8
+    assert most_drafted(Mode("ngram-tree", None, "ngram", 8)) > 3

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from localspec.config import K_MAX, K_MIN, ConfigError, SamplingParams, check_tree_nodes, k_error
+from localspec.config import K_MAX, K_MIN, ConfigError, SamplingParams, SpecConfig, check_tree_nodes, k_error
 from localspec.engine.metrics import StatsSnapshot
 
 HF_MODES = ("hf", "hf-fp32", "hf-pld", "hf-assisted")
@@ -196,15 +196,20 @@ def run_hf(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> R
     return RunResult(output[0, len(prompt_ids) :].tolist(), seconds, cpu_seconds)
 
 
+def engine_spec(session, mode: Mode) -> SpecConfig:
+    """The engine settings of one of our modes. Only the tree modes and adaptive-tree draft trees: a chain mode
+    runs chains whatever the entry's tree_nodes says."""
+    if mode.is_adaptive:
+        return session.default_spec(proposer=mode.proposer, k=mode.k, adaptive=True, tree_nodes=mode.tree_nodes or 0)
+    if mode.name in TREE_MODES:
+        return session.default_spec(proposer=mode.proposer, adaptive=False, tree_nodes=mode.tree_nodes)
+    return session.default_spec(proposer=mode.name, k=mode.k or session.loaded.spec.k, adaptive=False, tree_nodes=0)
+
+
 def run_engine(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
     """Our engine through the same loop for every proposer; none = plain decoding."""
     sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    if mode.is_adaptive:
-        spec = session.default_spec(proposer=mode.proposer, k=mode.k, adaptive=True, tree_nodes=mode.tree_nodes or 0)
-    elif mode.name in TREE_MODES:
-        spec = session.default_spec(proposer=mode.proposer, adaptive=False, tree_nodes=mode.tree_nodes)
-    else:
-        spec = session.default_spec(proposer=mode.name, k=mode.k or session.loaded.spec.k, adaptive=False)
+    spec = engine_spec(session, mode)
     proposer = session.make_proposer(spec)
     token_ids: list[int] = []
     ks: list[int] = []

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# Verify cost shape v(K) ≈ 1 + slope·K used until enough steps are measured, when nothing better is known: the
+# Verify cost shape v(K) ≈ 1 + slope·K that the measured line is pulled towards, when nothing better is known: the
 # engine replaces it with the slope timed on this machine at load (VerifyCosts.set_prior, from dtype_choice).
 PRIOR_VERIFY_SLOPE = 0.12
 
@@ -40,18 +40,59 @@ class _RecentMedian:
         self.value = statistics.median(self.samples)
 
 
+# How the verify line weighs what it measured (VerifyCosts.line). A size's weight is its count of samples, aged by
+# VERIFY_AGE at every verify of any size: the sizes the controller stopped picking were measured at another context
+# length, and often in a slow stretch, and must not pin the line for the rest of the session. The slope is pulled
+# towards the prior with the weight of that many samples one row from the mean: a timing of this machine's
+# forwards at load (set_prior) is worth VERIFY_PRIOR_WEIGHT, so a few noisy medians at nearby sizes cannot tilt the
+# line; the constant guess only GUESS_PRIOR_WEIGHT. (A fit is no longer replaced by the prior when it comes out
+# negative: replacing only those would bias the slope upwards on a machine where rows are nearly free.)
+VERIFY_AGE = 0.97
+VERIFY_PRIOR_WEIGHT = 8.0
+GUESS_PRIOR_WEIGHT = 1.0
+
+
 @dataclass
 class VerifyCosts:
     """The target's verify seconds by rows scored: a property of the target on this machine, so one record is
     shared by every controller of an engine (each proposer part adds its steps' samples)."""
 
     by_rows: dict[int, _RecentMedian] = field(default_factory=dict)  # rows (K + 1) → seconds of score + sample
-    prior_slope: float = PRIOR_VERIFY_SLOPE  # v(K) ≈ 1 + prior_slope·K before two sizes are measured
+    weight: dict[int, float] = field(default_factory=dict)  # rows → aged count of samples
+    prior_slope: float = PRIOR_VERIFY_SLOPE  # v(K) ≈ 1 + prior_slope·K, the shape the line is pulled towards
+    prior_weight: float = GUESS_PRIOR_WEIGHT  # … with the weight of this many samples one row from the mean
 
     def set_prior(self, plain_s: float, verify_s: float, rows: int) -> None:
-        """The shape to assume until two sizes are measured, from a 1-token and a `rows`-token forward timed on
-        this machine (the dtype decision's timings)."""
+        """The shape to assume, from a 1-token and a `rows`-token forward timed on this machine (the dtype
+        decision's timings)."""
         self.prior_slope = max(verify_s / plain_s - 1.0, 0.0) / max(rows - 1, 1)
+        self.prior_weight = VERIFY_PRIOR_WEIGHT
+
+    def add(self, rows: int, seconds: float) -> None:
+        for n in self.weight:
+            self.weight[n] *= VERIFY_AGE
+        self.by_rows.setdefault(rows, _RecentMedian()).add(seconds)
+        self.weight[rows] = self.weight.get(rows, 0.0) + 1.0
+
+    def line(self) -> tuple[float, float] | None:
+        """t(n) = intercept + slope·n through the measured sizes' medians, weighted by their aged counts, with the
+        slope pulled towards the prior's (ridge regression; with one size, the prior shape through it). None before
+        any measurement."""
+        points = [(n, e.value, self.weight[n]) for n, e in self.by_rows.items() if e.count > 0]
+        total = sum(w for _, _, w in points)
+        if not points or total <= 0:
+            return None
+        mean_n = sum(n * w for n, _, w in points) / total
+        mean_t = sum(t * w for _, t, w in points) / total
+        sxx = sum(w * (n - mean_n) ** 2 for n, _, w in points)
+        sxy = sum(w * (n - mean_n) * (t - mean_t) for n, t, w in points)
+        prior = self.prior_slope * mean_t / (1 + self.prior_slope * (mean_n - 1))  # seconds per row, at this level
+        slope = max((sxy + self.prior_weight * prior) / (sxx + self.prior_weight), 0.0)
+        intercept = mean_t - slope * mean_n
+        if intercept + slope <= 0:  # a plain step cannot be free: the prior shape through the weighted mean
+            slope = prior
+            intercept = mean_t - slope * mean_n
+        return intercept, slope
 
 
 @dataclass
@@ -73,33 +114,16 @@ class CostModel:
 
     def observe_verify(self, rows: int, verify_s: float) -> None:
         """Seconds of score + sample for a forward of `rows` rows (a chain's K + 1, or a tree's N + 1)."""
-        self.verify_s.setdefault(rows, _RecentMedian()).add(verify_s)
+        self.verify.add(rows, verify_s)
 
-    def _line(self) -> tuple[float, float, int] | None:
-        """Least-squares line t(n) = intercept + slope·n through the measured sizes: (intercept, slope, sizes)."""
-        points = [(n, e.value, e.count) for n, e in self.verify_s.items() if e.count > 0]
-        if not points:
-            return None
-        if len(points) >= 2:
-            total = sum(w for _, _, w in points)
-            mean_n = sum(n * w for n, _, w in points) / total
-            mean_t = sum(t * w for _, t, w in points) / total
-            var = sum(w * (n - mean_n) ** 2 for n, _, w in points)
-            slope = sum(w * (n - mean_n) * (t - mean_t) for n, t, w in points) / var
-            intercept = mean_t - slope * mean_n
-            if intercept + slope > 0 and slope >= 0:
-                return intercept, slope, len(points)
-        # one size known (or a nonsense fit): scale the best-measured size by the prior shape
-        n0, t0, _ = max(points, key=lambda p: p[2])
-        slope = self.verify.prior_slope
-        plain = t0 / (1 + slope * (n0 - 1))
-        return plain * (1 - slope), plain * slope, 1
+    def _line(self) -> tuple[float, float] | None:
+        return self.verify.line()
 
-    def verify_time(self, tokens: int, line: tuple[float, float, int] | None = None) -> float | None:
-        """Seconds to verify `tokens` positions, from the line through every measured size (the prior slope when
-        only one size is known); None before any measurement. The line, not each size's own median: a size is
-        measured when the text made the controller pick it, at whatever context length the answer had reached, and
-        the attention over a longer cache costs more, so single sizes' medians mix in the context length."""
+    def verify_time(self, tokens: int, line: tuple[float, float] | None = None) -> float | None:
+        """Seconds to verify `tokens` positions, from the line through every measured size (VerifyCosts.line);
+        None before any measurement. The line, not each size's own median: a size is measured when the text made
+        the controller pick it, at whatever context length the answer had reached, and the attention over a longer
+        cache costs more, so single sizes' medians mix in the context length."""
         line = line or self._line()
         return None if line is None else line[0] + line[1] * tokens
 
@@ -134,6 +158,9 @@ class Tuning:
 
     prior_weight: float = 2.0  # steps a prior acceptance is worth
     forget: float = 0.95  # per-step decay of the acceptance counts: the estimate follows the text within an answer
+    # per drafting step of another shape, the decay of a tree size's counts: a size shut out by a bad stretch drifts
+    # back to its optimistic prior and is tried again (slower than `forget`: each retry that finds nothing costs)
+    age: float = 0.98
     off_below: float = 1.0  # switch off when the best predicted speedup drops below this
     on_above: float = 1.03  # back on when it rises above this
     probe_budget: float = 0.02  # share of the time probes may cost while off

@@ -5,9 +5,11 @@ Model, in units of one plain step (a 1-token target forward + sampling), as the 
   tokens(N)  = 1 + A(N)                      A(N): accepted nodes per step of a tree of N nodes
   cost(N)    = (p(N) + t(N + 1)) / t(1)      p(N): seconds to propose it; t(rows): seconds to verify `rows` rows
   speedup(N) = tokens(N) / cost(N)
-A(N) is a mean with exponential forgetting (the text changes within an answer) shrunk towards a prior worth
-`prior_weight` steps: the previous answer's A(N), else an optimistic guess from the chain's acceptance (see
-_prior), so each size is tried before its own numbers decide.
+A(N) is a mean with exponential forgetting shrunk towards a prior worth `prior_weight` steps: an optimistic guess
+from the chain's current acceptance (see _prior), so each size is tried before its own numbers decide. A chain step
+ages the trees' evidence too (Tuning.age, slower): a size not chosen lately drifts back to the guess, which follows
+the text, and is tried again. Without it one bad stretch would shut a size out for the rest of the session, since
+a shape that never runs is never measured again. Answers carry their evidence on to the next.
 The chain option's speedup is the chain controller's best K; both share one CostModel, whose verify seconds are
 keyed by rows verified (the same forward for a chain and a tree). Pure Python, unit-tested with synthetic numbers.
 """
@@ -49,30 +51,29 @@ class TreeSizeController(OnOffSwitch):
         self.sizes = tree_sizes(tree_nodes)
         self.tuning = tuning
         self.propose_s = {n: _RecentMedian() for n in self.sizes}
+        self.depth = {n: _RecentMedian() for n in self.sizes}  # the depth of the trees the proposer drafted
         self.steps = {n: 0.0 for n in self.sizes}  # decayed count of tree steps of size n
         self.accepted = {n: 0.0 for n in self.sizes}  # … and of the nodes they accepted
-        self.answer_prior: dict[int, float] = {}  # the previous answer's A(n), once there was one
         self.speculating = True
         self.begin()
 
     def begin(self) -> None:
-        """A new answer: keep the costs; the last answer's acceptance becomes this answer's prior."""
-        for n in self.sizes:
-            if self.steps[n] > 0:
-                self.answer_prior[n] = self.accepted_per_step(n)
-        self.steps = {n: 0.0 for n in self.sizes}
-        self.accepted = {n: 0.0 for n in self.sizes}
+        """A new answer: keep the costs and the (decayed) acceptance evidence; reset the on/off state's counters."""
         self.steps_off = 0
         self.probing = False
 
+    def _forget(self, factor: float) -> None:
+        for m in self.sizes:
+            self.steps[m] *= factor
+            self.accepted[m] *= factor
+
     # -- estimates -------------------------------------------------------------------------------------------------
     def _prior(self, n: int) -> float:
-        """The previous answer's A(n); else an optimistic guess, so that every size gets tried and its own numbers
-        take over: the chain's acceptance with two tries per depth (1 - (1 - a)²) down to depth log2(n) + 1, and
-        at least what a smaller measured size accepts."""
-        if n in self.answer_prior:
-            return self.answer_prior[n]
-        depth = n.bit_length()
+        """An optimistic guess, so that every size gets tried and its own numbers take over: the chain's current
+        acceptance with two tries per depth (1 - (1 - a)²) down to the depth of the trees of n nodes the proposer
+        drafted (log2(n) + 1 before one was drafted; a lookup's single long match goes deeper), and at least what
+        a smaller measured size accepts."""
+        depth = round(self.depth[n].value) if self.depth[n].count else n.bit_length()
         rates = self.chain.acceptance()
         rates = [1 - (1 - a) ** 2 for a in rates + rates[-1:] * max(depth - len(rates), 0)]
         guess = expected_tokens(rates, depth) - 1.0
@@ -151,11 +152,18 @@ class TreeSizeController(OnOffSwitch):
         return choice if self.switch(speedup, lambda: self.probe_every(choice)) else ("plain", 0)
 
     def observe_tree(
-        self, n: int, drafted: int, num_accepted: int, propose_s: float, verify_s: float, whole: bool = True
+        self,
+        n: int,
+        drafted: int,
+        num_accepted: int,
+        propose_s: float,
+        verify_s: float,
+        whole: bool = True,
+        depth: int | None = None,
     ) -> None:
-        """One tree step asked for n nodes: the proposer drafted `drafted`, the target kept num_accepted, and the
-        seconds spent proposing and verifying. whole False: the token budget cut the tree, so its acceptance says
-        little about a tree of n nodes (only the costs are kept)."""
+        """One tree step asked for n nodes: the proposer drafted `drafted` nodes `depth` deep, the target kept
+        num_accepted, and the seconds spent proposing and verifying. whole False: the token budget cut the tree,
+        so its acceptance says little about a tree of n nodes (only the costs are kept)."""
         self.costs.observe_verify(drafted + 1, verify_s)
         if drafted == 0:
             return
@@ -163,17 +171,19 @@ class TreeSizeController(OnOffSwitch):
         self.steps_off = 0
         if not whole:
             return
-        for m in self.sizes:
-            self.steps[m] *= self.tuning.forget
-            self.accepted[m] *= self.tuning.forget
+        if depth is not None:
+            self.depth[n].add(float(depth))
+        self._forget(self.tuning.forget)
         self.steps[n] += 1.0
         self.accepted[n] += num_accepted
         if self.probing and self.best()[1] > self.tuning.on_above:
             self.speculating = True
 
     def observe_chain(self, drafted: int) -> None:
-        """A chain or plain step this controller chose (the chain controller is told its outcome)."""
+        """A chain or plain step this controller chose (the chain controller is told its outcome). One that drafted
+        ages the trees' evidence (tuning.age; a plain step learns nothing, so it ages nothing)."""
         if drafted:
             self.steps_off = 0
+            self._forget(self.tuning.age)
         if self.probing and drafted and self.best()[1] > self.tuning.on_above:
             self.speculating = True

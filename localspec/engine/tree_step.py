@@ -73,7 +73,9 @@ def tree_step(target: ModelRunner, run: Run, stop_token_ids: frozenset[int]) -> 
         run.proposer.on_verified(verdict.num_accepted, emitted, hidden)
     run.pending = emitted[-1]
     score_s = scored - started
-    controller.observe_tree(n_nodes, tree.size, verdict.num_accepted, propose_s, score_s + sampler_s, whole)
+    controller.observe_tree(
+        n_nodes, tree.size, verdict.num_accepted, propose_s, score_s + sampler_s, whole, depth=tree.max_depth
+    )
     stats = replace(run.stats, k=n_nodes, predicted_speedup=controller.predicted(n_nodes), paused=run.pause_reason())
     run.stats = stats.after_step(
         tree.size, verdict.num_accepted, len(emitted), propose_s, score_s, sampler_s, depth=tree.max_depth
