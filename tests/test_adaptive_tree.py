@@ -163,3 +163,24 @@ def test_the_depth_of_the_drafted_trees_sets_the_prior():
     trees.steps[8] = trees.accepted[8] = 0.0  # keep only the depth: the prior alone
     assert trees.accepted_per_step(8) == pytest.approx(expected_tokens([0.75] * 8, 8) - 1)
     assert trees.accepted_per_step(8) > shallow
+
+
+def test_a_greedy_tree_steps_first_branch_teaches_the_chain():
+    """While trees run, the chain controller learns from each tree's first branch (the chain it grew from), so the
+    chain option and the trees' prior follow the text; without it they would keep what chains saw last."""
+    from localspec.engine.tree import make_dummy
+
+    assert make_dummy(7, 2).first_branch() == [0, 2, 6]  # the first child at each depth
+    chain = AdaptiveController(4)
+    trees = TreeSizeController(chain, 8)
+    before = chain.acceptance()
+    for _ in range(30):
+        trees.observe_tree(8, 8, 3, 0.0, PLAIN_S, depth=4, first_branch=(4, 3))  # kept 3 of the first branch's 4
+    rates = chain.acceptance()
+    assert rates[0] > 0.9 and rates[1] > 0.9 and rates[2] > 0.9 and rates[3] < 0.2
+    assert rates != before
+    untaught = AdaptiveController(4)
+    others = TreeSizeController(untaught, 8)
+    for _ in range(30):
+        others.observe_tree(8, 8, 3, 0.0, PLAIN_S, depth=4)  # sampled: no first branch, nothing learned
+    assert untaught.acceptance() == before

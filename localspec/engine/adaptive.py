@@ -308,13 +308,18 @@ class AdaptiveController(OnOffSwitch):
         if drafted == 0:
             return  # nothing to learn (an unanswered probe stays due)
         self.steps_off = 0
+        self.observe_acceptance(drafted, num_accepted)
+        if self.probing:
+            _, speedup = self.best()
+            if speedup > self.tuning.on_above:  # the probe found text worth speculating on
+                self.speculating = True
+
+    def observe_acceptance(self, drafted: int, num_accepted: int) -> None:
+        """A chain of `drafted` tokens of which the target kept the first num_accepted: the per-position counts
+        (from a chain step, or from a greedy tree step's first branch, which is the chain the tree grew from)."""
         self.reached = [r * self.tuning.forget for r in self.reached]
         self.accepted = [a * self.tuning.forget for a in self.accepted]
         for position in range(min(num_accepted + 1, drafted, self.max_k)):
             self.reached[position] += 1.0
             if position < num_accepted:
                 self.accepted[position] += 1.0
-        if self.probing:
-            _, speedup = self.best()
-            if speedup > self.tuning.on_above:  # the probe found text worth speculating on
-                self.speculating = True

@@ -160,10 +160,14 @@ class TreeSizeController(OnOffSwitch):
         verify_s: float,
         whole: bool = True,
         depth: int | None = None,
+        first_branch: tuple[int, int] | None = None,
     ) -> None:
         """One tree step asked for n nodes: the proposer drafted `drafted` nodes `depth` deep, the target kept
         num_accepted, and the seconds spent proposing and verifying. whole False: the token budget cut the tree,
-        so its acceptance says little about a tree of n nodes (only the costs are kept)."""
+        so its acceptance says little about a tree of n nodes (only the costs are kept). first_branch: (its
+        length, how many of it the target kept) for a greedy step, where the first branch fares exactly as the
+        chain of its tokens would: the chain controller learns from it, so the chain option and the trees' prior
+        stay current while trees run."""
         self.costs.observe_verify(drafted + 1, verify_s)
         if drafted == 0:
             return
@@ -173,6 +177,9 @@ class TreeSizeController(OnOffSwitch):
             return
         if depth is not None:
             self.depth[n].add(float(depth))
+        if first_branch is not None and first_branch[0] > 0:
+            length, kept = first_branch
+            self.chain.observe_acceptance(min(length, self.chain.max_k), min(kept, length))
         self._forget(self.tuning.forget)
         self.steps[n] += 1.0
         self.accepted[n] += num_accepted

@@ -46,6 +46,15 @@ class TokenTree:
     def max_depth(self) -> int:
         return max(self.depth, default=0)
 
+    def first_branch(self) -> list[int]:
+        """The nodes reached from the root by always taking the first child (the proposer's first choice at each
+        depth): the chain this tree grew from."""
+        path, node = [], -1
+        while self.children[node + 1]:
+            node = self.children[node + 1][0]
+            path.append(node)
+        return path
+
     def ancestors(self, node: int) -> list[int]:
         """node's ancestors from the root's child down to node itself (the root-to-node path, node included)."""
         path = []

@@ -73,8 +73,19 @@ def tree_step(target: ModelRunner, run: Run, stop_token_ids: frozenset[int]) -> 
         run.proposer.on_verified(verdict.num_accepted, emitted, hidden)
     run.pending = emitted[-1]
     score_s = scored - started
+    first_branch = None
+    if run.sampling.greedy:  # sampled, a tree's one-hot siblings are accepted unlike the chain's p/q test
+        kept = next((i for i, b in enumerate(verdict.branches) if b != 0), len(verdict.branches))
+        first_branch = (len(tree.first_branch()), kept)
     controller.observe_tree(
-        n_nodes, tree.size, verdict.num_accepted, propose_s, score_s + sampler_s, whole, depth=tree.max_depth
+        n_nodes,
+        tree.size,
+        verdict.num_accepted,
+        propose_s,
+        score_s + sampler_s,
+        whole,
+        depth=tree.max_depth,
+        first_branch=first_branch,
     )
     stats = replace(run.stats, k=n_nodes, predicted_speedup=controller.predicted(n_nodes), paused=run.pause_reason())
     run.stats = stats.after_step(
