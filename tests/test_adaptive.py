@@ -346,5 +346,5 @@ def test_verify_costs_follow_the_line_through_every_measured_size():
         costs.observe(2, 2, 0.0, 0.049)
     _, verify = costs.ratios(4)
     assert verify[4] < 0.050 / 0.040  # the 1-row median alone would say 1.25
-    line = costs._line()
+    line = costs.verify.line()
     assert costs.verify_time(1) == pytest.approx(line[0] + line[1])

@@ -69,6 +69,7 @@ class VerifyCosts:
         self.prior_weight = VERIFY_PRIOR_WEIGHT
 
     def add(self, rows: int, seconds: float) -> None:
+        """One verify of `rows` rows took `seconds`; every size's weight ages by VERIFY_AGE."""
         for n in self.weight:
             self.weight[n] *= VERIFY_AGE
         self.by_rows.setdefault(rows, _RecentMedian()).add(seconds)
@@ -116,20 +117,17 @@ class CostModel:
         """Seconds of score + sample for a forward of `rows` rows (a chain's K + 1, or a tree's N + 1)."""
         self.verify.add(rows, verify_s)
 
-    def _line(self) -> tuple[float, float] | None:
-        return self.verify.line()
-
     def verify_time(self, tokens: int, line: tuple[float, float] | None = None) -> float | None:
         """Seconds to verify `tokens` positions, from the line through every measured size (VerifyCosts.line);
         None before any measurement. The line, not each size's own median: a size is measured when the text made
         the controller pick it, at whatever context length the answer had reached, and the attention over a longer
         cache costs more, so single sizes' medians mix in the context length."""
-        line = line or self._line()
+        line = line or self.verify.line()
         return None if line is None else line[0] + line[1] * tokens
 
     def ratios(self, max_k: int) -> tuple[float, list[float]]:
         """(c, [v(0)=1, v(1), …, v(max_k)]) relative to a plain step; the prior when nothing is measured yet."""
-        line = self._line()
+        line = self.verify.line()
         plain = self.verify_time(1, line)
         if plain is None or plain <= 0:
             return 0.0, [1 + self.verify.prior_slope * k for k in range(max_k + 1)]
