@@ -104,10 +104,6 @@ class CostModel:
     # proposer seconds per drafted token asked for
     propose_per_token_s: _RecentMedian = field(default_factory=_RecentMedian)
 
-    @property
-    def verify_s(self) -> dict[int, _RecentMedian]:
-        return self.verify.by_rows
-
     def observe(self, asked: int, drafted: int, propose_s: float, verify_s: float) -> None:
         self.observe_verify(drafted + 1, verify_s)
         if asked > 0:
