@@ -21,14 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from localspec.proposers.ngram import continuation_tree, find_continuation  # noqa: E402
-
-
-def occurrences(context: np.ndarray, n: int) -> np.ndarray:
-    if n >= len(context):
-        return np.zeros(0, dtype=np.int64)
-    windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)
-    return np.flatnonzero((windows == context[len(context) - n :]).all(axis=1))
+from localspec.proposers.ngram import continuation_tree, find_continuation, occurrences  # noqa: E402
 
 
 def transformers_pld(context: np.ndarray, k: int) -> list[list[int]]:

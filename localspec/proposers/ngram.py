@@ -24,14 +24,21 @@ TREE_MAX_DEPTH = 8  # deepest tree node (a continuation longer than this is cut)
 TREE_OCCURRENCES = 32  # most recent occurrences of the matched suffix whose continuations build the tree
 
 
-def longest_match(context: np.ndarray, min_n: int, max_n: int) -> tuple[int, np.ndarray]:
-    """(n, start positions of the earlier occurrences of the last n tokens, oldest first) for the longest n in
-    max_n..min_n that occurs earlier; (0, empty) when none does."""
+def occurrences(context: np.ndarray, n: int) -> np.ndarray:
+    """Start positions of the earlier occurrences of the last n tokens, oldest first (empty when n is too long)."""
     length = len(context)
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        # windows over context[:-1] so the suffix cannot match itself; a match at j continues at j + n
-        windows = np.lib.stride_tricks.sliding_window_view(context[: length - 1], n)
-        hits = np.flatnonzero((windows == context[length - n :]).all(axis=1))
+    if not 0 < n < length:
+        return np.zeros(0, dtype=np.int64)
+    # windows over context[:-1] so the suffix cannot match itself; a match at j continues at j + n
+    windows = np.lib.stride_tricks.sliding_window_view(context[: length - 1], n)
+    return np.flatnonzero((windows == context[length - n :]).all(axis=1))
+
+
+def longest_match(context: np.ndarray, min_n: int, max_n: int) -> tuple[int, np.ndarray]:
+    """(n, occurrences(context, n)) for the longest n in max_n..min_n that occurs earlier; (0, empty) when none
+    does."""
+    for n in range(min(max_n, len(context) - 1), min_n - 1, -1):
+        hits = occurrences(context, n)
         if hits.size:
             return n, hits
     return 0, np.zeros(0, dtype=np.int64)
