@@ -6,7 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-Quant = Literal["nf4", "int8", "none"]
+# gguf: a GGUF source's Q4_1 blocks as int4 linears (models/gguf_linear.py); auto: gguf or unquantized, timed
+Quant = Literal["nf4", "int8", "gguf", "auto", "none"]
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
 # ngram+head: the n-gram lookup when it matches, the trained head otherwise (proposers/lookup_first.py)
 ProposerName = Literal["none", "ngram", "draft", "head", "ngram+head"]

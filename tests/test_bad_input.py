@@ -106,7 +106,7 @@ def test_missing_field(text, message):
 
 
 def test_unknown_quant_and_dtype():
-    with pytest.raises(ConfigError, match=r"'target.quant' is 'q4'; choose one of nf4, int8, none"):
+    with pytest.raises(ConfigError, match=r"'target.quant' is 'q4'; choose one of nf4, int8, gguf, auto, none"):
         parse("- name: a\n  target: {source: x/y, quant: q4}\n")
     with pytest.raises(ConfigError, match=r"'target.dtype' is 'fp8'"):
         parse("- name: a\n  target: {source: x/y, dtype: fp8}\n")

@@ -38,7 +38,10 @@ def test_valid_entry_parses():
         ("- name: a\n  target: {source: x/y}\n  taget: 1\n", r"entry 1 \('a'\): unknown key\(s\) 'taget'"),
         ("- name: a\n", r"entry 1 \('a'\): field 'target' is missing"),
         ("- target: {source: x/y}\n", r"entry 1: field 'name' is missing"),
-        ("- name: a\n  target: {source: x/y, quant: nf3}\n", r"'target.quant' is 'nf3'; choose one of nf4, int8, none"),
+        (
+            "- name: a\n  target: {source: x/y, quant: nf3}\n",
+            r"'target.quant' is 'nf3'; choose one of nf4, int8, gguf, auto, none",
+        ),
         ("- name: a\n  target: {quant: nf4}\n", r"'target.source' is missing"),
         ("- name: a\n  target: {source: x/y}\n  k: 0\n", r"field 'k' must be a whole number from 1 to 16"),
         ("- name: a\n  target: {source: x/y}\n  proposers: {eagle: {}}\n", r"unknown key\(s\) 'eagle' in 'proposers'"),

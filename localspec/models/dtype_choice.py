@@ -1,6 +1,9 @@
-"""`dtype: auto`: run the target in the dtype that is fastest for speculative decoding on this machine, measured.
+"""`dtype: auto` / `quant: auto`: run the target in the weight format fastest for speculative decoding here, measured.
 
-At the first load of a model on a machine, the target is loaded in each dtype the device runs and timed: the median
+A format is a compute dtype of the unquantized weights (float32, bfloat16, float16) or, for `quant: auto` on a GGUF
+source, gguf-int4: the file's Q4_1 blocks as int4 linears computing in bfloat16 (gguf_linear.py).
+
+At the first load of a model on a machine, the target is loaded in each candidate format and timed: the median
 of a 1-token and a (K+1)-token forward on a 64-token KV cache (the plain step and the verify step), all interleaved. The
 pick is the dtype with the best predicted speculative throughput under the adaptive controller's cost model
 (engine/adaptive.py): speedup(k) = E(k) / (k·c + v(k)) over plain decoding in that dtype, so tokens per second
@@ -38,6 +41,8 @@ WARMUP_ROUNDS = 2  # untimed rounds first (kernel selection, allocator)
 CACHE_FILE = "dtype-decisions.json"
 CACHE_VERSION = 1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GGUF_INT4 = "gguf-int4"  # the format label of quant gguf (its compute dtype: bfloat16)
+GGUF_COMPUTE = "bfloat16"
 
 How = Literal["entry", "measured", "cached", "fixed"]
 # times models' forwards: ({name: model}, sizes) → {name: {tokens: median seconds}} (names left out: non-finite
@@ -46,9 +51,16 @@ Timer = Callable[[dict[str, torch.nn.Module], tuple[int, ...]], dict[str, dict[i
 Loader = Callable[[str], torch.nn.Module]
 
 
+def format_fields(label: str) -> dict[str, str]:
+    """A format label → the ModelSpec fields that load it: {"quant": ..., "dtype": ...}."""
+    if label == GGUF_INT4:
+        return {"quant": "gguf", "dtype": GGUF_COMPUTE}
+    return {"quant": "none", "dtype": label}
+
+
 @dataclass(frozen=True)
 class Timing:
-    dtype: str
+    dtype: str  # the format label: a dtype name, or gguf-int4
     plain_s: float  # 1-token forward
     verify_s: float  # (K+1)-token forward
     tokens_per_s: float  # predicted speculative throughput
@@ -66,22 +78,29 @@ class DtypeDecision:
     timings: tuple[Timing, ...] = ()
     measured_on: str = ""  # YYYY-MM-DD
     note: str = ""
+    quant: str = "none"  # gguf when the GGUF's int4 blocks won (quant: auto)
+
+    @property
+    def label(self) -> str:
+        """The format label: the dtype, or gguf-int4."""
+        return GGUF_INT4 if self.quant == "gguf" else self.dtype
 
     def describe(self) -> str:
         """e.g. 'bfloat16 (auto: 1-token 22 ms vs 37 ms float32, 5-token 25 ms vs 60 ms, measured 2026-12-01)'."""
         if self.how == "entry":
-            return f"{self.dtype} (set in models.yaml)"
+            return f"{self.label} (set in models.yaml)"
         if self.how == "fixed" or not self.timings:
-            return f"{self.dtype} (auto: {self.note or 'not measured'})"
-        own = next(t for t in self.timings if t.dtype == self.dtype)
-        others = [t for t in self.timings if t.dtype != self.dtype]
+            return f"{self.label} (auto: {self.note or 'not measured'})"
+        own = next(t for t in self.timings if t.dtype == self.label)
+        others = [t for t in self.timings if t.dtype != self.label]
         plain = " vs ".join([f"{own.plain_s * 1e3:.0f} ms"] + [f"{t.plain_s * 1e3:.0f} ms {t.dtype}" for t in others])
         verify = " vs ".join([f"{own.verify_s * 1e3:.0f} ms"] + [f"{t.verify_s * 1e3:.0f} ms" for t in others])
-        return f"{self.dtype} (auto: 1-token {plain}, {self.k + 1}-token {verify}, measured {self.measured_on})"
+        return f"{self.label} (auto: 1-token {plain}, {self.k + 1}-token {verify}, measured {self.measured_on})"
 
     def to_dict(self) -> dict:
         return {
             "dtype": self.dtype,
+            "quant": self.quant,
             "how": self.how,
             "k": self.k,
             "measured_on": self.measured_on,
@@ -96,9 +115,11 @@ class DtypeDecision:
             Timing(str(t["dtype"]), float(t["plain_s"]), float(t["verify_s"]), float(t["tokens_per_s"]))
             for t in data["timings"]
         )
-        if data["dtype"] not in DTYPES or not any(t.dtype == data["dtype"] for t in timings):
-            raise ValueError(f"cached dtype {data['dtype']!r} is not one that was measured")
-        return cls(str(data["dtype"]), how, int(data["k"]), timings, str(data["measured_on"]), str(data["note"]))
+        quant = str(data.get("quant", "none"))
+        label = GGUF_INT4 if quant == "gguf" else data["dtype"]
+        if data["dtype"] not in DTYPES or quant not in ("none", "gguf") or not any(t.dtype == label for t in timings):
+            raise ValueError(f"cached format {label!r} is not one that was measured")
+        return cls(str(data["dtype"]), how, int(data["k"]), timings, str(data["measured_on"]), str(data["note"]), quant)
 
 
 # -- what the machine is and runs -------------------------------------------------------------------------------------
@@ -135,14 +156,17 @@ def candidates(device: torch.device) -> list[str]:
     return found
 
 
-def cache_key(device: torch.device, source: str, folder: str) -> str:
+def cache_key(device: torch.device, source: str, folder: str, quant: str = "none") -> str:
     weights = 0
     path = Path(folder)
     if path.is_dir():
         weights = sum(f.stat().st_size for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
     threads = f"threads {torch.get_num_threads()}" if device.type == "cpu" else ""
+    formats = "quant auto" if quant == "auto" else ""  # another candidate set: another decision
     return " | ".join(
-        x for x in (device_name(device), threads, f"torch {torch.__version__}", source, f"{weights} bytes") if x
+        x
+        for x in (device_name(device), threads, f"torch {torch.__version__}", source, f"{weights} bytes", formats)
+        if x
     )
 
 
@@ -231,16 +255,19 @@ def decide(
     load: Loader,
     timer: Timer | None = None,
     progress: Callable[[str], None] | None = None,
+    names: list[str] | None = None,
 ) -> tuple[DtypeDecision, torch.nn.Module | None]:
-    """The cached decision for `key` (and no model), or: load every candidate, time them interleaved, cache the
-    pick, and return it with the loaded winner. All candidates are held during the timing (once per machine and
-    model); the losers are released before this returns."""
+    """The cached decision for `key` (and no model), or: load every candidate format (default: the dtypes the
+    device runs), time them interleaved, cache the pick, and return it with the loaded winner. All candidates are
+    held during the timing (once per machine and model); the losers are released before this returns."""
     found = cached_decision(key)
     if found is not None:
         return found, None
-    names = candidates(device)
+    names = names or candidates(device)
     if len(names) == 1:
-        return DtypeDecision(names[0], "fixed", k, note=f"the only dtype {device.type} runs"), None
+        fields = format_fields(names[0])
+        note = f"the only format {device.type} runs"
+        return DtypeDecision(fields["dtype"], "fixed", k, note=note, quant=fields["quant"]), None
     timer = timer or time_forwards
     models = {}
     for name in names:
@@ -261,11 +288,14 @@ def decide(
         if name in measured
     ]
     if not timings:
-        return DtypeDecision("float32", "fixed", k, note="every dtype measured gave non-finite logits"), None
+        return DtypeDecision("float32", "fixed", k, note="every format measured gave non-finite logits"), None
     best = max(timings, key=lambda t: t.tokens_per_s)
     winner = models.pop(best.dtype)
     models.clear()  # the others are released
-    decision = DtypeDecision(best.dtype, "measured", k, tuple(timings), time.strftime("%Y-%m-%d"))
+    fields = format_fields(best.dtype)
+    decision = DtypeDecision(
+        fields["dtype"], "measured", k, tuple(timings), time.strftime("%Y-%m-%d"), quant=fields["quant"]
+    )
     _write_cache(key, decision)
     return decision, winner
 
@@ -279,13 +309,20 @@ def choose_dtype(
     progress: Callable[[str], None] | None = None,
     timer: Timer | None = None,
 ) -> tuple[DtypeDecision, torch.nn.Module | None]:
-    """The hook loading.load_pair calls for a target with dtype auto: (decision, the loaded winner or None)."""
-    return decide(cache_key(device, spec.source, folder), device, k, load, timer, progress)
+    """The hook loading.load_pair calls for a target with dtype auto or quant auto: (decision, the loaded winner or
+    None). quant auto adds gguf-int4 to the dtypes (all those the device runs for dtype auto, else the entry's)."""
+    names = None
+    if spec.quant == "auto":
+        names = (candidates(device) if spec.dtype == "auto" else [spec.dtype]) + [GGUF_INT4]
+    return decide(cache_key(device, spec.source, folder, spec.quant), device, k, load, timer, progress, names)
 
 
 def fixed_decision(spec, model: torch.nn.Module) -> DtypeDecision:
     """The decision record of a target whose dtype was not measured: set in the entry, or auto for quantized
     weights (which compute in the dtype loading.py gives them)."""
-    if spec.dtype != "auto":
+    quant = "gguf" if spec.quant == "gguf" else "none"
+    if spec.dtype != "auto" and spec.quant != "gguf":
         return DtypeDecision(spec.dtype, "entry")
+    if spec.quant == "gguf":
+        return DtypeDecision(GGUF_COMPUTE, "entry", note="gguf int4 blocks compute in bfloat16", quant=quant)
     return DtypeDecision(str(model.dtype).replace("torch.", ""), "fixed", note=f"{spec.quant} weights are not measured")

@@ -1,4 +1,5 @@
-"""Load targets (bitsandbytes nf4 / int8 / none) and drafts; turn a packaged GGUF into a cached safetensors folder."""
+"""Load targets (bitsandbytes nf4 / int8, a GGUF's int4 blocks, none) and drafts; turn a packaged GGUF into a
+cached safetensors folder."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 
 from localspec.config import ConfigError, ModelSpec, PairSpec
 
-from .dtype_choice import choose_dtype, fixed_decision
+from .dtype_choice import choose_dtype, fixed_decision, format_fields
 from .paths import cache_dir
 from .registry import GGUF_PREFIX, looks_like_path
 
@@ -109,8 +110,25 @@ def resolve_folder(spec: ModelSpec, what: str, progress: Optional[Progress] = No
     return source
 
 
+def resolve_quant(spec: ModelSpec, device: torch.device) -> ModelSpec:
+    """The target's quant where it applies: gguf (the file's Q4_1 blocks, computed in bfloat16) needs a GGUF source
+    and the CPU; auto is gguf-or-unquantized timed at load (dtype_choice.py), plain none where gguf cannot run."""
+    is_gguf = spec.source.startswith(GGUF_PREFIX)
+    if spec.quant == "auto" and (not is_gguf or device.type != "cpu"):
+        return replace(spec, quant="none")
+    if spec.quant != "gguf":
+        return spec
+    if not is_gguf:
+        raise ConfigError(f"quant gguf keeps a GGUF file's 4-bit blocks; {spec.source} is not a {GGUF_PREFIX} source")
+    if device.type != "cpu":
+        raise ConfigError("quant gguf runs torch's CPU int4 kernel; on CUDA use quant nf4 or none")
+    if spec.dtype not in ("auto", "bfloat16"):
+        raise ConfigError(f"quant gguf computes in bfloat16 (its kernel's fast path); dtype {spec.dtype} cannot run")
+    return replace(spec, dtype="bfloat16")
+
+
 def quantization_config(quant: str, compute_dtype: torch.dtype):
-    if quant == "none":
+    if quant in ("none", "gguf"):  # gguf: swapped in after loading (gguf_linear.py), not a transformers config
         return None
     try:
         import bitsandbytes  # noqa: F401
@@ -126,7 +144,7 @@ def quantization_config(quant: str, compute_dtype: torch.dtype):
         )
     if quant == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
-    raise ConfigError(f"unknown quantization {quant!r}; choose nf4, int8 or none")
+    raise ConfigError(f"unknown quantization {quant!r}; choose nf4, int8, gguf, auto or none")
 
 
 def pick_device(device: str | None = None) -> torch.device:
@@ -184,6 +202,10 @@ def load_causal_lm(
         raise ConfigError(f"{what}: could not load {spec.source}: {type(exc).__name__}: {exc}") from None
     if "device_map" not in kwargs:
         model = model.to(device)
+    if quant == "gguf":
+        from .gguf_linear import swap_in_q4_1_linears
+
+        swap_in_q4_1_linears(model, gguf_file(spec.source))
     return model.eval(), folder
 
 
@@ -351,7 +373,7 @@ def load_pair(
     that fails is left out with a notice; only a target that fails fails the pair."""
     started = time.perf_counter()
     dev = pick_device(device)
-    target_spec = replace(pair.target, quant=pair.target.quant if quant is None else quant)
+    target_spec = resolve_quant(replace(pair.target, quant=pair.target.quant if quant is None else quant), dev)
     where = f"model pair {pair.name!r} target"
     target_folder = resolve_folder(target_spec, where, progress)
     tokenizer = load_tokenizer(target_folder, pair.target.trust_remote_code)
@@ -362,16 +384,17 @@ def load_pair(
             "draft", lambda: checked_draft_folder(pair, target_folder, tokenizer, progress), notices, progress
         )
     target, decision = None, None
-    if target_spec.dtype == "auto" and target_spec.quant == "none":  # measured once per machine (dtype_choice.py)
+    measure = target_spec.quant == "auto" or (target_spec.dtype == "auto" and target_spec.quant == "none")
+    if measure:  # measured once per machine (dtype_choice.py)
         decision, target = choose_dtype(
             target_spec,
             target_folder,
             pair.k,
             dev,
-            lambda d: load_causal_lm(replace(target_spec, dtype=d), where, dev, "target", progress)[0],
+            lambda f: load_causal_lm(replace(target_spec, **format_fields(f)), where, dev, "target", progress)[0],
             progress,
         )
-        target_spec = replace(target_spec, dtype=decision.dtype)
+        target_spec = replace(target_spec, quant=decision.quant, dtype=decision.dtype)
     if target is None:
         target, _ = load_causal_lm(target_spec, where, dev, "target", progress)
     draft = None

@@ -25,7 +25,7 @@ from localspec.config import ConfigError
 
 GreedyGuarantee = Literal["identical", "near-tie"]
 Dtype = Literal["float32", "bfloat16", "float16"]
-Quant = Literal["none", "nf4", "int8"]
+Quant = Literal["none", "nf4", "int8", "gguf"]
 DeviceType = Literal["cpu", "cuda"]
 
 MEASURED_ON = (
@@ -94,8 +94,8 @@ def path_name(dtype: str, quant: str, device_type: str) -> str:
 def _check(dtype: str, quant: str, device_type: str) -> None:
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"unknown compute dtype {dtype!r}; choose float32, bfloat16 or float16")
-    if quant not in ("none", "nf4", "int8"):
-        raise ConfigError(f"unknown quantization {quant!r}; choose nf4, int8 or none")
+    if quant not in ("none", "nf4", "int8", "gguf"):
+        raise ConfigError(f"unknown quantization {quant!r}; choose nf4, int8, gguf or none")
     if device_type not in ("cpu", "cuda"):
         raise ConfigError(f"unknown device type {device_type!r}; use cpu or cuda")
 

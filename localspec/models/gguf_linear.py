@@ -1,0 +1,155 @@
+"""`quant: gguf`: a GGUF's Q4_1 linears kept as 4-bit codes and run by torch's CPU int4 weight-only kernel.
+
+A Q4_1 block holds 32 weights of one output row as 4-bit codes q ∈ [0, 15], an fp16 scale d and an fp16 minimum m:
+w = q·d + m (20 bytes: d, m, then 16 bytes whose low nibbles are weights 0..15 and high nibbles 16..31). torch's
+`_weight_int4pack_mm_for_cpu` takes the same asymmetric group-32 layout as w = (q − 8)·scale + zero, so scale = d and
+zero = m + 8d. Its fast path wants bfloat16 activations, scales and zeros (float32 activations take a slow path,
+~100× slower here), so d and m + 8d round to bfloat16 on the way: scripts/forward_costs.py measures what that changes.
+
+Only the Q4_1 linears of a llama-architecture GGUF are swapped in; the Q8_0 token embedding (also the tied LM head)
+and the F32 norms stay as the cached dequantized folder loaded them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from localspec.config import ConfigError
+
+GROUP = 32  # weights per Q4_1 block and per int4 scale/zero group
+Q4_1_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
+COMPUTE_DTYPE = torch.bfloat16  # the kernel's fast path: bf16 activations, scales and zeros
+ROW_MULTIPLE = 16  # the kernel's packing wants N (output rows) divisible by 16; other layers stay dense
+INNER_K_TILES = 1  # argument of _convert_weight_to_int4pack_for_cpu; the CPU kernel ignores it for the layout
+# GGUF tensor name within block i → the transformers llama module path within model.model.layers[i]
+LLAMA_LINEARS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+@dataclass(frozen=True)
+class Q4_1Fields:
+    """A Q4_1 tensor's blocks taken apart: codes [N, K] int32 in 0..15, d and m [N, K/32] float16."""
+
+    codes: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+
+
+def q4_1_fields(blocks: torch.Tensor) -> Q4_1Fields:
+    """blocks [N, K/32 · 20] uint8 (one row of blocks per output row) → codes, d, m."""
+    rows, width = blocks.shape
+    if width % Q4_1_BYTES:
+        raise ConfigError(f"a Q4_1 row is a whole number of {Q4_1_BYTES}-byte blocks; got {width} bytes")
+    groups = width // Q4_1_BYTES
+    split = blocks.reshape(rows, groups, Q4_1_BYTES)  # [N, G, 20]
+    d = split[..., 0:2].contiguous().view(torch.float16).reshape(rows, groups)  # [N, G]
+    m = split[..., 2:4].contiguous().view(torch.float16).reshape(rows, groups)  # [N, G]
+    nibbles = split[..., 4:]  # [N, G, 16]
+    codes = torch.cat([nibbles & 0xF, nibbles >> 4], dim=-1)  # [N, G, 32]: weights 0..15, then 16..31
+    return Q4_1Fields(codes.reshape(rows, groups * GROUP).to(torch.int32), d, m)
+
+
+def dequantize_q4_1(blocks: torch.Tensor) -> torch.Tensor:
+    """The file's own dequantization, w = q·d + m in float32 (what gguf.dequantize and transformers compute):
+    [N, K] float32."""
+    fields = q4_1_fields(blocks)
+    rows, k = fields.codes.shape
+    codes = fields.codes.reshape(rows, k // GROUP, GROUP).float()  # [N, G, 32]
+    return (codes * fields.d.float()[..., None] + fields.m.float()[..., None]).reshape(rows, k)
+
+
+class Int4Linear(nn.Module):
+    """y = x · Wᵀ with W [N, K] as 4-bit codes in groups of 32 along K: w = (q − 8)·scale + zero, bf16 compute.
+    No bias (llama's linears have none)."""
+
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, in_features: int, out_features: int):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.register_buffer("packed", packed)  # [N, K/2] uint8, the kernel's layout
+        self.register_buffer("scales_zeros", scales_zeros)  # [K/32, N, 2] bf16: scale, zero
+
+    @classmethod
+    def from_q4_1(cls, blocks: torch.Tensor) -> Int4Linear:
+        """From a GGUF Q4_1 tensor's blocks [N, K/32 · 20] uint8."""
+        fields = q4_1_fields(blocks)
+        rows, k = fields.codes.shape
+        if rows % ROW_MULTIPLE:
+            raise ConfigError(f"the int4 kernel packs {ROW_MULTIPLE}·n output rows; this layer has {rows}")
+        packed = torch._convert_weight_to_int4pack_for_cpu(fields.codes, INNER_K_TILES)
+        d = fields.d.float()
+        zero = fields.m.float() + 8.0 * d  # w = q·d + m = (q − 8)·d + (m + 8d)
+        scales_zeros = torch.stack([d, zero], dim=-1).transpose(0, 1).contiguous().to(COMPUTE_DTYPE)  # [G, N, 2]
+        return cls(packed, scales_zeros, k, rows)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 → [..., N] bf16
+        flat = x.reshape(-1, self.in_features)  # [rows, K]
+        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)  # [rows, N]
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 group {GROUP}"
+
+
+def unpermute_rows(blocks: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's converter interleaves the rotary halves of each head of attn_q / attn_k; transformers' GGUF loader
+    undoes it on the rows (modeling_gguf_pytorch_utils.LlamaTensorProcessor). Whole rows move, so the same reshape
+    applies to rows of blocks: [N, bytes] → [N, bytes]."""
+    rows = blocks.shape[0]
+    return blocks.reshape(heads, rows // heads // 2, 2, -1).transpose(1, 2).reshape(blocks.shape)
+
+
+def _gguf_tensors(path: Path) -> tuple[str, dict[str, tuple[str, torch.Tensor]]]:
+    """(architecture, {tensor name: (type name, raw data)}) of a GGUF file."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    field = reader.fields.get("general.architecture")
+    arch = bytes(field.parts[field.data[0]]).decode() if field is not None else "?"
+    return arch, {t.name: (t.tensor_type.name, torch.from_numpy(np.array(t.data))) for t in reader.tensors}
+
+
+def swap_in_q4_1_linears(model: nn.Module, path: Path) -> int:
+    """Replace each linear of `model` (a transformers llama loaded in bf16 from the GGUF's dequantized folder) whose
+    GGUF tensor is Q4_1 with an Int4Linear built from the file's blocks; returns how many were swapped. Each swapped
+    layer is checked first: the file's exact dequantization, rounded to bf16, must equal the loaded weight bitwise
+    (which catches a wrong name map or row order)."""
+    arch, tensors = _gguf_tensors(path)
+    if arch != "llama":
+        raise ConfigError(f"{path.name}: quant gguf runs llama-architecture GGUF files; this one is {arch!r}")
+    config = model.config
+    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+    layers = model.model.layers
+    swapped = 0
+    for index, layer in enumerate(layers):
+        for short, module_path in LLAMA_LINEARS.items():
+            kind, raw = tensors.get(f"blk.{index}.{short}.weight", ("missing", None))
+            if kind != "Q4_1" or raw is None or raw.shape[0] % ROW_MULTIPLE:
+                continue
+            blocks = unpermute_rows(raw, heads[short]) if short in heads else raw
+            parent_path, _, leaf = module_path.rpartition(".")
+            parent = layer.get_submodule(parent_path)
+            dense = getattr(parent, leaf)
+            exact = dequantize_q4_1(blocks).to(dense.weight.dtype)
+            if exact.shape != dense.weight.shape or not torch.equal(exact, dense.weight.detach()):
+                raise ConfigError(
+                    f"{path.name}: blk.{index}.{short} does not match the loaded {module_path} weight; "
+                    "the GGUF's layout is not the one quant gguf knows"
+                )
+            setattr(parent, leaf, Int4Linear.from_q4_1(blocks))
+            swapped += 1
+    if not swapped:
+        raise ConfigError(f"{path.name}: no Q4_1 linear layers; quant gguf keeps Q4_1 blocks only")
+    return swapped
