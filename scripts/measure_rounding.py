@@ -11,7 +11,7 @@ plain row it is compared with, and the cache is built by chunk forwards as in a 
   flip bound     2 × max |Δlogit|: a flip at a position needs the top-2 gap g of the plain logits to be overturned,
                  so g ≤ |Δ top-1| + |Δ top-2| ≤ 2 × max |Δlogit|. Below it a flip is a rounding near-tie.
 
-Run: python scripts/measure_rounding.py [--paths float32,bfloat16,float16,nf4,int8] [--json out.json]
+Run: python scripts/measure_rounding.py [--paths float32,bfloat16,float16,nf4,int8,gguf] [--json out.json]
 The numbers go into localspec/verify/guarantee.py (MEASURED) and the README's per-path table.
 """
 
@@ -40,6 +40,7 @@ PATHS = {
     "float16": ("float16", "none"),
     "nf4": ("float32", "nf4"),
     "int8": ("float32", "int8"),
+    "gguf": ("bfloat16", "gguf"),  # the GGUF's Q4_1 blocks as int4 linears (models/gguf_linear.py)
 }
 
 

@@ -11,10 +11,12 @@ import torch
 from localspec.config import K_MAX, K_MIN, ConfigError, SamplingParams, SpecConfig, check_tree_nodes, k_error
 from localspec.engine.metrics import StatsSnapshot
 
+from .llama_cpp import LLAMA_MODES
+
 HF_MODES = ("hf", "hf-fp32", "hf-pld", "hf-assisted")
 TREE_MODES = {"ngram-tree": "ngram", "head-tree": "head", "ngram+head-tree": "ngram+head"}  # mode → its proposer
 ENGINE_MODES = ("none", "ngram", "draft", "head", "ngram+head", *TREE_MODES, "adaptive", "adaptive-tree")
-ALL_MODES = HF_MODES + ENGINE_MODES
+ALL_MODES = HF_MODES + ENGINE_MODES + LLAMA_MODES
 SWEPT = ("ngram", "draft", "head", "ngram+head")  # run once per K of --k
 DEFAULT_ADAPTIVE_MAX_K = 8
 DEFAULT_TREE_NODES = 8  # tree modes: draft nodes of the token tree per step (adaptive-tree: the most it may pick)
@@ -68,7 +70,7 @@ def available_modes(session) -> dict[str, str | None]:
         "hf-fp32": "the target runs in float32 already (see hf)"
         if fp32
         else None
-        if session.loaded.quant == "none"
+        if session.loaded.quant in ("none", "gguf")
         else f"a {session.loaded.quant} target has no float32 copy to run",
         "hf-pld": None,
         "hf-assisted": why_draft,
@@ -79,6 +81,9 @@ def available_modes(session) -> dict[str, str | None]:
             None if "ngram+head" in pair.proposers else f"pair {pair.name!r} lacks an n-gram proposer or a head"
         ),
     }
+    from .llama_cpp import why_not
+
+    why.update(dict.fromkeys(LLAMA_MODES, why_not(pair.target.source)))
     why["adaptive"] = None if len(pair.proposers) > 1 else f"pair {pair.name!r} has no proposer to adapt"
     no_trees = None if session.engine.target.supports_tree else "the target's KV cache verifies chains only"
     for name, proposer in TREE_MODES.items():
@@ -147,6 +152,8 @@ def parse_modes(
 def run_mode(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
     if mode.name in HF_MODES:
         return run_hf(session, mode, prompt_ids, max_new_tokens)
+    if mode.name in LLAMA_MODES:
+        return run_llama_cpp(session, mode, prompt_ids, max_new_tokens)
     return run_engine(session, mode, prompt_ids, max_new_tokens)
 
 
@@ -194,6 +201,18 @@ def run_hf(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> R
     output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, **kwargs)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     return RunResult(output[0, len(prompt_ids) :].tolist(), seconds, cpu_seconds)
+
+
+def run_llama_cpp(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
+    """llama.cpp on the target's own GGUF file, with torch's thread count (llama_cpp.py)."""
+    from localspec.models.loading import gguf_file
+
+    from .llama_cpp import llama_for, run_llama
+
+    path = gguf_file(session.loaded.spec.target.source)
+    llm = llama_for(path, torch.get_num_threads(), lookup=mode.name == "llama.cpp-lookup")
+    ids, seconds, cpu_seconds = run_llama(llm, prompt_ids, max_new_tokens, set(session.engine.stop_token_ids))
+    return RunResult(ids, seconds, cpu_seconds)
 
 
 def engine_spec(session, mode: Mode) -> SpecConfig:

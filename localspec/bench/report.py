@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from .llama_cpp import LLAMA_MODES
 from .modes import HF_MODES, SWEPT, TREE_MODES, Mode
 from .runner import BenchRun
 
@@ -128,7 +129,7 @@ def check_targets(modes: list[Mode], rows: dict, categories: list[str], key: str
     by_name: dict[str, list[Mode]] = {}
     for mode in modes:
         by_name.setdefault(mode.name, []).append(mode)
-    ours = [m for m in modes if m.name not in HF_MODES]
+    ours = [m for m in modes if m.name not in HF_MODES + LLAMA_MODES]
     targets = []
 
     def add(what: str, value: float, goal: float) -> None:
@@ -140,6 +141,14 @@ def check_targets(modes: list[Mode], rows: dict, categories: list[str], key: str
     if "hf-fp32" in by_name and ours:
         best = pick(ours)
         add(f"best of our modes ({best.label}) / hf-fp32, all prompts", tps(best.label) / tps("hf-fp32"), 2.5)
+    # issue 23's goals against llama.cpp on the same GGUF: the default setting (adaptive-tree) ≥ 1.5× its plain
+    # decoding and ≥ 1.2× its prompt lookup; our plain decoding ≥ 1.0× its plain decoding
+    default = by_name.get("adaptive-tree", [])
+    for peer, goal in (("llama.cpp", 1.5), ("llama.cpp-lookup", 1.2)):
+        if peer in by_name and default:
+            add(f"{default[0].label} / {peer}, all prompts", tps(default[0].label) / tps(peer), goal)
+    if "llama.cpp" in by_name and "none" in by_name:
+        add("none / llama.cpp, all prompts", tps("none") / tps("llama.cpp"), 1.0)
     if "ngram" in by_name and "hf-pld" in by_name:
         best = pick(by_name["ngram"] + by_name.get("ngram-tree", []))
         add(
