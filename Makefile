@@ -11,7 +11,7 @@ export GRADIO_ANALYTICS_ENABLED := False
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-fast test-latest lint setup setup-test bench selftest lock clean
+.PHONY: run test test-fast test-latest lint setup setup-test setup-bench-llama bench selftest lock clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,13 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.lock
 
 setup: $(VENV)/.installed
 setup-test: $(VENV)/.installed-test
+
+# Optional, never part of `make run` or `make test`: llama-cpp-python for `localspec bench --modes llama.cpp
+# llama.cpp-lookup`, pinned (pyproject.toml's bench-llama extra) and built from source for this CPU (10-20 minutes
+# on 2 cores); its other dependencies are in requirements.lock already
+LLAMA_CPP := llama-cpp-python==0.3.36 diskcache==5.6.3
+setup-bench-llama: $(VENV)/.installed
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install --no-deps $(LLAMA_CPP)
 
 run: $(VENV)/.installed
 	$(BIN)/python app.py $(ARGS)
