@@ -8,7 +8,8 @@ Per format (float32, bfloat16: the GGUF dequantized; gguf-int4: its Q4_1 blocks 
   bound                        weight bytes ÷ measured bandwidth (a bf16 sum over 512 MB): no forward can be faster
 and what keeping the blocks changes in the numbers: the int4 kernel's weights ((q − 8)·bf16(d) + bf16(m + 8d)) vs
 the file's exact dequantization (q·d + m in float32), and each format's logits vs the float32 model's (the file's
-exact weights) over a real prompt.
+exact weights) over a real prompt; and whether the int4 kernel computes a row the same alone, among R rows, and
+padded to 2 rows (bitwise).
 
 Run: python scripts/forward_costs.py [--threads 1] [--json out.json]
 """
@@ -84,6 +85,26 @@ def kernel_weight_error(path: Path) -> dict[str, float]:
 
 
 @torch.inference_mode()
+def int4_row_independence(path: Path, names=("blk.0.attn_q.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight")):
+    """Per layer: is each row of an R-row int4 forward (R = 1..9) bitwise the row computed alone, and is a row padded
+    with a zero row to 2 rows bitwise the row alone?"""
+    from localspec.models.gguf_linear import Int4Linear, _gguf_tensors
+
+    _, tensors = _gguf_tensors(path)
+    out = {}
+    for name in names:
+        layer = Int4Linear.from_q4_1(tensors[name][1])
+        x = torch.randn(9, layer.in_features, generator=torch.Generator().manual_seed(0)).bfloat16()  # [9, K]
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])  # [9, N]
+        padded = torch.cat([layer(torch.cat([x[i : i + 1], torch.zeros_like(x[:1])]))[:1] for i in range(9)])
+        out[name] = {
+            "rows_equal_alone": {str(r): bool(torch.equal(layer(x[:r]), alone[:r])) for r in range(1, 10)},
+            "padded_to_2_equal_alone": bool(torch.equal(padded, alone)),
+        }
+    return out
+
+
+@torch.inference_mode()
 def logits_vs_float32(models: dict[str, torch.nn.Module], ids: list[int]) -> dict[str, dict[str, float]]:
     """Each format's prefill logits over `ids` vs float32's: max |Δlogit| and the share of positions whose argmax
     agrees."""
@@ -133,6 +154,7 @@ def main() -> int:
         "bandwidth_gbs": gbs,
         "formats": {},
         "weights": kernel_weight_error(gguf_file(spec.source)),
+        "int4_row_independence": int4_row_independence(gguf_file(spec.source)),
         "logits_vs_float32": agreement,
     }
     for label, model in models.items():
@@ -148,7 +170,8 @@ def main() -> int:
     for label, row in report["formats"].items():
         cells = " | ".join(f"{row['forward_ms'].get(str(t), float('nan')):.1f}" for t in ROWS)
         print(f"| {label} | {row['weight_mb_per_token']:.0f} MB | {row['bound_ms']:.1f} ms | {cells} |")
-    print(json.dumps({"weights": report["weights"], "logits_vs_float32": report["logits_vs_float32"]}, indent=1))
+    shown = ("weights", "int4_row_independence", "logits_vs_float32")
+    print(json.dumps({key: report[key] for key in shown}, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

@@ -116,3 +116,22 @@ def test_quant_auto_keeps_the_gguf_blocks_when_they_time_fastest_and_caches_it(t
     assert model is None and loaded == names  # cached: nothing loaded or timed again
     assert (again.how, again.quant, again.label) == ("cached", "gguf", "gguf-int4")
     assert dtype_choice.format_fields(again.label) == {"quant": "gguf", "dtype": "bfloat16"}
+
+
+@pytest.mark.slow
+def test_the_embedded_target_runs_its_q4_1_linears_as_int4_blocks():
+    from dataclasses import replace
+    from pathlib import Path
+
+    from localspec.models.gguf_linear import Int4Linear
+    from localspec.models.loading import load_pair
+    from localspec.models.registry import load_registry
+
+    pair = load_registry(Path(__file__).resolve().parents[1] / "models.yaml")[0]
+    pair = replace(pair, target=replace(pair.target, quant="gguf"))
+    loaded = load_pair(pair, device="cpu", load_draft=False)
+    swapped = [m for m in loaded.target.modules() if isinstance(m, Int4Linear)]
+    assert len(swapped) == 7 * loaded.target.config.num_hidden_layers  # every linear of every layer (each checked)
+    assert loaded.quant == "gguf" and loaded.dtype.label == "gguf-int4"
+    assert isinstance(loaded.target.lm_head, torch.nn.Linear)  # the Q8_0 head stays dense
+    assert loaded.target.lm_head.weight.dtype == torch.bfloat16
