@@ -135,3 +135,16 @@ def test_the_embedded_target_runs_its_q4_1_linears_as_int4_blocks():
     assert loaded.quant == "gguf" and loaded.dtype.label == "gguf-int4"
     assert isinstance(loaded.target.lm_head, torch.nn.Linear)  # the Q8_0 head stays dense
     assert loaded.target.lm_head.weight.dtype == torch.bfloat16
+
+
+def test_the_packed_layers_cache_reads_back_what_was_written_and_a_broken_one_is_rebuilt(tmp_path):
+    from localspec.models import gguf_linear
+
+    layer = Int4Linear.from_q4_1(random_blocks(32, 64, seed=3)[0])
+    cache = tmp_path / "layers.safetensors"
+    gguf_linear._write_cache(cache, {"model.layers.0.mlp.up_proj": layer})
+    back = gguf_linear._read_cache(cache)["model.layers.0.mlp.up_proj"]
+    assert (back.in_features, back.out_features) == (64, 32)
+    assert torch.equal(back.packed, layer.packed) and torch.equal(back.scales_zeros, layer.scales_zeros)
+    cache.write_bytes(b"not safetensors")
+    assert gguf_linear._read_cache(cache) is None

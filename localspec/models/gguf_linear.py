@@ -121,35 +121,79 @@ def _gguf_tensors(path: Path) -> tuple[str, dict[str, tuple[str, torch.Tensor]]]
     return arch, {t.name: (t.tensor_type.name, torch.from_numpy(np.array(t.data))) for t in reader.tensors}
 
 
-def swap_in_q4_1_linears(model: nn.Module, path: Path) -> int:
-    """Replace each linear of `model` (a transformers llama loaded in bf16 from the GGUF's dequantized folder) whose
-    GGUF tensor is Q4_1 with an Int4Linear built from the file's blocks; returns how many were swapped. Each swapped
-    layer is checked first: the file's exact dequantization, rounded to bf16, must equal the loaded weight bitwise
-    (which catches a wrong name map or row order)."""
+def _built_q4_1_linears(model: nn.Module, path: Path) -> dict[str, Int4Linear]:
+    """{module name: Int4Linear} for each linear of `model` whose GGUF tensor is Q4_1, each checked first: the
+    file's exact dequantization, rounded to the model's dtype, must equal the loaded weight bitwise (which catches a
+    wrong name map or row order)."""
     arch, tensors = _gguf_tensors(path)
     if arch != "llama":
         raise ConfigError(f"{path.name}: quant gguf runs llama-architecture GGUF files; this one is {arch!r}")
     config = model.config
     heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
-    layers = model.model.layers
-    swapped = 0
-    for index, layer in enumerate(layers):
+    built = {}
+    for index, layer in enumerate(model.model.layers):
         for short, module_path in LLAMA_LINEARS.items():
             kind, raw = tensors.get(f"blk.{index}.{short}.weight", ("missing", None))
             if kind != "Q4_1" or raw is None or raw.shape[0] % ROW_MULTIPLE:
                 continue
             blocks = unpermute_rows(raw, heads[short]) if short in heads else raw
-            parent_path, _, leaf = module_path.rpartition(".")
-            parent = layer.get_submodule(parent_path)
-            dense = getattr(parent, leaf)
+            dense = layer.get_submodule(module_path)
             exact = dequantize_q4_1(blocks).to(dense.weight.dtype)
             if exact.shape != dense.weight.shape or not torch.equal(exact, dense.weight.detach()):
                 raise ConfigError(
                     f"{path.name}: blk.{index}.{short} does not match the loaded {module_path} weight; "
                     "the GGUF's layout is not the one quant gguf knows"
                 )
-            setattr(parent, leaf, Int4Linear.from_q4_1(blocks))
-            swapped += 1
-    if not swapped:
+            built[f"model.layers.{index}.{module_path}"] = Int4Linear.from_q4_1(blocks)
+    return built
+
+
+def _read_cache(cache: Path) -> dict[str, Int4Linear] | None:
+    from safetensors.torch import load_file
+
+    try:
+        flat = load_file(cache)
+    except Exception:  # missing, partial or unreadable: built again from the file
+        return None
+    names = {key.rpartition(".")[0] for key in flat}
+    built = {}
+    for name in names:
+        packed, scales_zeros = flat.get(f"{name}.packed"), flat.get(f"{name}.scales_zeros")
+        if packed is None or scales_zeros is None:
+            return None
+        built[name] = Int4Linear(packed, scales_zeros, packed.shape[1] * 2, packed.shape[0])
+    return built
+
+
+def _write_cache(cache: Path, built: dict[str, Int4Linear]) -> None:
+    from safetensors.torch import save_file
+
+    flat = {}
+    for name, layer in built.items():
+        flat[f"{name}.packed"], flat[f"{name}.scales_zeros"] = layer.packed, layer.scales_zeros
+    tmp = cache.with_name(cache.name + ".tmp")
+    try:
+        save_file(flat, tmp)
+        tmp.replace(cache)
+    except OSError:
+        pass  # a read-only data folder: the next start builds them again
+
+
+def swap_in_q4_1_linears(model: nn.Module, path: Path, cache: Path | None = None) -> int:
+    """Replace each linear of `model` (a transformers llama loaded in bf16 from the GGUF's dequantized folder) whose
+    GGUF tensor is Q4_1 with an Int4Linear built from the file's blocks; returns how many were swapped. `cache`: a
+    safetensors file holding the packed layers, written at the first start and read at later ones (reading the
+    GGUF's metadata alone takes seconds)."""
+    built = _read_cache(cache) if cache is not None and cache.exists() else None
+    if built is not None and any(name not in dict(model.named_modules()) for name in built):
+        built = None  # another model's layers
+    if built is None:
+        built = _built_q4_1_linears(model, path)
+        if cache is not None and built:
+            _write_cache(cache, built)
+    if not built:
         raise ConfigError(f"{path.name}: no Q4_1 linear layers; quant gguf keeps Q4_1 blocks only")
-    return swapped
+    for name, layer in built.items():
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, layer)
+    return len(built)

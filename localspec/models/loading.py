@@ -24,6 +24,8 @@ from .registry import GGUF_PREFIX, looks_like_path
 
 Progress = Callable[[str], None]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# quant gguf's packed layers: a file beside the dequantized folder (inside it, it would count as the folder's weights)
+INT4_CACHE_SUFFIX = ".int4-q4_1.safetensors"
 
 
 def _say(progress: Optional[Progress], message: str) -> None:
@@ -205,7 +207,9 @@ def load_causal_lm(
     if quant == "gguf":
         from .gguf_linear import swap_in_q4_1_linears
 
-        swap_in_q4_1_linears(model, gguf_file(spec.source))
+        path = gguf_file(spec.source)
+        folder = gguf_cache_folder(path)
+        swap_in_q4_1_linears(model, path, folder.with_name(folder.name + INT4_CACHE_SUFFIX))
     return model.eval(), folder
 
 
