@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,34 +30,7 @@ sys.path.insert(0, str(REPO))
 
 FORMATS = ("float32", "bfloat16", "gguf-int4")
 ROWS = tuple(range(1, 10))
-BANDWIDTH_BYTES = 512 * 2**20
 PROMPT = "Explain in a few sentences why the sky is blue, and what changes at sunset."
-
-
-def bandwidth_gbs(repeats: int = 7) -> float:
-    """GB/s of a bf16 sum over BANDWIDTH_BYTES (median of repeats, after one untimed pass)."""
-    data = torch.ones(BANDWIDTH_BYTES // 2, dtype=torch.bfloat16)
-    data.sum()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        data.sum()
-        times.append(time.perf_counter() - started)
-    return BANDWIDTH_BYTES / statistics.median(times) / 1e9
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes a 1-token forward reads from weights: every linear's (dense or int4 buffers) and the LM head's."""
-    from localspec.models.gguf_linear import Int4Linear
-
-    total = 0
-    for module in model.modules():
-        if isinstance(module, Int4Linear):
-            total += module.packed.numel() * module.packed.element_size()
-            total += module.scales_zeros.numel() * module.scales_zeros.element_size()
-        elif isinstance(module, torch.nn.Linear):
-            total += module.weight.numel() * module.weight.element_size()
-    return total
 
 
 def kernel_weight_error(path: Path) -> dict[str, float]:
@@ -128,6 +99,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from localspec.bench.costs import bandwidth_gbs, weight_bytes
     from localspec.config import ModelSpec
     from localspec.models.dtype_choice import format_fields, time_forwards
     from localspec.models.loading import gguf_file, load_causal_lm, load_tokenizer, resolve_folder

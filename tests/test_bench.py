@@ -298,6 +298,9 @@ def test_bench_reports_the_dtype_decision_the_float32_baseline_and_per_row_costs
     assert "Target dtype: bfloat16 (auto: 1-token 20 ms vs 40 ms float32" in table
     assert "| T tokens | 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 |" in table and "| × T=1 | 1.00 | 2.00 |" in table
     assert any("/ hf-fp32" in t["target"] for t in data["summary"]["targets"])
+    bound = data["machine"]["bound"]  # the tiny target's bf16 linears and head, read at the measured bandwidth
+    assert bound["bound_ms"] == pytest.approx(bound["weight_mb"] / 1e3 / bound["bandwidth_gbs"] * 1e3)
+    assert f"the 1-token forward above is {10.0 / bound['bound_ms']:.1f}× that" in table
 
 
 def test_chain_modes_run_chains_when_the_entry_drafts_trees(tiny_pair, tmp_path):

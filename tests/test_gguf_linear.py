@@ -148,3 +148,11 @@ def test_the_packed_layers_cache_reads_back_what_was_written_and_a_broken_one_is
     assert torch.equal(back.packed, layer.packed) and torch.equal(back.scales_zeros, layer.scales_zeros)
     cache.write_bytes(b"not safetensors")
     assert gguf_linear._read_cache(cache) is None
+
+
+def test_weight_bytes_count_int4_codes_and_scales_and_dense_weights():
+    from localspec.bench.costs import weight_bytes
+
+    model = torch.nn.Sequential(Int4Linear.from_q4_1(random_blocks(48, 128)[0]), torch.nn.Linear(48, 10, bias=False))
+    codes, scales_zeros, dense = 48 * 128 // 2, (128 // GROUP) * 48 * 2 * 2, 48 * 10 * 4  # bytes
+    assert weight_bytes(model) == codes + scales_zeros + dense

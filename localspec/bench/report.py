@@ -268,6 +268,14 @@ def to_markdown(data: dict) -> str:
             "| × T=1 | " + " | ".join(f"{v / rows_ms['1']:.2f}" for v in values) + " |",
             "",
         ]
+    if machine.get("bound") and machine.get("verify_ms"):
+        bound = machine["bound"]
+        lines += [
+            f"Bytes-read bound: {bound['weight_mb']:.0f} MB of weights per token at {bound['bandwidth_gbs']:.1f} GB/s "
+            f"(a bf16 sum over 512 MB) = {bound['bound_ms']:.1f} ms; the 1-token forward above is "
+            f"{machine['verify_ms']['1'] / bound['bound_ms']:.1f}× that.",
+            "",
+        ]
     if data["notes"]:
         lines += ["Notes: " + "; ".join(data["notes"]) + ".", ""]
     lines += [

@@ -102,6 +102,10 @@ def run_bench(
         else {"dtype": session.loaded.spec.target.dtype, "text": session.loaded.spec.target.dtype}
     )
     machine["verify_ms"] = verify_costs(session) if measure_rows else {}
+    if measure_rows:
+        from .costs import forward_bound
+
+        machine["bound"] = forward_bound(session.loaded.target)
     encoded = []
     for prompt in prompts:
         ids, _notice = session.prompt_ids(list(prompt.messages), max_new_tokens)

@@ -1,0 +1,44 @@
+"""What a forward must read and how fast the machine reads it: weight bytes per token and memory bandwidth, for the
+bench's bytes-read bound (scripts/forward_costs.py prints the same per weight format)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+BANDWIDTH_BYTES = 512 * 2**20  # a bf16 sum over this many bytes
+
+
+def bandwidth_gbs(repeats: int = 7) -> float:
+    """GB/s of a bf16 sum over BANDWIDTH_BYTES (median of repeats, after one untimed pass)."""
+    data = torch.ones(BANDWIDTH_BYTES // 2, dtype=torch.bfloat16)
+    data.sum()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        data.sum()
+        times.append(time.perf_counter() - started)
+    return BANDWIDTH_BYTES / statistics.median(times) / 1e9
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes a 1-token forward reads from weights: every linear's (dense, or an Int4Linear's packed codes and
+    scales/zeros) and the LM head's; the embedding is a one-row gather and is left out."""
+    from localspec.models.gguf_linear import Int4Linear
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, Int4Linear):
+            total += module.packed.numel() * module.packed.element_size()
+            total += module.scales_zeros.numel() * module.scales_zeros.element_size()
+        elif isinstance(module, torch.nn.Linear):
+            total += module.weight.numel() * module.weight.element_size()
+    return total
+
+
+def forward_bound(model: torch.nn.Module) -> dict[str, float]:
+    """{"weight_mb", "bandwidth_gbs", "bound_ms"}: the 1-token forward no kernel can beat here."""
+    nbytes, gbs = weight_bytes(model), bandwidth_gbs()
+    return {"weight_mb": nbytes / 1e6, "bandwidth_gbs": gbs, "bound_ms": nbytes / (gbs * 1e9) * 1e3}
