@@ -156,3 +156,12 @@ def test_weight_bytes_count_int4_codes_and_scales_and_dense_weights():
     model = torch.nn.Sequential(Int4Linear.from_q4_1(random_blocks(48, 128)[0]), torch.nn.Linear(48, 10, bias=False))
     codes, scales_zeros, dense = 48 * 128 // 2, (128 // GROUP) * 48 * 2 * 2, 48 * 10 * 4  # bytes
     assert weight_bytes(model) == codes + scales_zeros + dense
+
+
+def test_the_gguf_guarantee_names_the_machine_it_was_measured_on():
+    from localspec.verify.guarantee import MEASURED_ON, guarantee_for
+
+    guarantee = guarantee_for("bfloat16", "gguf", "cpu")
+    assert guarantee.measured and guarantee.path == "cpu gguf (bfloat16 compute)"
+    assert guarantee.measured_on.startswith("AMD EPYC") and "AMD EPYC" in guarantee.text
+    assert guarantee_for("bfloat16", "none", "cpu").measured_on == MEASURED_ON
