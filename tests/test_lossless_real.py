@@ -61,8 +61,13 @@ def check_speculative_equals_plain(dtype: str, quant: str, limit_mt: int, limit_
     pair = load_registry(Path(__file__).resolve().parents[1] / "models.yaml")[0]
     target = ModelSpec(pair.target.source, quant, dtype, pair.target.trust_remote_code)
     session = ChatSession(load_pair(dataclasses.replace(pair, target=target), device="cpu", load_draft=False))
-    if quant != "none":
-        assert "bitsandbytes" in type(session.loaded.target.model.layers[0].mlp.up_proj).__module__
+    up_proj = session.loaded.target.model.layers[0].mlp.up_proj
+    if quant == "gguf":
+        from localspec.models.gguf_linear import Int4Linear
+
+        assert isinstance(up_proj, Int4Linear)
+    elif quant != "none":
+        assert "bitsandbytes" in type(up_proj).__module__
     assert guarantee_for(dtype, quant, "cpu").measured
     for n, text in enumerate(shared_prompts(limit_mt=limit_mt, limit_code=limit_code)):
         prompt_ids = session.prompt_ids([{"role": "user", "content": text}], NEW_TOKENS)[0]
@@ -82,3 +87,7 @@ def test_int8_speculative_equals_int8_plain():
 
 def test_bfloat16_speculative_equals_bfloat16_plain():
     check_speculative_equals_plain("bfloat16", "none", limit_mt=2, limit_code=1, ks=(3, 5))
+
+
+def test_gguf_speculative_equals_gguf_plain():
+    check_speculative_equals_plain("bfloat16", "gguf", limit_mt=2, limit_code=1, ks=(3, 5))
