@@ -185,7 +185,8 @@ def swap_in_q4_1_linears(model: nn.Module, path: Path, cache: Path | None = None
     safetensors file holding the packed layers, written at the first start and read at later ones (reading the
     GGUF's metadata alone takes seconds)."""
     built = _read_cache(cache) if cache is not None and cache.exists() else None
-    if built is not None and any(name not in dict(model.named_modules()) for name in built):
+    modules = dict(model.named_modules())
+    if built is not None and any(name not in modules for name in built):
         built = None  # another model's layers
     if built is None:
         built = _built_q4_1_linears(model, path)
