@@ -12,9 +12,11 @@ import json
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.middleware import Middleware
 
 from .admission import Admission, QueueFull
 from .auth import key_matches
+from .guard import AccessPolicy, HostGuard
 from .metrics import CONTENT_TYPE, MetricsRecorder
 from .responses import Collector
 from .runner import Backend, Job, check_model
@@ -32,15 +34,31 @@ def sse(body: dict | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+def is_json(content_type: str | None) -> bool:
+    """application/json or any +json type, parameters (charset) allowed."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 async def read_json(request: Request):
+    """The body as JSON: refused (415) unless sent as JSON, (413) past MAX_BODY_BYTES however it is framed."""
+    if not is_json(request.headers.get("content-type")):
+        raise APIError(
+            "send the request body as JSON (Content-Type: application/json)", None, 415, code="unsupported_media_type"
+        )
+    too_large = APIError(f"the request body is larger than {MAX_BODY_BYTES} bytes", None, 413)
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise APIError(f"the request body is larger than {MAX_BODY_BYTES} bytes", None, 413)
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise APIError(f"the request body is larger than {MAX_BODY_BYTES} bytes", None, 413)
+        raise too_large
+    raw = bytearray()
+    async for chunk in request.stream():  # a chunked body has no Content-Length: stop reading past the cap
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise too_large
     try:
         return json.loads(raw)
+    except RecursionError:
+        raise APIError("the request body nests too deeply to be read") from None
     except (ValueError, UnicodeDecodeError):
         raise APIError("the request body is not valid JSON") from None
 
@@ -187,10 +205,18 @@ def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorde
     return list(router.routes)
 
 
-def create_app(backend: Backend, admission: Admission, metrics: MetricsRecorder | None, api_key: str | None) -> FastAPI:
+def create_app(
+    backend: Backend,
+    admission: Admission,
+    metrics: MetricsRecorder | None,
+    api_key: str | None,
+    policy: AccessPolicy = AccessPolicy("127.0.0.1"),
+) -> FastAPI:
+    """The API on its own server; `policy` (the Host check and CORS, server/guard.py) wraps every route."""
     return FastAPI(
         title="localspec",
         routes=build_routes(backend, admission, metrics, api_key),
+        middleware=[Middleware(HostGuard, policy=policy)],
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
