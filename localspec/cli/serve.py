@@ -60,4 +60,5 @@ def run(args) -> int:
         flush=True,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    admission.workers.stop()  # answers still running end before the interpreter does
     return 0

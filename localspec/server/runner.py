@@ -72,7 +72,7 @@ class Job:
         self.ticket = admission.enter("api")  # QueueFull when the queue is full: nothing started
         self.items: asyncio.Queue[tuple[str, object]] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
-        threading.Thread(target=self._run, daemon=True, name="localspec-api-answer").start()
+        admission.workers.start(self._run, self.cancel, "localspec-api-answer")
 
     def _push(self, kind: str, item: object = None) -> None:
         try:

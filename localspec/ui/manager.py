@@ -199,10 +199,15 @@ class ModelManager:
             if owner:
                 self._busy_owners.add(owner)
                 self._cancels[owner] = cancel  # Stop in that window sets it
-        threading.Thread(
-            target=self._work, args=(messages, sampling, spec, cancel, out, owner), daemon=True, name="localspec-answer"
-        ).start()
+        self._lock.workers.start(
+            lambda: self._work(messages, sampling, spec, cancel, out, owner), cancel, "localspec-answer"
+        )
         return out.queue
+
+    def stop_answers(self) -> bool:
+        """Cancel every running or queued answer (chat window and API) and wait for their threads; True when all
+        ended in time. For a process that is ending."""
+        return self._lock.workers.stop()
 
     def _work(self, messages, sampling, spec_for, cancel, out, owner="") -> None:
         try:

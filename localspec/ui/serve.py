@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     store, notice = open_store(args)
     demo = build_app(manager, store, notice)
     demo.queue(default_concurrency_limit=None)
-    # SIGTERM ends the process like Ctrl+C: the store checkpoints its WAL, the temporary files go (atexit)
+    # SIGTERM ends the process like Ctrl+C: the answers stop (an incomplete one is kept as such) and their threads
+    # end before the interpreter does, the store checkpoints its WAL, the temporary files go (atexit)
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
     launch = launch_kwargs(auth)
     # the Host check and CORS (server/guard.py) go around everything Gradio serves, the API routes included
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)
         return 2
     finally:
+        manager.stop_answers()
         if store is not None:
             store.close()
     return 0
