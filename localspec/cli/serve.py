@@ -36,7 +36,6 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import uvicorn
 
-    from localspec.models.registry import load_registry
     from localspec.server.admission import Admission
     from localspec.server.app import create_app
     from localspec.server.auth import api_key_for
@@ -44,12 +43,12 @@ def run(args) -> int:
     from localspec.server.metrics import MetricsRecorder
     from localspec.server.runner import FixedBackend
 
-    from .common import load_session
+    from .common import load_session, read_pairs, resolve_pair
 
     api_key = api_key_for(args.host, args.no_auth)  # refuses before the model loads
     admission = Admission(args.max_queue)
-    pairs = load_registry(args.models)
-    session = load_session(args)
+    pairs = read_pairs(args.models)[0]
+    session = load_session(args, pair=resolve_pair(args))
     name = session.loaded.spec.name
     backend = FixedBackend(pairs, name, session)
     app = create_app(backend, admission, MetricsRecorder(admission), api_key, policy_for(args))
