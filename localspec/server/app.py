@@ -71,15 +71,25 @@ class ClientGone(Exception):
     """The client of a request that has not been answered yet went away (its job is cancelled)."""
 
 
-async def next_item(job: Job, request: Request):
-    """The job's next item; while waiting, a client that went away cancels the job (ClientGone)."""
-    while True:
-        try:
-            return await asyncio.wait_for(job.items.get(), DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                job.cancel.set()
-                raise ClientGone from None
+class Items:
+    """A non-streamed job's items as the route waits for them; every DISCONNECT_POLL_S (even while events keep
+    coming) it checks that the client is still there, and cancels the job when it is not (ClientGone)."""
+
+    def __init__(self, job: Job, request: Request) -> None:
+        self.job, self.request = job, request
+        self.checked = time.monotonic()
+
+    async def next(self):
+        while True:
+            if time.monotonic() - self.checked >= DISCONNECT_POLL_S:
+                self.checked = time.monotonic()
+                if await self.request.is_disconnected():
+                    self.job.cancel.set()
+                    raise ClientGone
+            try:
+                return await asyncio.wait_for(self.job.items.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                continue
 
 
 def not_found(path: str) -> JSONResponse:
@@ -186,7 +196,8 @@ def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorde
                 raise APIError(
                     str(exc), None, 429, "rate_limit_exceeded", "queue_full", {"Retry-After": str(exc.retry_after_s)}
                 ) from None
-            first = await next_item(job, request)
+            items = Items(job, request)
+            first = await items.next()
             if first[0] == "error":
                 raise first[1]
             if first[0] == "end":  # cancelled before it started
@@ -214,7 +225,7 @@ def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorde
                 if collector.done:
                     job.cancel.set()
                     break
-                item = await next_item(job, request)
+                item = await items.next()
             if item[0] == "error":
                 raise item[1]
             if not collector.done:  # the engine ended without a finished event
