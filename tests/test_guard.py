@@ -195,3 +195,21 @@ def test_gradio_does_not_echo_a_foreign_origin(guarded_app):
     ok = httpx.get(f"http://127.0.0.1:{port}/config", headers={"Origin": "http://localhost:5173"}, timeout=30)
     assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://localhost:5173"
     assert ok.headers.get("access-control-allow-credentials") is None  # Gradio's own header was dropped
+
+
+@pytest.mark.slow
+def test_the_app_process_installs_the_guard(tiny_pair, tmp_path):
+    """`python app.py --api` as users start it: its Gradio routes and its API refuse a rebinding request."""
+    from .apphelpers import AppProcess, tiny_models_yaml
+
+    app = AppProcess(tiny_models_yaml(tiny_pair, tmp_path), tmp_path, extra=("--api",)).wait_ready()
+    try:
+        evil = {"Host": f"evil.example:{app.port}", "Origin": f"http://evil.example:{app.port}"}
+        for path in ("config", "v1/models", "gradio_api/info"):
+            r = httpx.get(app.url + path, headers=evil, timeout=30)
+            assert r.status_code == 400 and "access-control-allow-origin" not in r.headers, path
+            assert httpx.get(app.url + path, timeout=30).status_code == 200, path
+        plain = httpx.post(app.url + "v1/chat/completions", content=b"{}", headers={"Content-Type": "text/plain"})
+        assert plain.status_code == 415
+    finally:
+        app.stop()
