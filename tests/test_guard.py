@@ -124,21 +124,29 @@ def test_cors_preflight_and_simple_responses(tiny_session):
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://chat.example"
 
 
-def test_chunked_body_past_the_cap_is_refused_while_reading(tiny_session):
-    from localspec.server.schemas import MAX_BODY_BYTES
+def test_chunked_body_past_the_cap_is_refused_while_reading():
+    """A body without Content-Length: reading stops at the first chunk past the cap, not at the body's end."""
+    import asyncio
 
-    sent = 0
+    from starlette.requests import Request
 
-    def chunks():  # no Content-Length: the server has to count
-        nonlocal sent
-        piece = b" " * 65536
-        for _ in range(4 * MAX_BODY_BYTES // len(piece)):
-            sent += len(piece)
-            yield piece
+    from localspec.server.app import read_json
+    from localspec.server.schemas import MAX_BODY_BYTES, APIError
 
-    with api(tiny_session) as c:
-        r = c.post("/v1/chat/completions", content=chunks(), headers={"Content-Type": "application/json"})
-    assert r.status_code == 413 and "larger than" in r.json()["error"]["message"]
+    piece = b" " * 65536
+    total_chunks = 4 * MAX_BODY_BYTES // len(piece)
+    received = 0
+
+    async def receive():
+        nonlocal received
+        received += 1
+        return {"type": "http.request", "body": piece, "more_body": received < total_chunks}
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [(b"content-type", b"application/json")]}
+    with pytest.raises(APIError) as info:
+        asyncio.run(read_json(Request(scope, receive)))
+    assert info.value.status == 413
+    assert received == MAX_BODY_BYTES // len(piece) + 1  # one chunk past the cap, then no more
 
 
 def test_deeply_nested_json_gets_an_openai_400(tiny_session):
