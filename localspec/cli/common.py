@@ -48,13 +48,14 @@ def read_pairs(path) -> list:
     return pairs, broken
 
 
-def resolve_pair(args):
+def resolve_pair(args, read=None):
     """The models.yaml entry --model names (default: the first valid one, as in the app), read without loading
-    anything. A broken entry it was not asked to use only gives a warning; one asked for by name gives its error."""
+    anything (or from `read`, what read_pairs returned). A broken entry it was not asked to use only gives a
+    warning; one asked for by name gives its error."""
     from localspec.config import ConfigError
     from localspec.models.registry import find_pair
 
-    pairs, broken = read_pairs(args.models)
+    pairs, broken = read if read is not None else read_pairs(args.models)
     asked = next((b for b in broken if args.model is not None and b.name == args.model), None)
     if asked is not None:
         raise ConfigError(asked.error)

@@ -47,8 +47,9 @@ def run(args) -> int:
 
     api_key = api_key_for(args.host, args.no_auth)  # refuses before the model loads
     admission = Admission(args.max_queue)
-    pairs = read_pairs(args.models)[0]
-    session = load_session(args, pair=resolve_pair(args))
+    read = read_pairs(args.models)
+    pairs = read[0]
+    session = load_session(args, pair=resolve_pair(args, read))
     name = session.loaded.spec.name
     backend = FixedBackend(pairs, name, session)
     app = create_app(backend, admission, MetricsRecorder(admission), api_key, policy_for(args))
