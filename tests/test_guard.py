@@ -219,5 +219,7 @@ def test_the_app_process_installs_the_guard(tiny_pair, tmp_path):
             assert httpx.get(app.url + path, timeout=30).status_code == 200, path
         plain = httpx.post(app.url + "v1/chat/completions", content=b"{}", headers={"Content-Type": "text/plain"})
         assert plain.status_code == 415
+        unknown = httpx.get(app.url + "v1/nothing", timeout=30)  # ahead of Gradio's own 404
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
     finally:
         app.stop()

@@ -26,6 +26,7 @@ from .runner import Backend, Job, check_model, pair_named, slug
 from .schemas import MAX_BODY_BYTES, APIError, parse_request
 
 CREATED = int(time.time())  # when this server started: the models' `created`
+ROUTE_METHODS = {"/v1/models": "GET", "/v1/chat/completions": "POST", "/v1/completions": "POST"}
 DISCONNECT_POLL_S = 0.25  # how often a request that has sent nothing yet checks that its client is still there
 
 
@@ -95,7 +96,7 @@ class Items:
 def not_found(path: str) -> JSONResponse:
     return error_response(
         APIError(
-            f"there is no route {path}; this server has GET /v1/models, GET /v1/models/{{id}}, "
+            f"there is no route {path[:200]}; this server has GET /v1/models, GET /v1/models/{{id}}, "
             "POST /v1/chat/completions, POST /v1/completions, GET /health, GET /metrics",
             None,
             404,
@@ -277,6 +278,16 @@ def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorde
     @router.post("/v1/completions")
     async def completions(request: Request):
         return await generate(request, "completions")
+
+    # last: any other /v1 path (on the chat app's server too, where these routes come ahead of Gradio's)
+    @router.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def unknown(request: Request, rest: str):
+        path = request.url.path.rstrip("/")
+        allowed = ROUTE_METHODS.get(path) or ("GET" if path.startswith("/v1/models/") else None)
+        if allowed is not None:
+            message = f"{request.method} is not allowed on {path}; use {allowed}"
+            return error_response(APIError(message, None, 405, code="method_not_allowed"))
+        return not_found(request.url.path)
 
     return list(router.routes)
 
