@@ -57,6 +57,7 @@ def test_openai_sync_async_and_many_stops(live_server):  # noqa: F811
 
 
 def test_langchain_openai_invoke_and_stream(live_server):  # noqa: F811
+    pytest.importorskip("langchain_openai", reason="langchain-openai is in requirements-test.lock: make setup-test")
     from langchain_core.messages import HumanMessage, SystemMessage
     from langchain_openai import ChatOpenAI
 
