@@ -18,9 +18,20 @@ from localspec.proposers.lookup_first import LookupFirstProposer
 
 TRUNCATION_POLICY = (
     "When a conversation no longer fits the model's context, the oldest turns are left out first (the system "
-    "prompt and your latest message are kept); a single message longer than the context keeps only its end."
+    "messages and your latest message are kept); a single message longer than the context keeps only its end."
 )
 MAX_MESSAGE_CHARS = 200_000
+
+
+class PromptTooLong(ConfigError):
+    """A prompt that does not fit the context, when truncation was not asked for (the API's default)."""
+
+    def __init__(self, prompt_tokens: int, budget: int, context: int, reserved: int) -> None:
+        super().__init__(
+            f"the prompt has {prompt_tokens} tokens; this model's context of {context} tokens leaves {budget} for "
+            f"the prompt ({reserved} are kept for the answer)"
+        )
+        self.prompt_tokens, self.budget, self.context, self.reserved = prompt_tokens, budget, context, reserved
 
 
 class IncrementalDetokenizer:
@@ -118,37 +129,98 @@ class ChatSession:
         )
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
-    def prompt_ids(self, messages: list[dict], max_new_tokens: int) -> tuple[list[int], Optional[str]]:
-        """Apply the chat template; drop the oldest turns (then cut the last message) to fit. Returns (ids, notice)."""
+    def prompt_ids(
+        self, messages: list[dict], max_new_tokens: int, truncate: bool = True
+    ) -> tuple[list[int], Optional[str]]:
+        """Apply the chat template, every system message in its place (merged at the start, and said so, when the
+        template refuses that). When the prompt does not fit: with truncate, drop the oldest turns (then cut the last
+        message) in one pass; without, raise PromptTooLong. Returns (ids, notice)."""
         from localspec.store.validation import validate_messages
 
         messages = validate_messages(messages)
         check_max_new_tokens(max_new_tokens)
         if not messages or not str(messages[-1].get("content", "")).strip():
             raise ConfigError("the message is empty; type something to send")
-        budget = self.engine.max_context - min(max_new_tokens, self.engine.max_context // 2)
+        reserved = min(max_new_tokens, self.engine.max_context // 2)
+        budget = self.engine.max_context - reserved
         messages = [{"role": m["role"], "content": str(m["content"])[-MAX_MESSAGE_CHARS:]} for m in messages]
-        system = [m for m in messages if m["role"] == "system"][:1]
-        turns = [m for m in messages if m["role"] != "system"]
-        notice = None
-        while True:
-            ids = self._template(system + turns)
-            if len(ids) <= budget:
-                return ids, notice
-            if not turns:
-                raise ConfigError("the system prompt is longer than this model's context; shorten it")
-            if len(turns) > 1:
-                turns = turns[1:]
-                notice = "Older turns were left out to fit the context. " + TRUNCATION_POLICY
-                continue
-            last = turns[-1]
-            content_ids = self.tokenizer.encode(last["content"], add_special_tokens=False)
+        messages, ids, merged = self._with_systems(messages)
+        if len(ids) <= budget:
+            return ids, merged
+        if not truncate:
+            raise PromptTooLong(len(ids), budget, self.engine.max_context, reserved)
+        ids, notice = self._fit(messages, ids, budget)
+        return ids, " ".join(n for n in (merged, notice) if n)
+
+    def _with_systems(self, messages: list[dict]) -> tuple[list[dict], list[int], Optional[str]]:
+        """(messages, their ids, notice): as given when the template takes them; otherwise every system message
+        joined, in order, into one at the start (templates that allow a single leading system message)."""
+        systems = [m for m in messages if m["role"] == "system"]
+        in_place = len(systems) <= 1 and (not systems or messages[0]["role"] == "system")
+        try:
+            return messages, self._template(messages), None
+        except Exception:  # the template's own refusal (jinja raise_exception): retried merged, else reported
+            if in_place:
+                raise
+        joined = {"role": "system", "content": "\n\n".join(m["content"] for m in systems)}
+        merged = [joined] + [m for m in messages if m["role"] != "system"]
+        notice = (
+            f"This model's chat template takes one system message at the start: the {len(systems)} system "
+            "messages were joined there, in their order."
+        )
+        return merged, self._template(merged), notice
+
+    def _fit(self, messages: list[dict], ids: list[int], budget: int) -> tuple[list[int], str]:
+        """Leave out the oldest turns, then cut the last message, until the prompt fits: each turn is tokenized
+        once, and the template is applied again only to correct the estimate (each time dropping ≥ 1 more turn),
+        so the work is linear in the conversation (system messages and the last message are always kept)."""
+        last = len(messages) - 1
+        droppable = [i for i, m in enumerate(messages[:last]) if m["role"] != "system"]
+        overhead = self._message_overhead()
+        cost = {
+            i: len(self.tokenizer.encode(messages[i]["content"], add_special_tokens=False)) + overhead
+            for i in droppable
+        }
+        dropped: set[int] = set()
+        notice = ""
+        while len(ids) > budget and len(dropped) < len(droppable):
+            over = len(ids) - budget
+            for i in droppable:
+                if over <= 0:
+                    break
+                if i not in dropped:
+                    dropped.add(i)
+                    over -= cost[i]
+            ids = self._template([m for i, m in enumerate(messages) if i not in dropped])
+            notice = "Older turns were left out to fit the context. " + TRUNCATION_POLICY
+        if len(ids) <= budget:
+            return ids, notice
+        kept = [m for i, m in enumerate(messages) if i not in dropped]
+        if len(kept) == 1 and kept[0]["role"] == "system":
+            raise ConfigError("the system prompt is longer than this model's context; shorten it")
+        content_ids = self.tokenizer.encode(kept[-1]["content"], add_special_tokens=False)
+        margin = 8  # re-tokenizing the kept end can merge differently at its first character
+        for _attempt in range(4):
             overflow = len(ids) - budget
-            if overflow >= len(content_ids):
-                raise ConfigError("the conversation's fixed parts do not fit this model's context")
-            kept = self.tokenizer.decode(content_ids[overflow + 8 :])
-            turns = [{"role": last["role"], "content": kept}]
-            notice = "Your message was longer than the context; only its end was kept. " + TRUNCATION_POLICY
+            if overflow <= 0:
+                return ids, "Your message was longer than the context; only its end was kept. " + TRUNCATION_POLICY
+            if overflow + margin >= len(content_ids):
+                break
+            content_ids = content_ids[overflow + margin :]
+            kept[-1] = {"role": kept[-1]["role"], "content": self.tokenizer.decode(content_ids)}
+            ids = self._template(kept)
+            margin *= 2
+        raise ConfigError("the conversation's fixed parts do not fit this model's context")
+
+    def _message_overhead(self) -> int:
+        """Tokens the template adds around one message's content (role markers), measured on two short turns."""
+        one = [{"role": "user", "content": "a"}]
+        two = one + [{"role": "assistant", "content": "a"}]
+        try:
+            extra = len(self._template(two)) - len(self._template(one))
+        except Exception:  # a template that refuses the pair: an estimate only (the loop corrects it)
+            return 4
+        return max(0, extra - len(self.tokenizer.encode("a", add_special_tokens=False)))
 
     def _template(self, messages: list[dict]) -> list[int]:
         out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)

@@ -38,6 +38,23 @@ class ConfigError(ValueError):
     """A user-facing configuration or input problem, with a message meant to be shown as is."""
 
 
+SHOWN_CHARS = 60  # how much of a bad value an error message quotes
+
+
+def shown(value: Any) -> str:
+    """A bad value as an error message quotes it: a short repr of a scalar, the size of anything else (a container
+    is never formatted whole, so a huge or alias-expanded one costs nothing to report)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        text = repr(value) if not isinstance(value, int) or abs(value) < 10**SHOWN_CHARS else "a very large number"
+    elif isinstance(value, str):
+        text = repr(value[:SHOWN_CHARS]) + ("…" if len(value) > SHOWN_CHARS else "")
+    elif isinstance(value, (list, tuple, dict, set)):
+        return f"a {type(value).__name__} of {len(value)} item{'s' if len(value) != 1 else ''}"
+    else:
+        return f"a {type(value).__name__}"
+    return text
+
+
 def k_error(got: Any, what: str = K_NAME) -> ConfigError:
     """The message for a K (or list of K values) outside K_MIN..K_MAX."""
     return ConfigError(f"{what} must be between {K_MIN} and {K_MAX} (got {got!r})")
@@ -52,7 +69,7 @@ def check_k(value: int, what: str = K_NAME) -> int:
 def check_tree_nodes(value: Any, what: str = TREE_NODES_NAME) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= TREE_NODES_MAX:
         raise ConfigError(
-            f"{what} must be a whole number between 0 and {TREE_NODES_MAX} (got {value!r}); 0 drafts chains"
+            f"{what} must be a whole number between 0 and {TREE_NODES_MAX} (got {shown(value)}); 0 drafts chains"
         )
     return value
 

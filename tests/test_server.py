@@ -22,6 +22,7 @@ from localspec.server.auth import api_key_for, key_matches
 from localspec.server.metrics import MetricsRecorder
 
 CHAT = [{"role": "user", "content": "Say something."}]
+LOCAL = "http://127.0.0.1:8000"  # the Host a loopback server accepts (server/guard.py)
 
 
 def make_app(session, admission=None, metrics=None, api_key=None):
@@ -41,7 +42,7 @@ def client(tiny_session):
 
     admission = Admission(4)
     metrics = MetricsRecorder(admission)
-    with TestClient(make_app(tiny_session, admission, metrics)) as c:
+    with TestClient(make_app(tiny_session, admission, metrics), base_url=LOCAL) as c:
         c.admission, c.metrics = admission, metrics
         yield c
 
@@ -259,7 +260,7 @@ def test_queue_full_answers_429(tiny_session):
     holder = admission.enter("chat")
     assert admission.wait(holder, 0)
     try:
-        r = TestClient(make_app(tiny_session, admission)).post("/v1/chat/completions", json=body())
+        r = TestClient(make_app(tiny_session, admission), base_url=LOCAL).post("/v1/chat/completions", json=body())
     finally:
         admission.leave(holder)
     assert r.status_code == 429 and r.headers["retry-after"].isdigit()
@@ -269,7 +270,7 @@ def test_queue_full_answers_429(tiny_session):
 def test_api_key(tiny_session):
     from fastapi.testclient import TestClient
 
-    c = TestClient(make_app(tiny_session, api_key="s3cret"))
+    c = TestClient(make_app(tiny_session, api_key="s3cret"), base_url=LOCAL)
     assert c.post("/v1/chat/completions", json=body()).status_code == 401
     assert c.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert c.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
@@ -445,7 +446,8 @@ def test_curl_sse_framing(live_server):
     assert len(events) >= 3 and all(e.startswith("data: ") and "\n" not in e for e in events)
     assert json.loads(events[0][6:])["choices"][0]["delta"]["role"] == "assistant"
     bad = subprocess.run(
-        ["curl", "-s", "-w", "\n%{http_code}", url + "/v1/chat/completions", "-d", "{not json"],
+        ["curl", "-s", "-w", "\n%{http_code}", url + "/v1/chat/completions", "-H", "Content-Type: application/json"]
+        + ["-d", "{not json"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -38,11 +38,28 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
 
 
-def resolve_pair(args):
-    """The models.yaml entry --model names (every entry must be valid), read without loading anything."""
-    from localspec.models.registry import find_pair, load_registry
+def read_pairs(path) -> list:
+    """models.yaml's valid entries; each broken one is named in a warning on stderr (as the app offers the rest)."""
+    from localspec.models.registry import load_registry_lenient
 
-    return find_pair(load_registry(args.models), args.model)
+    pairs, broken = load_registry_lenient(path)
+    for entry in broken:
+        print(f"localspec: warning: skipped {entry.error}", file=sys.stderr, flush=True)
+    return pairs, broken
+
+
+def resolve_pair(args, read=None):
+    """The models.yaml entry --model names (default: the first valid one, as in the app), read without loading
+    anything (or from `read`, what read_pairs returned). A broken entry it was not asked to use only gives a
+    warning; one asked for by name gives its error."""
+    from localspec.config import ConfigError
+    from localspec.models.registry import find_pair
+
+    pairs, broken = read if read is not None else read_pairs(args.models)
+    asked = next((b for b in broken if args.model is not None and b.name == args.model), None)
+    if asked is not None:
+        raise ConfigError(asked.error)
+    return find_pair(pairs, args.model)
 
 
 def check_spec_options(args, pair) -> None:

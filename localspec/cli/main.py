@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 COMMANDS = ("generate", "selftest", "bench", "bench_sampler", "distill", "evaluate_head", "serve")
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from localspec.config import ConfigError
 
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:  # started with it closed (>&-): what goes there goes nowhere
+            setattr(sys, name, open(os.devnull, "w"))
     try:
         return int(modules[args.command].run(args) or 0)
     except ConfigError as exc:
@@ -34,6 +38,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as Unix tools do
+        discard_stdout()
+        return 128 + signal.SIGPIPE
+
+
+def discard_stdout() -> None:
+    """Point stdout at /dev/null so that the flush at interpreter exit does not raise BrokenPipeError again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

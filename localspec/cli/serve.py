@@ -11,6 +11,8 @@ DEFAULT_PORT = 8000
 
 
 def add_parser(sub) -> None:
+    from localspec.server.guard import add_access_options
+
     from .common import add_model_options
 
     parser = sub.add_parser("serve", help="serve an OpenAI-compatible API with per-token provenance and /metrics")
@@ -28,26 +30,29 @@ def add_parser(sub) -> None:
         action="store_true",
         help="bind a non-loopback --host without LOCALSPEC_API_KEY (anyone reaching it can use it)",
     )
+    add_access_options(parser)
 
 
 def run(args) -> int:
     import uvicorn
 
-    from localspec.models.registry import load_registry
     from localspec.server.admission import Admission
     from localspec.server.app import create_app
     from localspec.server.auth import api_key_for
+    from localspec.server.guard import policy_for
     from localspec.server.metrics import MetricsRecorder
     from localspec.server.runner import FixedBackend
 
-    from .common import load_session
+    from .common import load_session, read_pairs, resolve_pair
 
     api_key = api_key_for(args.host, args.no_auth)  # refuses before the model loads
     admission = Admission(args.max_queue)
-    pairs = load_registry(args.models)
-    session = load_session(args)
+    read = read_pairs(args.models)
+    pairs = read[0]
+    session = load_session(args, pair=resolve_pair(args, read))
     name = session.loaded.spec.name
-    app = create_app(FixedBackend(pairs, name, session), admission, MetricsRecorder(admission), api_key)
+    backend = FixedBackend(pairs, name, session)
+    app = create_app(backend, admission, MetricsRecorder(admission), api_key, policy_for(args))
     print(
         f"Serving {name} on http://{args.host}:{args.port}/v1 (metrics: /metrics)"
         f"{'; clients must send Authorization: Bearer $LOCALSPEC_API_KEY' if api_key else ''}",
@@ -55,4 +60,5 @@ def run(args) -> int:
         flush=True,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    admission.workers.stop()  # answers still running end before the interpreter does
     return 0

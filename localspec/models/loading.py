@@ -19,7 +19,7 @@ import torch
 from localspec.config import ConfigError, ModelSpec, PairSpec
 
 from .dtype_choice import choose_dtype, fixed_decision, format_fields
-from .paths import cache_dir
+from .paths import cache_dir, writable_folder
 from .registry import GGUF_PREFIX, looks_like_path
 
 Progress = Callable[[str], None]
@@ -58,7 +58,7 @@ def gguf_file(source: str) -> Path:
 def gguf_cache_folder(path: Path) -> Path:
     stat = path.stat()
     key = hashlib.sha256(f"{path.name}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
-    return cache_dir() / "gguf" / f"{path.stem}-{key}"
+    return writable_folder(cache_dir() / "gguf", "The converted GGUF model") / f"{path.stem}-{key}"
 
 
 def materialise_gguf(path: Path, progress: Optional[Progress] = None) -> Path:

@@ -18,6 +18,7 @@ from localspec.config import (
     NgramSpec,
     PairSpec,
     check_tree_nodes,
+    shown,
 )
 
 PAIR_KEYS = {"name", "target", "proposers", "default_proposer", "k", "adaptive", "tree_nodes", "description"}
@@ -26,6 +27,7 @@ DRAFT_KEYS = {"source", "dtype", "trust_remote_code", "device_map"}
 NGRAM_KEYS = {"min_n", "max_n"}
 PROPOSER_KEYS = {"ngram", "draft", "head"}
 GGUF_PREFIX = "gguf-package:"
+MAX_EXPANDED_NODES = 100_000  # YAML nodes the file may stand for once every alias is expanded (models.yaml: ~20 each)
 
 
 def _where(index: int, name: str | None) -> str:
@@ -78,10 +80,10 @@ def _model(raw: Any, base_dir: Path, where: str, field: str, allowed: set[str], 
         raise ConfigError(f"{where}: field '{field}.source' is missing")
     quant = raw.get("quant", "none")
     if quant not in QUANTS:
-        raise ConfigError(f"{where}: field '{field}.quant' is {quant!r}; choose one of {', '.join(QUANTS)}")
+        raise ConfigError(f"{where}: field '{field}.quant' is {shown(quant)}; choose one of {', '.join(QUANTS)}")
     dtype = raw.get("dtype", default_dtype)
     if dtype not in DTYPES:
-        raise ConfigError(f"{where}: field '{field}.dtype' is {dtype!r}; choose one of {', '.join(DTYPES)}")
+        raise ConfigError(f"{where}: field '{field}.dtype' is {shown(dtype)}; choose one of {', '.join(DTYPES)}")
     trust = raw.get("trust_remote_code", False)
     if not isinstance(trust, bool):
         raise ConfigError(f"{where}: field '{field}.trust_remote_code' must be true or false")
@@ -99,8 +101,14 @@ def _model(raw: Any, base_dir: Path, where: str, field: str, allowed: set[str], 
 
 def _int(raw: Any, where: str, field: str, low: int, high: int) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
-        raise ConfigError(f"{where}: field '{field}' must be a whole number from {low} to {high} (got {raw!r})")
+        raise ConfigError(f"{where}: field '{field}' must be a whole number from {low} to {high} (got {shown(raw)})")
     return raw
+
+
+def _text(raw: Any, where: str, field: str) -> str:
+    if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+        raise ConfigError(f"{where}: field '{field}' must be text (got {shown(raw)})")
+    return str(raw)
 
 
 def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
@@ -145,12 +153,12 @@ def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
         ngram=ngram,
         draft=draft,
         head=head,
-        description=str(raw.get("description", "")),
+        description=_text(raw.get("description", ""), where, "description"),
         default_proposer=raw.get("default_proposer", "ngram" if ngram else "none"),
     )
     if pair.default_proposer not in pair.proposers:
         raise ConfigError(
-            f"{where}: field 'default_proposer' is {pair.default_proposer!r}, but this entry only "
+            f"{where}: field 'default_proposer' is {shown(pair.default_proposer)}, but this entry only "
             f"has {', '.join(pair.proposers)}"
         )
     return pair
@@ -211,9 +219,53 @@ def parse_registry_lenient(
     return pairs, broken
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """safe_load that refuses a document whose aliases expand beyond MAX_EXPANDED_NODES (an "anchor bomb")."""
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None and expanded_size(node) > MAX_EXPANDED_NODES:
+            raise ConfigError(
+                f"{self.name} refers to its anchors (&name / *name) so often that it stands for more than "
+                f"{MAX_EXPANDED_NODES} values; write the entries out instead"
+            )
+        return node
+
+
+def expanded_size(root: yaml.Node) -> int:
+    """How many nodes the document stands for with every alias written out (each shared node counted once per use;
+    computed once per node, so an anchor bomb costs its size in the file, not its expansion). A node that contains
+    itself counts once."""
+    sizes: dict[int, int] = {}
+    visiting: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+
+    def children(node: yaml.Node) -> list:
+        if isinstance(node, yaml.MappingNode):
+            return [part for pair in node.value for part in pair]
+        return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+    while stack:
+        node, ready = stack.pop()
+        key = id(node)
+        if ready:
+            sizes[key] = min(1 + sum(sizes.get(id(c), 1) for c in children(node)), MAX_EXPANDED_NODES + 1)
+            continue
+        if key in sizes or key in visiting:
+            continue
+        visiting.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children(node) if id(c) not in sizes)
+    return sizes[id(root)]
+
+
 def _entries(text: str, origin: str) -> list:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 (a SafeLoader with a size bound)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("<unicode string>", origin)) from None
+    except RecursionError:
+        raise ConfigError(f"{origin} nests too deeply to be read") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -16,6 +16,7 @@ from localspec.config import ConfigError
 
 DEFAULT_MAX_WAITING = 8
 RETRY_AFTER_S = 2  # what a refused caller is told to wait before asking again
+STOP_TIMEOUT_S = 20.0  # how long an ending process waits for its answers to stop (each stops within one step)
 
 
 class QueueFull(ConfigError):
@@ -34,6 +35,45 @@ class Ticket:
         self.created = time.perf_counter()
 
 
+class Workers:
+    """The threads that run answers (chat window and API), each with its cancel flag, so that a process that is
+    ending (SIGTERM) can stop them and wait for them: a native thread still inside the engine at interpreter exit
+    aborts the process ("terminate called without an active exception")."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[threading.Thread, threading.Event] = {}
+
+    def start(self, target, cancel: threading.Event, name: str) -> threading.Thread:
+        def run() -> None:
+            try:
+                target()
+            finally:
+                with self._lock:
+                    self._running.pop(threading.current_thread(), None)
+
+        thread = threading.Thread(target=run, daemon=True, name=name)
+        with self._lock:
+            self._running[thread] = cancel
+        thread.start()
+        return thread
+
+    @property
+    def count(self) -> int:
+        return len(self._running)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+        """Cancel every answer and wait for its thread (True when all ended within timeout_s)."""
+        with self._lock:
+            running = list(self._running.items())
+        for _thread, cancel in running:
+            cancel.set()
+        deadline = time.monotonic() + timeout_s
+        for thread, _cancel in running:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread, _ in running)
+
+
 class Admission:
     def __init__(self, max_waiting: int = DEFAULT_MAX_WAITING) -> None:
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
@@ -42,6 +82,7 @@ class Admission:
         self._cond = threading.Condition()
         self._queue: deque[Ticket] = deque()
         self._holder: Ticket | None = None
+        self.workers = Workers()  # the answer threads of everyone who queues here
 
     @property
     def waiting(self) -> int:

@@ -7,6 +7,7 @@ Names (prefix `localspec:`), matched to vLLM's v1 metrics:
   spec_decode_num_accepted_tokens_per_pos_total{position}  accepted tokens at draft position 0, 1, …
   request_success_total{finished_reason}        finished answers (stop, length; cancelled and error too here)
   prompt_tokens_total, generation_tokens_total  tokens in and out
+  (each request is counted once, with the finish_reason and completion_tokens its response carried: Outcome)
   time_to_first_token_seconds, e2e_request_latency_seconds (histograms)
   num_requests_running, num_requests_waiting    the shared FIFO queue (gauges)
 localspec's own (vLLM has none):
@@ -19,6 +20,7 @@ This module imports prometheus_client and the engine's events only: never Gradio
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import prometheus_client
 from prometheus_client import (
@@ -38,6 +40,16 @@ PREFIX = "localspec:"
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one request ended, as its client was told: the response's finish_reason and completion_tokens."""
+
+    finish_reason: str  # stop | length | cancelled | error
+    prompt_tokens: int
+    completion_tokens: int
+    elapsed_s: float
 
 
 class MetricsRecorder:
@@ -95,14 +107,12 @@ class MetricsRecorder:
             ("model_name",),
             registry=reg,
         )
+        self.model_name = lambda: "unknown"  # the loaded pair, for the queue gauges (set by the server)
         if admission is not None:
-            running = Gauge(PREFIX + "num_requests_running", "Requests the engine is answering.", registry=reg)
-            waiting = Gauge(PREFIX + "num_requests_waiting", "Requests waiting in the FIFO queue.", registry=reg)
-            running.set_function(lambda: admission.running)
-            waiting.set_function(lambda: admission.waiting)
+            reg.register(QueueGauges(admission, lambda: self.model_name()))
 
-    def observe(self, event: StepEvent, *, model: str, source: str, prompt_tokens: int) -> None:
-        """Count one engine step; the answer's last event (finished) also counts the request."""
+    def observe_step(self, event: StepEvent, *, model: str) -> None:
+        """Count one engine step: drafts, acceptance, step times, the controller's latest K (never the request)."""
         model = model or "unknown"
         with self._lock:
             if event.propose_token_num > 0:
@@ -112,7 +122,6 @@ class MetricsRecorder:
                 for position in range(event.accept_token_num):
                     self.accepted_per_pos.labels(model, str(position)).inc()
             if event.tokens:
-                self.generation_tokens.labels(model).inc(len(event.tokens))
                 for phase, us in (
                     ("propose", event.propose_time_us),
                     ("score", event.score_time_us),
@@ -125,13 +134,45 @@ class MetricsRecorder:
                 self.adaptive_k.labels(model).set(event.stats.k)
             if event.stats.predicted_speedup is not None:
                 self.predicted_speedup.labels(model).set(event.stats.predicted_speedup)
-            if event.finished:
-                self.requests.labels(model, event.finish_reason or "stop", source).inc()
-                self.prompt_tokens.labels(model).inc(prompt_tokens)
-                self.e2e.labels(model).observe(event.stats.elapsed_s)
+
+    def observe_end(self, outcome: Outcome, *, model: str, source: str) -> None:
+        """Count one finished request with what its client was told (the one source of both)."""
+        model = model or "unknown"
+        with self._lock:
+            self.requests.labels(model, outcome.finish_reason, source).inc()
+            self.prompt_tokens.labels(model).inc(outcome.prompt_tokens)
+            self.generation_tokens.labels(model).inc(outcome.completion_tokens)
+            self.e2e.labels(model).observe(outcome.elapsed_s)
+
+    def observe(self, event: StepEvent, *, model: str, source: str, prompt_tokens: int) -> None:
+        """A chat-window step; its last event (finished) also counts the request: there the engine's finish reason
+        and token count are what the window shows."""
+        self.observe_step(event, model=model)
+        if event.finished:
+            outcome = Outcome(event.finish_reason or "stop", prompt_tokens, event.stats.emitted, event.stats.elapsed_s)
+            self.observe_end(outcome, model=model, source=source)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class QueueGauges:
+    """num_requests_running / num_requests_waiting of the shared queue, labelled with the loaded pair's name."""
+
+    def __init__(self, admission, model_name) -> None:
+        self.admission, self.model_name = admission, model_name
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        name = self.model_name() or "unknown"
+        for metric, doc, value in (
+            ("num_requests_running", "Requests the engine is answering.", self.admission.running),
+            ("num_requests_waiting", "Requests waiting in the FIFO queue.", self.admission.waiting),
+        ):
+            family = GaugeMetricFamily(PREFIX + metric, doc, labels=["model_name"])
+            family.add_metric([name], value)
+            yield family
 
 
 def observer_for(recorder: MetricsRecorder | None):

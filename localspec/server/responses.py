@@ -14,6 +14,7 @@ import uuid
 
 from localspec.engine.events import StatsSnapshot, StepEvent, TokenEvent
 
+from .metrics import Outcome
 from .schemas import GenerationRequest
 
 LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a probability that underflows
@@ -31,9 +32,13 @@ def finite(lp: float) -> float:
 class Collector:
     """Accumulates one answer's tokens; releases text (holding back a possible start of a stop string)."""
 
-    def __init__(self, request: GenerationRequest, tokenizer) -> None:
+    def __init__(
+        self, request: GenerationRequest, tokenizer, fingerprint: str | None = None, notice: str | None = None
+    ) -> None:
         self.request = request
         self.tokenizer = tokenizer
+        self.fingerprint = fingerprint  # system_fingerprint: model, dtype, weight format (runner.fingerprint)
+        self.notice = notice  # what the prompt lost or merged (truncation, system messages): localspec.notice
         self.text = ""
         self.sent = 0
         self.tokens: list[tuple[TokenEvent, int]] = []  # (token, offset of its text in self.text)
@@ -146,7 +151,24 @@ class Collector:
         return usage
 
     def _head(self, object_: str) -> dict:
-        return {"id": self.id, "object": object_, "created": self.created, "model": self.request.model}
+        return {
+            "id": self.id,
+            "object": object_,
+            "created": self.created,
+            "model": self.request.model,
+            "system_fingerprint": self.fingerprint,
+        }
+
+    @property
+    def shows_tokens(self) -> bool:
+        """Whether a chunk with tokens but no text carries anything (logprobs or provenance were asked for)."""
+        return self.request.logprobs or self.request.extension.provenance
+
+    def outcome(self, prompt_tokens: int, finish_reason: str | None = None) -> Outcome:
+        """What this response told its client, for the metrics (the one source of finish reason and tokens)."""
+        return Outcome(
+            finish_reason or self.finish_reason or "cancelled", prompt_tokens, self.released, self.stats.elapsed_s
+        )
 
     def _decorate(self, choice: dict, tokens: list[TokenEvent], offset: int) -> dict:
         if self.request.logprobs:
@@ -176,6 +198,8 @@ class Collector:
             choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish_reason}
             body = self._head("text_completion")
         body["choices"] = [self._decorate(choice, tokens, offset)]
+        if first and self.notice:
+            body["localspec"] = {"notice": self.notice}
         return body
 
     def usage_chunk(self, prompt_tokens: int) -> dict:
@@ -199,4 +223,6 @@ class Collector:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason}
             body = self._head("text_completion")
         body.update(choices=[self._decorate(choice, tokens, 0)], usage=self.usage(prompt_tokens))
+        if self.notice:
+            body["localspec"] = {"notice": self.notice}
         return body

@@ -4,9 +4,11 @@ and hands events to the request's asyncio task. Cancelling (client gone, stop st
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from typing import Protocol
 
+from localspec.chat import PromptTooLong
 from localspec.config import ConfigError, PairSpec
 
 from .admission import Admission
@@ -45,18 +47,39 @@ class ManagerBackend:
         return self.manager.name, self.manager.session
 
 
+def slug(name: str) -> str:
+    """A pair's model id: its name in lower case with every run of other characters turned into one '-'
+    ('SmolLM2-135M-Instruct (embedded)' → 'smollm2-135m-instruct-embedded'). The name is its display name."""
+    return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-") or "model"
+
+
+def pair_named(backend: Backend, model: str) -> str | None:
+    """The pair name a request's model field stands for (its id or its display name); None when neither."""
+    for pair in backend.pairs:
+        if model in (pair.name, slug(pair.name)):
+            return pair.name
+    return None
+
+
 def check_model(backend: Backend, model: str) -> None:
     name, session = backend.current()
     if session is None:
         raise APIError("no model pair is loaded", "model", 503, "server_error", "model_not_loaded")
-    if model != name:
-        known = [p.name for p in backend.pairs]
+    asked = pair_named(backend, model)
+    if asked != name:
         message = (
-            f"model {model!r} is listed but not loaded; this server answers with {name!r}"
-            if model in known
-            else f"model {model!r} does not exist; this server answers with {name!r}"
+            f"model {model!r} is listed but not loaded; this server answers with {slug(name)!r}"
+            if asked is not None
+            else f"model {model!r} does not exist; this server answers with {slug(name)!r}"
         )
         raise APIError(message, "model", 404, code="model_not_found")
+
+
+def fingerprint(name: str, session) -> str:
+    """system_fingerprint: the loaded model, the dtype it runs in and its weight format; changes when they do."""
+    loaded = session.loaded
+    dtype = loaded.dtype.dtype if loaded.dtype is not None else "auto"
+    return f"localspec:{slug(name)}:{dtype}:{loaded.quant}"
 
 
 class Job:
@@ -69,10 +92,14 @@ class Job:
         self.cancel = threading.Event()
         self.prompt_tokens = 0
         self.tokenizer = None
+        self.notice: str | None = None  # what truncation or merged system messages changed (chat.prompt_ids)
+        self.model_name: str | None = None
+        self.fingerprint: str | None = None
+        self.recorded = False  # counted in the metrics (once, by the route)
         self.ticket = admission.enter("api")  # QueueFull when the queue is full: nothing started
         self.items: asyncio.Queue[tuple[str, object]] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
-        threading.Thread(target=self._run, daemon=True, name="localspec-api-answer").start()
+        admission.workers.start(self._run, self.cancel, "localspec-api-answer")
 
     def _push(self, kind: str, item: object = None) -> None:
         try:
@@ -82,12 +109,13 @@ class Job:
 
     def _run(self) -> None:
         try:
+            prompt = self._prompt()  # before the engine slot: a long prompt never holds up the request in front
             while not self.admission.wait(self.ticket, POLL_S):
                 if self.cancel.is_set():
                     return
             if self.cancel.is_set():
                 return
-            self._generate()
+            self._generate(*prompt)
         except APIError as exc:
             self._push("error", exc)
         except ConfigError as exc:
@@ -98,20 +126,37 @@ class Job:
             self.admission.leave(self.ticket)
             self._push("end")
 
-    def _generate(self) -> None:
+    def _prompt(self) -> tuple[str, object, list[int]]:
+        """(pair name, session, prompt ids) of the loaded pair; the chat template and truncation run here."""
         request = self.request
         check_model(self.backend, request.model)
         name, session = self.backend.current()
         self.tokenizer = session.tokenizer
-        spec = request.spec_for(session)
         if request.endpoint == "chat":
-            ids, _notice = session.prompt_ids(list(request.messages), request.sampling.max_new_tokens)
+            try:
+                ids, self.notice = session.prompt_ids(
+                    list(request.messages), request.sampling.max_new_tokens, truncate=request.extension.truncate
+                )
+            except PromptTooLong as exc:
+                raise APIError(
+                    f'{exc}; shorten the conversation, lower max_tokens, or send "localspec": {{"truncate": true}} '
+                    "to leave out the oldest turns",
+                    "messages",
+                    code="context_length_exceeded",
+                ) from None
         else:
             ids = list(session.tokenizer.encode(request.prompt))
         self.prompt_tokens = len(ids)
+        self.model_name, self.fingerprint = name, fingerprint(name, session)
+        return name, session, ids
+
+    def _generate(self, name: str, session, ids: list[int]) -> None:
+        request = self.request
+        check_model(self.backend, request.model)  # the same pair still: a switch waits behind this request
+        spec = request.spec_for(session)
         for event in session.stream_ids(ids, request.sampling, spec, self.cancel):
-            if self.metrics is not None:
-                self.metrics.observe(event, model=name, source="api", prompt_tokens=len(ids))
+            if self.metrics is not None:  # the request itself is counted by the route, with what it answered
+                self.metrics.observe_step(event, model=name)
             if event.finish_reason == "error":
                 raise APIError(event.error or "generation failed", None, 500, "server_error")
             self._push("event", event)

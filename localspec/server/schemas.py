@@ -16,7 +16,7 @@ from localspec.store.validation import ROLES, clean_text
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_MESSAGES = 512
-MAX_STOPS = 4
+MAX_STOPS = 16  # vLLM takes any number; Continue's autocomplete sends its template's stops plus three
 MAX_STOP_CHARS = 200
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; 0 is greedy
 DEFAULT_MAX_TOKENS = SamplingParams().max_new_tokens
@@ -32,6 +32,7 @@ NEUTRAL = {
     "echo": (False, None),
     "best_of": (1, None),
     "suffix": (None,),
+    "repetition_penalty": (None, 1, 1.0),  # vLLM's; changes the output and the engine has none
 }
 
 
@@ -64,6 +65,7 @@ class Extension:
     adaptive: bool | None = None
     tree_nodes: int | None = None  # 0: chains of K; > 0: token trees of this many nodes where the proposer drafts them
     provenance: bool = False
+    truncate: bool = False  # a chat that does not fit: leave out the oldest turns (chat.TRUNCATION_POLICY), not 400
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class GenerationRequest:
             raise APIError(message, param or "localspec.proposer") from None
 
 
-EXTENSION_FIELDS = ("proposer", "k", "adaptive", "tree_nodes", "provenance")
+EXTENSION_FIELDS = ("proposer", "k", "adaptive", "tree_nodes", "provenance", "truncate")
 
 
 def _bool(body: dict, name: str, default: bool = False, where: str = "") -> bool:
@@ -153,6 +155,13 @@ def _messages(value: Any) -> tuple:
                 f"messages[{index}].role is {message.get('role')!r}; choose one of {', '.join(ROLES)}",
                 f"messages[{index}].role",
             )
+        if role == "assistant" and message.get("tool_calls"):
+            raise APIError(
+                f"messages[{index}] is an assistant message with tool_calls; localspec has no tools, so a "
+                "conversation that used them cannot be continued here",
+                f"messages[{index}].tool_calls",
+            )
+        # a message's `name` (a participant's name) is ignored: the chat templates have no place for it
         out.append({"role": role, "content": _content(message.get("content"), index)})
     if not out[-1]["content"].strip():
         raise APIError("the last message is empty", f"messages[{len(out) - 1}].content")
@@ -199,7 +208,14 @@ def _extension(value: Any) -> Extension:
             check_tree_nodes(tree_nodes, "localspec.tree_nodes")
         except ConfigError as exc:
             raise APIError(str(exc), "localspec.tree_nodes") from None
-    return Extension(proposer, k, adaptive, tree_nodes, _bool(value, "provenance", where="localspec."))
+    return Extension(
+        proposer,
+        k,
+        adaptive,
+        tree_nodes,
+        _bool(value, "provenance", where="localspec."),
+        _bool(value, "truncate", where="localspec."),
+    )
 
 
 def _sampling(body: dict, top_logprobs: int, top_param: str) -> SamplingParams:
@@ -207,9 +223,13 @@ def _sampling(body: dict, top_logprobs: int, top_param: str) -> SamplingParams:
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens")
     seed = _int(body, "seed")
+    top_k = _int(body, "top_k")
+    if top_k == -1:  # vLLM's "off"
+        top_k = 0
     values = {
         "temperature": body.get("temperature", DEFAULT_TEMPERATURE),
         "top_p": body.get("top_p", 1.0),
+        "top_k": top_k,
         "max_new_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         "seed": secrets.randbelow(2**63) if seed is None else seed,
         "top_logprobs": top_logprobs,
@@ -226,6 +246,7 @@ def _sampling(body: dict, top_logprobs: int, top_param: str) -> SamplingParams:
                 for p, words in (
                     ("temperature", "temperature"),
                     ("top_p", "top-p"),
+                    ("top_k", "top-k"),
                     ("seed", "seed"),
                     (top_param, "top logprobs"),
                 )
@@ -248,8 +269,11 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
     if n not in (1, None) or isinstance(n, bool):
         raise APIError(f"n must be 1: localspec returns one choice per request (got {n!r})", "n")
     for name, allowed in NEUTRAL.items():
-        if name in body and body[name] not in allowed:
+        if name in body and not any(body[name] == a and type(body[name]) is type(a) for a in allowed):
             raise APIError(f"{name} is not supported by localspec (leave it out)", name)
+    min_p = body.get("min_p")
+    if min_p not in (None, 0, 0.0) or isinstance(min_p, bool):
+        raise APIError("min_p is not supported by localspec (leave it out or send 0); top_k and top_p are", "min_p")
     stream = _bool(body, "stream")
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, dict) or not stream):

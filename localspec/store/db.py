@@ -172,13 +172,13 @@ class ConversationStore:
             raise StoreError(f"{self.path} is a folder, not a conversation database; move it or set LOCALSPEC_HOME")
         try:
             damage = self._probe()  # before SQLite may touch the files for writing
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, OSError) as exc:
             raise StoreError(f"cannot open the conversation database {self.path}: {exc}") from None
         if damage is not None:
             self.recovered_from = self._move_aside()
         try:
             self._conn = self._open()
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, OSError) as exc:
             raise StoreError(f"cannot open the conversation database {self.path}: {exc}") from None
         self._checkpoint("PASSIVE")
 
@@ -217,10 +217,18 @@ class ConversationStore:
                 raise
             return str(exc)
         finally:
-            if shm_before is None:
+            self._restore(shm, shm_before)
+
+    @staticmethod
+    def _restore(shm: Path, before: Optional[bytes]) -> None:
+        """Put the -shm back as the probe found it; a folder that refuses (read-only) keeps what is there."""
+        try:
+            if before is None:
                 shm.unlink(missing_ok=True)
-            elif shm.exists() and shm.read_bytes() != shm_before:
-                shm.write_bytes(shm_before)
+            elif shm.exists() and shm.read_bytes() != before:
+                shm.write_bytes(before)
+        except OSError:
+            pass
 
     def _checkpoint(self, mode: str) -> None:
         """Merge the WAL into the main file and record the main file's fingerprint (see _probe)."""

@@ -199,10 +199,15 @@ class ModelManager:
             if owner:
                 self._busy_owners.add(owner)
                 self._cancels[owner] = cancel  # Stop in that window sets it
-        threading.Thread(
-            target=self._work, args=(messages, sampling, spec, cancel, out, owner), daemon=True, name="localspec-answer"
-        ).start()
+        self._lock.workers.start(
+            lambda: self._work(messages, sampling, spec, cancel, out, owner), cancel, "localspec-answer"
+        )
         return out.queue
+
+    def stop_answers(self) -> bool:
+        """Cancel every running or queued answer (chat window and API) and wait for their threads; True when all
+        ended in time. For a process that is ending."""
+        return self._lock.workers.stop()
 
     def _work(self, messages, sampling, spec_for, cancel, out, owner="") -> None:
         try:
@@ -211,6 +216,7 @@ class ModelManager:
             except QueueFull as exc:
                 out.put(Message("error", text=str(exc)))
                 return
+            early = (self.session, self._prompt(self.session, messages, sampling))  # before the engine slot
             told_waiting = False
             while not self._lock.wait(ticket, timeout=0.1):
                 if not told_waiting:
@@ -221,7 +227,7 @@ class ModelManager:
                     out.put(Message("error", text="stopped while waiting for the model"))
                     return
             try:
-                self._answer_locked(messages, sampling, spec_for, cancel, out)
+                self._answer_locked(messages, sampling, spec_for, cancel, out, early)
             finally:
                 self._lock.leave(ticket)
         finally:
@@ -230,7 +236,20 @@ class ModelManager:
                 self._busy_owners.discard(owner)
             out.put(Message("done"))
 
-    def _answer_locked(self, messages, sampling, spec_for, cancel, out) -> None:
+    @staticmethod
+    def _prompt(session, messages, sampling):
+        """(ids, notice) of the chat on this session, or the exception it raised (reported after the wait, where
+        the other refusals are); None without a session."""
+        if session is None:
+            return None
+        try:
+            return session.prompt_ids(messages, sampling.max_new_tokens)
+        except Exception as exc:
+            return exc
+
+    def _answer_locked(self, messages, sampling, spec_for, cancel, out, early=(None, None)) -> None:
+        """Answer with the engine held. `early`: (session, prompt) tokenized before the wait; a pair loaded in
+        between (the wait was behind its load) tokenizes again."""
         session = self.session
         if session is None:
             out.put(Message("error", text=self.load_error or "no model is loaded; choose a model pair"))
@@ -239,7 +258,10 @@ class ModelManager:
             spec = spec_for(session).validate()
             require_proposer(self.name or "", spec.proposer, tuple(session.proposers))
             sampling.validate()
-            ids, notice = session.prompt_ids(messages, sampling.max_new_tokens)
+            prompt = early[1] if early[0] is session else self._prompt(session, messages, sampling)
+            if isinstance(prompt, Exception):
+                raise prompt
+            ids, notice = prompt
             out.put(Message("started", text=self.name or "", spec=spec))
             if notice:
                 out.put(Message("notice", text=notice))

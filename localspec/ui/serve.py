@@ -1,7 +1,9 @@
 """The chat app's process: `python app.py` (this module's main) opens the local chat app on the first models.yaml entry.
 
 Options: --models PATH, --model NAME, --host, --port, --no-browser, --device, --password / LOCALSPEC_PASSWORD,
---no-auth, --no-save, --api. Conversations are saved in $LOCALSPEC_HOME/conversations.db (or the user data folder).
+--no-auth, --no-save, --api, --allowed-host NAME / LOCALSPEC_ALLOWED_HOSTS, --cors-origin ORIGIN /
+LOCALSPEC_CORS_ORIGINS (server/guard.py: the Host check and CORS). Conversations are saved in
+$LOCALSPEC_HOME/conversations.db (or the user data folder).
 Binds 127.0.0.1 unless --host says otherwise; another host needs a password (or --no-auth on purpose). There is never
 a public share link.
 """
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 from localspec.server.auth import is_loopback  # one loopback rule for the app and the API
+from localspec.server.guard import add_access_options, guard_lifespan, policy_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also serve the OpenAI-compatible API (/v1/...) and /metrics on the same port; another "
         "--host needs LOCALSPEC_API_KEY (or --no-auth)",
     )
+    add_access_options(parser)
     return parser.parse_args(argv)
 
 
@@ -128,11 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     store, notice = open_store(args)
     demo = build_app(manager, store, notice)
     demo.queue(default_concurrency_limit=None)
-    # SIGTERM ends the process like Ctrl+C: the store checkpoints its WAL, the temporary files go (atexit)
+    # SIGTERM ends the process like Ctrl+C: the answers stop (an incomplete one is kept as such) and their threads
+    # end before the interpreter does, the store checkpoints its WAL, the temporary files go (atexit)
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
     launch = launch_kwargs(auth)
+    # the Host check and CORS (server/guard.py) go around everything Gradio serves, the API routes included
+    launch["app_kwargs"] = {**launch.get("app_kwargs", {}), "lifespan": guard_lifespan(policy_for(args))}
     if api:  # the API's routes go on the same FastAPI app as the login middleware
-        launch["app_kwargs"] = {**launch.get("app_kwargs", {}), **api.app_kwargs(manager)}
+        launch["app_kwargs"].update(api.app_kwargs(manager))
     try:
         # quiet: Gradio's own lines include "To create a public link, set `share=True`", which this app never does
         demo.launch(
@@ -164,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)
         return 2
     finally:
+        manager.stop_answers()
         if store is not None:
             store.close()
     return 0
