@@ -7,7 +7,7 @@ import importlib
 import os
 import sys
 
-COMMANDS = ("generate", "selftest", "bench", "bench_sampler", "distill", "evaluate_head", "serve")
+COMMANDS = ("generate", "selftest", "bench", "bench_sampler", "distill", "evaluate_head", "serve", "models")
 
 
 def main(argv: list[str] | None = None) -> int:
