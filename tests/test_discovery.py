@@ -225,3 +225,23 @@ def test_localspec_models_lists_and_adds(machine, tmp_path):
         [sys.executable, "-m", "localspec", "models", "--add", "99"], env=env, capture_output=True, text=True
     )
     assert bad.returncode == 2 and "--add takes a pair number" in bad.stderr
+
+
+def test_a_hugging_face_snapshot_folder_is_found_with_its_tokenizer(tmp_path):
+    """A transformers snapshot (config.json + safetensors + tokenizer.json) in the hub cache layout."""
+    from localspec.testing import make_tiny_pair
+
+    made = make_tiny_pair(tmp_path / "made")
+    snapshot = tmp_path / ".cache" / "huggingface" / "hub" / "models--owner--tiny" / "snapshots" / "abc123"
+    snapshot.parent.mkdir(parents=True)
+    os.symlink(made["target"], snapshot, target_is_directory=True)  # the folder itself may be a link: read, not walked
+    found = discover(default_roots(tmp_path))
+    assert [m.name for m in found.models] == []  # a linked snapshot folder is not followed (loops stay harmless)
+    snapshot.unlink()
+    import shutil
+
+    shutil.copytree(made["target"], snapshot)
+    found = discover(default_roots(tmp_path))
+    (model,) = found.models
+    assert (model.name, model.format, model.architecture) == ("owner/tiny", "transformers", "llama")
+    assert model.loadable is None and len(model.tokens) > 256
