@@ -332,7 +332,7 @@ class LoadedPair:
         if self.draft is None:
             missing.add("draft")
         if self.head is None:
-            missing.update(("head", "ngram+head"))
+            missing.update(("head", "ngram+head", "history+head"))
         return tuple(name for name in self.spec.proposers if name not in missing)
 
     @property

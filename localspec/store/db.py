@@ -93,6 +93,17 @@ class Conversation:
         return [{"role": m.role, "content": m.content} for m in self.messages]
 
 
+@dataclass(frozen=True)
+class HistoryDocument:
+    """One saved message as the history index sees it: an answer's token ids, or a user message's text."""
+
+    message_id: int
+    conversation_id: int
+    role: str  # "user" | "assistant"
+    content: str  # the user's text (empty for an answer)
+    token_ids: tuple[int, ...]  # the answer's ids (empty for a user message)
+
+
 def default_path() -> Path:
     from localspec.models.paths import home
 
@@ -593,6 +604,36 @@ class ConversationStore:
             )
             for r in rows
         ]
+
+    def history_documents(self, model: str) -> list[HistoryDocument]:
+        """The saved messages the 'history' proposers of pair `model` learn from, oldest first: its finished answers
+        (their token ids) and the user messages of its conversations (text: token ids are the tokenizer's)."""
+        with self._lock:
+            conn = self._conn
+            answers = conn.execute(
+                "SELECT m.id, m.conversation_id FROM messages m WHERE m.role = 'assistant' AND m.model = ? "
+                "AND m.complete = 1 ORDER BY m.id",
+                (model,),
+            ).fetchall()
+            users = conn.execute(
+                "SELECT m.id, m.conversation_id, m.content FROM messages m JOIN conversations c "
+                "ON c.id = m.conversation_id WHERE m.role = 'user' AND c.model = ? ORDER BY m.id",
+                (model,),
+            ).fetchall()
+            docs = [HistoryDocument(r["id"], r["conversation_id"], "user", r["content"], ()) for r in users]
+            for r in answers:
+                ids = conn.execute(
+                    "SELECT token_id FROM tokens WHERE message_id = ? ORDER BY seq", (r["id"],)
+                ).fetchall()
+                docs.append(HistoryDocument(r["id"], r["conversation_id"], "assistant", "", tuple(t[0] for t in ids)))
+        return sorted(docs, key=lambda d: d.message_id)
+
+    def message_ids_of(self, conversation_id: int) -> list[int]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT id FROM messages WHERE conversation_id = ? ORDER BY id", (_int_or_none(conversation_id),)
+            ).fetchall()
+        return [r["id"] for r in rows]
 
     def get_conversation(self, conversation_id: int) -> Conversation:
         with self._lock:
