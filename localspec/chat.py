@@ -177,9 +177,15 @@ class ChatSession:
         yield from self.stream_ids(ids, sampling, spec, cancel)
 
     def stream_ids(
-        self, ids: list[int], sampling: SamplingParams, spec: SpecConfig, cancel: Optional[threading.Event] = None
+        self,
+        ids: list[int],
+        sampling: SamplingParams,
+        spec: SpecConfig,
+        cancel: Optional[threading.Event] = None,
+        first_source: list[int] | tuple[int, ...] = (),
     ) -> Iterator[StepEvent]:
-        proposer = self.make_proposer(spec)
+        """first_source: what the history proposers search first (see make_proposer)."""
+        proposer = self.make_proposer(spec, first_source)
         detok = IncrementalDetokenizer(self.tokenizer)
         for event in self.engine.generate(ids, sampling, spec, proposer, cancel):
             tokens = tuple(replace(tok, text=detok.push(tok.token_id)) for tok in event.tokens)

@@ -3,6 +3,8 @@ output identical to plain decoding."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -117,3 +119,55 @@ def test_greedy_history_output_is_plain_decoding(tiny_session, proposer, tree_no
 def test_every_pair_with_an_ngram_lookup_offers_history(tiny_session):
     assert "history" in tiny_session.proposers
     assert isinstance(tiny_session.make_proposer(tiny_session.default_spec(proposer="history")), HistoryProposer)
+
+
+def test_the_app_keeps_the_index_in_step_with_what_it_saves(tiny_pair, tmp_path):
+    """Through the manager and the store, as the chat window runs them: an answer saved joins the loaded pair's
+    index, Regenerate passes the replaced answer as the first source, deleting the conversation empties it."""
+    from localspec.chat import ChatSession
+    from localspec.models.loading import load_pair
+    from localspec.models.registry import load_registry
+    from localspec.store.history import HistoryBook
+    from localspec.ui.manager import ModelManager, drain
+    from localspec.ui.recorder import Recorder
+
+    pairs = load_registry(tiny_pair["models_yaml"])
+    manager = ModelManager(pairs, lambda pair, progress: ChatSession(load_pair(pair, device="cpu")))
+    manager.load(pairs[0].name)
+    store = ConversationStore(tmp_path / "conversations.db")
+    book = HistoryBook(store)
+    manager.attach_history(book)
+    session = manager.session
+    assert session.history is book.pairs[pairs[0].name].index and len(session.history) == 0
+    recorder = Recorder(store)
+    sampling = SamplingParams(max_new_tokens=24)
+
+    def answer(first_source=(), replaces="nothing"):
+        sink = recorder.sink("tab", "abc abc abc", None, replaces=replaces)
+        out = manager.answer(
+            [{"role": "user", "content": "abc abc abc"}],
+            sampling,
+            lambda s: s.default_spec(proposer="history", adaptive=False, tree_nodes=0),
+            threading.Event(),
+            sink,
+            "tab",
+            first_source,
+        )
+        records = []
+        while True:
+            messages = list(drain(out, 0.2))
+            records += [r for m in messages if m.kind == "event" for r in m.records]
+            if any(m.kind == "done" for m in messages):
+                return records
+
+    first = answer()
+    ids = [r["id"] for r in first]
+    assert len(session.history) == 2  # the user message and the answer, saved and indexed
+    again = answer(first_source=tuple(ids), replaces="answer")
+    assert [r["id"] for r in again] == ids  # greedy: the same answer, now drafted from the replaced one
+    assert sum(r["kind"] == "accepted" for r in again) >= len(ids) // 2
+    (summary,) = store.list_conversations()
+    store.delete_conversation(summary.id)
+    assert len(session.history) == 0
+    reopened = HistoryBook(store).index_for(pairs[0].name, lambda text: [])
+    assert len(reopened) == 0

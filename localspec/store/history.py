@@ -20,7 +20,7 @@ import numpy as np
 
 from localspec.proposers.history import SuffixIndex
 
-from .db import ConversationStore
+from .db import ConversationStore, StoreChange
 
 FORMAT_VERSION = 1
 Tokenize = Callable[[str], list[int]]
@@ -120,3 +120,38 @@ class PairHistory:
             self.conversation_of.pop(message_id, None)
         if removed:
             self.save()
+
+
+class HistoryBook:
+    """The app's history indexes, one per model pair that was loaded, following the store: an answer saved, a user
+    message saved, a conversation deleted. The folder is `history/` beside the database."""
+
+    def __init__(self, store: ConversationStore, folder: Path | None = None) -> None:
+        self.store = store
+        self.folder = store.path.parent / "history" if folder is None else folder
+        self.pairs: dict[str, PairHistory] = {}
+        store.listeners.append(self._changed)
+
+    def index_for(self, model: str, tokenize: Tokenize) -> SuffixIndex:
+        """The pair's index (loaded from its file, or rebuilt from the database), kept current from now on."""
+        history = self.pairs.get(model)
+        if history is None:
+            history = self.pairs[model] = PairHistory(self.store, model, tokenize, self.folder)
+        return history.index
+
+    def _changed(self, change: StoreChange, ident: int) -> None:
+        if change == "conversation_deleted":
+            for history in self.pairs.values():
+                history.forget_conversation(ident)
+            return
+        found = self.store.history_document(ident)
+        if found is None:
+            return
+        model, doc = found
+        history = self.pairs.get(model)
+        if history is None:
+            return
+        if doc.role == "assistant":
+            history.add_answer(doc.message_id, doc.conversation_id, list(doc.token_ids))
+        else:
+            history.add_user_message(doc.message_id, doc.conversation_id, doc.content)

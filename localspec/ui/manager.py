@@ -104,6 +104,19 @@ class ModelManager:
         self._count_lock = threading.Lock()
         self._cancels: dict[str, threading.Event] = {}
         self._busy_owners: set[str] = set()  # tabs with an answer running or queued
+        self.history = None  # a store.history.HistoryBook when conversations are saved: the history proposers' data
+
+    def attach_history(self, book) -> None:
+        """Give every pair loaded from now on (and the one loaded now) the saved conversations' index."""
+        self.history = book
+        if self.session is not None:
+            self._give_history(self.session, self.name or "")
+
+    def _give_history(self, session, name: str) -> None:
+        if self.history is None:
+            return
+        tokenizer = session.tokenizer
+        session.history = self.history.index_for(name, lambda text: tokenizer.encode(text, add_special_tokens=False))
 
     # ---- model pairs -------------------------------------------------------------------------------------
     def pair(self, name: Optional[str]) -> PairSpec:
@@ -152,6 +165,7 @@ class ModelManager:
         finally:
             self.loading = None
             self._lock.release()
+        self._give_history(session, pair.name)
         self.session, self.name, self.load_error = session, pair.name, None
         release_models()  # the previous pair, now unreferenced
         return time.perf_counter() - started
@@ -184,12 +198,14 @@ class ModelManager:
         cancel: threading.Event,
         sink: Optional[Sink] = None,
         owner: str = "",
+        first_source: tuple[int, ...] = (),
     ) -> queue.Queue[Message]:
         """Start one answer in a worker thread; read its Messages from the returned queue until 'done'.
 
         spec is called with the session that will answer (so a proposer is checked against the pair in use).
         sink, when given, sees every message in the worker thread, so an answer is saved even when the browser tab
-        that asked for it is gone.
+        that asked for it is gone. first_source: token ids the history proposers search first (the answer a
+        Regenerate replaces).
         """
         out = _Out(sink)
         with self._count_lock:
@@ -200,11 +216,14 @@ class ModelManager:
                 self._busy_owners.add(owner)
                 self._cancels[owner] = cancel  # Stop in that window sets it
         threading.Thread(
-            target=self._work, args=(messages, sampling, spec, cancel, out, owner), daemon=True, name="localspec-answer"
+            target=self._work,
+            args=(messages, sampling, spec, cancel, out, owner, first_source),
+            daemon=True,
+            name="localspec-answer",
         ).start()
         return out.queue
 
-    def _work(self, messages, sampling, spec_for, cancel, out, owner="") -> None:
+    def _work(self, messages, sampling, spec_for, cancel, out, owner="", first_source=()) -> None:
         try:
             try:
                 ticket = self._lock.enter("chat")
@@ -221,7 +240,7 @@ class ModelManager:
                     out.put(Message("error", text="stopped while waiting for the model"))
                     return
             try:
-                self._answer_locked(messages, sampling, spec_for, cancel, out)
+                self._answer_locked(messages, sampling, spec_for, cancel, out, first_source)
             finally:
                 self._lock.leave(ticket)
         finally:
@@ -230,7 +249,7 @@ class ModelManager:
                 self._busy_owners.discard(owner)
             out.put(Message("done"))
 
-    def _answer_locked(self, messages, sampling, spec_for, cancel, out) -> None:
+    def _answer_locked(self, messages, sampling, spec_for, cancel, out, first_source=()) -> None:
         session = self.session
         if session is None:
             out.put(Message("error", text=self.load_error or "no model is loaded; choose a model pair"))
@@ -244,7 +263,7 @@ class ModelManager:
             if notice:
                 out.put(Message("notice", text=notice))
             decode = session.tokenizer.decode
-            for event in session.stream_ids(ids, sampling, spec, cancel):
+            for event in session.stream_ids(ids, sampling, spec, cancel, first_source):
                 records = tuple(token_record(tok, decode) for tok in event.tokens)
                 if self.observer is not None:
                     self.observer(event, self.name or "", len(ids))
