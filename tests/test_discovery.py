@@ -245,3 +245,34 @@ def test_a_hugging_face_snapshot_folder_is_found_with_its_tokenizer(tmp_path):
     (model,) = found.models
     assert (model.name, model.format, model.architecture) == ("owner/tiny", "transformers", "llama")
     assert model.loadable is None and len(model.tokens) > 256
+
+
+@pytest.mark.slow  # converts a GGUF file, in a subprocess
+def test_generate_answers_with_a_model_file(machine, tmp_path):
+    import subprocess
+    import sys
+
+    _, paths = machine
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "data")}
+    args = [
+        sys.executable,
+        "-m",
+        "localspec",
+        "generate",
+        "--model-file",
+        str(paths["draft"]),
+        "--prompt",
+        "Hi",
+        "--max-new-tokens",
+        "5",
+        "--device",
+        "cpu",
+        "--json",
+    ]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(json.loads(done.stdout)["token_ids"]) == 5
+    missing = subprocess.run(
+        args[:5] + [str(tmp_path / "none.gguf")] + args[6:], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

@@ -14,6 +14,13 @@ DEFAULT_MODELS_YAML = Path(__file__).resolve().parents[2] / "models.yaml"
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default=str(DEFAULT_MODELS_YAML), help="models.yaml to read (default: %(default)s)")
     parser.add_argument("--model", default=None, help="model pair name from models.yaml (default: the first entry)")
+    parser.add_argument(
+        "--model-file",
+        default=None,
+        metavar="PATH",
+        help="answer with this GGUF file (or transformers folder) as the target, with the n-gram and history "
+        "lookups, instead of a models.yaml entry",
+    )
     parser.add_argument("--quant", choices=QUANTS, default=None, help="override the entry's target quantization")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
@@ -39,9 +46,14 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_pair(args):
-    """The models.yaml entry --model names (every entry must be valid), read without loading anything."""
-    from localspec.models.registry import find_pair, load_registry
+    """The models.yaml entry --model names (every entry must be valid), or the pair --model-file makes; read
+    without loading anything."""
+    from localspec.models.registry import find_pair, load_registry, parse_pair
 
+    if args.model_file:
+        from localspec.models.user_models import file_entry
+
+        return parse_pair(file_entry(Path(args.model_file).expanduser().resolve()), 0, Path.cwd())
     return find_pair(load_registry(args.models), args.model)
 
 

@@ -41,6 +41,11 @@ def pair_entry(pair: ProposedPair) -> dict[str, Any]:
     return entry
 
 
+def file_entry(path: Path) -> dict[str, Any]:
+    """The entry `--model-file PATH` answers with: that model as the target, the n-gram and history lookups."""
+    return {"name": path.name, "target": {"source": str(path)}, "proposers": {"ngram": {}}, "adaptive": True}
+
+
 def found_pairs(discovery: Discovery, taken: set[str], sources: set[str]) -> list[PairSpec]:
     """The proposed pairs as PairSpecs, leaving out names already taken and targets an entry already runs."""
     specs = []
