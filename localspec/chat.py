@@ -14,6 +14,7 @@ from localspec.models.loading import LoadedPair
 from localspec.models.stop_tokens import stop_token_ids
 from localspec.proposers import DraftModelProposer, NgramProposer
 from localspec.proposers.base import Proposer
+from localspec.proposers.history import HistoryProposer, SuffixIndex
 from localspec.proposers.lookup_first import LookupFirstProposer
 
 TRUNCATION_POLICY = (
@@ -70,6 +71,9 @@ class ChatSession:
 
         warm = warm_up_sampler(loaded.device, loaded.spec.k)  # 'auto' falls back to torch when Triton fails here
         self._notices = loaded.notices + ((warm,) if warm else ())
+        # what the 'history' proposers look up besides the current conversation: the app fills it from the saved
+        # conversations of this pair (store/history.py); empty for the CLI, the bench and --no-save
+        self.history = SuffixIndex()
 
     @property
     def proposers(self) -> tuple[str, ...]:
@@ -81,7 +85,9 @@ class ChatSession:
         """Why a part is not offered (a draft or head that failed to load), or why 'auto' samples with torch."""
         return self._notices
 
-    def make_proposer(self, spec: SpecConfig) -> Optional[Proposer]:
+    def make_proposer(self, spec: SpecConfig, first_source: list[int] | tuple[int, ...] = ()) -> Optional[Proposer]:
+        """The proposer spec names. first_source: token ids the history proposers search first (on Regenerate and
+        Edit-and-resend, the answer being replaced)."""
         pair = self.loaded.spec
         if spec.proposer == "none":
             return None
@@ -94,12 +100,18 @@ class ChatSession:
             if self.loaded.draft is None:
                 raise ConfigError(f"model pair {pair.name!r}: the draft model is not loaded")
             return DraftModelProposer(self.loaded.draft, self.engine.target.vocab_size)
-        if spec.proposer in ("head", "ngram+head"):
+        if spec.proposer == "history":
+            return HistoryProposer(self.history, spec.ngram_min, first_source=first_source)
+        if spec.proposer in ("head", "ngram+head", "history+head"):
             from localspec.proposers.head import HeadProposer
 
             head = HeadProposer(self.loaded.head)  # fresh caches over the head loaded with the pair
             if spec.proposer == "head":
                 return head
+            if spec.proposer == "history+head":
+                return LookupFirstProposer(
+                    HistoryProposer(self.history, spec.ngram_min, first_source=first_source), head
+                )
             # the lookup drafts only on a match of ≥ 2 tokens: a 1-token match is a weaker guess than the head's
             # (16 held-out prompts, K = 2, mean acceptance length HumanEval / MT-Bench: 1.96 / 1.54 with min_n 2,
             # 1.78 / 1.52 with min_n 1, 1.72 / 1.44 for the head alone)
@@ -237,9 +249,15 @@ class ChatSession:
         yield from self.stream_ids(ids, sampling, spec, cancel)
 
     def stream_ids(
-        self, ids: list[int], sampling: SamplingParams, spec: SpecConfig, cancel: Optional[threading.Event] = None
+        self,
+        ids: list[int],
+        sampling: SamplingParams,
+        spec: SpecConfig,
+        cancel: Optional[threading.Event] = None,
+        first_source: list[int] | tuple[int, ...] = (),
     ) -> Iterator[StepEvent]:
-        proposer = self.make_proposer(spec)
+        """first_source: what the history proposers search first (see make_proposer)."""
+        proposer = self.make_proposer(spec, first_source)
         detok = IncrementalDetokenizer(self.tokenizer)
         for event in self.engine.generate(ids, sampling, spec, proposer, cancel):
             tokens = tuple(replace(tok, text=detok.push(tok.token_id)) for tok in event.tokens)

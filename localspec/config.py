@@ -9,8 +9,10 @@ from typing import Any, Literal, get_args
 # gguf: a GGUF source's Q4_1 blocks as int4 linears (models/gguf_linear.py); auto: gguf or unquantized, timed
 Quant = Literal["nf4", "int8", "gguf", "auto", "none"]
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
-# ngram+head: the n-gram lookup when it matches, the trained head otherwise (proposers/lookup_first.py)
-ProposerName = Literal["none", "ngram", "draft", "head", "ngram+head"]
+# ngram+head: the n-gram lookup when it matches, the trained head otherwise (proposers/lookup_first.py);
+# history: a lookup over the saved conversations and the current one (proposers/history.py); history+head: that
+# lookup when it matches, the head otherwise
+ProposerName = Literal["none", "ngram", "draft", "head", "ngram+head", "history", "history+head"]
 SamplerName = Literal["auto", "torch", "triton"]
 
 QUANTS: tuple[Quant, ...] = get_args(Quant)
@@ -218,4 +220,8 @@ class PairSpec:
             names.append("head")
         if self.head is not None and self.ngram is not None:
             names.append("ngram+head")
+        if self.ngram is not None:  # the lookup over the user's history takes the n-gram settings
+            names.append("history")
+        if self.head is not None and self.ngram is not None:
+            names.append("history+head")
         return tuple(names)

@@ -28,8 +28,8 @@ def gated_session_class():
         gate = threading.Semaphore(0)
         steps: ClassVar[list] = []
 
-        def stream_ids(self, ids, sampling, spec, cancel=None):
-            for event in super().stream_ids(ids, sampling, spec, cancel):
+        def stream_ids(self, ids, sampling, spec, cancel=None, first_source=()):
+            for event in super().stream_ids(ids, sampling, spec, cancel, first_source):
                 if not self.gate.acquire(timeout=STEP_TIMEOUT_S):
                     raise RuntimeError("the test never released this step")
                 self.steps.append(event)

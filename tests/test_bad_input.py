@@ -648,7 +648,7 @@ def test_switch_in_another_tab_messages(tiny_session):
         (["--prompt", "hi", "--k", "0"], "localspec: K (draft tokens per step) must be between 1 and 16 (got 0)"),
         (
             ["--prompt", "hi", "--proposer", "head"],
-            "localspec: model pair 'tiny' has no 'head' proposer; it has: none, ngram, draft",
+            "localspec: model pair 'tiny' has no 'head' proposer; it has: none, ngram, draft, history",
         ),
     ],
 )

@@ -112,7 +112,7 @@ def test_a_pair_with_a_head_builds_it_with_a_two_token_lookup(tiny_pair, tiny_mo
         f"  proposers:\n    ngram: {{min_n: 1, max_n: 4}}\n    head: {tmp_path / 'head'}\n"
     )
     session = ChatSession(load_pair(load_registry(yaml_path)[0], device="cpu"))
-    assert session.proposers == ("none", "ngram", "head", "ngram+head")
+    assert session.proposers == ("none", "ngram", "head", "ngram+head", "history", "history+head")
     proposer = session.make_proposer(session.default_spec(proposer="ngram+head"))
     assert isinstance(proposer, LookupFirstProposer) and proposer.name == "ngram+head"
     assert (proposer.lookup.min_n, proposer.lookup.max_n) == (2, 4)

@@ -63,7 +63,15 @@ def _answer(session, proposer):
 
 def test_every_part_loads(folders):
     loaded = _load(folders)
-    assert loaded.notices == () and loaded.proposers == ("none", "ngram", "draft", "head", "ngram+head")
+    assert loaded.notices == () and loaded.proposers == (
+        "none",
+        "ngram",
+        "draft",
+        "head",
+        "ngram+head",
+        "history",
+        "history+head",
+    )
 
 
 def test_garbage_head_is_dropped_naming_the_file(folders):
@@ -81,13 +89,20 @@ def test_garbage_head_is_dropped_naming_the_file(folders):
 
 def test_missing_head_folder_is_dropped_naming_it(folders):
     loaded = _load(folders, head="no-such-head")
-    assert loaded.head is None and loaded.proposers == ("none", "ngram", "draft")
+    assert loaded.head is None and loaded.proposers == ("none", "ngram", "draft", "history")
     assert str(folders / "no-such-head") in loaded.notices[0] and "config.json" in loaded.notices[0]
 
 
 def test_draft_with_two_ids_swapped_leaves_the_pair_answering(folders):
     loaded = _load(folders, draft="swapped-draft", default="draft")
-    assert loaded.draft is None and loaded.proposers == ("none", "ngram", "head", "ngram+head")
+    assert loaded.draft is None and loaded.proposers == (
+        "none",
+        "ngram",
+        "head",
+        "ngram+head",
+        "history",
+        "history+head",
+    )
     assert str(folders / "swapped-draft" / "tokenizer.json") in loaded.notices[0]
     assert "2 of its" in loaded.notices[0]
     session = ChatSession(loaded)

@@ -28,7 +28,7 @@ def test_valid_entry_parses():
         "    draft: {source: org/small, dtype: float16}\n  default_proposer: draft\n  k: 6\n"
     )
     assert pair.target.quant == "nf4" and pair.draft.dtype == "float16" and pair.k == 6
-    assert pair.proposers == ("none", "ngram", "draft") and pair.ngram.max_n == 5
+    assert pair.proposers == ("none", "ngram", "draft", "history") and pair.ngram.max_n == 5
     assert pair.target.trust_remote_code is False
 
 

@@ -276,9 +276,9 @@ def _spy_specs(session, monkeypatch) -> list:
     """The SpecConfig of every answer the session streams."""
     specs, stream_ids = [], session.stream_ids
 
-    def spy(ids, sampling, spec, cancel=None):
+    def spy(ids, sampling, spec, cancel=None, first_source=()):
         specs.append(spec)
-        return stream_ids(ids, sampling, spec, cancel)
+        return stream_ids(ids, sampling, spec, cancel, first_source)
 
     monkeypatch.setattr(session, "stream_ids", spy)
     return specs

@@ -14,10 +14,17 @@ from localspec.engine.metrics import StatsSnapshot
 from .llama_cpp import LLAMA_MODES
 
 HF_MODES = ("hf", "hf-fp32", "hf-pld", "hf-assisted")
-TREE_MODES = {"ngram-tree": "ngram", "head-tree": "head", "ngram+head-tree": "ngram+head"}  # mode → its proposer
-ENGINE_MODES = ("none", "ngram", "draft", "head", "ngram+head", *TREE_MODES, "adaptive", "adaptive-tree")
+TREE_MODES = {  # mode → its proposer
+    "ngram-tree": "ngram",
+    "head-tree": "head",
+    "ngram+head-tree": "ngram+head",
+    "history-tree": "history",
+}
+# history: the bench answers with an empty history (its index fills in the app, from saved conversations), so it
+# measures the lookup over the current prompt; scripts/bench_history.py measures it with a history
+ENGINE_MODES = ("none", "ngram", "draft", "head", "ngram+head", "history", *TREE_MODES, "adaptive", "adaptive-tree")
 ALL_MODES = HF_MODES + ENGINE_MODES + LLAMA_MODES
-SWEPT = ("ngram", "draft", "head", "ngram+head")  # run once per K of --k
+SWEPT = ("ngram", "draft", "head", "ngram+head", "history")  # run once per K of --k
 DEFAULT_ADAPTIVE_MAX_K = 8
 DEFAULT_TREE_NODES = 8  # tree modes: draft nodes of the token tree per step (adaptive-tree: the most it may pick)
 
@@ -80,6 +87,7 @@ def available_modes(session) -> dict[str, str | None]:
         "ngram+head": (
             None if "ngram+head" in pair.proposers else f"pair {pair.name!r} lacks an n-gram proposer or a head"
         ),
+        "history": None if "history" in pair.proposers else f"pair {pair.name!r} has no n-gram lookup to extend",
     }
     from .llama_cpp import why_not
 

@@ -5,6 +5,7 @@ Interleaving makes the ratios between modes fair on a shared, noisy machine: a s
 
 from __future__ import annotations
 
+import copy
 import os
 import platform
 import subprocess
@@ -22,6 +23,28 @@ from .modes import Mode, RunResult, run_mode
 from .prompts import BenchPrompt
 
 WARMUP_TOKENS = 32
+# Warm-up prompts: never timed, in no prompt set. Their lengths differ (a short question, a code stub, a pasted
+# text), so each mode meets the row counts and proposer shapes of short and long prompts before the timed runs.
+WARMUP_MESSAGES = (
+    ({"role": "user", "content": "Say hello to a new neighbour in two short sentences."},),
+    (
+        {
+            "role": "user",
+            "content": "Finish this Python function.\n\n```python\ndef count_words(text: str) -> dict[str, int]:\n"
+            '    """How often each word occurs in text, ignoring case."""\n```',
+        },
+    ),
+    (
+        {
+            "role": "user",
+            "content": "Answer from the text: what does a list comprehension build?\n\n"
+            + " ".join(
+                ["A list comprehension builds a new list from an iterable, applying an expression to each item"]
+                + ["and keeping the items for which an optional condition holds."] * 12
+            ),
+        },
+    ),
+)
 
 
 @dataclass
@@ -110,30 +133,38 @@ def run_bench(
     for prompt in prompts:
         ids, _notice = session.prompt_ids(list(prompt.messages), max_new_tokens)
         encoded.append(PromptRecord(prompt, ids))
-    if warmup:  # first calls pay for lazy initialisation (kernels, allocator, caches): keep them out of the numbers
-        # on a CPU every new row count of a matmul builds its kernel once: each mode answers the first prompt of
-        # each category (their lengths and proposers' shapes differ), so the tree and adaptive modes meet their
-        # shapes here rather than in the timed runs
-        firsts = {record.prompt.category: record for record in reversed(encoded)}
-        for record in firsts.values():
-            for mode in modes:
-                run_mode(session, mode, record.prompt_ids, min(WARMUP_TOKENS, max_new_tokens))
-    bar = _progress_bar(len(prompts) * len(modes), progress)
-    samples = []
-    for index, record in enumerate(encoded):
-        shift = index % len(modes)
-        for mode in modes[shift:] + modes[:shift]:
-            result = run_mode(session, mode, record.prompt_ids, max_new_tokens)
-            record.results[mode.label] = result
-            if on_result is not None:
-                on_result(record, mode, result)
-            if bar is not None:
-                bar.set_postfix_str(
-                    f"{record.prompt.prompt_id} {mode.label}: "
-                    f"{len(result.token_ids) / max(result.seconds, 1e-9):.1f} tok/s"
-                )
-                bar.update(1)
-        samples.append(os.getloadavg()[0])
+    # Each mode keeps its own adaptive controllers, started from the state a user's first answer meets (the costs
+    # timed at load, nothing learnt yet), so no mode starts a prompt with another mode's acceptance on it.
+    engine = session.engine
+    loaded_state = engine.controllers
+    fresh = copy.deepcopy(loaded_state)
+    per_mode = {mode.label: copy.deepcopy(fresh) for mode in modes}
+    try:
+        if warmup:  # first calls pay for lazy initialisation (kernels, allocator, caches): keep them out of the numbers
+            for messages in WARMUP_MESSAGES:
+                ids, _notice = session.prompt_ids(list(messages), WARMUP_TOKENS)
+                for mode in modes:
+                    engine.controllers = copy.deepcopy(fresh)  # what the warm-up learns is thrown away
+                    run_mode(session, mode, ids, min(WARMUP_TOKENS, max_new_tokens))
+        bar = _progress_bar(len(prompts) * len(modes), progress)
+        samples = []
+        for index, record in enumerate(encoded):
+            shift = index % len(modes)
+            for mode in modes[shift:] + modes[:shift]:
+                engine.controllers = per_mode[mode.label]
+                result = run_mode(session, mode, record.prompt_ids, max_new_tokens)
+                record.results[mode.label] = result
+                if on_result is not None:
+                    on_result(record, mode, result)
+                if bar is not None:
+                    bar.set_postfix_str(
+                        f"{record.prompt.prompt_id} {mode.label}: "
+                        f"{len(result.token_ids) / max(result.seconds, 1e-9):.1f} tok/s"
+                    )
+                    bar.update(1)
+            samples.append(os.getloadavg()[0])
+    finally:
+        engine.controllers = loaded_state
     if bar is not None:
         bar.close()
     machine["load_after"] = load_average()

@@ -94,6 +94,13 @@ def add_parser(sub) -> None:
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up pass")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--out", default="bench-out", help="output folder (default: %(default)s)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the whole interleaved set this many times and report each mode's median ratio with its spread "
+        "(each run's report in OUT/run-N)",
+    )
 
 
 def run(args) -> int:
@@ -105,6 +112,8 @@ def run(args) -> int:
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be ≥ 1 (got {args.max_new_tokens})")
     check_k(args.adaptive_max_k, "--adaptive-max-k")
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat must be ≥ 1 (got {args.repeat})")
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError(f"--threads must be ≥ 1 (got {args.threads})")
@@ -124,10 +133,31 @@ def run(args) -> int:
         f"localspec bench: {len(prompts)} prompts × {len(modes)} modes ({', '.join(m.label for m in modes)})",
         file=sys.stderr,
     )
-    result = run_bench(
-        session, prompts, modes, args.max_new_tokens, notes, progress=not args.no_progress, warmup=not args.no_warmup
-    )
-    data = write_report(result, Path(args.out))
-    print(to_markdown(data))
-    print(f"localspec bench: wrote {Path(args.out) / 'results.json'}, results.md and plots", file=sys.stderr)
+    out = Path(args.out)
+    runs = []
+    for index in range(args.repeat):
+        result = run_bench(
+            session,
+            prompts,
+            modes,
+            args.max_new_tokens,
+            notes,
+            progress=not args.no_progress,
+            warmup=not args.no_warmup and index == 0,
+        )
+        runs.append(result)
+        folder = out if args.repeat == 1 else out / f"run-{index + 1}"
+        data = write_report(result, folder)
+        print(to_markdown(data))
+        print(f"localspec bench: wrote {folder / 'results.json'}, results.md and plots", file=sys.stderr)
+    if args.repeat > 1:
+        import json
+
+        from localspec.bench import repeat
+
+        combined = repeat.combine(runs)
+        (out / "repeat.json").write_text(json.dumps(repeat.to_json(combined), indent=2))
+        text = repeat.to_markdown(combined, len(runs))
+        (out / "repeat.md").write_text(text + "\n")
+        print(text)
     return 0

@@ -14,6 +14,13 @@ DEFAULT_MODELS_YAML = Path(__file__).resolve().parents[2] / "models.yaml"
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default=str(DEFAULT_MODELS_YAML), help="models.yaml to read (default: %(default)s)")
     parser.add_argument("--model", default=None, help="model pair name from models.yaml (default: the first entry)")
+    parser.add_argument(
+        "--model-file",
+        default=None,
+        metavar="PATH",
+        help="answer with this GGUF file (or transformers folder) as the target, with the n-gram and history "
+        "lookups, instead of a models.yaml entry",
+    )
     parser.add_argument("--quant", choices=QUANTS, default=None, help="override the entry's target quantization")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
@@ -49,12 +56,16 @@ def read_pairs(path) -> list:
 
 
 def resolve_pair(args, read=None):
-    """The models.yaml entry --model names (default: the first valid one, as in the app), read without loading
-    anything (or from `read`, what read_pairs returned). A broken entry it was not asked to use only gives a
-    warning; one asked for by name gives its error."""
+    """The models.yaml entry --model names (default: the first valid one, as in the app), or the pair --model-file
+    makes, read without loading anything (or from `read`, what read_pairs returned). A broken entry it was not
+    asked to use only gives a warning; one asked for by name gives its error."""
     from localspec.config import ConfigError
-    from localspec.models.registry import find_pair
+    from localspec.models.registry import find_pair, parse_pair
 
+    if args.model_file:
+        from localspec.models.user_models import file_entry
+
+        return parse_pair(file_entry(Path(args.model_file).expanduser().resolve()), 0, Path.cwd())
     pairs, broken = read if read is not None else read_pairs(args.models)
     asked = next((b for b in broken if args.model is not None and b.name == args.model), None)
     if asked is not None:

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-COMMANDS = ("generate", "selftest", "bench", "bench_sampler", "distill", "evaluate_head", "serve")
+COMMANDS = ("generate", "selftest", "bench", "bench_sampler", "distill", "evaluate_head", "serve", "models")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,11 +88,54 @@ def materialise_gguf(path: Path, progress: Optional[Progress] = None) -> Path:
     return folder
 
 
-def resolve_folder(spec: ModelSpec, what: str, progress: Optional[Progress] = None) -> str:
-    """A local folder, or a hub id (which must already be in the local cache when offline)."""
-    source = spec.source
+GGUF_MAGIC = b"GGUF"
+
+
+def gguf_path(source: str) -> Optional[Path]:
+    """The GGUF file a source names: a packaged one (gguf-package:), or any local file that starts with the GGUF
+    magic (an Ollama blob has no .gguf suffix). None for a folder or a hub id."""
     if source.startswith(GGUF_PREFIX):
-        return str(materialise_gguf(gguf_file(source), progress))
+        return gguf_file(source)
+    path = Path(source).expanduser()
+    try:
+        if not path.is_file():
+            return None
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ConfigError(f"model file {path} cannot be read: {exc.strerror or exc}") from None
+    if magic != GGUF_MAGIC:
+        raise ConfigError(
+            f"{path} is a file but not a GGUF model (it does not start with 'GGUF'); point at a GGUF file "
+            "or a transformers model folder"
+        )
+    return path
+
+
+def check_gguf_loads(path: Path) -> None:
+    """Refuse, before any conversion, a GGUF whose architecture or tensor types cannot be loaded, naming them."""
+    from .discovery import read_gguf
+
+    try:
+        found = read_gguf(path, "llama.cpp", path.name)
+    except Exception as exc:
+        raise ConfigError(f"{path} is not a readable GGUF file: {type(exc).__name__}: {exc}") from None
+    if found.loadable is not None:
+        raise ConfigError(f"{path} ({found.architecture}, {found.quantization}) cannot be loaded: {found.loadable}")
+
+
+def resolve_folder(spec: ModelSpec, what: str, progress: Optional[Progress] = None) -> str:
+    """A local folder, a GGUF file (converted once into a cached folder), or a hub id (which must already be in the
+    local cache when offline)."""
+    source = spec.source
+    try:
+        gguf = gguf_path(source)
+        if gguf is not None and not (gguf_cache_folder(gguf) / "done").exists():
+            check_gguf_loads(gguf)
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+    if gguf is not None:
+        return str(materialise_gguf(gguf, progress))
     if looks_like_path(source) or Path(source).exists():
         if not Path(source).exists():
             raise ConfigError(f"{what}: local model path {source} does not exist")
@@ -315,7 +358,7 @@ class LoadedPair:
         if self.draft is None:
             missing.add("draft")
         if self.head is None:
-            missing.update(("head", "ngram+head"))
+            missing.update(("head", "ngram+head", "history+head"))
         return tuple(name for name in self.spec.proposers if name not in missing)
 
     @property

@@ -59,13 +59,21 @@ def continuation_tree(context: np.ndarray, n_nodes: int, min_n: int, max_n: int)
     n, hits = longest_match(context, min_n, max_n)
     if not n or n_nodes <= 0:
         return None
-    recent = hits[::-1][:TREE_OCCURRENCES]
     depth = min(TREE_MAX_DEPTH, n_nodes)
+    recent = hits[::-1][:TREE_OCCURRENCES]
+    return trie_from_continuations([(context[s + n : s + n + depth].tolist(), 1.0) for s in recent], n_nodes)
+
+
+def trie_from_continuations(continuations: list[tuple[list[int], float]], n_nodes: int) -> Optional[TokenTree]:
+    """Merge (continuation, weight) pairs into a trie whose nodes score the weights of the continuations through
+    them, and keep the n_nodes best-scored nodes; the list's order breaks ties (earlier first). A node never
+    scores above its parent, so the kept set is closed under ancestors. None when nothing continues."""
+    if n_nodes <= 0:
+        return None
     score: dict[tuple[int, ...], float] = {}
-    for rank, start in enumerate(recent):
-        continuation = context[start + n : start + n + depth].tolist()
-        weight = 1.0 + 1e-6 * (len(recent) - rank)  # a share of one occurrence; recency only breaks ties
-        for j in range(len(continuation)):
+    for rank, (continuation, weight) in enumerate(continuations):
+        weight = weight + 1e-6 * (len(continuations) - rank)  # the order only breaks ties
+        for j in range(min(len(continuation), TREE_MAX_DEPTH)):
             prefix = tuple(continuation[: j + 1])
             score[prefix] = score.get(prefix, 0.0) + weight
     if not score:

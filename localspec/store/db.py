@@ -18,10 +18,11 @@ import math
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from localspec.config import ConfigError
 
@@ -91,6 +92,20 @@ class Conversation:
     def chat_messages(self) -> list[dict]:
         """The history as {'role', 'content'} dicts, ready for ChatSession.prompt_ids."""
         return [{"role": m.role, "content": m.content} for m in self.messages]
+
+
+StoreChange = Literal["answer_finished", "user_message", "conversation_deleted"]
+
+
+@dataclass(frozen=True)
+class HistoryDocument:
+    """One saved message as the history index sees it: an answer's token ids, or a user message's text."""
+
+    message_id: int
+    conversation_id: int
+    role: str  # "user" | "assistant"
+    content: str  # the user's text (empty for an answer)
+    token_ids: tuple[int, ...]  # the answer's ids (empty for a user message)
 
 
 def default_path() -> Path:
@@ -164,6 +179,8 @@ class ConversationStore:
         self.recovered_from: Optional[Path] = None  # where a corrupt file was moved, when one was
         self._lock = threading.RLock()
         self._closed = False
+        # called after a change that the history index follows (store/history.py): what changed, and its id
+        self.listeners: list[Callable[[StoreChange, int], None]] = []
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -332,6 +349,13 @@ class ConversationStore:
                 self._checkpoint("PASSIVE")
             return result
 
+    def _tell(self, change: StoreChange, ident: int) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(change, ident)
+            except Exception:  # a listener's failure (the history index) never fails the write that was made
+                pass
+
     def _require_conversation(self, conn: sqlite3.Connection, conversation_id: Any) -> int:
         cid = _int_or_none(conversation_id)
         if cid is None or conn.execute("SELECT 1 FROM conversations WHERE id = ?", (cid,)).fetchone() is None:
@@ -388,7 +412,10 @@ class ConversationStore:
 
     def add_message(self, conversation_id: int, role: str, content: str, complete: bool = True) -> int:
         """A user or system message, or an assistant message that is already whole. Returns the message id."""
-        return self._insert_message(conversation_id, role, content, complete)
+        message_id = self._insert_message(conversation_id, role, content, complete)
+        if role == "user":
+            self._tell("user_message", message_id)
+        return message_id
 
     def start_answer(
         self,
@@ -495,7 +522,10 @@ class ConversationStore:
             conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, message["conversation_id"]))
             return True
 
-        return self._write(finish)
+        finished = self._write(finish)
+        if finished:
+            self._tell("answer_finished", int(message_id))
+        return finished
 
     def record_step(self, message_id: int, event: Any) -> bool:
         """Convenience for the streaming loop: store one StepEvent's tokens and, when it is the last event, finish
@@ -584,6 +614,7 @@ class ConversationStore:
         if cid is None:
             return
         self._write(lambda conn: conn.execute("DELETE FROM conversations WHERE id = ?", (cid,)))
+        self._tell("conversation_deleted", cid)
 
     # -- reading -------------------------------------------------------------------------------------------------
 
@@ -601,6 +632,58 @@ class ConversationStore:
             )
             for r in rows
         ]
+
+    def history_documents(self, model: str) -> list[HistoryDocument]:
+        """The saved messages the 'history' proposers of pair `model` learn from, oldest first: its finished answers
+        (their token ids) and the user messages of its conversations (text: token ids are the tokenizer's)."""
+        with self._lock:
+            conn = self._conn
+            answers = conn.execute(
+                "SELECT m.id, m.conversation_id FROM messages m WHERE m.role = 'assistant' AND m.model = ? "
+                "AND m.complete = 1 ORDER BY m.id",
+                (model,),
+            ).fetchall()
+            users = conn.execute(
+                "SELECT m.id, m.conversation_id, m.content FROM messages m JOIN conversations c "
+                "ON c.id = m.conversation_id WHERE m.role = 'user' AND c.model = ? ORDER BY m.id",
+                (model,),
+            ).fetchall()
+            docs = [HistoryDocument(r["id"], r["conversation_id"], "user", r["content"], ()) for r in users]
+            for r in answers:
+                ids = conn.execute(
+                    "SELECT token_id FROM tokens WHERE message_id = ? ORDER BY seq", (r["id"],)
+                ).fetchall()
+                docs.append(HistoryDocument(r["id"], r["conversation_id"], "assistant", "", tuple(t[0] for t in ids)))
+        return sorted(docs, key=lambda d: d.message_id)
+
+    def history_document(self, message_id: int) -> Optional[tuple[str, HistoryDocument]]:
+        """(the pair that answered or was asked, the document) for one saved message, or None when it is gone."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT m.id, m.conversation_id, m.role, m.content, m.model, c.model AS conversation_model "
+                "FROM messages m JOIN conversations c ON c.id = m.conversation_id WHERE m.id = ?",
+                (_int_or_none(message_id),),
+            ).fetchone()
+            if row is None:
+                return None
+            ids = ()
+            if row["role"] == "assistant":
+                ids = tuple(
+                    t[0]
+                    for t in self._conn.execute(
+                        "SELECT token_id FROM tokens WHERE message_id = ? ORDER BY seq", (row["id"],)
+                    ).fetchall()
+                )
+        model = row["model"] if row["role"] == "assistant" else row["conversation_model"]
+        content = row["content"] if row["role"] == "user" else ""
+        return model, HistoryDocument(row["id"], row["conversation_id"], row["role"], content, ids)
+
+    def message_ids_of(self, conversation_id: int) -> list[int]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT id FROM messages WHERE conversation_id = ? ORDER BY id", (_int_or_none(conversation_id),)
+            ).fetchall()
+        return [r["id"] for r in rows]
 
     def get_conversation(self, conversation_id: int) -> Conversation:
         with self._lock:

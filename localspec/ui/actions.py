@@ -92,7 +92,8 @@ class Actions:
         if self.recorder is not None:
             sink = self.recorder.sink(owner, user_text, sampling_dict(sampling), replaces="answer")
         history = history_of(turns_from_state(kept))
-        for _, status in self.handlers._run(owner, history, sampling, choice, answer, sink):  # fills it
+        replaced = tuple(int(r["id"]) for r in old.get("tokens", []) if "id" in r)  # the history's first source
+        for _, status in self.handlers._run(owner, history, sampling, choice, answer, sink, replaced):  # fills it
             if answer.finish_reason == "error" and not answer.tokens:
                 turns = kept + [old]  # nothing was said: the previous answer stays
                 yield (

@@ -31,6 +31,9 @@ class _Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return f"<draft {ids[0]}>" if ids else ""
 
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return []  # echo drafts nothing: the history index of its saved messages stays empty
+
 
 class EchoSession:
     """Answers each message with its own text; token kinds cycle accepted, accepted, resampled, bonus, target.
@@ -63,7 +66,12 @@ class EchoSession:
         return [0], None
 
     def stream_ids(
-        self, ids: list[int], sampling: SamplingParams, spec: SpecConfig, cancel: Optional[threading.Event] = None
+        self,
+        ids: list[int],
+        sampling: SamplingParams,
+        spec: SpecConfig,
+        cancel: Optional[threading.Event] = None,
+        first_source: tuple[int, ...] = (),
     ) -> Iterator[StepEvent]:
         parts = pieces(self._text)[: sampling.max_new_tokens]
         started, emitted = time.perf_counter(), 0

@@ -74,8 +74,18 @@ class Handlers:
         self.shown: dict[str, Optional[str]] = {}  # the pair each tab's controls show, by owner
 
     # ---- one answer ------------------------------------------------------------------------------------------
-    def _run(self, owner: str, history: list[dict], sampling, choice: Speculation, answer: AssistantTurn, sink=None):
-        """Stream one answer into `answer`; yields (answer, status) as it changes."""
+    def _run(
+        self,
+        owner: str,
+        history: list[dict],
+        sampling,
+        choice: Speculation,
+        answer: AssistantTurn,
+        sink=None,
+        first_source: tuple[int, ...] = (),
+    ):
+        """Stream one answer into `answer`; yields (answer, status) as it changes. first_source: the token ids the
+        history proposers search first (the answer a Regenerate replaces)."""
         chosen: dict = {}
 
         def spec_for(session):
@@ -86,7 +96,7 @@ class Handlers:
             return spec
 
         try:
-            out = self.manager.answer(history, sampling, spec_for, threading.Event(), sink, owner)
+            out = self.manager.answer(history, sampling, spec_for, threading.Event(), sink, owner, first_source)
         except Busy as exc:
             answer.streaming = False
             answer.finish_reason, answer.error = "error", str(exc)

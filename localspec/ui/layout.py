@@ -46,6 +46,10 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
     notice: a startup message for the status line (e.g. where a damaged database was moved).
     """
     recorder = Recorder(store) if store is not None else None
+    if store is not None:  # the history proposers learn from what is saved, and only from that
+        from localspec.store.history import HistoryBook
+
+        manager.attach_history(HistoryBook(store))
     handlers = Handlers(manager, recorder, notice)
     actions = Actions(handlers)
     session = manager.session

@@ -104,6 +104,19 @@ class ModelManager:
         self._count_lock = threading.Lock()
         self._cancels: dict[str, threading.Event] = {}
         self._busy_owners: set[str] = set()  # tabs with an answer running or queued
+        self.history = None  # a store.history.HistoryBook when conversations are saved: the history proposers' data
+
+    def attach_history(self, book) -> None:
+        """Give every pair loaded from now on (and the one loaded now) the saved conversations' index."""
+        self.history = book
+        if self.session is not None:
+            self._give_history(self.session, self.name or "")
+
+    def _give_history(self, session, name: str) -> None:
+        if self.history is None:
+            return
+        tokenizer = session.tokenizer
+        session.history = self.history.index_for(name, lambda text: tokenizer.encode(text, add_special_tokens=False))
 
     # ---- model pairs -------------------------------------------------------------------------------------
     def pair(self, name: Optional[str]) -> PairSpec:
@@ -152,6 +165,7 @@ class ModelManager:
         finally:
             self.loading = None
             self._lock.release()
+        self._give_history(session, pair.name)
         self.session, self.name, self.load_error = session, pair.name, None
         release_models()  # the previous pair, now unreferenced
         return time.perf_counter() - started
@@ -184,12 +198,14 @@ class ModelManager:
         cancel: threading.Event,
         sink: Optional[Sink] = None,
         owner: str = "",
+        first_source: tuple[int, ...] = (),
     ) -> queue.Queue[Message]:
         """Start one answer in a worker thread; read its Messages from the returned queue until 'done'.
 
         spec is called with the session that will answer (so a proposer is checked against the pair in use).
         sink, when given, sees every message in the worker thread, so an answer is saved even when the browser tab
-        that asked for it is gone.
+        that asked for it is gone. first_source: token ids the history proposers search first (the answer a
+        Regenerate replaces).
         """
         out = _Out(sink)
         with self._count_lock:
@@ -200,7 +216,7 @@ class ModelManager:
                 self._busy_owners.add(owner)
                 self._cancels[owner] = cancel  # Stop in that window sets it
         self._lock.workers.start(
-            lambda: self._work(messages, sampling, spec, cancel, out, owner), cancel, "localspec-answer"
+            lambda: self._work(messages, sampling, spec, cancel, out, owner, first_source), cancel, "localspec-answer"
         )
         return out.queue
 
@@ -209,7 +225,7 @@ class ModelManager:
         ended in time. For a process that is ending."""
         return self._lock.workers.stop()
 
-    def _work(self, messages, sampling, spec_for, cancel, out, owner="") -> None:
+    def _work(self, messages, sampling, spec_for, cancel, out, owner="", first_source=()) -> None:
         try:
             try:
                 ticket = self._lock.enter("chat")
@@ -227,7 +243,7 @@ class ModelManager:
                     out.put(Message("error", text="stopped while waiting for the model"))
                     return
             try:
-                self._answer_locked(messages, sampling, spec_for, cancel, out, early)
+                self._answer_locked(messages, sampling, spec_for, cancel, out, early, first_source)
             finally:
                 self._lock.leave(ticket)
         finally:
@@ -247,9 +263,9 @@ class ModelManager:
         except Exception as exc:
             return exc
 
-    def _answer_locked(self, messages, sampling, spec_for, cancel, out, early=(None, None)) -> None:
+    def _answer_locked(self, messages, sampling, spec_for, cancel, out, early=(None, None), first_source=()) -> None:
         """Answer with the engine held. `early`: (session, prompt) tokenized before the wait; a pair loaded in
-        between (the wait was behind its load) tokenizes again."""
+        between (the wait was behind its load) tokenizes again. first_source: see answer()."""
         session = self.session
         if session is None:
             out.put(Message("error", text=self.load_error or "no model is loaded; choose a model pair"))
@@ -266,7 +282,7 @@ class ModelManager:
             if notice:
                 out.put(Message("notice", text=notice))
             decode = session.tokenizer.decode
-            for event in session.stream_ids(ids, sampling, spec, cancel):
+            for event in session.stream_ids(ids, sampling, spec, cancel, first_source):
                 records = tuple(token_record(tok, decode) for tok in event.tokens)
                 if self.observer is not None:
                     self.observer(event, self.name or "", len(ids))

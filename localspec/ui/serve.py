@@ -40,6 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--no-save", action="store_true", help="do not save conversations")
     parser.add_argument(
+        "--no-scan",
+        action="store_true",
+        help="do not offer the models found on this machine (LM Studio, Ollama, llama.cpp, Hugging Face cache)",
+    )
+    parser.add_argument(
         "--no-auth",
         action="store_true",
         help="bind a non-loopback --host without a password (anyone who can reach it can use it)",
@@ -106,18 +111,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.umask(0o077)  # everything the app writes (database, exports, Gradio's copies) is readable by its owner only
     from localspec.config import ConfigError
-    from localspec.models.registry import find_pair, load_registry_lenient
+    from localspec.models.discovery import discover
+    from localspec.models.registry import find_pair
+    from localspec.models.user_models import load_all
 
     try:
         auth = auth_for(args)
         api = api_parts(args)
-        pairs, broken = load_registry_lenient(args.models)
+        found = None if args.no_scan else discover()
+        pairs, broken = load_all(args.models, found)
         first = find_pair(pairs, args.model)
     except ConfigError as exc:
         print(f"localspec: {exc}", file=sys.stderr)
         return 2
     for entry in broken:  # offered in the window as unavailable, with this error
         print(f"localspec: skipped {entry.error}", file=sys.stderr, flush=True)
+    if found is not None and found.models:
+        usable = sum(1 for m in found.models if m.loadable is None)
+        print(
+            f"localspec: found {len(found.models)} model(s) on this machine, {usable} loadable "
+            "(`localspec models` lists them)",
+            file=sys.stderr,
+            flush=True,
+        )
     from . import ModelManager, build_app, default_session_factory, launch_options
     from .auth import launch_kwargs
 

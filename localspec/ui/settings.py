@@ -13,6 +13,8 @@ PROPOSER_LABELS = {
     "ngram": "n-gram",
     "head": "trained head",
     "ngram+head": "n-gram, else head",
+    "history": "your history",
+    "history+head": "your history, else head",
     "none": "off",
 }
 
@@ -118,7 +120,7 @@ def sampling_dict(sampling: SamplingParams) -> dict:
 
 
 def proposer_choices(available: tuple[str, ...]) -> list[tuple[str, str]]:
-    order = ("draft", "head", "ngram+head", "ngram", "none")
+    order = ("draft", "head", "ngram+head", "history+head", "ngram", "history", "none")
     return [(PROPOSER_LABELS[p], p) for p in order if p in available]
 
 

