@@ -213,11 +213,11 @@ def run_hf(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> R
 
 def run_llama_cpp(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
     """llama.cpp on the target's own GGUF file, with torch's thread count (llama_cpp.py)."""
-    from localspec.models.loading import gguf_file
+    from localspec.models.loading import gguf_path
 
     from .llama_cpp import llama_for, run_llama
 
-    path = gguf_file(session.loaded.spec.target.source)
+    path = gguf_path(session.loaded.spec.target.source)
     llm = llama_for(path, torch.get_num_threads(), lookup=mode.name == "llama.cpp-lookup")
     ids, seconds, cpu_seconds = run_llama(llm, prompt_ids, max_new_tokens, set(session.engine.stop_token_ids))
     return RunResult(ids, seconds, cpu_seconds)

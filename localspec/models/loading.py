@@ -158,13 +158,13 @@ def resolve_folder(spec: ModelSpec, what: str, progress: Optional[Progress] = No
 def resolve_quant(spec: ModelSpec, device: torch.device) -> ModelSpec:
     """The target's quant where it applies: gguf (the file's Q4_1 blocks, computed in bfloat16) needs a GGUF source
     and the CPU; auto is gguf-or-unquantized timed at load (dtype_choice.py), plain none where gguf cannot run."""
-    is_gguf = spec.source.startswith(GGUF_PREFIX)
+    is_gguf = gguf_path(spec.source) is not None
     if spec.quant == "auto" and (not is_gguf or device.type != "cpu"):
         return replace(spec, quant="none")
     if spec.quant != "gguf":
         return spec
     if not is_gguf:
-        raise ConfigError(f"quant gguf keeps a GGUF file's 4-bit blocks; {spec.source} is not a {GGUF_PREFIX} source")
+        raise ConfigError(f"quant gguf keeps a GGUF file's 4-bit blocks; {spec.source} is not a GGUF file")
     if device.type != "cpu":
         raise ConfigError("quant gguf runs torch's CPU int4 kernel; on CUDA use quant nf4 or none")
     if spec.dtype not in ("auto", "bfloat16"):
@@ -250,7 +250,7 @@ def load_causal_lm(
     if quant == "gguf":
         from .gguf_linear import swap_in_q4_1_linears
 
-        path = gguf_file(spec.source)
+        path = gguf_path(spec.source)
         folder = gguf_cache_folder(path)
         swap_in_q4_1_linears(model, path, folder.with_name(folder.name + INT4_CACHE_SUFFIX))
     return model.eval(), folder
