@@ -78,7 +78,7 @@ def test_unpermute_rows_is_transformers_reverse_permute():
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (ModelSpec("some/model", quant="gguf"), "is not a gguf-package: source"),
+        (ModelSpec("some/model", quant="gguf"), "is not a GGUF file"),
         (ModelSpec(GGUF_SOURCE, quant="gguf", dtype="float32"), "computes in bfloat16"),
     ],
 )

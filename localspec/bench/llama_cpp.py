@@ -34,12 +34,14 @@ def why_not(source: str) -> str | None:
     """None when the llama.cpp modes can run for a target from `source`, else why not."""
     from localspec.config import ConfigError
     from localspec.models.loading import gguf_path
+    from localspec.models.registry import GGUF_PREFIX
 
-    try:
-        if gguf_path(source) is None:
-            return "the target is not a GGUF file"
-    except ConfigError as exc:
-        return str(exc)
+    if not source.startswith(GGUF_PREFIX):  # a packaged file is found when the mode runs
+        try:
+            if gguf_path(source) is None:
+                return "the target is not a GGUF file"
+        except ConfigError as exc:
+            return str(exc)
     if importlib.util.find_spec("llama_cpp") is None:
         return INSTALL_HINT
     return None
