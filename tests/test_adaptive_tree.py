@@ -168,7 +168,7 @@ def test_the_depth_of_the_drafted_trees_sets_the_prior():
 def test_a_greedy_tree_steps_first_branch_teaches_the_chain():
     """While trees run, the chain controller learns from each tree's first branch (the chain it grew from), so the
     chain option and the trees' prior follow the text; without it they would keep what chains saw last."""
-    from localspec.engine.tree import make_dummy
+    from localspec.runtime.tree import make_dummy
 
     assert make_dummy(7, 2).first_branch() == [0, 2, 6]  # the first child at each depth
     chain = AdaptiveController(4)

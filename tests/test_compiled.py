@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
-from localspec.engine import compiled
 from localspec.engine.loop import Engine
-from localspec.engine.model_runner import ModelRunner
 from localspec.proposers import DraftModelProposer
+from localspec.runtime import compiled
+from localspec.runtime.model_runner import ModelRunner
 
 PROMPT = list(range(5, 45))
 

@@ -8,12 +8,12 @@ import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.engine.loop import Engine
-from localspec.engine.model_runner import ModelRunner
 from localspec.heads.config import HeadConfig, target_shapes
 from localspec.heads.io import load_head, save_head
 from localspec.heads.model import FeatureHead
 from localspec.proposers.base import Proposer
 from localspec.proposers.head import HeadProposer, load_head_proposer
+from localspec.runtime.model_runner import ModelRunner
 
 PROMPT = [1, 72, 101, 108, 108, 111, 44, 32, 119]
 DRAFT_VOCAB = 200
@@ -344,7 +344,7 @@ def test_multi_layer_features_come_from_the_named_layers(tiny_models):
     """The runner's features are [layer outputs ; last hidden], the same with a KV cache, one step at a time, as
     in one teacher-forced prefill."""
     from localspec.distill.stream import teacher_forced_pieces
-    from localspec.engine.features import backbone_features
+    from localspec.runtime.features import backbone_features
 
     target, _ = tiny_models
     size = target.config.hidden_size

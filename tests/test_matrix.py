@@ -21,9 +21,9 @@ import torch
 
 from localspec.chat import ChatSession
 from localspec.config import ConfigError, ModelSpec, NgramSpec, PairSpec, SamplingParams, SpecConfig
-from localspec.engine.model_runner import ModelRunner
 from localspec.heads.io import save_head
 from localspec.models.loading import load_pair
+from localspec.runtime.model_runner import ModelRunner
 from localspec.testing import FAMILY_VOCABS, make_family_model, make_tiny_tokenizer
 from localspec.verify import get_verifier
 from localspec.verify.checks import chi_square_p, emitted_distribution_pvalues

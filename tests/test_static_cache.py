@@ -6,9 +6,9 @@ import torch
 
 from localspec.config import SamplingParams, SpecConfig
 from localspec.engine.loop import Engine
-from localspec.engine.model_runner import ModelRunner
-from localspec.engine.static_cache import PreallocatedCache, cache_supported
 from localspec.proposers import DraftModelProposer, NgramProposer
+from localspec.runtime.model_runner import ModelRunner
+from localspec.runtime.static_cache import PreallocatedCache, cache_supported
 
 PROMPT = list(range(5, 45))
 

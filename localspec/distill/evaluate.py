@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from localspec.config import SamplingParams, SpecConfig
-from localspec.engine.model_runner import ModelRunner
+from localspec.runtime.model_runner import ModelRunner
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,11 @@ import torch
 
 from localspec.config import SamplingParams, SpecConfig
 from localspec.proposers.base import Proposer
+from localspec.runtime.model_runner import ModelRunner
+from localspec.runtime.timing import synced_clock
 from localspec.verify import VerifyOutput, get_verifier, make_draws
 
 from .events import StepEvent
-from .model_runner import ModelRunner
 from .step import (
     NON_FINITE,
     Controllers,
@@ -29,7 +30,6 @@ from .step import (
     step_event,
     token_events,
 )
-from .timing import synced_clock
 from .tree_step import tree_step
 
 

@@ -10,6 +10,7 @@ import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.proposers.base import Proposer
+from localspec.runtime.sampling import top_logprobs
 from localspec.verify import Verifier
 from localspec.verify.types import HostVerdict
 
@@ -17,7 +18,6 @@ from .adaptive import AdaptiveController, CostModel, VerifyCosts
 from .adaptive_tree import TreeSizeController
 from .events import FinishReason, StepEvent, TokenEvent
 from .metrics import StatsSnapshot
-from .sampling import top_logprobs
 
 TopLogprobs = tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
 

@@ -16,13 +16,13 @@ import time
 from dataclasses import replace
 from typing import Optional
 
+from localspec.runtime.model_runner import ModelRunner
+from localspec.runtime.timing import synced_clock
+from localspec.runtime.tree import TokenTree
 from localspec.verify.tree import TreeVerdict, make_tree_draws, verify_tree
 
 from .events import StepEvent, TokenEvent
-from .model_runner import ModelRunner
 from .step import NON_FINITE, Run, cut_at_stop, read_top_logprobs
-from .timing import synced_clock
-from .tree import TokenTree
 
 
 def tree_step(target: ModelRunner, run: Run, stop_token_ids: frozenset[int]) -> Optional[StepEvent]:

@@ -152,7 +152,7 @@ def time_forwards(models: dict[str, torch.nn.Module], sizes: tuple[int, ...]) ->
     """Median seconds of a T-token forward (logits for every row, as a verify step) on a CONTEXT_TOKENS-long cache,
     per model and T, interleaved round by round over models and sizes (a busy minute hits them all alike). A model
     whose logits are not finite is left out of the result."""
-    from localspec.engine.model_runner import ModelRunner
+    from localspec.runtime.model_runner import ModelRunner
 
     runners = {name: ModelRunner(model) for name, model in models.items()}
     vocab = min(runner.vocab_size for runner in runners.values())

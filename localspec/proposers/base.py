@@ -8,7 +8,7 @@ from typing import Optional, Protocol, runtime_checkable
 import torch
 
 from localspec.config import SamplingParams
-from localspec.engine.tree import TokenTree
+from localspec.runtime.tree import TokenTree
 
 
 @dataclass(frozen=True)

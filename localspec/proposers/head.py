@@ -14,10 +14,10 @@ from typing import Optional
 import torch
 
 from localspec.config import SamplingParams
-from localspec.engine.sampling import logits_to_probs, sample_with_noise
-from localspec.engine.tree import TokenTree
 from localspec.heads.io import load_head
 from localspec.heads.model import FeatureHead
+from localspec.runtime.sampling import logits_to_probs, sample_with_noise
+from localspec.runtime.tree import TokenTree
 
 from .base import Draft, Proposer
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from localspec.config import SamplingParams
-from localspec.engine.tree import TokenTree
+from localspec.runtime.tree import TokenTree
 
 from .base import Draft, Proposer
 
