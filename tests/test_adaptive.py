@@ -7,13 +7,8 @@ import random
 
 import pytest
 
-from localspec.engine.adaptive import (
-    AdaptiveController,
-    CostModel,
-    VerifyCosts,
-    expected_tokens,
-    predicted_speedups,
-)
+from localspec.engine.adaptive import AdaptiveController, CostModel, VerifyCosts
+from localspec.runtime.speedup import expected_tokens, predicted_speedups
 
 PLAIN_S = 0.033  # a plain step: 1-token forward + sampling
 

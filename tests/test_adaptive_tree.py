@@ -9,8 +9,9 @@ from collections import Counter
 import pytest
 
 from localspec.config import SamplingParams, SpecConfig
-from localspec.engine.adaptive import AdaptiveController, expected_tokens
+from localspec.engine.adaptive import AdaptiveController
 from localspec.engine.adaptive_tree import TreeSizeController, tree_sizes
+from localspec.runtime.speedup import expected_tokens
 
 PLAIN_S = 0.02
 

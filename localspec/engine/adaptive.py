@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from localspec.runtime.speedup import PRIOR_ACCEPTANCE, expected_tokens, predicted_speedups
+
 # Verify cost shape v(K) ≈ 1 + slope·K that the measured line is pulled towards, when nothing better is known: the
 # engine replaces it with the slope timed on this machine at load (VerifyCosts.set_prior, from dtype_choice).
 PRIOR_VERIFY_SLOPE = 0.12
@@ -132,20 +134,6 @@ class CostModel:
         return draft_c, verify
 
 
-def expected_tokens(acceptance: list[float], k: int) -> float:
-    """E(K) = 1 + Σ_{i≤K} Π_{j≤i} a_j: tokens emitted per step with K drafts (the bonus / resampled one counts)."""
-    total, reach = 1.0, 1.0
-    for a in acceptance[:k]:
-        reach *= a
-        total += reach
-    return total
-
-
-def predicted_speedups(acceptance: list[float], draft_c: float, verify: list[float]) -> list[float]:
-    """speedup[K] = E(K) / (K·c + v(K)) for K = 0 … len(verify) - 1 (speedup[0] is 1 by definition)."""
-    return [expected_tokens(acceptance, k) / (k * draft_c + verify[k]) if k else 1.0 for k in range(len(verify))]
-
-
 @dataclass(frozen=True)
 class Tuning:
     """How a controller (chain or tree size) learns and switches speculation off and on."""
@@ -209,7 +197,7 @@ class AdaptiveController(OnOffSwitch):
         self,
         max_k: int,
         costs: CostModel | None = None,
-        prior_acceptance: float = 0.5,
+        prior_acceptance: float = PRIOR_ACCEPTANCE,
         tuning: Tuning = Tuning(),
     ) -> None:
         if max_k < 1:

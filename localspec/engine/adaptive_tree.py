@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from .adaptive import AdaptiveController, OnOffSwitch, Tuning, _RecentMedian, expected_tokens
+from localspec.runtime.speedup import expected_tokens
+
+from .adaptive import AdaptiveController, OnOffSwitch, Tuning, _RecentMedian
 
 TREE_SIZES = (4, 8, 16)  # the tree sizes tried below the configured one
 Shape = Literal["plain", "chain", "tree"]

@@ -3,7 +3,7 @@
 At the first load of a model on a machine, the target is loaded in each dtype the device runs and timed: the median
 of a 1-token and a (K+1)-token forward on a 64-token KV cache (the plain step and the verify step), all interleaved. The
 pick is the dtype with the best predicted speculative throughput under the adaptive controller's cost model
-(engine/adaptive.py): speedup(k) = E(k) / (k·c + v(k)) over plain decoding in that dtype, so tokens per second
+(runtime/speedup.py): speedup(k) = E(k) / (k·c + v(k)) over plain decoding in that dtype, so tokens per second
 = max_k speedup(k) / t(1 token). With no acceptance known at load time, every draft position is accepted with
 PRIOR_ACCEPTANCE, and the proposer's cost c is taken as 0 (an n-gram lookup; a draft's cost scales with the dtype
 much as the target's does). v(k) is the straight line between the two measured sizes.
@@ -27,11 +27,10 @@ from typing import Literal
 
 import torch
 
-from localspec.engine.adaptive import predicted_speedups
+from localspec.runtime.speedup import PRIOR_ACCEPTANCE, predicted_speedups
 
 from .paths import cache_dir
 
-PRIOR_ACCEPTANCE = 0.5  # the adaptive controller's prior acceptance per draft position (AdaptiveController default)
 CONTEXT_TOKENS = 64  # KV cache length the forwards are timed on
 REPEATS = 7  # timed forwards per model and size (the median is kept)
 WARMUP_ROUNDS = 2  # untimed rounds first (kernel selection, allocator)
