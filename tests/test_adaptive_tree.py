@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import asdict
 
 import pytest
 
@@ -98,8 +99,8 @@ def test_no_acceptance_switches_off_and_probes_within_budget():
     assert shapes[("plain", 0)] > 0.85 * sum(shapes.values())
     assert rate > 0.9 / PLAIN_S  # probes cost little
     reason = trees.pause_reason()
-    assert reason is not None and reason["speedup"] < 1.0 and reason["probe_every"] >= trees.tuning.min_probe_every
-    assert set(reason) >= {"k", "cost", "tokens", "speedup", "probe_every"}
+    assert reason is not None and reason.speedup < 1.0 and reason.probe_every >= trees.tuning.min_probe_every
+    assert set(asdict(reason)) >= {"k", "cost", "tokens", "speedup", "probe_every"}
 
 
 def test_near_the_best_fixed_shape():

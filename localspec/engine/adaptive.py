@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 from localspec.runtime.speedup import PRIOR_ACCEPTANCE, expected_tokens, predicted_speedups
 
+from .metrics import PauseReason
+
 # Verify cost shape v(K) ≈ 1 + slope·K that the measured line is pulled towards, when nothing better is known: the
 # engine replaces it with the slope timed on this machine at load (VerifyCosts.set_prior, from dtype_choice).
 PRIOR_VERIFY_SLOPE = 0.12
@@ -257,22 +259,15 @@ class AdaptiveController(OnOffSwitch):
         loss = max(k * draft_c + verify[k] - 1.0, 0.0)
         return self.tuning.probe_every(loss)
 
-    def pause_reason(self) -> dict | None:
-        """Why speculation is off, in the controller's own numbers; None while it speculates.
-
-        k: the best draft length; cost: K·c + v(K) in plain steps; tokens: E(K) tokens such a step would emit;
-        speedup: tokens / cost; probe_every: steps between probes that draft K tokens to look again."""
+    def pause_reason(self) -> PauseReason | None:
+        """Why speculation is off, in the controller's own numbers (k: the best draft length); None while it
+        speculates."""
         if self.speculating:
             return None
         k, speedup = self.best()
         draft_c, verify = self.costs.ratios(self.max_k)
-        return {
-            "k": k,
-            "cost": k * draft_c + verify[k],
-            "tokens": expected_tokens(self.acceptance(), k),
-            "speedup": speedup,
-            "probe_every": self.probe_every(k),
-        }
+        cost = k * draft_c + verify[k]
+        return PauseReason("chain", k, cost, expected_tokens(self.acceptance(), k), speedup, self.probe_every(k))
 
     # -- the two calls the engine makes ----------------------------------------------------------------------------
     def choose_k(self) -> int:

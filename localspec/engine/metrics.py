@@ -7,7 +7,19 @@ the JSON form (to_dict: the fields plus the derived rates), the bench's sums, th
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Optional
+from typing import Literal, Optional
+
+
+@dataclass(frozen=True)
+class PauseReason:
+    """Why adaptive speculation is off, in the deciding controller's numbers (the chain's or the tree-size one's)."""
+
+    shape: Literal["chain", "tree"]  # the best drafting option's shape
+    k: int  # what it drafts: K tokens, or N tree nodes
+    cost: float  # a step of it, in plain steps (K·c + v(K) for a chain)
+    tokens: float  # tokens such a step would emit (E(K) for a chain)
+    speedup: float  # tokens / cost
+    probe_every: int  # steps between probes that draft it to look again
 
 
 @dataclass(frozen=True)
@@ -27,7 +39,7 @@ class StatsSnapshot:
     per_position_accepted: tuple[int, ...] = ()
     k: int = 0  # K of the latest step (the adaptive controller may change it)
     predicted_speedup: Optional[float] = None  # E / (K·c + v) from measured costs, when known
-    paused: Optional[dict] = None  # adaptive K switched speculation off, and why: AdaptiveController.pause_reason()
+    paused: Optional[PauseReason] = None  # adaptive speculation is off, and why
     dropped_drafts: int = 0  # steps whose draft had NaN / infinite probabilities (run as plain steps)
 
     @classmethod

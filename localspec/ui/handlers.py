@@ -9,7 +9,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import replace
 from typing import Any, Optional
 
 import gradio as gr
@@ -76,14 +75,10 @@ class Handlers:
     # ---- one answer ------------------------------------------------------------------------------------------
     def _run(self, owner: str, history: list[dict], sampling, choice: Speculation, answer: AssistantTurn, sink=None):
         """Stream one answer into `answer`; yields (answer, status) as it changes."""
-        chosen: dict = {}
 
         def spec_for(session):
             name = read_proposer(choice.proposer, tuple(session.proposers))
-            spec = session.default_spec(proposer=name, k=choice.k, tree_nodes=choice.tree_nodes)
-            spec = replace(spec, tree_nodes=session.tree_nodes_of(spec))  # 0 where the answer drafts chains anyway
-            chosen.update(proposer=name, k=spec.k, tree_nodes=spec.tree_nodes)
-            return spec
+            return session.default_spec(proposer=name, k=choice.k, tree_nodes=choice.tree_nodes)
 
         try:
             out = self.manager.answer(history, sampling, spec_for, threading.Event(), sink, owner)
@@ -100,8 +95,9 @@ class Handlers:
                 if msg.kind == "waiting":
                     status = WAITING
                 elif msg.kind == "started":
-                    answer.model, answer.proposer, answer.k = msg.text, chosen.get("proposer"), chosen.get("k")
-                    answer.tree_nodes = chosen.get("tree_nodes")
+                    spec = msg.spec  # the SpecConfig the answer runs with (tree_nodes 0 where it drafts chains)
+                    answer.model, answer.proposer, answer.k = msg.text, spec.proposer, spec.k
+                    answer.tree_nodes = spec.tree_nodes
                     answer.label = answer_label(answer.model, answer.proposer, answer.k, answer.tree_nodes)
                     status = "Answering… (Stop keeps the partial answer)"
                 elif msg.kind == "notice":

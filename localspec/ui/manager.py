@@ -238,6 +238,7 @@ class ModelManager:
         try:
             spec = spec_for(session).validate()
             require_proposer(self.name or "", spec.proposer, tuple(session.proposers))
+            spec = session.answer_spec(spec)  # as the engine runs it: the one record 'started' carries
             sampling.validate()
             ids, notice = session.prompt_ids(messages, sampling.max_new_tokens)
             out.put(Message("started", text=self.name or "", spec=spec))
