@@ -7,10 +7,18 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Optional
 
-from localspec.config import ConfigError, SamplingParams, SpecConfig, check_max_new_tokens, require_proposer
+from localspec.config import (
+    ConfigError,
+    NgramSpec,
+    SamplingParams,
+    SpecConfig,
+    check_max_new_tokens,
+    require_proposer,
+)
 from localspec.engine.events import StepEvent
 from localspec.engine.loop import Engine
 from localspec.engine.policy import drafts_trees
+from localspec.models.chat_template import template_ids
 from localspec.models.loading import LoadedPair
 from localspec.models.stop_tokens import stop_token_ids
 from localspec.proposers import DraftModelProposer, NgramProposer
@@ -113,8 +121,8 @@ class ChatSession:
             k=pair.k,
             adaptive=pair.adaptive,
             tree_nodes=pair.tree_nodes,
-            ngram_min=ngram.min_n if ngram else 1,
-            ngram_max=ngram.max_n if ngram else 4,
+            ngram_min=(ngram or NgramSpec()).min_n,
+            ngram_max=(ngram or NgramSpec()).max_n,
         )
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -151,10 +159,7 @@ class ChatSession:
             notice = "Your message was longer than the context; only its end was kept. " + TRUNCATION_POLICY
 
     def _template(self, messages: list[dict]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(out, dict) or hasattr(out, "input_ids"):
-            out = out["input_ids"]
-        return list(out)
+        return template_ids(self.tokenizer, messages, add_generation_prompt=True)
 
     def stream(
         self, messages: list[dict], sampling: SamplingParams, spec: SpecConfig, cancel: Optional[threading.Event] = None
