@@ -14,6 +14,7 @@ from typing import Any, Optional
 import gradio as gr
 
 from localspec.config import ConfigError
+from localspec.engine.metrics import StatsSnapshot
 
 from .loadbar import LoadProgress
 from .manager import Busy, ModelManager, drain
@@ -56,7 +57,7 @@ def answer_stats_html(turn: Optional[AssistantTurn], finish_reason: Optional[str
         return stats_html(None)
     drafted = turn.proposer != "none"
     return stats_html(
-        turn.stats,
+        StatsSnapshot.from_dict(turn.stats) if turn.stats else None,
         proposer_label(turn.proposer),
         turn.k if drafted else None,
         finish_reason,
