@@ -120,7 +120,8 @@ def test_near_the_best_fixed_shape():
 def test_the_engine_runs_adaptive_trees_losslessly_and_reports_them(tiny_models):
     from localspec.engine.loop import Engine
     from localspec.proposers.head import HeadProposer
-    from tests.test_heads import PROMPT, make_head
+    from tests.support import HELLO_PROMPT as PROMPT
+    from tests.support import make_head
 
     target, _ = tiny_models
     engine = Engine(target, {2})

@@ -12,8 +12,8 @@ from localspec.proposers import LookupFirstProposer, NgramProposer
 from localspec.proposers.base import Draft, Proposer
 from localspec.proposers.head import HeadProposer
 from localspec.runtime.tree import TokenTree
-from tests.test_heads import make_head
-from tests.test_lookup_first import PROMPT
+from tests.support import HELLO_HELLO_PROMPT as PROMPT
+from tests.support import make_head
 
 NO_REPEAT = [1, 200, 17, 99, 50, 51]  # no token twice: the lookup never matches the prompt
 

@@ -28,7 +28,7 @@ from localspec.testing import FAMILY_VOCABS, make_family_model, make_tiny_tokeni
 from localspec.verify import get_verifier
 from localspec.verify.checks import chi_square_p, emitted_distribution_pvalues
 from localspec.verify.guarantee import guarantee_for
-from tests.test_heads import make_head
+from tests.support import make_head
 
 PROMPT = [1, 72, 101, 108, 108, 111, 32, 72, 101, 108]  # "Hello He…": the n-gram lookup has a match to draft from
 FAMILIES = {

@@ -20,7 +20,8 @@ from localspec.verify.tree import TreeDraws, make_tree_draws, verify_tree
 from localspec.verify.types import SamplerDraws
 
 from .stats import chi_square_p
-from .test_heads import PROMPT, make_head
+from .support import HELLO_PROMPT as PROMPT
+from .support import make_head
 
 # root → 0 (a), 1 (b); 0 → 2 (c), 3 (d); 2 → 4 (e)
 TREE = TokenTree([10, 11, 12, 13, 14], [-1, -1, 0, 0, 2])

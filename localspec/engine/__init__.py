@@ -1,6 +1,6 @@
-"""The speculative decoding engine: the loop (loop.py), the step state (step.py, tree_step.py), events, metrics and
-the adaptive controllers. Sits on runtime/ (sampling, trees, model runner), proposers/ and verify/; knows only token
-ids and never imports the UI."""
+"""The speculative decoding engine: the loop (loop.py), the step policy (policy.py) and its plans (plan.py), the one
+step function (step.py), events, metrics and the adaptive controllers. Sits on runtime/ (sampling, trees, model
+runner), proposers/ and verify/; knows only token ids and never imports the UI."""
 
 from .events import StepEvent, TokenEvent
 from .loop import Engine
