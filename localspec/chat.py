@@ -7,9 +7,18 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Optional
 
-from localspec.config import ConfigError, SamplingParams, SpecConfig, check_max_new_tokens, require_proposer
+from localspec.config import (
+    ConfigError,
+    NgramSpec,
+    SamplingParams,
+    SpecConfig,
+    check_max_new_tokens,
+    require_proposer,
+)
 from localspec.engine.events import StepEvent
 from localspec.engine.loop import Engine
+from localspec.engine.policy import drafts_trees
+from localspec.models.chat_template import template_ids
 from localspec.models.loading import LoadedPair
 from localspec.models.stop_tokens import stop_token_ids
 from localspec.proposers import DraftModelProposer, NgramProposer
@@ -119,14 +128,13 @@ class ChatSession:
             return LookupFirstProposer(NgramProposer(min_n, spec.ngram_max), head)
         raise ConfigError(f"unknown proposer {spec.proposer!r}")
 
-    def tree_nodes_of(self, spec: SpecConfig) -> int:
-        """The size of the token trees an answer with this spec drafts: spec.tree_nodes where its proposer drafts
-        trees and the target verifies them (the preallocated cache), else 0: it drafts chains of K
-        (engine/tree_step.py)."""
-        if spec.tree_nodes <= 0 or spec.proposer == "none" or not self.engine.target.supports_tree:
-            return 0
-        proposer = self.make_proposer(spec)
-        return spec.tree_nodes if proposer is not None and proposer.supports_tree else 0
+    def answer_spec(self, spec: SpecConfig) -> SpecConfig:
+        """spec as the engine runs it: tree_nodes 0 where the answer drafts chains of K (engine/policy.py's
+        drafts_trees: a proposer that drafts trees and a target that verifies them)."""
+        if spec.tree_nodes <= 0:
+            return spec
+        trees = drafts_trees(spec, self.make_proposer(spec), self.engine.target.supports_tree)
+        return spec if trees else replace(spec, tree_nodes=0)
 
     def default_spec(self, **overrides) -> SpecConfig:
         pair = self.loaded.spec
@@ -136,8 +144,8 @@ class ChatSession:
             k=pair.k,
             adaptive=pair.adaptive,
             tree_nodes=pair.tree_nodes,
-            ngram_min=ngram.min_n if ngram else 1,
-            ngram_max=ngram.max_n if ngram else 4,
+            ngram_min=(ngram or NgramSpec()).min_n,
+            ngram_max=(ngram or NgramSpec()).max_n,
         )
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -235,10 +243,7 @@ class ChatSession:
         return max(0, extra - len(self.tokenizer.encode("a", add_special_tokens=False)))
 
     def _template(self, messages: list[dict]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(out, dict) or hasattr(out, "input_ids"):
-            out = out["input_ids"]
-        return list(out)
+        return template_ids(self.tokenizer, messages, add_generation_prompt=True)
 
     def stream(
         self, messages: list[dict], sampling: SamplingParams, spec: SpecConfig, cancel: Optional[threading.Event] = None

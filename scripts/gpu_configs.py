@@ -162,7 +162,7 @@ def _timed(fn, repeats: int) -> float:
 
 
 def costs(tiny: bool, folder: Path) -> dict:
-    from localspec.engine.model_runner import ModelRunner
+    from localspec.runtime.model_runner import ModelRunner
 
     repeats = 3 if tiny else 20
     report = {"device": str(device()), "shape": "tiny" if tiny else "Qwen2-7B width x 4 layers + 24-layer 0.5B"}

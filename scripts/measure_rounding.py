@@ -85,9 +85,9 @@ def chunked_logits(runner, prompt_ids: list[int], fed: list[int], chunk: int) ->
 def measure_path(name: str, prompts: list[str]) -> dict:
     from localspec.chat import ChatSession
     from localspec.config import ModelSpec
-    from localspec.engine.model_runner import ModelRunner
     from localspec.models.loading import load_pair
     from localspec.models.registry import load_registry
+    from localspec.runtime.model_runner import ModelRunner
 
     dtype, quant = PATHS[name]
     pair = load_registry(REPO / "models.yaml")[0]

@@ -7,10 +7,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from .support import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,19 +73,20 @@ class AppProcess:
         )
 
     def wait_ready(self, timeout_s: float = 180.0) -> AppProcess:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def up() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"app exited with {self.proc.returncode}:\n{self.log_text()}")
             try:
                 with urllib.request.urlopen(self.url + "config", timeout=2) as response:
-                    if response.status == 200:
-                        return self
+                    return response.status == 200
             except urllib.error.HTTPError:  # it answers (e.g. 401 behind a password): it is up
-                return self
+                return True
             except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(f"app did not start in {timeout_s:.0f} s:\n{self.log_text()}")
+                return False
+
+        if not wait_until(up, timeout_s, every_s=0.5, fail=False):
+            raise RuntimeError(f"app did not start in {timeout_s:.0f} s:\n{self.log_text()}")
+        return self
 
     def log_text(self) -> str:
         self.log.flush()

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import copy
 import random
+from dataclasses import asdict
 
 import pytest
 
-from localspec.engine.adaptive import (
-    AdaptiveController,
-    CostModel,
-    VerifyCosts,
-    expected_tokens,
-    predicted_speedups,
-)
+from localspec.engine.adaptive import AdaptiveController, CostModel, VerifyCosts
+from localspec.runtime.speedup import expected_tokens, predicted_speedups
 
 PLAIN_S = 0.033  # a plain step: 1-token forward + sampling
 
@@ -286,11 +282,11 @@ def test_a_paused_controller_explains_itself_in_its_own_numbers():
     reason = controller.pause_reason()
     k, speedup = controller.best()
     draft_c, verify = controller.costs.ratios(controller.max_k)
-    assert reason["k"] == k and reason["speedup"] == pytest.approx(speedup) and speedup < 1.0
-    assert reason["cost"] == pytest.approx(k * draft_c + verify[k]) and reason["cost"] > 1.0
-    assert reason["tokens"] == pytest.approx(expected_tokens(controller.acceptance(), k))
-    assert reason["tokens"] / reason["cost"] == pytest.approx(speedup)
-    assert reason["probe_every"] == controller.probe_every(k)
+    assert reason.k == k and reason.speedup == pytest.approx(speedup) and speedup < 1.0
+    assert reason.cost == pytest.approx(k * draft_c + verify[k]) and reason.cost > 1.0
+    assert reason.tokens == pytest.approx(expected_tokens(controller.acceptance(), k))
+    assert reason.tokens / reason.cost == pytest.approx(speedup)
+    assert reason.probe_every == controller.probe_every(k)
     _, _, speculating = run_world([0.9] * 8, slope=0.05)
     assert speculating.speculating and speculating.pause_reason() is None
 
@@ -310,8 +306,8 @@ def test_the_engine_reports_the_pause_in_its_stats(tiny_models):
     engine.controllers.chain[("ngram", 3, True)] = controller
     events = list(engine.generate([1, 5, 6, 7, 8], SamplingParams(max_new_tokens=6), spec, NgramProposer(1, 3)))
     paused = [ev.stats.paused for ev in events if ev.tokens]
-    assert paused and all(p is not None and p["speedup"] < 1.0 for p in paused)
-    assert events[-1].stats.to_dict()["paused"] == paused[-1]
+    assert paused and all(p is not None and p.speedup < 1.0 for p in paused)
+    assert events[-1].stats.to_dict()["paused"] == asdict(paused[-1])
     fixed = list(
         engine.generate(
             [1, 5, 6], SamplingParams(max_new_tokens=4), SpecConfig(proposer="ngram", k=3), NgramProposer(1, 3)

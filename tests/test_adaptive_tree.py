@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import asdict
 
 import pytest
 
 from localspec.config import SamplingParams, SpecConfig
-from localspec.engine.adaptive import AdaptiveController, expected_tokens
+from localspec.engine.adaptive import AdaptiveController
 from localspec.engine.adaptive_tree import TreeSizeController, tree_sizes
+from localspec.runtime.speedup import expected_tokens
 
 PLAIN_S = 0.02
 
@@ -97,8 +99,8 @@ def test_no_acceptance_switches_off_and_probes_within_budget():
     assert shapes[("plain", 0)] > 0.85 * sum(shapes.values())
     assert rate > 0.9 / PLAIN_S  # probes cost little
     reason = trees.pause_reason()
-    assert reason is not None and reason["speedup"] < 1.0 and reason["probe_every"] >= trees.tuning.min_probe_every
-    assert set(reason) >= {"k", "cost", "tokens", "speedup", "probe_every"}
+    assert reason is not None and reason.speedup < 1.0 and reason.probe_every >= trees.tuning.min_probe_every
+    assert set(asdict(reason)) >= {"k", "cost", "tokens", "speedup", "probe_every"}
 
 
 def test_near_the_best_fixed_shape():
@@ -118,7 +120,8 @@ def test_near_the_best_fixed_shape():
 def test_the_engine_runs_adaptive_trees_losslessly_and_reports_them(tiny_models):
     from localspec.engine.loop import Engine
     from localspec.proposers.head import HeadProposer
-    from tests.test_heads import PROMPT, make_head
+    from tests.support import HELLO_PROMPT as PROMPT
+    from tests.support import make_head
 
     target, _ = tiny_models
     engine = Engine(target, {2})
@@ -168,7 +171,7 @@ def test_the_depth_of_the_drafted_trees_sets_the_prior():
 def test_a_greedy_tree_steps_first_branch_teaches_the_chain():
     """While trees run, the chain controller learns from each tree's first branch (the chain it grew from), so the
     chain option and the trees' prior follow the text; without it they would keep what chains saw last."""
-    from localspec.engine.tree import make_dummy
+    from localspec.runtime.tree import make_dummy
 
     assert make_dummy(7, 2).first_branch() == [0, 2, 6]  # the first child at each depth
     chain = AdaptiveController(4)

@@ -4,20 +4,15 @@ client, Stop, reopen / rename / delete / export, a corrupt database file."""
 from __future__ import annotations
 
 import json
-import re
-import time
 from pathlib import Path
 
 import pytest
 
 from .apphelpers import AppProcess, send, send_from_two_clients, tiny_models_yaml
+from .support import span_kinds, wait_until
 
 pytest.importorskip("localspec.store.db")
 pytestmark = pytest.mark.slow  # every test starts the app in a subprocess
-
-
-def span_kinds(transcript: str) -> list[str]:
-    return re.findall(r'class="tok tok-(\w+)', transcript)
 
 
 def open_store(home: Path):
@@ -35,16 +30,6 @@ def client_for(app):
 def choices(client) -> list[tuple[str, int]]:
     update = client.predict(api_name="/list_conversations")
     return [tuple(c) for c in update["choices"]]
-
-
-def wait_for(predicate, timeout_s=120.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +115,7 @@ def test_a_closed_client_still_gets_its_answer_saved(stored_app):
                     return answer if answer.complete else None
         return None
 
-    answer = wait_for(finished, what="the answer of a closed client to be saved")
+    answer = wait_until(finished, 120.0, "the answer of a closed client to be saved", every_s=0.2)
     assert answer.finish_reason in ("stop", "length") and len(answer.tokens) > 0
 
 

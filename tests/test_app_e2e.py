@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from .apphelpers import REPO, AppProcess, send, send_from_two_clients, tiny_models_yaml
+from .support import span_kinds
 
 pytestmark = pytest.mark.slow  # every test starts the app in a subprocess
 
@@ -30,10 +31,6 @@ def client(app):
     from gradio_client import Client
 
     return Client(app.url, verbose=False)
-
-
-def span_kinds(transcript: str) -> list[str]:
-    return re.findall(r'class="tok tok-(\w+)', transcript)
 
 
 # streaming step by step, with each step's stats: test_app_stream.py (gated, so independent of machine speed)

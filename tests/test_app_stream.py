@@ -5,14 +5,13 @@ Nothing here depends on how fast the machine is: a step is released only after t
 
 from __future__ import annotations
 
-import re
 import threading
-import time
 from typing import ClassVar
 
 import pytest
 
 from .apphelpers import free_port, send
+from .support import span_kinds, wait_until
 
 pytestmark = pytest.mark.slow
 KINDS = {"accepted", "resampled", "bonus", "target"}
@@ -68,27 +67,28 @@ def gated_app(tiny_pair):
         demo.close()
 
 
-def span_kinds(transcript: str) -> list[str]:
-    return re.findall(r'class="tok tok-(\w+)', transcript)
-
-
 def counts(stats: dict) -> tuple[int, int, int, int]:
     return stats["drafted"], stats["accepted"], stats["emitted"], stats["target_forwards"]
 
 
 def wait_for_update(job, seen: int, step_counts: tuple[int, int, int, int]):
     """The first update after the `seen` ones already read whose events carry these step counts."""
-    deadline = time.monotonic() + STEP_TIMEOUT_S
-    while time.monotonic() < deadline:
+    found: list = []
+
+    def arrived() -> bool:
+        done = job.done()  # read before the outputs: a job done now has every output below
         outputs = job.outputs()
         for index in range(seen, len(outputs)):
             events = outputs[index][3]
             if events and events.get("stats") and counts(events["stats"]) == step_counts:
-                return index, outputs[index]
-        if job.done():
-            break
-        time.sleep(0.01)
-    raise AssertionError(f"no update with stats {step_counts} reached the client")
+                found.append((index, outputs[index]))
+                return True
+        return done
+
+    wait_until(arrived, STEP_TIMEOUT_S, every_s=0.01, fail=False)
+    if not found:
+        raise AssertionError(f"no update with stats {step_counts} reached the client")
+    return found[0]
 
 
 def test_every_step_reaches_the_client_with_its_own_stats(gated_app):
@@ -98,9 +98,7 @@ def test_every_step_reaches_the_client_with_its_own_stats(gated_app):
     seen, stats_strings = 0, []
     for step in range(64):
         session.gate.release()
-        deadline = time.monotonic() + STEP_TIMEOUT_S
-        while len(session.steps) <= step and not job.done() and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda n=step: len(session.steps) > n or job.done(), STEP_TIMEOUT_S, every_s=0.005, fail=False)
         if len(session.steps) <= step:  # the answer ended: no step took this release
             break
         event = session.steps[step]

@@ -115,7 +115,7 @@ def test_unknown_quant_and_dtype():
 
 @pytest.mark.parametrize("value", ["0", "17", "2.5", "four", "true"])
 def test_k_out_of_range(value):
-    with pytest.raises(ConfigError, match="field 'k' must be a whole number from 1 to 16"):
+    with pytest.raises(ConfigError, match="field 'k' must be a whole number between 1 and 16"):
         parse(f"- name: a\n  target: {{source: x/y}}\n  k: {value}\n")
 
 

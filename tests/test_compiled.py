@@ -4,12 +4,13 @@ import pytest
 import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
-from localspec.engine import compiled
 from localspec.engine.loop import Engine
-from localspec.engine.model_runner import ModelRunner
 from localspec.proposers import DraftModelProposer
+from localspec.runtime import compiled
+from localspec.runtime.model_runner import ModelRunner
+from tests.support import COUNTING_PROMPT
 
-PROMPT = list(range(5, 45))
+PROMPT = COUNTING_PROMPT
 
 
 def _answer(target, draft, runner, k, max_new=40):

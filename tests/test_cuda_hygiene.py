@@ -68,7 +68,7 @@ def test_auto_on_a_fallen_back_device_is_torch():
 
 
 def test_step_timing_syncs_on_cuda(monkeypatch):
-    from localspec.engine.timing import synced_clock
+    from localspec.runtime.timing import synced_clock
 
     synced = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))

@@ -9,8 +9,9 @@ import torch
 from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.engine.loop import Engine
 from localspec.proposers import DraftModelProposer, NgramProposer
+from tests.support import COUNTING_PROMPT
 
-PROMPT = list(range(5, 45))
+PROMPT = COUNTING_PROMPT
 
 
 def run(engine, proposer, spec, sampling, prompt=PROMPT, cancel=None):

@@ -8,37 +8,14 @@ import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.engine.loop import Engine
-from localspec.engine.model_runner import ModelRunner
 from localspec.heads.config import HeadConfig, target_shapes
 from localspec.heads.io import load_head, save_head
-from localspec.heads.model import FeatureHead
 from localspec.proposers.base import Proposer
 from localspec.proposers.head import HeadProposer, load_head_proposer
+from localspec.runtime.model_runner import ModelRunner
+from tests.support import DRAFT_VOCAB, HELLO_PROMPT, make_head
 
-PROMPT = [1, 72, 101, 108, 108, 111, 44, 32, 119]
-DRAFT_VOCAB = 200
-
-
-def make_head(target, kind: str, modules: int = 1, seed: int = 0, feature_layers: tuple = ()) -> FeatureHead:
-    """A random head; with feature_layers, its projection is random too (every layer's features count)."""
-    torch.manual_seed(seed)
-    config = HeadConfig(
-        kind=kind,
-        num_modules=modules,
-        draft_vocab_size=DRAFT_VOCAB,
-        feature_layers=feature_layers,
-        **target_shapes(target.config),
-    )
-    head = FeatureHead(config, target.get_input_embeddings().weight)
-    head.set_lm_weight(target.get_output_embeddings().weight)
-    head.set_draft_vocab(torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(seed))[:DRAFT_VOCAB])
-    for module in head.layers:
-        module.init_from_target_layer(target.model.layers[-1])
-    if feature_layers:
-        head.init_feature_proj()
-        with torch.no_grad():
-            head.feature_proj.weight.add_(torch.randn_like(head.feature_proj.weight) * 0.2)
-    return head.eval()
+PROMPT = HELLO_PROMPT
 
 
 def run_engine(target, proposer, k: int = 3, temperature: float = 0.0, max_new: int = 40, prompt=PROMPT):
@@ -344,7 +321,7 @@ def test_multi_layer_features_come_from_the_named_layers(tiny_models):
     """The runner's features are [layer outputs ; last hidden], the same with a KV cache, one step at a time, as
     in one teacher-forced prefill."""
     from localspec.distill.stream import teacher_forced_pieces
-    from localspec.engine.features import backbone_features
+    from localspec.runtime.features import backbone_features
 
     target, _ = tiny_models
     size = target.config.hidden_size

@@ -12,10 +12,10 @@ from localspec.proposers import LookupFirstProposer, NgramProposer
 from localspec.proposers.base import Proposer
 from localspec.proposers.head import HeadProposer
 from tests.stats import chi_square_p
-from tests.test_heads import make_head
+from tests.support import HELLO_HELLO_PROMPT, make_head
 
 # "Hello, w" then "Hello" again: the lookup matches at once, and stops matching once the answer wanders off
-PROMPT = [1, 72, 101, 108, 108, 111, 44, 32, 119, 72, 101, 108, 108, 111]
+PROMPT = HELLO_HELLO_PROMPT
 
 
 class Counting(Proposer):

@@ -8,12 +8,12 @@ import torch
 
 from localspec.config import SamplingParams, SpecConfig
 from localspec.engine.loop import Engine
-from localspec.engine.tree import TokenTree
 from localspec.proposers import LookupFirstProposer, NgramProposer
 from localspec.proposers.base import Draft, Proposer
 from localspec.proposers.head import HeadProposer
-from tests.test_heads import make_head
-from tests.test_lookup_first import PROMPT
+from localspec.runtime.tree import TokenTree
+from tests.support import HELLO_HELLO_PROMPT as PROMPT
+from tests.support import make_head
 
 NO_REPEAT = [1, 200, 17, 99, 50, 51]  # no token twice: the lookup never matches the prompt
 
@@ -119,7 +119,7 @@ def test_the_lookups_tree_on_a_repeated_context(tiny_models):
 
 
 def test_the_heads_tree_where_the_lookup_has_no_match(tiny_models):
-    from localspec.engine.model_runner import ModelRunner
+    from localspec.runtime.model_runner import ModelRunner
 
     target, _ = tiny_models
     head_model = make_head(target, "eagle")

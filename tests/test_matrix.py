@@ -21,14 +21,14 @@ import torch
 
 from localspec.chat import ChatSession
 from localspec.config import ConfigError, ModelSpec, NgramSpec, PairSpec, SamplingParams, SpecConfig
-from localspec.engine.model_runner import ModelRunner
 from localspec.heads.io import save_head
 from localspec.models.loading import load_pair
+from localspec.runtime.model_runner import ModelRunner
 from localspec.testing import FAMILY_VOCABS, make_family_model, make_tiny_tokenizer
 from localspec.verify import get_verifier
 from localspec.verify.checks import chi_square_p, emitted_distribution_pvalues
 from localspec.verify.guarantee import guarantee_for
-from tests.test_heads import make_head
+from tests.support import make_head
 
 PROMPT = [1, 72, 101, 108, 108, 111, 32, 72, 101, 108]  # "Hello He…": the n-gram lookup has a match to draft from
 FAMILIES = {

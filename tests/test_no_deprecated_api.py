@@ -9,8 +9,8 @@ from contextlib import contextmanager
 import torch
 
 from localspec.config import SamplingParams, SpecConfig
-from localspec.engine.model_runner import ModelRunner
 from localspec.proposers.draft_model import DraftModelProposer
+from localspec.runtime.model_runner import ModelRunner
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from localspec.heads.io import save_head
 from localspec.models.loading import load_pair
 from localspec.models.registry import parse_registry
 from localspec.ui.manager import ModelManager
-from tests.test_heads import make_head
+from tests.support import make_head
 
 YAML = """- name: parts
   target: {source: tiny-target}

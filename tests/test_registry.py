@@ -43,7 +43,7 @@ def test_valid_entry_parses():
             r"'target.quant' is 'nf3'; choose one of nf4, int8, gguf, auto, none",
         ),
         ("- name: a\n  target: {quant: nf4}\n", r"'target.source' is missing"),
-        ("- name: a\n  target: {source: x/y}\n  k: 0\n", r"field 'k' must be a whole number from 1 to 16"),
+        ("- name: a\n  target: {source: x/y}\n  k: 0\n", r"field 'k' must be a whole number between 1 and 16"),
         ("- name: a\n  target: {source: x/y}\n  proposers: {eagle: {}}\n", r"unknown key\(s\) 'eagle' in 'proposers'"),
         ("- name: a\n  target: {source: x/y}\n  proposers: {ngram: {min_n: 3, max_n: 2}}\n", r"min_n ≤ max_n"),
         ("- name: a\n  target: {source: x/y}\n  default_proposer: draft\n", r"'default_proposer' is 'draft'"),

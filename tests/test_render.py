@@ -6,6 +6,7 @@ import re
 from html.parser import HTMLParser
 
 from localspec.engine.events import StatsSnapshot, TokenEvent
+from localspec.engine.metrics import PauseReason
 from localspec.ui.render import (
     acceptance_chart_html,
     compare_html,
@@ -162,7 +163,9 @@ def test_stats_panel_shows_the_snapshot_numbers():
     assert "propose 100 ms" in text and "score 300 ms" in text and "sample 100 ms" in text
     widths = [float(w) for w in re.findall(r'class="ls-bar" style="width:([\d.]+)%"', markup)]
     assert widths == [round(r * 100, 1) for r in stats.per_position_acceptance]
-    assert stats_html(stats.to_dict(), "n-gram", 3) == markup  # the stored dict form renders the same
+    assert (
+        stats_html(StatsSnapshot.from_dict(stats.to_dict()), "n-gram", 3) == markup
+    )  # the stored form renders the same
     assert "n-gram · K=3" in text
     tree_text = " ".join(parse(stats_html(stats, "n-gram", 3, tree_nodes=8)).text)
     assert "n-gram · tree 8" in tree_text and "K=3" not in tree_text
@@ -359,7 +362,7 @@ def test_markdown_injection_stays_inert():
 
 
 def test_stats_panel_says_why_speculation_is_paused_and_what_runs():
-    paused = {"k": 4, "cost": 1.6, "tokens": 1.3, "speedup": 1.3 / 1.6, "probe_every": 30}
+    paused = PauseReason("chain", 4, 1.6, 1.3, 1.3 / 1.6, 30)
     stats = StatsSnapshot(emitted=10, target_forwards=9, k=0, paused=paused)
     runtime = {"device": "cuda:0", "dtype": "bfloat16", "quant": "int8", "sampler": "triton"}
     text = " ".join(parse(stats_html(stats, "n-gram", 4, runtime=runtime)).text)
@@ -369,4 +372,4 @@ def test_stats_panel_says_why_speculation_is_paused_and_what_runs():
     ) in text
     assert "cuda:0 · bfloat16 · int8 · sampler triton" in text
     assert "paused" not in " ".join(parse(stats_html(StatsSnapshot(emitted=3), "n-gram", 4)).text)
-    assert stats_html(stats.to_dict(), "n-gram", 4) == stats_html(stats, "n-gram", 4)
+    assert stats_html(StatsSnapshot.from_dict(stats.to_dict()), "n-gram", 4) == stats_html(stats, "n-gram", 4)

@@ -1,7 +1,7 @@
 import torch
 
 from localspec.config import SamplingParams
-from localspec.engine.sampling import filter_logits, logits_to_probs, sample_with_noise
+from localspec.runtime.sampling import filter_logits, logits_to_probs, sample_with_noise
 
 
 def test_top_k_keeps_k_largest():

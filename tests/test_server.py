@@ -11,7 +11,6 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 
 import pytest
 
@@ -20,6 +19,7 @@ from localspec.engine.events import TOKEN_KINDS
 from localspec.server.admission import Admission, QueueFull
 from localspec.server.auth import api_key_for, key_matches
 from localspec.server.metrics import MetricsRecorder
+from tests.support import wait_until
 
 CHAT = [{"role": "user", "content": "Say something."}]
 LOCAL = "http://127.0.0.1:8000"  # the Host a loopback server accepts (server/guard.py)
@@ -304,9 +304,7 @@ def test_metrics_add_up_to_the_answers_stats(client, tiny_pair):
         observer_for(client.metrics),
     )
     # a response is complete once its last token is sent; its worker leaves the queue a moment later
-    deadline = time.monotonic() + 30
-    while client.admission.running and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: not client.admission.running, 30, every_s=0.01, fail=False)
     manager.load(None)
     out = manager.answer(CHAT, SamplingParams(max_new_tokens=10), lambda s: s.default_spec(), threading.Event())
     last = None
@@ -366,9 +364,7 @@ def live_server(tiny_session):
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.time() + 20
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: server.started, 20, fail=False)
     yield f"http://127.0.0.1:{port}", admission, metrics
     server.should_exit = True
     thread.join(10)
@@ -413,9 +409,7 @@ def test_openai_client_stream_non_stream_and_cancel(live_server, tiny_session, m
         if i == 2:
             break
     long.close()
-    deadline = time.time() + 20
-    while admission.running and time.time() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not admission.running, 20, fail=False)
     assert admission.running == 0
     exposed = metrics.exposition().decode()
     assert 'finished_reason="cancelled"' in exposed

@@ -6,11 +6,12 @@ import torch
 
 from localspec.config import SamplingParams, SpecConfig
 from localspec.engine.loop import Engine
-from localspec.engine.model_runner import ModelRunner
-from localspec.engine.static_cache import PreallocatedCache, cache_supported
 from localspec.proposers import DraftModelProposer, NgramProposer
+from localspec.runtime.model_runner import ModelRunner
+from localspec.runtime.static_cache import PreallocatedCache, cache_supported
+from tests.support import COUNTING_PROMPT
 
-PROMPT = list(range(5, 45))
+PROMPT = COUNTING_PROMPT
 
 
 def _answer(target_model, draft_model, cache, proposer_name, k, sampling, prompt=PROMPT):

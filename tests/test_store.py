@@ -543,11 +543,14 @@ def test_streams_real_engine_events(tiny_session, tmp_path):
     assert answer.stats["emitted"] == len(seen)
 
 
-def test_record_step_stores_an_error_answer(tiny_session, tmp_path):
-    """record_step (the UI's one call per event) keeps the tokens before a NaN and the error that stopped it."""
+def test_the_recorder_stores_an_error_answer(tiny_session, tmp_path):
+    """The recorder (the UI's sink, told every Message of an answer) keeps the tokens before a NaN and the error
+    that stopped it."""
     import math
 
     from localspec.config import SamplingParams
+    from localspec.ui.manager import Message
+    from localspec.ui.recorder import Recorder
 
     calls = {"n": 0}
 
@@ -561,18 +564,17 @@ def test_record_step_stores_an_error_answer(tiny_session, tmp_path):
     handle = tiny_session.loaded.target.get_output_embeddings().register_forward_hook(poison_after_first_step)
     try:
         with ConversationStore(tmp_path / "c.db") as store:
-            cid = store.create_conversation("nan", "tiny")
-            mid = store.start_answer(cid, "tiny", "ngram", 3)
+            recorder = Recorder(store)
+            spec = tiny_session.default_spec(proposer="ngram")
+            sink = recorder.sink("tab", "hi")
+            sink(Message("started", text="tiny", spec=spec))
             events = list(
-                tiny_session.stream(
-                    [{"role": "user", "content": "hi"}],
-                    SamplingParams(max_new_tokens=20),
-                    tiny_session.default_spec(proposer="ngram"),
-                )
+                tiny_session.stream([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=20), spec)
             )
             for event in events:
-                assert store.record_step(mid, event)
-            answer = store.get_conversation(cid).messages[0]
+                sink(Message("event", event=event, records=tuple(tok.to_dict() for tok in event.tokens)))
+            sink(Message("done"))
+            answer = store.get_conversation(recorder.conversation_of("tab")).messages[-1]
     finally:
         handle.remove()
     emitted = [tok.token_id for e in events for tok in e.tokens]

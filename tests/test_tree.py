@@ -7,20 +7,21 @@ import pytest
 import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.engine.drafts import tree_token_events
 from localspec.engine.events import TokenEvent
 from localspec.engine.loop import Engine
-from localspec.engine.model_runner import ModelRunner
-from localspec.engine.sampling import logits_to_probs
-from localspec.engine.tree import TokenTree, make_dummy, tree_attention_mask, tree_positions
-from localspec.engine.tree_step import tree_token_events
 from localspec.proposers.head import HeadProposer
+from localspec.runtime.model_runner import ModelRunner
+from localspec.runtime.sampling import logits_to_probs
+from localspec.runtime.tree import TokenTree, make_dummy, tree_attention_mask, tree_positions
 from localspec.ui.spans import token_record, token_title
 from localspec.verify import rejection_sample
 from localspec.verify.tree import TreeDraws, make_tree_draws, verify_tree
 from localspec.verify.types import SamplerDraws
 
 from .stats import chi_square_p
-from .test_heads import PROMPT, make_head
+from .support import HELLO_PROMPT as PROMPT
+from .support import make_head
 
 # root → 0 (a), 1 (b); 0 → 2 (c), 3 (d); 2 → 4 (e)
 TREE = TokenTree([10, 11, 12, 13, 14], [-1, -1, 0, 0, 2])

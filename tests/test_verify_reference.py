@@ -73,7 +73,7 @@ def test_ngram_one_hot_draft_emits_target_distribution():
     "params", [SamplingParams(temperature=0.7, top_k=4), SamplingParams(temperature=1.3, top_p=0.8)]
 )
 def test_top_k_top_p_applied_to_both(params):
-    from localspec.engine.sampling import logits_to_probs
+    from localspec.runtime.sampling import logits_to_probs
 
     gen = torch.Generator().manual_seed(3)
     target_logits = torch.randn(3, 10, generator=gen) * 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from localspec.config import ConfigError, check_k
+from localspec.config import DEFAULT_K, ConfigError, check_k
 
 from .common import DEFAULT_MODELS_YAML
 
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--model", default=None, help="model pair name from models.yaml (default: the first entry)")
     parser.add_argument("--prompts", type=int, default=24, help="how many held-out prompts (both sets, from the ends)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--k", type=int, default=4, help="draft tokens per step")
+    parser.add_argument("--k", type=int, default=DEFAULT_K, help="draft tokens per step")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", default=None, help="also write the report here")
     parser.add_argument(

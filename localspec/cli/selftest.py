@@ -74,7 +74,7 @@ def chi_square_cases() -> list[tuple[str, torch.Tensor, torch.Tensor | None, Sam
     ngram_target = _rand_probs(gen, 3, 8, sharp=1.0)
     ngram_target[:, -2:] += 0.5  # make the n-gram's fixed draft tokens likely enough to test later positions
     ngram_target /= ngram_target.sum(-1, keepdim=True)
-    from localspec.engine.sampling import logits_to_probs
+    from localspec.runtime.sampling import logits_to_probs
 
     filtered = SamplingParams(temperature=0.7, top_k=4)
     filtered_logits = torch.randn(3, 10, generator=gen) * 2

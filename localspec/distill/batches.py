@@ -17,10 +17,6 @@ class Batch:
     target_hidden: torch.Tensor  # [B, S, F] float32, features h_p (the last H columns: the last hidden state)
     valid: torch.Tensor  # [B, S] bool, False on padding
 
-    @property
-    def num_positions(self) -> int:
-        return int(self.valid.sum())
-
 
 def windows(sequences: list[tuple[torch.Tensor, torch.Tensor]], window: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Cut (ids [T], hidden [T-1, H]) into pieces of at most `window` hidden rows (and one more id)."""

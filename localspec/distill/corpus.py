@@ -18,16 +18,13 @@ from typing import Optional
 
 import torch
 
+from localspec.models.chat_template import template_ids
+
 Progress = Callable[[int, int, float], None]  # (done prompts, total prompts, tokens so far)
 
 
 def encode_chat(tokenizer, prompt: str) -> list[int]:
-    out = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-    )
-    if isinstance(out, dict) or hasattr(out, "input_ids"):
-        out = out["input_ids"]
-    return list(out)
+    return template_ids(tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True)
 
 
 @torch.inference_mode()

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from localspec.config import SamplingParams, SpecConfig
-from localspec.engine.model_runner import ModelRunner
+from localspec.config import DEFAULT_K, SamplingParams, SpecConfig
+from localspec.runtime.model_runner import ModelRunner
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def teacher_forced_top_k(
 
 
 def evaluate_head(
-    session, prompts: list[str], proposer_factory, k: int = 4, max_new_tokens: int = 128, log=print
+    session, prompts: list[str], proposer_factory, k: int = DEFAULT_K, max_new_tokens: int = 128, log=print
 ) -> HeldOutReport:
     """Greedy; for each prompt, runs no-proposer then head (same engine, same moment)."""
     engine = session.engine

@@ -14,11 +14,11 @@ from typing import Optional
 import torch
 
 from localspec.config import ConfigError
-from localspec.engine.features import default_feature_layers
 from localspec.heads.config import HEAD_KINDS, HeadConfig, target_shapes
 from localspec.heads.io import load_head, read_head_config, save_head
 from localspec.heads.model import FeatureHead, with_feature_layers
 from localspec.models.stop_tokens import stop_token_ids
+from localspec.runtime.features import default_feature_layers
 
 from .batches import pick_draft_vocab, split_validation, windows
 from .corpus import build_corpus, build_text_corpus, load_corpus

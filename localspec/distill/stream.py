@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from localspec.engine.features import backbone_features
+from localspec.runtime.features import backbone_features
 
 from .batches import Batch, iterate_batches, make_batch
 from .text import chat_ids

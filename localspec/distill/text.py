@@ -9,6 +9,8 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
+from localspec.models.chat_template import template_ids
+
 CODE_ASKS = (
     "Show me the Python code of the module `{name}`.",
     "Write the next part of `{name}` in Python.",
@@ -60,9 +62,5 @@ def offline_documents(seed: int = 0, chars: int = 1500, extra_roots: tuple = ())
 
 
 def chat_ids(tokenizer, ask: str, answer: str) -> list[int]:
-    out = tokenizer.apply_chat_template(
-        [{"role": "user", "content": ask}, {"role": "assistant", "content": answer}], tokenize=True
-    )
-    if isinstance(out, dict) or hasattr(out, "input_ids"):
-        out = out["input_ids"]
-    return list(out)
+    messages = [{"role": "user", "content": ask}, {"role": "assistant", "content": answer}]
+    return template_ids(tokenizer, messages, add_generation_prompt=False)

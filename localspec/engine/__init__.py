@@ -1,4 +1,9 @@
-"""The speculative decoding engine: the loop (loop.py), the model runner and its cache, sampling, events, metrics and
-the adaptive controller. Knows only token ids; never imports the UI.
+"""The speculative decoding engine: the loop (loop.py), the step policy (policy.py) and its plans (plan.py), the one
+step function (step.py), events, metrics and the adaptive controllers. Sits on runtime/ (sampling, trees, model
+runner), proposers/ and verify/; knows only token ids and never imports the UI."""
 
-Nothing is imported here, so that verify/ and proposers/ can use engine.sampling without loading the loop."""
+from .events import StepEvent, TokenEvent
+from .loop import Engine
+from .metrics import StatsSnapshot
+
+__all__ = ["Engine", "StatsSnapshot", "StepEvent", "TokenEvent"]

@@ -20,6 +20,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from localspec.runtime.speedup import PRIOR_ACCEPTANCE, expected_tokens, predicted_speedups
+
+from .metrics import PauseReason
+
 # Verify cost shape v(K) ≈ 1 + slope·K that the measured line is pulled towards, when nothing better is known: the
 # engine replaces it with the slope timed on this machine at load (VerifyCosts.set_prior, from dtype_choice).
 PRIOR_VERIFY_SLOPE = 0.12
@@ -41,15 +45,37 @@ class _RecentMedian:
 
 
 # How the verify line weighs what it measured (VerifyCosts.line). A size's weight is its count of samples, aged by
-# VERIFY_AGE at every verify of any size: the sizes the controller stopped picking were measured at another context
-# length, and often in a slow stretch, and must not pin the line for the rest of the session. The slope is pulled
-# towards the prior with the weight of that many samples one row from the mean: a timing of this machine's
-# forwards at load (set_prior) is worth VERIFY_PRIOR_WEIGHT, so a few noisy medians at nearby sizes cannot tilt the
-# line; the constant guess only GUESS_PRIOR_WEIGHT. (A fit is no longer replaced by the prior when it comes out
-# negative: replacing only those would bias the slope upwards on a machine where rows are nearly free.)
-VERIFY_AGE = 0.97
-VERIFY_PRIOR_WEIGHT = 8.0
-GUESS_PRIOR_WEIGHT = 1.0
+# Tuning.verify_age at every verify of any size: the sizes the controller stopped picking were measured at another
+# context length, and often in a slow stretch, and must not pin the line for the rest of the session. The slope is
+# pulled towards the prior with the weight of that many samples one row from the mean: a timing of this machine's
+# forwards at load (set_prior) is worth Tuning.verify_prior_weight, so a few noisy medians at nearby sizes cannot
+# tilt the line; the constant guess only Tuning.guess_prior_weight. A negative fit is kept, not replaced by the
+# prior: replacing only those would bias the slope upwards on a machine where rows are nearly free.
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How a controller (chain or tree size) learns and switches speculation off and on."""
+
+    prior_weight: float = 2.0  # steps a prior acceptance is worth
+    forget: float = 0.95  # per-step decay of the acceptance counts: the estimate follows the text within an answer
+    # per drafting step of another shape, the decay of a tree size's counts: a size shut out by a bad stretch drifts
+    # back to its optimistic prior and is tried again (slower than `forget`: each retry that finds nothing costs)
+    age: float = 0.98
+    off_below: float = 1.0  # switch off when the best predicted speedup drops below this
+    on_above: float = 1.03  # back on when it rises above this
+    probe_budget: float = 0.02  # share of the time probes may cost while off
+    min_probe_every: int = 4  # steps between probes, at least
+    max_probe_every: int = 64  # … and at most
+    # the verify line (VerifyCosts): each size's sample count ages by verify_age at every verify; the prior slope
+    # weighs as many samples as verify_prior_weight (timed at load) or guess_prior_weight (the constant guess)
+    verify_age: float = 0.97
+    verify_prior_weight: float = 8.0
+    guess_prior_weight: float = 1.0
+
+    def probe_every(self, loss: float) -> int:
+        """Steps between probes that each cost `loss` plain steps more than a plain step, within the budget."""
+        return int(min(max(math.ceil(loss / self.probe_budget), self.min_probe_every), self.max_probe_every))
 
 
 @dataclass
@@ -60,18 +86,19 @@ class VerifyCosts:
     by_rows: dict[int, _RecentMedian] = field(default_factory=dict)  # rows (K + 1) → seconds of score + sample
     weight: dict[int, float] = field(default_factory=dict)  # rows → aged count of samples
     prior_slope: float = PRIOR_VERIFY_SLOPE  # v(K) ≈ 1 + prior_slope·K, the shape the line is pulled towards
-    prior_weight: float = GUESS_PRIOR_WEIGHT  # … with the weight of this many samples one row from the mean
+    prior_weight: float = Tuning.guess_prior_weight  # … with the weight of this many samples one row from the mean
+    tuning: Tuning = Tuning()
 
     def set_prior(self, plain_s: float, verify_s: float, rows: int) -> None:
         """The shape to assume, from a 1-token and a `rows`-token forward timed on this machine (the dtype
         decision's timings)."""
         self.prior_slope = max(verify_s / plain_s - 1.0, 0.0) / max(rows - 1, 1)
-        self.prior_weight = VERIFY_PRIOR_WEIGHT
+        self.prior_weight = self.tuning.verify_prior_weight
 
     def add(self, rows: int, seconds: float) -> None:
-        """One verify of `rows` rows took `seconds`; every size's weight ages by VERIFY_AGE."""
+        """One verify of `rows` rows took `seconds`; every size's weight ages by tuning.verify_age."""
         for n in self.weight:
-            self.weight[n] *= VERIFY_AGE
+            self.weight[n] *= self.tuning.verify_age
         self.by_rows.setdefault(rows, _RecentMedian()).add(seconds)
         self.weight[rows] = self.weight.get(rows, 0.0) + 1.0
 
@@ -132,40 +159,6 @@ class CostModel:
         return draft_c, verify
 
 
-def expected_tokens(acceptance: list[float], k: int) -> float:
-    """E(K) = 1 + Σ_{i≤K} Π_{j≤i} a_j: tokens emitted per step with K drafts (the bonus / resampled one counts)."""
-    total, reach = 1.0, 1.0
-    for a in acceptance[:k]:
-        reach *= a
-        total += reach
-    return total
-
-
-def predicted_speedups(acceptance: list[float], draft_c: float, verify: list[float]) -> list[float]:
-    """speedup[K] = E(K) / (K·c + v(K)) for K = 0 … len(verify) - 1 (speedup[0] is 1 by definition)."""
-    return [expected_tokens(acceptance, k) / (k * draft_c + verify[k]) if k else 1.0 for k in range(len(verify))]
-
-
-@dataclass(frozen=True)
-class Tuning:
-    """How a controller (chain or tree size) learns and switches speculation off and on."""
-
-    prior_weight: float = 2.0  # steps a prior acceptance is worth
-    forget: float = 0.95  # per-step decay of the acceptance counts: the estimate follows the text within an answer
-    # per drafting step of another shape, the decay of a tree size's counts: a size shut out by a bad stretch drifts
-    # back to its optimistic prior and is tried again (slower than `forget`: each retry that finds nothing costs)
-    age: float = 0.98
-    off_below: float = 1.0  # switch off when the best predicted speedup drops below this
-    on_above: float = 1.03  # back on when it rises above this
-    probe_budget: float = 0.02  # share of the time probes may cost while off
-    min_probe_every: int = 4  # steps between probes, at least
-    max_probe_every: int = 64  # … and at most
-
-    def probe_every(self, loss: float) -> int:
-        """Steps between probes that each cost `loss` plain steps more than a plain step, within the budget."""
-        return int(min(max(math.ceil(loss / self.probe_budget), self.min_probe_every), self.max_probe_every))
-
-
 class OnOffSwitch:
     """Speculation on or off with hysteresis, and probes while off; shared by the chain and tree-size controllers.
 
@@ -209,7 +202,7 @@ class AdaptiveController(OnOffSwitch):
         self,
         max_k: int,
         costs: CostModel | None = None,
-        prior_acceptance: float = 0.5,
+        prior_acceptance: float = PRIOR_ACCEPTANCE,
         tuning: Tuning = Tuning(),
     ) -> None:
         if max_k < 1:
@@ -269,22 +262,15 @@ class AdaptiveController(OnOffSwitch):
         loss = max(k * draft_c + verify[k] - 1.0, 0.0)
         return self.tuning.probe_every(loss)
 
-    def pause_reason(self) -> dict | None:
-        """Why speculation is off, in the controller's own numbers; None while it speculates.
-
-        k: the best draft length; cost: K·c + v(K) in plain steps; tokens: E(K) tokens such a step would emit;
-        speedup: tokens / cost; probe_every: steps between probes that draft K tokens to look again."""
+    def pause_reason(self) -> PauseReason | None:
+        """Why speculation is off, in the controller's own numbers (k: the best draft length); None while it
+        speculates."""
         if self.speculating:
             return None
         k, speedup = self.best()
         draft_c, verify = self.costs.ratios(self.max_k)
-        return {
-            "k": k,
-            "cost": k * draft_c + verify[k],
-            "tokens": expected_tokens(self.acceptance(), k),
-            "speedup": speedup,
-            "probe_every": self.probe_every(k),
-        }
+        cost = k * draft_c + verify[k]
+        return PauseReason("chain", k, cost, expected_tokens(self.acceptance(), k), speedup, self.probe_every(k))
 
     # -- the two calls the engine makes ----------------------------------------------------------------------------
     def choose_k(self) -> int:

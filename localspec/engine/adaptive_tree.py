@@ -16,12 +16,13 @@ keyed by rows verified (the same forward for a chain and a tree). Pure Python, u
 
 from __future__ import annotations
 
-from typing import Literal
+from localspec.runtime.speedup import expected_tokens
 
-from .adaptive import AdaptiveController, OnOffSwitch, Tuning, _RecentMedian, expected_tokens
+from .adaptive import AdaptiveController, OnOffSwitch, Tuning, _RecentMedian
+from .metrics import PauseReason
+from .plan import Shape
 
 TREE_SIZES = (4, 8, 16)  # the tree sizes tried below the configured one
-Shape = Literal["plain", "chain", "tree"]
 Choice = tuple[Shape, int]  # ("plain", 0), ("chain", K) or ("tree", N)
 
 
@@ -130,21 +131,15 @@ class TreeSizeController(OnOffSwitch):
         loss = max(self._cost_of(choice) - 1.0, 0.0)
         return self.tuning.probe_every(loss)
 
-    def pause_reason(self) -> dict | None:
-        """Why speculation is off, in the keys of AdaptiveController.pause_reason (k: the tokens the best option
-        drafts); None while it speculates."""
+    def pause_reason(self) -> PauseReason | None:
+        """Why speculation is off, in the record of AdaptiveController.pause_reason (k: the tokens or nodes the best
+        option drafts); None while it speculates."""
         if self.speculating:
             return None
-        choice, speedup = self.best()
-        cost = self._cost_of(choice)
-        return {
-            "k": choice[1],
-            "shape": choice[0],
-            "cost": cost,
-            "tokens": speedup * cost,
-            "speedup": speedup,
-            "probe_every": self.probe_every(choice),
-        }
+        (shape, size), speedup = self.best()
+        cost = self._cost_of((shape, size))
+        drafting = "tree" if shape == "tree" else "chain"
+        return PauseReason(drafting, size, cost, speedup * cost, speedup, self.probe_every((shape, size)))
 
     # -- the two calls the engine makes ----------------------------------------------------------------------------
     def choose(self) -> Choice:

@@ -6,12 +6,13 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional, get_args
 
 from .metrics import StatsSnapshot
+from .plan import PLAIN, StepPlan
 
 TokenKind = Literal["accepted", "resampled", "bonus", "target"]
 TOKEN_KINDS: tuple[TokenKind, ...] = get_args(TokenKind)
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
-__all__ = ["TokenKind", "TOKEN_KINDS", "FinishReason", "TokenEvent", "StatsSnapshot", "StepEvent"]
+__all__ = ["TokenKind", "TOKEN_KINDS", "FinishReason", "TokenEvent", "StatsSnapshot", "StepEvent", "StepPlan"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class StepEvent:
-    """One engine step: propose K → one target forward over K+1 positions → rejection sampling."""
+    """One engine step: the plan it ran (plain, a chain of K, a tree of N nodes) → one target forward over the
+    pending token and the drafts → verification."""
 
     tokens: tuple[TokenEvent, ...] = ()
     propose_time_us: float = 0.0
@@ -94,10 +96,16 @@ class StepEvent:
     finished: bool = False
     finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None
+    plan: StepPlan = PLAIN  # what the step ran: the policy's plan (policy.py)
 
     @classmethod
     def finished_early(
-        cls, stats: StatsSnapshot, reason: FinishReason, error: Optional[str] = None, drafted: int = 0
+        cls,
+        stats: StatsSnapshot,
+        reason: FinishReason,
+        error: Optional[str] = None,
+        drafted: int = 0,
+        plan: StepPlan = PLAIN,
     ) -> StepEvent:
         """The answer ends without emitting this step: cancelled, or an error (with its message)."""
-        return cls(propose_token_num=drafted, stats=stats, finished=True, finish_reason=reason, error=error)
+        return cls(propose_token_num=drafted, stats=stats, finished=True, finish_reason=reason, error=error, plan=plan)

@@ -1,6 +1,6 @@
-"""The speculative decoding loop, over token ids only, one StepEvent per target forward: draft K tokens → score K+1
-positions in one target forward → rejection-sample → roll the cache back to what was kept → tell the proposer.
-Run (step.py) carries the answer's state from step to step."""
+"""The speculative decoding loop, over token ids only, one StepEvent per target forward: the policy plans the step
+(policy.py: plain, a chain of K or a tree of N nodes) → the step runs it (step.py: draft → forward → verify →
+advance → event) → the policy learns its outcome. Run (run.py) carries the answer's own state from step to step."""
 
 from __future__ import annotations
 
@@ -14,23 +14,13 @@ import torch
 
 from localspec.config import SamplingParams, SpecConfig
 from localspec.proposers.base import Proposer
-from localspec.verify import VerifyOutput, get_verifier, make_draws
+from localspec.runtime.model_runner import ModelRunner
+from localspec.verify import get_verifier
 
 from .events import StepEvent
-from .model_runner import ModelRunner
-from .step import (
-    NON_FINITE,
-    Controllers,
-    Proposal,
-    Run,
-    StepOutcome,
-    cut_at_stop,
-    read_top_logprobs,
-    step_event,
-    token_events,
-)
-from .timing import synced_clock
-from .tree_step import tree_step
+from .policy import Controllers, StepPolicy
+from .run import Run
+from .step import step
 
 
 class Engine:
@@ -56,20 +46,21 @@ class Engine:
     ) -> Iterator[StepEvent]:
         """Answer prompt_ids, one StepEvent per target forward. proposer None (or spec.proposer 'none') is plain
         autoregressive decoding through the same loop: the baseline every speedup is measured against."""
-        run = self._start(prompt_ids, sampling, spec, None if spec.proposer == "none" else proposer)
+        run, policy = self._start(prompt_ids, sampling, spec, None if spec.proposer == "none" else proposer)
         try:
             with self.lock:
                 self._prefill(run, prompt_ids)
-                yield from self._steps(run, cancel)
+                yield from self._steps(run, policy, cancel)
         except Exception as exc:  # a model that breaks mid-answer ends the answer with a message, not a traceback
             yield StepEvent.finished_early(run.snapshot(), "error", f"generation failed: {type(exc).__name__}: {exc}")
 
     def _start(
         self, prompt_ids: list[int], sampling: SamplingParams, spec: SpecConfig, proposer: Optional[Proposer]
-    ) -> Run:
-        self.sampler_name, verify = get_verifier(spec.sampler, self.target.device)
+    ) -> tuple[Run, StepPolicy]:
+        _, verify = get_verifier(spec.sampler, self.target.device)
         device, limit = self.target.device, self.max_context
-        return Run.start(prompt_ids, sampling, spec, proposer, verify, device, limit, self.controllers)
+        run = Run.start(prompt_ids, sampling, spec, proposer, verify, device, limit)
+        return run, StepPolicy(self.controllers, spec, proposer, run.max_k, self.target.supports_tree)
 
     def _prefill(self, run: Run, prompt_ids: list[int]) -> None:
         """Cache the prompt but its last token (whose logits are the first verified position); start the proposer."""
@@ -81,68 +72,14 @@ class Engine:
             run.proposer.begin(list(prompt_ids), hidden)
         run.stats = replace(run.stats, prefill_s=time.perf_counter() - started)
 
-    def _steps(self, run: Run, cancel: Optional[threading.Event]) -> Iterator[StepEvent]:
+    def _steps(self, run: Run, policy: StepPolicy, cancel: Optional[threading.Event]) -> Iterator[StepEvent]:
         while run.produced < run.max_new:
             if cancel is not None and cancel.is_set():
                 yield StepEvent.finished_early(run.snapshot(), "cancelled")
                 return
-            event = tree_step(self.target, run, self.stop_token_ids) or self._chain_step(run)
+            event = step(self.target, run, policy.plan(run), policy, self.stop_token_ids)
+            if event is None:  # the proposer drafted no tree: this step drafts a chain
+                event = step(self.target, run, policy.plan(run, trees=False), policy, self.stop_token_ids)
             yield event
             if event.finished:
                 return
-
-    def _chain_step(self, run: Run) -> StepEvent:
-        outcome = self._verify(run, self._draft(run))
-        if not outcome.verdict.finite:
-            return StepEvent.finished_early(run.snapshot(), "error", NON_FINITE, drafted=outcome.proposal.k)
-        return self._advance(run, outcome)
-
-    def _draft(self, run: Run) -> Proposal:
-        budget_k, asked = run.choose_k()
-        started = time.perf_counter()
-        token_ids, probs = [], None
-        if run.proposer is not None and asked > 0:
-            draft = run.proposer.propose(run.context, asked, run.sampling, run.generator)
-            token_ids = list(draft.token_ids[:asked])
-            if draft.probs is not None and token_ids:
-                probs = draft.probs[: len(token_ids)].unsqueeze(0)  # [1, K, V]
-                if not bool(torch.isfinite(probs).all()):  # a NaN draft: this step runs plain, and is counted
-                    token_ids, probs = [], None
-                    run.stats = replace(run.stats, dropped_drafts=run.stats.dropped_drafts + 1)
-        return Proposal(budget_k, asked, token_ids, probs, time.perf_counter() - started)
-
-    def _verify(self, run: Run, proposal: Proposal) -> StepOutcome:
-        """One target forward over the pending token and the K drafts, the rejection sampler, one host read (and the
-        emitted positions' top log-probabilities in a second, when asked for)."""
-        device, k = self.target.device, proposal.k
-        started = synced_clock(device)
-        forward = self.target.extend(
-            [run.pending] + proposal.token_ids, want_hidden=run.wants_hidden, feature_layers=run.feature_layers
-        )
-        logits = forward.logits.unsqueeze(0)  # [1, K+1, V]
-        scored = synced_clock(device)  # the forward has finished: the split is right on a GPU
-        draws = None if run.sampling.greedy else make_draws(run.generator, 1, k, logits.shape[-1], device)
-        drafts = torch.tensor([proposal.token_ids], dtype=torch.long, device=device).view(1, k)
-        result = run.verify(logits, drafts, proposal.probs, run.sampling, draws)
-        finite = torch.isfinite(logits).all()
-        verdict = VerifyOutput.from_host(result.to_host(finite), k)  # the step's one host read
-        top = None
-        if run.sampling.top_logprobs and verdict.finite:  # asked for: a second read, of the emitted positions only
-            top = read_top_logprobs(forward.logits, run.sampling, verdict.num_accepted + 1)
-        return StepOutcome(proposal, verdict, forward.hidden, scored - started, time.perf_counter() - scored, top)
-
-    def _advance(self, run: Run, outcome: StepOutcome) -> StepEvent:
-        """Keep what the target accepted, up to a stop token, and tell the proposer, the controller and the stats."""
-        proposal, verdict = outcome.proposal, outcome.verdict
-        self.target.crop(len(self.target.tokens) - (proposal.k - verdict.num_accepted))  # drop the rejected drafts
-        tokens, stopped = cut_at_stop(token_events(outcome), self.stop_token_ids)
-        emitted = [token.token_id for token in tokens]
-        run.produced += len(emitted)
-        finish_reason = "stop" if stopped else "length" if run.produced >= run.max_new else None
-        run.context.extend(emitted)
-        if run.proposer is not None and finish_reason is None:
-            hidden = outcome.hidden[: verdict.num_accepted + 1] if run.wants_hidden else None
-            run.proposer.on_verified(verdict.num_accepted, emitted, hidden)
-        run.pending = emitted[-1]
-        run.observe(outcome, len(emitted))
-        return step_event(tokens, outcome, run.snapshot(), finish_reason)

@@ -6,8 +6,20 @@ the JSON form (to_dict: the fields plus the derived rates), the bench's sums, th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from typing import Optional
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Literal, Optional
+
+
+@dataclass(frozen=True)
+class PauseReason:
+    """Why adaptive speculation is off, in the deciding controller's numbers (the chain's or the tree-size one's)."""
+
+    shape: Literal["chain", "tree"]  # the best drafting option's shape
+    k: int  # what it drafts: K tokens, or N tree nodes
+    cost: float  # a step of it, in plain steps (K·c + v(K) for a chain)
+    tokens: float  # tokens such a step would emit (E(K) for a chain)
+    speedup: float  # tokens / cost
+    probe_every: int  # steps between probes that draft it to look again
 
 
 @dataclass(frozen=True)
@@ -27,8 +39,28 @@ class StatsSnapshot:
     per_position_accepted: tuple[int, ...] = ()
     k: int = 0  # K of the latest step (the adaptive controller may change it)
     predicted_speedup: Optional[float] = None  # E / (K·c + v) from measured costs, when known
-    paused: Optional[dict] = None  # adaptive K switched speculation off, and why: AdaptiveController.pause_reason()
+    paused: Optional[PauseReason] = None  # adaptive speculation is off, and why
     dropped_drafts: int = 0  # steps whose draft had NaN / infinite probabilities (run as plain steps)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StatsSnapshot:
+        """The stored JSON form (to_dict) back as the record; the derived rates and unknown keys are left out."""
+        names = {f.name for f in fields(cls)}
+        values = {key: value for key, value in data.items() if key in names}
+        for key in ("per_position_drafted", "per_position_accepted"):
+            if key in values:
+                values[key] = tuple(values[key])
+        paused = values.get("paused")
+        if isinstance(paused, dict):
+            values["paused"] = PauseReason(
+                paused.get("shape", "chain"),
+                paused.get("k", 0),
+                paused.get("cost", 0.0),
+                paused.get("tokens", 0.0),
+                paused.get("speedup", 0.0),
+                paused.get("probe_every", 0),
+            )
+        return cls(**values)
 
     @classmethod
     def start(cls, max_k: int) -> StatsSnapshot:

@@ -1,242 +1,119 @@
-"""What the engine loop carries between steps (Run) and what one step decided (Proposal, StepOutcome)."""
+"""One step of the engine loop, for any plan (plan.py), in five phases:
+
+1. draft    the proposer drafts the plan's chain or tree (drafts.py); a plain step drafts nothing
+2. forward  one target forward over the pending token and every draft (a tree under its tree mask)
+3. verify   the rejection sampler (chain) or the tree walk keeps what the target accepts, in one host read
+4. advance  the cache keeps the accepted rows; the tokens up to a stop token are emitted; the proposer is told
+5. event    the policy learns the outcome; the statistics and the StepEvent carry what the step did
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Optional
 
 import torch
 
-from localspec.config import ConfigError, SamplingParams, SpecConfig
-from localspec.proposers.base import Proposer
-from localspec.verify import Verifier
-from localspec.verify.types import HostVerdict
+from localspec.runtime.model_runner import ModelRunner
+from localspec.runtime.timing import synced_clock
 
-from .adaptive import AdaptiveController, CostModel, VerifyCosts
-from .adaptive_tree import TreeSizeController
+from .drafts import Draft, Verdict, draft_chain, draft_tree, read_top_logprobs, verify_chain, verify_tree_draft
 from .events import FinishReason, StepEvent, TokenEvent
-from .metrics import StatsSnapshot
-from .sampling import top_logprobs
-
-TopLogprobs = tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
+from .plan import StepOutcome, StepPlan
+from .policy import StepPolicy
+from .run import Run
 
 NON_FINITE = "the target produced NaN or infinite logits; the answer was stopped"
 
-ControllerKey = tuple[str, int, bool]  # (proposer or proposer:part, K, adaptive)
-TreeControllerKey = tuple[str, int, int, bool]  # (proposer or proposer:part, K, tree nodes, adaptive)
 
+def step(
+    target: ModelRunner, run: Run, plan: StepPlan, policy: StepPolicy, stop_token_ids: frozenset[int]
+) -> Optional[StepEvent]:
+    """Run `plan`; None when it is a tree and the proposer drafted none (the loop then plans without trees)."""
+    # 1. draft
+    room = run.room
+    draft = draft_tree(run, plan.size) if plan.shape == "tree" else draft_chain(run, plan.size)
+    if draft is None:
+        return None
 
-@dataclass
-class Controllers:
-    """The engine's adaptive controllers, kept across answers (the costs are the machine's): one per proposer part
-    for chains, and one per part for tree sizes (sharing that part's chain costs)."""
-
-    chain: dict[ControllerKey, AdaptiveController] = field(default_factory=dict)
-    tree: dict[TreeControllerKey, TreeSizeController] = field(default_factory=dict)
-    verify: VerifyCosts = field(default_factory=VerifyCosts)  # the target's, shared by all of them
-
-
-@dataclass
-class Run:
-    """One answer in progress: its settings, where it stands, and its statistics."""
-
-    sampling: SamplingParams
-    spec: SpecConfig
-    proposer: Optional[Proposer]  # None: plain decoding
-    verify: Verifier
-    generator: torch.Generator
-    max_new: int  # the token budget: the request's, capped by the context left
-    max_k: int  # draft tokens per step at most (0 without a proposer)
-    context: list[int]  # the prompt plus every emitted token
-    controllers: Controllers  # the engine's, kept across answers
-    stats: StatsSnapshot
-    pending: int = 0  # the last known token: its logits are the next verified position
-    produced: int = 0
-    controller: Optional[AdaptiveController] = None  # of the part drafting this step
-    tree_controller: Optional[TreeSizeController] = None
-    forced_k: Optional[int] = None  # the K a tree-size controller chose for this step's chain (0: plain)
-    begun: set[str] = field(default_factory=set)  # the parts whose controllers this answer has begun
-    started: float = field(default_factory=time.perf_counter)
-
-    @classmethod
-    def start(
-        cls,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        spec: SpecConfig,
-        proposer: Optional[Proposer],
-        verify: Verifier,
-        device: torch.device,
-        max_context: int,
-        controllers: Controllers,
-    ) -> Run:
-        """A new answer to prompt_ids: seeded generator, token budget capped by the context left, empty statistics."""
-        sampling.validate()
-        spec.validate()
-        if not prompt_ids:
-            raise ConfigError("the prompt is empty")
-        if len(prompt_ids) >= max_context:
-            raise ConfigError(f"the prompt has {len(prompt_ids)} tokens; this model's context holds {max_context}")
-        max_k = spec.k if proposer is not None else 0
-        return cls(
-            sampling=sampling,
-            spec=spec,
-            proposer=proposer,
-            verify=verify,
-            generator=torch.Generator(device=device).manual_seed(sampling.seed),
-            max_new=min(sampling.max_new_tokens, max_context - len(prompt_ids)),
-            max_k=max_k,
-            context=list(prompt_ids),
-            controllers=controllers,
-            stats=StatsSnapshot.start(max_k),
-            pending=prompt_ids[-1],
-        )
-
-    @property
-    def wants_hidden(self) -> bool:
-        return self.proposer is not None and self.proposer.wants_hidden
-
-    @property
-    def feature_layers(self) -> tuple[int, ...]:
-        """The earlier target layers a head reads besides the last (multi-layer features), from the same forwards."""
-        return tuple(self.proposer.feature_layers) if self.wants_hidden else ()
-
-    def snapshot(self) -> StatsSnapshot:
-        return replace(self.stats, elapsed_s=time.perf_counter() - self.started)
-
-    def observe(self, outcome: StepOutcome, emitted: int) -> None:
-        """Tell the controller and the statistics what the step cost and kept."""
-        proposal, num_accepted = outcome.proposal, outcome.verdict.num_accepted
-        stats = self.stats
-        if self.controller is not None:
-            self.controller.observe(
-                proposal.asked, proposal.k, num_accepted, proposal.propose_s, outcome.score_s + outcome.sampler_s
-            )
-            stats = replace(stats, k=proposal.asked)
-            if proposal.budget_k > 0:  # the last step of a length-capped answer cannot draft: it predicts nothing
-                stats = replace(stats, predicted_speedup=self.controller.predicted(proposal.asked))
-            stats = replace(stats, paused=self.pause_reason())
-        if self.tree_controller is not None:
-            self.tree_controller.observe_chain(proposal.k)
-        self.stats = stats.after_step(
-            proposal.k, num_accepted, emitted, proposal.propose_s, outcome.score_s, outcome.sampler_s
-        )
-
-    def pause_reason(self) -> Optional[dict]:
-        """Why adaptive speculation is off (the tree-size controller's reason when it decides), else None."""
-        if not self.spec.adaptive:
-            return None
-        decider = self.tree_controller or self.controller
-        return None if decider is None else decider.pause_reason()
-
-    def choose_k(self) -> tuple[int, int]:
-        """(the budget's K, the K to ask for). Never drafts past the token budget, since K+1 tokens may be emitted;
-        adaptive K asks for fewer, or none (a plain step), when the measured costs say so (or the K the tree-size
-        controller chose, when it chose a chain or a plain step)."""
-        budget_k = min(self.max_k, self.max_new - self.produced - 1)
-        forced, self.forced_k = self.forced_k, None
-        if forced is not None:
-            return budget_k, min(budget_k, forced)
-        self.tree_controller = None
-        if self.proposer is not None:
-            self.controller = self._controller_for(self.proposer.part(self.context))
-        if self.controller is not None and self.spec.adaptive:
-            return budget_k, min(budget_k, self.controller.choose_k())
-        return budget_k, budget_k
-
-    def tree_controller_for(self, part: Optional[str]) -> TreeSizeController:
-        """The tree-size controller of this step's part (sharing the costs of the part's chain controller, which
-        becomes run.controller too)."""
-        self.controller = self._controller_for(part)
-        name = self.proposer.name if part is None else f"{self.proposer.name}:{part}"
-        key = (name, self.max_k, self.spec.tree_nodes, self.spec.adaptive)
-        found = self.controllers.tree.get(key)
-        if found is None or found.chain is not self.controller:
-            found = self.controllers.tree[key] = TreeSizeController(self.controller, self.spec.tree_nodes)
-        if f"tree:{name}" not in self.begun:
-            found.begin()
-            self.begun.add(f"tree:{name}")
-        self.tree_controller = found
-        return found
-
-    def _controller_for(self, part: Optional[str]) -> AdaptiveController:
-        """Each part of a proposer made of parts (ngram+head) has its own controller: the parts differ in cost and
-        acceptance, and so in their best K. Told each step's costs and outcome, a controller predicts the speedup
-        (the break-even meter); when adaptive it also picks K."""
-        name = self.proposer.name if part is None else f"{self.proposer.name}:{part}"
-        key = (name, self.max_k, self.spec.adaptive)
-        found = self.controllers.chain.get(key)
-        if found is None:
-            costs = CostModel(self.controllers.verify)
-            found = self.controllers.chain[key] = AdaptiveController(self.max_k, costs)
-        if name not in self.begun:
-            found.begin()
-            self.begun.add(name)
-        return found
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """What the proposer drafted this step."""
-
-    budget_k: int
-    asked: int  # K asked for (adaptive may ask fewer than the budget)
-    token_ids: list[int]  # may be fewer than asked, or none
-    probs: Optional[torch.Tensor]  # [1, K, V] the proposer's distributions; None = one-hot
-    propose_s: float
-
-    @property
-    def k(self) -> int:
-        return len(self.token_ids)
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What the target decided about one proposal, on the host."""
-
-    proposal: Proposal
-    verdict: HostVerdict
-    hidden: Optional[torch.Tensor]  # [K+1, F] the verify forward's features, when the proposer wants them
-    score_s: float
-    sampler_s: float
-    top: Optional[list[TopLogprobs]] = None  # per emitted position, when the sampling parameters ask for it
-
-
-def read_top_logprobs(logits: torch.Tensor, sampling: SamplingParams, rows: int) -> list[TopLogprobs]:
-    """The first `rows` positions' top-n (n = sampling.top_logprobs) from the verify forward's logits [K+1, V], in
-    one host read."""
-    n = min(sampling.top_logprobs, logits.shape[-1])
-    values, ids = top_logprobs(logits[:rows], sampling, n)
-    packed = torch.cat([ids.to(torch.float64), values.to(torch.float64)], dim=-1).tolist()  # [rows, 2n]
-    return [tuple((int(row[i]), row[n + i]) for i in range(n)) for row in packed]
-
-
-def token_events(outcome: StepOutcome) -> list[TokenEvent]:
-    """One TokenEvent per emitted token: the accepted drafts, then the resampled token (a draft was rejected), the
-    bonus token (every draft was kept) or the target's own token (nothing was drafted)."""
-    verdict, draft_ids, k = outcome.verdict, outcome.proposal.token_ids, outcome.proposal.k
-    n = verdict.num_accepted
-    tokens = [
-        TokenEvent.accepted(token_id, verdict.target_probs_of_drafts[i], verdict.draft_probs_of_drafts[i])
-        for i, token_id in enumerate(verdict.emitted[:n])
-    ]
-    last = verdict.emitted[n]
-    if n < k:
-        tokens.append(
-            TokenEvent.resampled(
-                last,
-                verdict.target_prob_of_last,
-                draft_ids[n],
-                verdict.target_probs_of_drafts[n],
-                verdict.draft_probs_of_drafts[n],
-            )
-        )
+    # 2. forward
+    device, prefix_len = target.device, len(target.tokens)
+    wants, layers = run.wants_hidden, run.feature_layers
+    started = synced_clock(device)
+    if draft.tree is not None:
+        forward = target.extend_tree(run.pending, draft.tree, want_hidden=wants, feature_layers=layers)
     else:
-        tokens.append(TokenEvent(last, "bonus" if k > 0 else "target", verdict.target_prob_of_last))
-    if outcome.top is not None:
-        tokens = [replace(token, top_logprobs=top) for token, top in zip(tokens, outcome.top)]
-    return tokens
+        forward = target.extend([run.pending] + draft.token_ids, want_hidden=wants, feature_layers=layers)
+    scored = synced_clock(device)  # the forward has finished: the split is right on a GPU
+
+    # 3. verify
+    if draft.tree is not None:
+        verdict = verify_tree_draft(run, forward.logits, draft.tree)
+    else:
+        verdict = verify_chain(run, forward.logits, draft)
+    if not verdict.finite:
+        return StepEvent.finished_early(run.snapshot(), "error", NON_FINITE, drafted=draft.drafted, plan=plan)
+    tokens = verdict.tokens
+    if run.sampling.top_logprobs:  # asked for: a second read, of the emitted positions only
+        top = read_top_logprobs(forward.logits[verdict.rows], run)
+        tokens = [replace(token, top_logprobs=t) for token, t in zip(tokens, top)]
+    sampler_s = time.perf_counter() - scored
+
+    # 4. advance
+    tokens, finish_reason = advance(target, run, draft, verdict, tokens, prefix_len, forward.hidden, stop_token_ids)
+
+    # 5. event
+    depth = draft.tree.max_depth if draft.tree is not None else None
+    outcome = StepOutcome(
+        draft.drafted,
+        verdict.num_accepted,
+        draft.propose_s,
+        scored - started,
+        sampler_s,
+        room,
+        draft.whole,
+        depth,
+        verdict.first_branch,
+    )
+    reading = policy.observe(plan, outcome)
+    stats = run.stats
+    if reading is not None:
+        stats = replace(stats, k=reading.k, paused=reading.paused)
+        if reading.predicted_speedup is not None:
+            stats = replace(stats, predicted_speedup=reading.predicted_speedup)
+    run.stats = stats.after_step(
+        outcome.drafted, outcome.num_accepted, len(tokens), outcome.propose_s, outcome.score_s, sampler_s, depth
+    )
+    return step_event(tokens, plan, outcome, run, finish_reason)
+
+
+def advance(
+    target: ModelRunner,
+    run: Run,
+    draft: Draft,
+    verdict: Verdict,
+    tokens: list[TokenEvent],
+    prefix_len: int,
+    hidden: Optional[torch.Tensor],  # [rows, F] the verify forward's features, when the proposer wants them
+    stop_token_ids: frozenset[int],
+) -> tuple[list[TokenEvent], Optional[FinishReason]]:
+    """Keep what the target accepted, up to a stop token; tell the proposer. Returns the emitted tokens' events and
+    why the answer finished (None: it goes on)."""
+    if draft.tree is not None:
+        target.keep_path(prefix_len, verdict.rows)  # the cache compacted to the accepted path
+    else:
+        target.crop(len(target.tokens) - (draft.drafted - verdict.num_accepted))  # drop the rejected drafts
+    tokens, stopped = cut_at_stop(tokens, stop_token_ids)
+    emitted = [token.token_id for token in tokens]
+    run.produced += len(emitted)
+    finish_reason = "stop" if stopped else "length" if run.produced >= run.max_new else None
+    run.context.extend(emitted)
+    if run.proposer is not None and finish_reason is None:
+        kept = hidden[verdict.rows] if run.wants_hidden else None  # [num_accepted + 1, F]
+        run.proposer.on_verified(verdict.num_accepted, emitted, kept)
+    run.pending = emitted[-1]
+    return tokens, finish_reason
 
 
 def cut_at_stop(tokens: list[TokenEvent], stop_token_ids: frozenset[int]) -> tuple[list[TokenEvent], bool]:
@@ -248,17 +125,19 @@ def cut_at_stop(tokens: list[TokenEvent], stop_token_ids: frozenset[int]) -> tup
 
 
 def step_event(
-    tokens: list[TokenEvent], outcome: StepOutcome, stats: StatsSnapshot, finish_reason: Optional[FinishReason]
+    tokens: list[TokenEvent], plan: StepPlan, outcome: StepOutcome, run: Run, finish_reason: Optional[FinishReason]
 ) -> StepEvent:
-    """The event of one step that kept `tokens`: its time split, its draft counts and the answer's statistics."""
+    """The event of one step that kept `tokens`: its plan, its time split, its draft counts and the answer's
+    statistics."""
     return StepEvent(
         tuple(tokens),
-        outcome.proposal.propose_s * 1e6,
+        outcome.propose_s * 1e6,
         outcome.score_s * 1e6,
         outcome.sampler_s * 1e6,
-        propose_token_num=outcome.proposal.k,
-        accept_token_num=outcome.verdict.num_accepted,
-        stats=stats,
+        propose_token_num=outcome.drafted,
+        accept_token_num=outcome.num_accepted,
+        stats=run.snapshot(),
         finished=finish_reason is not None,
         finish_reason=finish_reason,
+        plan=plan,
     )

@@ -6,7 +6,7 @@ source, gguf-int4: the file's Q4_1 blocks as int4 linears computing in bfloat16 
 At the first load of a model on a machine, the target is loaded in each candidate format and timed: the median
 of a 1-token and a (K+1)-token forward on a 64-token KV cache (the plain step and the verify step), all interleaved. The
 pick is the dtype with the best predicted speculative throughput under the adaptive controller's cost model
-(engine/adaptive.py): speedup(k) = E(k) / (k·c + v(k)) over plain decoding in that dtype, so tokens per second
+(runtime/speedup.py): speedup(k) = E(k) / (k·c + v(k)) over plain decoding in that dtype, so tokens per second
 = max_k speedup(k) / t(1 token). With no acceptance known at load time, every draft position is accepted with
 PRIOR_ACCEPTANCE, and the proposer's cost c is taken as 0 (an n-gram lookup; a draft's cost scales with the dtype
 much as the target's does). v(k) is the straight line between the two measured sizes.
@@ -30,11 +30,10 @@ from typing import Literal
 
 import torch
 
-from localspec.engine.adaptive import predicted_speedups
+from localspec.runtime.speedup import PRIOR_ACCEPTANCE, predicted_speedups
 
 from .paths import cache_dir
 
-PRIOR_ACCEPTANCE = 0.5  # the adaptive controller's prior acceptance per draft position (AdaptiveController default)
 CONTEXT_TOKENS = 64  # KV cache length the forwards are timed on
 REPEATS = 7  # timed forwards per model and size (the median is kept)
 WARMUP_ROUNDS = 2  # untimed rounds first (kernel selection, allocator)
@@ -176,7 +175,7 @@ def time_forwards(models: dict[str, torch.nn.Module], sizes: tuple[int, ...]) ->
     """Median seconds of a T-token forward (logits for every row, as a verify step) on a CONTEXT_TOKENS-long cache,
     per model and T, interleaved round by round over models and sizes (a busy minute hits them all alike). A model
     whose logits are not finite is left out of the result."""
-    from localspec.engine.model_runner import ModelRunner
+    from localspec.runtime.model_runner import ModelRunner
 
     runners = {name: ModelRunner(model) for name, model in models.items()}
     vocab = min(runner.vocab_size for runner in runners.values())

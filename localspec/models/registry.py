@@ -9,16 +9,22 @@ from typing import Any
 import yaml
 
 from localspec.config import (
+    DEFAULT_K,
     DTYPES,
     K_MAX,
     K_MIN,
+    NGRAM_MAX_N,
+    NGRAM_MIN_N,
+    NGRAM_N_MAX,
     QUANTS,
     ConfigError,
     ModelSpec,
     NgramSpec,
     PairSpec,
+    check_ngram_sizes,
     check_tree_nodes,
     shown,
+    whole_number,
 )
 
 PAIR_KEYS = {"name", "target", "proposers", "default_proposer", "k", "adaptive", "tree_nodes", "description"}
@@ -100,9 +106,7 @@ def _model(raw: Any, base_dir: Path, where: str, field: str, allowed: set[str], 
 
 
 def _int(raw: Any, where: str, field: str, low: int, high: int) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
-        raise ConfigError(f"{where}: field '{field}' must be a whole number from {low} to {high} (got {shown(raw)})")
-    return raw
+    return whole_number(raw, f"{where}: field '{field}'", low, high)
 
 
 def _text(raw: Any, where: str, field: str) -> str:
@@ -126,10 +130,9 @@ def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
     ngram = None
     if "ngram" in proposers:
         ngram_raw = _check_keys(proposers["ngram"] or {}, NGRAM_KEYS, where, "proposers.ngram")
-        min_n = _int(ngram_raw.get("min_n", 1), where, "proposers.ngram.min_n", 1, 16)
-        max_n = _int(ngram_raw.get("max_n", 4), where, "proposers.ngram.max_n", 1, 16)
-        if min_n > max_n:
-            raise ConfigError(f"{where}: field 'proposers.ngram' needs min_n ≤ max_n (got {min_n} > {max_n})")
+        min_n = _int(ngram_raw.get("min_n", NGRAM_MIN_N), where, "proposers.ngram.min_n", 1, NGRAM_N_MAX)
+        max_n = _int(ngram_raw.get("max_n", NGRAM_MAX_N), where, "proposers.ngram.max_n", 1, NGRAM_N_MAX)
+        check_ngram_sizes(min_n, max_n, f"{where}: field 'proposers.ngram' sizes")
         ngram = NgramSpec(min_n=min_n, max_n=max_n)
     draft = None
     if proposers.get("draft") is not None:
@@ -142,7 +145,7 @@ def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
     adaptive = raw.get("adaptive", False)
     if not isinstance(adaptive, bool):
         raise ConfigError(f"{where}: field 'adaptive' must be true or false")
-    k = _int(raw.get("k", 4), where, "k", K_MIN, K_MAX)
+    k = _int(raw.get("k", DEFAULT_K), where, "k", K_MIN, K_MAX)
     tree_nodes = check_tree_nodes(raw.get("tree_nodes", 0), f"{where}: field 'tree_nodes'")
     pair = PairSpec(
         name=name.strip(),

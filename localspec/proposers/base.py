@@ -8,7 +8,7 @@ from typing import Optional, Protocol, runtime_checkable
 import torch
 
 from localspec.config import SamplingParams
-from localspec.engine.tree import TokenTree
+from localspec.runtime.tree import TokenTree
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Proposer(Protocol):
     state, after the outputs of the decoder layers listed in `feature_layers` (layer indices; F = H × (len + 1),
     see features.py).
 
-    supports_tree: when True, propose_tree drafts a token tree (engine/tree.py) that the target verifies in one
+    supports_tree: when True, propose_tree drafts a token tree (runtime/tree.py) that the target verifies in one
     forward (SpecConfig.tree_nodes > 0); the others draft chains only.
     """
 

@@ -7,8 +7,8 @@ from typing import Optional
 import torch
 
 from localspec.config import SamplingParams
-from localspec.engine.model_runner import ModelRunner
-from localspec.engine.sampling import logits_to_probs, sample_with_noise
+from localspec.runtime.model_runner import ModelRunner
+from localspec.runtime.sampling import logits_to_probs, sample_with_noise
 
 from .base import Draft, Proposer
 

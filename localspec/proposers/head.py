@@ -14,16 +14,15 @@ from typing import Optional
 import torch
 
 from localspec.config import SamplingParams
-from localspec.engine.sampling import logits_to_probs, sample_with_noise
-from localspec.engine.tree import TokenTree
 from localspec.heads.io import load_head
 from localspec.heads.model import FeatureHead
+from localspec.runtime.sampling import logits_to_probs, sample_with_noise
+from localspec.runtime.tree import TREE_MAX_DEPTH, TokenTree
 
 from .base import Draft, Proposer
 
 TREE_WIDTH = 4  # nodes expanded per depth: the most probable there, by cumulative draft probability
 TREE_BRANCH = 4  # children drafted per expanded node: its most probable tokens
-TREE_MAX_DEPTH = 8
 
 
 class HeadProposer(Proposer):

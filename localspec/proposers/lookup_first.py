@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 from localspec.config import SamplingParams
-from localspec.engine.tree import TokenTree
+from localspec.runtime.tree import TokenTree
 
 from .base import Draft, Proposer
 

@@ -16,11 +16,10 @@ import numpy as np
 import torch
 
 from localspec.config import SamplingParams
-from localspec.engine.tree import TokenTree
+from localspec.runtime.tree import TREE_MAX_DEPTH, TokenTree
 
 from .base import Draft, Proposer
 
-TREE_MAX_DEPTH = 8  # deepest tree node (a continuation longer than this is cut)
 TREE_OCCURRENCES = 32  # most recent occurrences of the matched suffix whose continuations build the tree
 
 

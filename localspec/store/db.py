@@ -527,16 +527,6 @@ class ConversationStore:
             self._tell("answer_finished", int(message_id))
         return finished
 
-    def record_step(self, message_id: int, event: Any) -> bool:
-        """Convenience for the streaming loop: store one StepEvent's tokens and, when it is the last event, finish
-        the answer with its finish_reason, stats and error. Returns False when the message is gone."""
-        alive = True
-        if event.tokens:
-            alive = self.append_tokens(message_id, [tok.to_dict() for tok in event.tokens])
-        if alive and event.finished:
-            alive = self.finish_answer(message_id, event.finish_reason or "stop", event.stats.to_dict(), event.error)
-        return alive
-
     def rename_conversation(self, conversation_id: int, title: str) -> None:
         title = self._title(title)
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from localspec.config import ConfigError
+from localspec.config import ConfigError, whole_number
+
+__all__ = ["ROLES", "clean_text", "finite_number", "validate_messages", "whole_number"]
 
 ROLES: tuple[str, ...] = ("system", "user", "assistant")
 
@@ -54,10 +56,3 @@ def finite_number(value: Any, what: str) -> float:
     if not math.isfinite(value):
         raise ConfigError(f"{what} must be a finite number (got {value!r})")
     return float(value)
-
-
-def whole_number(value: Any, what: str) -> int:
-    """An int (bool refused) or a ConfigError."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{what} must be a whole number (got {value!r})")
-    return value

@@ -57,9 +57,9 @@ class EchoSession:
         base = SpecConfig(proposer=pair.default_proposer, k=pair.k, tree_nodes=pair.tree_nodes)
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
-    def tree_nodes_of(self, spec: SpecConfig) -> int:
+    def answer_spec(self, spec: SpecConfig) -> SpecConfig:
         """Echo drafts nothing; it reports the tree size asked for, as a proposer that drafts trees would."""
-        return spec.tree_nodes if spec.proposer != "none" else 0
+        return spec if spec.proposer != "none" else replace(spec, tree_nodes=0)
 
     def prompt_ids(self, messages: list[dict], max_new_tokens: int) -> tuple[list[int], Optional[str]]:
         self._text = str(messages[-1].get("content", ""))

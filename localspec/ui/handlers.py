@@ -9,12 +9,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import replace
 from typing import Any, Optional
 
 import gradio as gr
 
 from localspec.config import ConfigError
+from localspec.engine.metrics import StatsSnapshot
 
 from .loadbar import LoadProgress
 from .manager import Busy, ModelManager, drain
@@ -57,7 +57,7 @@ def answer_stats_html(turn: Optional[AssistantTurn], finish_reason: Optional[str
         return stats_html(None)
     drafted = turn.proposer != "none"
     return stats_html(
-        turn.stats,
+        StatsSnapshot.from_dict(turn.stats) if turn.stats else None,
         proposer_label(turn.proposer),
         turn.k if drafted else None,
         finish_reason,
@@ -86,14 +86,10 @@ class Handlers:
     ):
         """Stream one answer into `answer`; yields (answer, status) as it changes. first_source: the token ids the
         history proposers search first (the answer a Regenerate replaces)."""
-        chosen: dict = {}
 
         def spec_for(session):
             name = read_proposer(choice.proposer, tuple(session.proposers))
-            spec = session.default_spec(proposer=name, k=choice.k, tree_nodes=choice.tree_nodes)
-            spec = replace(spec, tree_nodes=session.tree_nodes_of(spec))  # 0 where the answer drafts chains anyway
-            chosen.update(proposer=name, k=spec.k, tree_nodes=spec.tree_nodes)
-            return spec
+            return session.default_spec(proposer=name, k=choice.k, tree_nodes=choice.tree_nodes)
 
         try:
             out = self.manager.answer(history, sampling, spec_for, threading.Event(), sink, owner, first_source)
@@ -110,8 +106,9 @@ class Handlers:
                 if msg.kind == "waiting":
                     status = WAITING
                 elif msg.kind == "started":
-                    answer.model, answer.proposer, answer.k = msg.text, chosen.get("proposer"), chosen.get("k")
-                    answer.tree_nodes = chosen.get("tree_nodes")
+                    spec = msg.spec  # the SpecConfig the answer runs with (tree_nodes 0 where it drafts chains)
+                    answer.model, answer.proposer, answer.k = msg.text, spec.proposer, spec.k
+                    answer.tree_nodes = spec.tree_nodes
                     answer.label = answer_label(answer.model, answer.proposer, answer.k, answer.tree_nodes)
                     status = "Answering… (Stop keeps the partial answer)"
                 elif msg.kind == "notice":

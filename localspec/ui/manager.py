@@ -273,6 +273,7 @@ class ModelManager:
         try:
             spec = spec_for(session).validate()
             require_proposer(self.name or "", spec.proposer, tuple(session.proposers))
+            spec = session.answer_spec(spec)  # as the engine runs it: the one record 'started' carries
             sampling.validate()
             prompt = early[1] if early[0] is session else self._prompt(session, messages, sampling)
             if isinstance(prompt, Exception):

@@ -12,6 +12,7 @@ first token, so an answer that fails before saying anything leaves the saved con
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 from .manager import Message
@@ -52,6 +53,18 @@ def turns_from_conversation(conversation) -> list[dict]:
             )
         )
     return turns_to_state(turns)
+
+
+@dataclass
+class AnswerRecord:
+    """Where one answer being saved stands in the store."""
+
+    replaces: Replaces
+    message_id: Optional[int] = None  # the assistant message, once started
+    user_message_id: Optional[int] = None
+    conversation_id: Optional[int] = None
+    finished: bool = False  # finished or retracted: later messages change nothing
+    said: bool = False  # the answer said its first token (what it replaces is gone from the store)
 
 
 class Recorder:
@@ -97,63 +110,56 @@ class Recorder:
         replaces="answer": the answer regenerates the last one, under the user message already saved (a new
         conversation holding user_text when the tab has none). Otherwise a pending edit (begin_edit) makes this
         exchange replace the last one."""
-        state: dict = {
-            "message_id": None,
-            "user_message_id": None,
-            "conversation_id": None,
-            "finished": False,
-            "said": False,
-            "replaces": replaces,
-        }
+        state = AnswerRecord(replaces)
 
         def on_message(message: Message) -> None:
             if message.kind == "started":
                 self._start(owner, user_text, message, state, sampling)
-            elif state["message_id"] is None or state["finished"]:
+            elif state.message_id is None or state.finished:
                 return
             elif message.kind == "event":
                 if message.records:
-                    self.store.append_tokens(state["message_id"], list(message.records))
-                    if not state["said"]:
+                    self.store.append_tokens(state.message_id, list(message.records))
+                    if not state.said:
                         self._replace(owner, state)
-                    state["said"] = True
+                    state.said = True
                 event = message.event
-                if event.finished and event.finish_reason == "error" and not state["said"]:
+                if event.finished and event.finish_reason == "error" and not state.said:
                     self._retract(owner, state)
                 elif event.finished:
                     self.store.finish_answer(
-                        state["message_id"], event.finish_reason or "stop", event.stats.to_dict(), event.error
+                        state.message_id, event.finish_reason or "stop", event.stats.to_dict(), event.error
                     )
-                    state["finished"] = True
+                    state.finished = True
             elif message.kind in ("error", "done"):
-                if not state["said"]:
+                if not state.said:
                     self._retract(owner, state)
                     return
                 error = message.text if message.kind == "error" else "the answer ended without a reason"
-                self.store.finish_answer(state["message_id"], "error", None, error)
-                state["finished"] = True
+                self.store.finish_answer(state.message_id, "error", None, error)
+                state.finished = True
 
         return on_message
 
-    def _replace(self, owner: str, state: dict) -> None:
+    def _replace(self, owner: str, state: AnswerRecord) -> None:
         """The new answer said its first token: what it replaces goes from the store."""
-        if state["replaces"] == "answer":
-            self.store.drop_earlier_answers(state["message_id"])
-        elif state["replaces"] == "exchange":
+        if state.replaces == "answer":
+            self.store.drop_earlier_answers(state.message_id)
+        elif state.replaces == "exchange":
             with self._lock:
                 self._editing.discard(owner)
-            self.store.drop_previous_exchange(state["user_message_id"])
+            self.store.drop_previous_exchange(state.user_message_id)
 
-    def _retract(self, owner: str, state: dict) -> None:
+    def _retract(self, owner: str, state: AnswerRecord) -> None:
         """The answer failed before its first token: the window takes the message back, so does the database."""
         with self._lock:
-            gone = self.store.retract_exchange(state["user_message_id"], state["message_id"])
-            if gone and self._current.get(owner) == state["conversation_id"]:
+            gone = self.store.retract_exchange(state.user_message_id, state.message_id)
+            if gone and self._current.get(owner) == state.conversation_id:
                 del self._current[owner]  # it was this answer's new conversation, now gone
-        state["finished"] = True
+        state.finished = True
 
     def _start(
-        self, owner: str, user_text: str, message: Message, state: dict, sampling: Optional[dict] = None
+        self, owner: str, user_text: str, message: Message, state: AnswerRecord, sampling: Optional[dict] = None
     ) -> None:
         from localspec.store.db import StoreError
 
@@ -162,18 +168,18 @@ class Recorder:
         proposer, k, tree = (spec.proposer, spec.k, spec.tree_nodes) if spec is not None else ("none", 0, 0)
         with self._lock:
             conversation_id = self._current.get(owner)
-            if state["replaces"] == "nothing" and owner in self._editing:
-                state["replaces"] = "exchange"
+            if state.replaces == "nothing" and owner in self._editing:
+                state.replaces = "exchange"
             if conversation_id is not None:
                 try:
-                    if state["replaces"] != "answer":
-                        state["user_message_id"] = self.store.add_message(conversation_id, "user", user_text)
-                    state["message_id"] = self.store.start_answer(conversation_id, model, proposer, k, sampling, tree)
+                    if state.replaces != "answer":
+                        state.user_message_id = self.store.add_message(conversation_id, "user", user_text)
+                    state.message_id = self.store.start_answer(conversation_id, model, proposer, k, sampling, tree)
                 except StoreError:  # deleted in another tab: start a new one
                     conversation_id = None
             if conversation_id is None:
                 conversation_id = self.store.create_conversation(title_from(user_text), model)
-                state["user_message_id"] = self.store.add_message(conversation_id, "user", user_text)
-                state["message_id"] = self.store.start_answer(conversation_id, model, proposer, k, sampling, tree)
+                state.user_message_id = self.store.add_message(conversation_id, "user", user_text)
+                state.message_id = self.store.start_answer(conversation_id, model, proposer, k, sampling, tree)
                 self._current[owner] = conversation_id
-        state["conversation_id"] = conversation_id
+        state.conversation_id = conversation_id

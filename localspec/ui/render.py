@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Optional
 
 from localspec.engine.events import TOKEN_KINDS, StatsSnapshot
+from localspec.engine.metrics import PauseReason
 
 from .markdown import answer_markdown_html, plain_markdown_html
 from .settings import shape_label
@@ -70,15 +71,9 @@ def transcript_html(turns: list[dict], colour: bool = True, notice: Optional[str
     return f'<div class="ls-transcript{"" if colour else " ls-nocolour"}">{inner}{notice_html}</div>'
 
 
-def _stats_dict(stats: StatsSnapshot | dict | None) -> dict:
-    if stats is None:
-        return {}
-    return stats.to_dict() if isinstance(stats, StatsSnapshot) else dict(stats)
-
-
-def acceptance_chart_html(stats: StatsSnapshot | dict | None) -> str:
+def acceptance_chart_html(stats: StatsSnapshot) -> str:
     """Per-position acceptance P(accepted at draft position i) as horizontal bars."""
-    data = _stats_dict(stats)
+    data = stats.to_dict()
     rates = data.get("per_position_acceptance") or []
     drafted = data.get("per_position_drafted") or [0] * len(rates)
     if not rates or not any(drafted):
@@ -95,13 +90,13 @@ def acceptance_chart_html(stats: StatsSnapshot | dict | None) -> str:
     return f'<div class="ls-chart"><div class="ls-chart-title">acceptance by draft position</div>{"".join(rows)}</div>'
 
 
-def pause_text(paused: dict) -> str:
-    """Why adaptive K switched speculation off, from AdaptiveController.pause_reason()'s numbers."""
-    k = paused.get("k", 0)
+def pause_text(paused: PauseReason) -> str:
+    """Why adaptive speculation is off, in the deciding controller's numbers."""
+    k = paused.k
     return (
-        f"speculation paused: drafting {k} token{'s' if k != 1 else ''} would cost {paused.get('cost', 0.0):.2f}× "
-        f"a plain step here and win only {paused.get('tokens', 0.0):.2f}× (predicted speedup "
-        f"{paused.get('speedup', 0.0):.2f}×); retrying every {paused.get('probe_every', 0)} steps"
+        f"speculation paused: drafting {k} token{'s' if k != 1 else ''} would cost {paused.cost:.2f}× "
+        f"a plain step here and win only {paused.tokens:.2f}× (predicted speedup "
+        f"{paused.speedup:.2f}×); retrying every {paused.probe_every} steps"
     )
 
 
@@ -119,7 +114,7 @@ def runtime_html(runtime: Optional[dict]) -> str:
 
 
 def stats_html(
-    stats: StatsSnapshot | dict | None,
+    stats: Optional[StatsSnapshot],
     proposer: Optional[str] = None,
     k: Optional[int] = None,
     finish_reason: Optional[str] = None,
@@ -128,12 +123,12 @@ def stats_html(
 ) -> str:
     """The live stats panel for the current answer; runtime: runtime.runtime_of(session) for the header; tree_nodes:
     the size of the token trees it drafted (the header then says "tree N" where a chain's says "K=k")."""
-    data = _stats_dict(stats)
-    if not data:
+    if stats is None:
         return (
             '<div class="ls-stats ls-stats-empty">Stats of the current answer appear here while it streams.'
             f"{runtime_html(runtime)}</div>"
         )
+    data = stats.to_dict()
     drafted, accepted = data.get("drafted", 0), data.get("accepted", 0)
     rate = data.get("acceptance_rate", 0.0)
     shape = shape_label(k, tree_nodes)
@@ -154,10 +149,10 @@ def stats_html(
         f'<tr><th>{escape(name)}</th><td class="ls-stat-{i}">{escape(value)}</td></tr>'
         for i, (name, value) in enumerate(rows)
     )
-    paused = f'<div class="ls-paused">{escape(pause_text(data["paused"]))}</div>' if data.get("paused") else ""
+    paused = f'<div class="ls-paused">{escape(pause_text(stats.paused))}</div>' if stats.paused else ""
     return (
         f'<div class="ls-stats">{head}{runtime_html(runtime)}{paused}<table class="ls-stats-table">{table}</table>'
-        f"{timing_html(data)}{acceptance_chart_html(data)}</div>"
+        f"{timing_html(data)}{acceptance_chart_html(stats)}</div>"
     )
 
 

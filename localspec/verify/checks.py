@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from localspec.config import SamplingParams
-from localspec.engine.sampling import filter_logits
+from localspec.runtime.sampling import filter_logits
 
 from .types import SamplerDraws, VerifyOutput, make_draws
 

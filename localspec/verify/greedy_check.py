@@ -31,7 +31,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def plain_top2_gap(model: torch.nn.Module, prompt_ids: list[int], answer_ids: list[int], position: int) -> float:
     """Top-2 logit gap of plain decoding's prediction of answer token `position` (where one answer stopped and the
     other went on, too: the stop token was one of the two)."""
-    from localspec.engine.model_runner import ModelRunner
+    from localspec.runtime.model_runner import ModelRunner
 
     runner = ModelRunner(model)
     runner.reset()

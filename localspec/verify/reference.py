@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from localspec.config import SamplingParams
-from localspec.engine.sampling import logits_to_probs, sample_with_noise
+from localspec.runtime.sampling import logits_to_probs, sample_with_noise
 
 from .types import SamplerDraws, VerifyOutput
 

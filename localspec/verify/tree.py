@@ -26,8 +26,8 @@ from typing import Optional
 import torch
 
 from localspec.config import SamplingParams
-from localspec.engine.sampling import logits_to_probs, sample_with_noise
-from localspec.engine.tree import TokenTree
+from localspec.runtime.sampling import logits_to_probs, sample_with_noise
+from localspec.runtime.tree import TokenTree
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from localspec.config import ConfigError, SamplingParams  # noqa: E402
-from localspec.engine.sampling import process_logits  # noqa: E402
+from localspec.runtime.sampling import process_logits  # noqa: E402
 
 from .types import SamplerDraws, VerifyOutput  # noqa: E402
 

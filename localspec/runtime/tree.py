@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+TREE_MAX_DEPTH = 8  # deepest node a proposer drafts (a continuation longer than this is cut)
+
 
 @dataclass(frozen=True)
 class TokenTree:

@@ -1,5 +1,6 @@
-"""The three reported configuration failures, and the non-finite draft rule (issue 16): bf16 target + head, the
-Qwen-style padded vocabulary pair, drafts on CUDA keeping the entry's dtype, a NaN draft dropping one step's draft."""
+"""Which target, draft and head combinations run: a bf16 target with a head, the Qwen-style padded vocabulary
+pair, drafts with another tokenizer or a larger vocabulary dropped, drafts on CUDA keeping the entry's dtype, and a
+NaN draft dropping one step's draft."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from localspec.heads.io import save_head
 from localspec.proposers.base import Draft, Proposer
 from localspec.proposers.head import load_head_proposer
 from localspec.testing import make_family_model, make_tiny_tokenizer
-from tests.test_heads import PROMPT, make_head
+from tests.support import HELLO_PROMPT as PROMPT
+from tests.support import make_head
 
 
 def _greedy(target, proposer, k=3, max_new=24, name="head"):

@@ -1,0 +1,152 @@
+"""The step policy: the one place that decides each step's plan (plain, a chain of K, a tree of N nodes) and the one
+place the adaptive controllers learn, through observe(plan, outcome).
+
+It owns the answer's view of the engine's controllers (Controllers, kept across answers: the costs are the
+machine's): one chain controller per proposer part, and one tree-size controller per part that shares that part's
+chain costs. Without SpecConfig.adaptive the plan is the configured one (a tree of tree_nodes where the proposer and
+the target run trees, else a chain of K) and the controllers only predict the speedup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+from localspec.config import SpecConfig
+from localspec.proposers.base import Proposer
+
+from .adaptive import AdaptiveController, CostModel, VerifyCosts
+from .adaptive_tree import TreeSizeController
+from .metrics import PauseReason
+from .plan import PLAIN, StepOutcome, StepPlan
+
+if TYPE_CHECKING:
+    from .run import Run
+
+ControllerKey = tuple[str, int, bool]  # (proposer or proposer:part, K, adaptive)
+TreeControllerKey = tuple[str, int, int, bool]  # (proposer or proposer:part, K, tree nodes, adaptive)
+
+
+@dataclass
+class Controllers:
+    """The engine's adaptive controllers, kept across answers: one per proposer part for chains, and one per part
+    for tree sizes (sharing that part's chain costs)."""
+
+    chain: dict[ControllerKey, AdaptiveController] = field(default_factory=dict)
+    tree: dict[TreeControllerKey, TreeSizeController] = field(default_factory=dict)
+    verify: VerifyCosts = field(default_factory=VerifyCosts)  # the target's, shared by all of them
+
+
+def drafts_trees(spec: SpecConfig, proposer: Optional[Proposer], target_supports_tree: bool) -> bool:
+    """Whether an answer drafts token trees (else chains of K): tree_nodes asked for, a proposer that drafts trees
+    and a target whose cache verifies them (the preallocated cache)."""
+    return spec.tree_nodes > 0 and proposer is not None and proposer.supports_tree and target_supports_tree
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the controllers say after a step, for the answer's statistics."""
+
+    k: int  # the step's size: K asked for, or tree nodes
+    predicted_speedup: Optional[float]  # None: nothing predicted (the token budget left no room to draft)
+    paused: Optional[PauseReason]
+
+
+class StepPolicy:
+    """One answer's policy: plan() before each step, observe() after it."""
+
+    def __init__(
+        self,
+        controllers: Controllers,
+        spec: SpecConfig,
+        proposer: Optional[Proposer],
+        max_k: int,
+        target_supports_tree: bool,
+    ) -> None:
+        self.controllers = controllers
+        self.spec = spec
+        self.proposer = proposer
+        self.max_k = max_k
+        self.trees = drafts_trees(spec, proposer, target_supports_tree)
+        self.begun: set[str] = set()  # the parts whose controllers this answer has begun
+        self.chain: Optional[AdaptiveController] = None  # the controllers that decided the last plan
+        self.tree: Optional[TreeSizeController] = None
+
+    def plan(self, run: Run, trees: bool = True) -> StepPlan:
+        """This step's plan. Never drafts past the token budget (K+1 tokens may be emitted); trees False: a chain
+        or plain step (the tree proposer drafted nothing for this step)."""
+        room = run.room
+        budget_k = min(self.max_k, room)
+        if self.proposer is None:
+            return PLAIN
+        part = self.proposer.part(run.context)
+        if trees and self.trees and room >= 1:
+            self.tree = self._tree_controller(part)
+            if not self.spec.adaptive:
+                return StepPlan("tree", self.spec.tree_nodes)
+            shape, size = self.tree.choose()
+            return StepPlan("tree", size) if shape == "tree" else StepPlan.chain(min(budget_k, size))
+        self.chain, self.tree = self._chain_controller(part), None
+        return StepPlan.chain(min(budget_k, self.chain.choose_k()) if self.spec.adaptive else budget_k)
+
+    def observe(self, plan: StepPlan, outcome: StepOutcome) -> Optional[Reading]:
+        """Teach the controllers that decided `plan` what it cost and kept; None for plain decoding."""
+        if self.chain is None:
+            return None
+        if plan.shape == "tree" and self.tree is not None:
+            self.tree.observe_tree(
+                plan.size,
+                outcome.drafted,
+                outcome.num_accepted,
+                outcome.propose_s,
+                outcome.verify_s,
+                outcome.whole,
+                depth=outcome.depth,
+                first_branch=outcome.first_branch,
+            )
+            return Reading(plan.size, self.tree.predicted(plan.size), self.pause_reason())
+        self.chain.observe(plan.size, outcome.drafted, outcome.num_accepted, outcome.propose_s, outcome.verify_s)
+        # the last step of a length-capped answer cannot draft: it predicts nothing
+        predicted = self.chain.predicted(plan.size) if min(self.max_k, outcome.room) > 0 else None
+        reading = Reading(plan.size, predicted, self.pause_reason())
+        if self.tree is not None:  # a chain or plain step the tree-size controller chose
+            self.tree.observe_chain(outcome.drafted)
+        return reading
+
+    def pause_reason(self) -> Optional[PauseReason]:
+        """Why adaptive speculation is off (the tree-size controller's reason when it decided), else None."""
+        if not self.spec.adaptive:
+            return None
+        decider = self.tree or self.chain
+        return None if decider is None else decider.pause_reason()
+
+    def _tree_controller(self, part: Optional[str]) -> TreeSizeController:
+        """The tree-size controller of this step's part, sharing the costs of the part's chain controller (which
+        becomes self.chain too)."""
+        self.chain = self._chain_controller(part)
+        name = self._name(part)
+        key = (name, self.max_k, self.spec.tree_nodes, self.spec.adaptive)
+        found = self.controllers.tree.get(key)
+        if found is None or found.chain is not self.chain:
+            found = self.controllers.tree[key] = TreeSizeController(self.chain, self.spec.tree_nodes)
+        if f"tree:{name}" not in self.begun:
+            found.begin()
+            self.begun.add(f"tree:{name}")
+        return found
+
+    def _chain_controller(self, part: Optional[str]) -> AdaptiveController:
+        """Each part of a proposer made of parts (ngram+head) has its own controller: the parts differ in cost and
+        acceptance, and so in their best K. Told each step's costs and outcome, a controller predicts the speedup
+        (the break-even meter); when adaptive it also picks K."""
+        name = self._name(part)
+        key = (name, self.max_k, self.spec.adaptive)
+        found = self.controllers.chain.get(key)
+        if found is None:
+            found = self.controllers.chain[key] = AdaptiveController(self.max_k, CostModel(self.controllers.verify))
+        if name not in self.begun:
+            found.begin()
+            self.begun.add(name)
+        return found
+
+    def _name(self, part: Optional[str]) -> str:
+        assert self.proposer is not None
+        return self.proposer.name if part is None else f"{self.proposer.name}:{part}"
