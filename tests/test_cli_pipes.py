@@ -31,8 +31,8 @@ def test_resolve_pair_warns_about_a_broken_entry_and_answers_with_the_one_asked(
     from localspec.cli.common import resolve_pair
 
     models = with_typo(tiny_pair, tmp_path)
-    assert resolve_pair(Namespace(models=str(models), model="tiny")).name == "tiny"
-    assert resolve_pair(Namespace(models=str(models), model=None)).name == "tiny"
+    assert resolve_pair(Namespace(models=str(models), model="tiny", model_file=None)).name == "tiny"
+    assert resolve_pair(Namespace(models=str(models), model=None, model_file=None)).name == "tiny"
     err = capsys.readouterr().err
     assert "warning: skipped" in err and "'typo'" in err and "kk" in err
     with pytest.raises(ConfigError, match="kk"):  # asked for by name: its own error

@@ -462,7 +462,7 @@ def test_other_tabs_learn_about_a_switch(tiny_session):
     # A's controls catch up on the next tick (gr.Timer), once
     model, proposer, _k, _tree, status = handlers.refresh_pair(request=tab_a)
     assert model == "tiny-ngram" and "switched to tiny-ngram in another window" in status
-    assert [value for _label, value in proposer["choices"]] == ["ngram", "none"]
+    assert [value for _label, value in proposer["choices"]] == ["ngram", "history", "none"]
     again = handlers.refresh_pair(request=tab_a)
     assert all(isinstance(part, dict) and part.get("__type__") == "update" and len(part) == 1 for part in again)
     # B, which switched, is not disturbed, and A's next send answers with the new pair

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from localspec.config import SamplingParams
-from localspec.engine.tree import TokenTree
+from localspec.runtime.tree import TREE_MAX_DEPTH, TokenTree
 
 from .base import Draft, Proposer
-from .ngram import TREE_MAX_DEPTH, TREE_OCCURRENCES, longest_match, trie_from_continuations
+from .ngram import TREE_OCCURRENCES, longest_match, trie_from_continuations
 
 MAX_MATCH = 16  # longest suffix compared: a longer match picks the occurrence that continues the same text
 MIN_MATCH = 2  # the index keys on 2-token windows: a 1-token match across a whole history is a guess, not a lookup
