@@ -36,7 +36,7 @@ def test_resolve_pair_warns_about_a_broken_entry_and_answers_with_the_one_asked(
     err = capsys.readouterr().err
     assert "warning: skipped" in err and "'typo'" in err and "kk" in err
     with pytest.raises(ConfigError, match="kk"):  # asked for by name: its own error
-        resolve_pair(Namespace(models=str(models), model="typo"))
+        resolve_pair(Namespace(models=str(models), model="typo", model_file=None))
 
 
 def shell(command: str, tmp_path: Path) -> tuple[int, str]:
