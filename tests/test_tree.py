@@ -15,7 +15,7 @@ from localspec.engine.tree import TokenTree, make_dummy, tree_attention_mask, tr
 from localspec.engine.tree_step import tree_token_events
 from localspec.proposers.head import HeadProposer
 from localspec.ui.spans import token_record, token_title
-from localspec.verify import rejection_sample
+from localspec.verify.one_hot import verify_one_hot
 from localspec.verify.tree import TreeDraws, make_tree_draws, verify_tree
 from localspec.verify.types import SamplerDraws
 
@@ -251,8 +251,9 @@ def test_the_chi_square_check_catches_a_sampler_that_skips_renormalising():
 
 
 def test_a_tree_accepts_at_least_what_its_first_branch_does_as_a_chain(one_thread):
-    """The tree's first-child path is the chain; with that path's nodes given the chain's uniforms, the tree keeps
-    every token the chain keeps (and sometimes more, through a second branch)."""
+    """The tree's first-child path is the chain; with the chain's rows given the same positions' noise (both verify
+    one-hot drafts by the target's own draw), the tree keeps every token the chain keeps (and sometimes more,
+    through a second branch)."""
     sampling = SamplingParams(temperature=1.0)
     vocab, chain_nodes = 12, [0, 2, 4]  # a → c → e
     chain_ids = torch.tensor([[SMALL_TREE.token_ids[i] for i in chain_nodes]])
@@ -263,8 +264,9 @@ def test_a_tree_accepts_at_least_what_its_first_branch_does_as_a_chain(one_threa
         draws = make_tree_draws(gen, SMALL_TREE.size, vocab, "cpu")
         tree_verdict = verify_tree(logits, SMALL_TREE, sampling, draws)
         chain_logits = logits[[0] + [i + 1 for i in chain_nodes]][None]  # [1, 4, V]
-        chain_draws = SamplerDraws(uniforms=draws.uniforms[chain_nodes][None], noise=torch.ones(1, 4, vocab))
-        chain = rejection_sample(chain_logits, chain_ids, None, sampling, chain_draws)
+        rows = [0] + [i + 1 for i in chain_nodes]
+        chain_draws = SamplerDraws(uniforms=draws.uniforms[chain_nodes][None], noise=draws.noise[rows][None])
+        chain = verify_one_hot(chain_logits, chain_ids, None, sampling, chain_draws)
         chain_accepted = int(chain.num_accepted[0])
         assert tree_verdict.num_accepted >= chain_accepted
         more += tree_verdict.num_accepted > chain_accepted

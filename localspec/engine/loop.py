@@ -14,7 +14,9 @@ import torch
 
 from localspec.config import SamplingParams, SpecConfig
 from localspec.proposers.base import Proposer
-from localspec.verify import VerifyOutput, get_verifier, make_draws
+from localspec.verify import VerifyOutput, get_verifier
+from localspec.verify.one_hot import verify_one_hot
+from localspec.verify.types import position_draws
 
 from .events import StepEvent
 from .model_runner import FAST, ModelRunner, exact_setup
@@ -126,9 +128,14 @@ class Engine:
         )
         logits = forward.logits.unsqueeze(0)  # [1, K+1, V]
         scored = synced_clock(device)  # the forward has finished: the split is right on a GPU
-        draws = None if run.sampling.greedy else make_draws(run.generator, 1, k, logits.shape[-1], device)
+        draws = (
+            None
+            if run.sampling.greedy
+            else position_draws(run.sampling.seed, run.produced, k, logits.shape[-1], device)
+        )
         drafts = torch.tensor([proposal.token_ids], dtype=torch.long, device=device).view(1, k)
-        result = run.verify(logits, drafts, proposal.probs, run.sampling, draws)
+        verify = run.verify if proposal.probs is not None else verify_one_hot  # one-hot drafts: the target's own draw
+        result = verify(logits, drafts, proposal.probs, run.sampling, draws)
         finite = torch.isfinite(logits).all()
         verdict = VerifyOutput.from_host(result.to_host(finite), k)  # the step's one host read
         top = None

@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 from typing import Optional
 
-from localspec.verify.tree import TreeVerdict, make_tree_draws, verify_tree
+from localspec.verify.tree import TreeVerdict, tree_position_draws, verify_tree
 
 from .events import StepEvent, TokenEvent
 from .model_runner import ModelRunner
@@ -52,7 +52,11 @@ def tree_step(target: ModelRunner, run: Run, stop_token_ids: frozenset[int]) -> 
     started = synced_clock(device)
     forward = target.extend_tree(run.pending, tree, want_hidden=run.wants_hidden, feature_layers=run.feature_layers)
     scored = synced_clock(device)
-    draws = None if run.sampling.greedy else make_tree_draws(run.generator, tree.size, forward.logits.shape[-1], device)
+    draws = (
+        None
+        if run.sampling.greedy
+        else tree_position_draws(run.sampling.seed, run.produced, tree, forward.logits.shape[-1], device)
+    )
     verdict = verify_tree(forward.logits, tree, run.sampling, draws)
     sampler_s = time.perf_counter() - scored
     if not verdict.finite:
