@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         if args.json_dir:
             args.json_dir.mkdir(parents=True, exist_ok=True)
-            meta = {"machine": machine, "new_tokens": args.tokens, "prompts": prompts, "chunks": CHUNKS}
+            meta = {"machine": machine, "new_tokens": args.tokens, "prompt_texts": prompts, "chunks": CHUNKS}
             (args.json_dir / f"{name}.json").write_text(json.dumps(meta | result, indent=1))
     return 0
 

@@ -336,6 +336,6 @@ def test_head_tree_on_the_embedded_model_is_within_the_guarantee(embedded_sessio
         for event in session.engine.generate(ids, sampling, spec, proposer):
             got.extend(t.token_id for t in event.tokens)
             stats = event.stats
-        assert_within_guarantee(session, ids, base, got, f"prompt {n} head tree of 8")
+        assert_within_guarantee(session, ids, base, got, f"prompt {n} head tree of 8", tree=True)
         accepted += stats.accepted
     assert accepted > 0
