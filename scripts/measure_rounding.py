@@ -15,6 +15,7 @@ Forward setups (localspec/engine/model_runner.py ForwardSetup):
   fast        sdpa, transformers' own mask, 1-row decode forwards (transformers' defaults)
   eager-mask  eager attention with the explicit additive mask, 1-row decode forwards
   eager-mask-2  the same, and every forward at least 2 rows (a dummy row after a single token, its cache row dropped)
+  eager-mask-4x4  the same, every forward padded to a multiple of 4 rows
   exact       model_runner.exact_setup: eager-mask with at least EXACT_MIN_ROWS rows per forward (2; 4 in float32)
 
 Run: python scripts/measure_rounding.py [--paths float32,bfloat16,float16,nf4,int8] [--setups fast,exact]
@@ -63,6 +64,7 @@ def setups(dtype: torch.dtype) -> dict:
         "fast": FAST,
         "eager-mask": eager_mask,
         "eager-mask-2": ForwardSetup(attention="eager", explicit_mask=True, min_rows=2),
+        "eager-mask-4x4": ForwardSetup(attention="eager", explicit_mask=True, min_rows=4, row_multiple=4),
         "exact": exact_setup(dtype),
     }
 

@@ -79,6 +79,10 @@ MEASURED: dict[tuple[str, str, str, str], Rounding] = {
     ("cpu", "bfloat16", "none", "exact"): Rounding(
         128, 0, 0.0, 0, 0.0, EPYC + "; 1 gsm8k prompt × 8 tokens", 16, 4, 0.125, 0.0
     ),
+    # float16 with 2 rows per forward is not enough on this CPU: rows of 3+ round unlike rows of 2
+    ("cpu", "float16", "none", "exact"): Rounding(
+        128, 104, 0.0664, 0, 0.0, EPYC + "; 1 gsm8k prompt × 8 tokens", 16, 14, 0.0742, 0.0
+    ),
 }
 
 
