@@ -1,5 +1,6 @@
 """`exact: auto`: run the target's forwards in the exact setup (engine/model_runner.py exact_setup: eager attention, an
-explicit additive mask, at least 2 rows per forward, 4 in float32) where its measured cost is small.
+explicit additive mask, at least 2 rows per forward, multiples of 4 in float32 and float16) where its measured
+cost is small.
 
 In the exact setup a row's logits were measured bitwise equal whether the row is computed alone (plain decoding)
 or inside a 2..17-row verify forward (scripts/measure_rounding.py, assets/rounding/), so greedy speculative output
