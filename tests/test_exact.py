@@ -147,3 +147,17 @@ def test_models_yaml_exact_field(tiny_pair):
     assert entry("true").exact == "on" and entry("false").exact == "off" and entry("auto").exact == "auto"
     with pytest.raises(ConfigError, match="'exact' must be true, false or auto"):
         entry("sometimes")
+
+
+def test_the_lossless_check_of_an_identical_path_fails_on_one_differing_token(tiny_by_dtype):
+    """tests/lossless.py on a path stated bitwise identical (bfloat16, exact): == with no bound, so an answer that
+    parts at one token (what one flipped rounding gives) fails, even at a near-tie."""
+    from types import SimpleNamespace
+
+    from tests.lossless import assert_within_guarantee
+
+    loaded = SimpleNamespace(target=tiny_by_dtype["bfloat16"], quant="none", device=torch.device("cpu"), exact_on=True)
+    session = SimpleNamespace(loaded=loaded)
+    assert_within_guarantee(session, [1, 2, 3], [4, 5, 6], [4, 5, 6], "equal")
+    with pytest.raises(AssertionError, match="bitwise identical"):
+        assert_within_guarantee(session, [1, 2, 3], [4, 5, 6], [4, 7, 6], "one token off")
