@@ -22,8 +22,8 @@ class ForwardSetup:
     """How every forward of a runner is computed. The kernels a CPU (or cuBLAS) picks depend on the row count, so a
     row's logits can round differently alone than inside a (K+1)-row verify forward (scripts/measure_rounding.py,
     assets/rounding/): with eager attention, an explicit additive mask and at least 2 rows per forward (a 1-token
-    forward gets one dummy row after it, whose cache row is dropped; in float32 every forward padded to a multiple
-    of 4 rows) each chain row was measured bitwise equal to the same row inside 2..17-row forwards.
+    forward gets one dummy row after it, whose cache row is dropped) each bfloat16 chain row of the real model was
+    measured bitwise equal to the same row inside 2..17-row forwards (float32 / float16: see EXACT_ROWS).
 
     attention: the transformers attention implementation. explicit_mask: pass the causal additive mask built here
     instead of transformers' own (preallocated cache only: a dynamic cache may hold sliding-window layers, whose
@@ -51,9 +51,10 @@ class ForwardSetup:
 
 FAST = ForwardSetup()  # transformers' defaults: sdpa, its own mask, 1-row decode forwards
 # (min_rows, row_multiple) from which a row's result no longer depends on the row count, per compute dtype, measured
-# on the CPU: bf16 matmuls round a 1-row product differently from the same row among ≥ 2; float32 (MKL sgemm)
-# computes rows in blocks of 4 and rounds a block's remainder rows (and 1-3 row products) differently. float16 is
-# not exact with either on the real model: (4, 4) left 3 of 128 chain rows unequal, (2, 1) 104 of 128
+# on the CPU: bf16 matmuls round a 1-row product differently from the same row among ≥ 2 (bitwise on the real
+# model); float32 (MKL sgemm) computes rows in blocks of 4 and rounds a block's remainder rows (and 1-3 row products)
+# differently (bitwise on the tiny test model; on the real one about half the rows still differ, by ≤ 8.5e-05).
+# float16 is not exact with either on the real model: (4, 4) left 3 of 128 chain rows unequal, (2, 1) 104 of 128
 # (verify/guarantee.py states its bound) (scripts/measure_rounding.py, assets/rounding/epyc/)
 EXACT_ROWS = {torch.float32: (4, 4), torch.bfloat16: (2, 1), torch.float16: (4, 4)}
 
@@ -113,13 +114,15 @@ class ModelRunner:
         # transformers ≥ 5.2x names the argument `cache` (past_key_values is deprecated); older models keep the old name
         params = inspect.signature(self._backbone.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._unswitchable = False
         self._use_attention()
 
     def _use_attention(self) -> None:
         """Put the model on this runner's attention path (a model shared by runners of other setups is switched
-        back and forth; a model whose attention cannot be switched keeps its own)."""
-        if self.model.config._attn_implementation != self.setup.attention:
+        back and forth; a model whose attention cannot be switched keeps its own, tried once)."""
+        if self.model.config._attn_implementation != self.setup.attention and not self._unswitchable:
             self.model.set_attn_implementation(self.setup.attention)
+            self._unswitchable = self.model.config._attn_implementation != self.setup.attention
 
     @torch.inference_mode()  # a StaticCache's buffers are inference tensors: reset and crop update them in place
     def reset(self) -> None:

@@ -2,9 +2,10 @@
 explicit additive mask, at least 2 rows per forward, multiples of 4 in float32 and float16) where its measured
 cost is small.
 
-In the exact setup a row's logits were measured bitwise equal whether the row is computed alone (plain decoding)
-or inside a 2..17-row verify forward (scripts/measure_rounding.py, assets/rounding/), so greedy speculative output
-is plain decoding's token for token. It costs a dummy row on each 1-token forward and eager attention instead of
+In the exact setup a bfloat16 row's logits were measured bitwise equal whether the row is computed alone (plain
+decoding) or inside a 2..17-row verify forward (scripts/measure_rounding.py, assets/rounding/epyc/), so greedy
+speculative chains are plain decoding's token for token (float32 / float16 come closer, not bitwise:
+verify/guarantee.py). It costs a dummy row on each 1-token forward and eager attention instead of
 sdpa. At the first load of a model on a machine both setups are timed on the loaded target (the median of
 interleaved 1-token and (K+1)-token forwards on a 64-token cache, as dtype_choice.py times dtypes); the exact
 setup is the default when neither forward costs more than MAX_COST times the fast one. The decision is cached

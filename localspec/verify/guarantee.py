@@ -79,6 +79,11 @@ MEASURED: dict[tuple[str, str, str, str], Rounding] = {
     ("cpu", "bfloat16", "none", "exact"): Rounding(
         128, 0, 0.0, 0, 0.0, EPYC + "; 1 gsm8k prompt × 8 tokens", 16, 4, 0.125, 0.0
     ),
+    # float32 padded to multiples of 4 rows: bitwise on the tiny test model, but on the real one about half the rows
+    # still differ (fast: all of them), by ≤ 8.5e-05
+    ("cpu", "float32", "none", "exact"): Rounding(
+        512, 253, 8.54e-05, 0, 0.0, EPYC + "; 1 gsm8k + 1 HumanEval prompt × 16 tokens", 64, 62, 5.72e-05, 0.0
+    ),
     # float16 padded to multiples of 4 rows: 3 of 128 chain rows still unequal (with ≥ 2 rows: 104 of 128, 0.066)
     ("cpu", "float16", "none", "exact"): Rounding(
         128, 3, 0.0508, 0, 0.0, EPYC + "; 1 gsm8k prompt × 8 tokens", 16, 12, 0.0586, 0.0
