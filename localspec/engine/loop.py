@@ -134,7 +134,8 @@ class Engine:
             else position_draws(run.sampling.seed, run.produced, k, logits.shape[-1], device)
         )
         drafts = torch.tensor([proposal.token_ids], dtype=torch.long, device=device).view(1, k)
-        verify = run.verify if proposal.probs is not None else verify_one_hot  # one-hot drafts: the target's own draw
+        one_hot = proposal.probs is None and not run.sampling.greedy  # sampled one-hot drafts: the target's own draw
+        verify = verify_one_hot if one_hot else run.verify
         result = verify(logits, drafts, proposal.probs, run.sampling, draws)
         finite = torch.isfinite(logits).all()
         verdict = VerifyOutput.from_host(result.to_host(finite), k)  # the step's one host read
