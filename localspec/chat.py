@@ -71,7 +71,7 @@ class ChatSession:
     def __init__(self, loaded: LoadedPair) -> None:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
-        self.engine = Engine(loaded.target, stop_token_ids(self.tokenizer))
+        self.engine = Engine(loaded.target, stop_token_ids(self.tokenizer), exact=loaded.exact_on)
         decision = loaded.dtype
         timed = [t for t in decision.timings if t.dtype == decision.dtype] if decision is not None else []
         if timed:  # the target's own 1-token and (K+1)-token forwards, timed at load on this machine

@@ -208,6 +208,7 @@ class PairSpec:
     default_proposer: ProposerName = "ngram"
     adaptive: bool = False  # pick K ≤ k each step from measured costs and acceptance (and switch off when it loses)
     tree_nodes: int = 0  # > 0: a proposer that drafts trees drafts one of this many nodes per step (SpecConfig)
+    exact: str = "auto"  # auto | on | off: the target's exact forward setup (models/exact_choice.py)
     ngram: NgramSpec | None = field(default_factory=NgramSpec)
     draft: ModelSpec | None = None
     head: str | None = None  # folder of a trained feature-level head (EAGLE / Eagle3 / MTP)

@@ -29,8 +29,11 @@
 #   7. configs-costs.json      Qwen2-7B width x 4 layers (bf16, nf4) + 24-layer 0.5B-shaped draft: 1 vs K+1-token
 #                              target forward and per-token draft cost (CUDA events).
 #   8. configs-e2e.json        tok/s for none / ngram / draft / head vs transformers generate and assisted generation.
+#   9. configs-rounding.json   1-row vs R-row (2..17) target logits on CUDA: positions not bitwise equal per forward
+#                              setup (fast sdpa; exact: eager + explicit mask + dummy rows; + deterministic
+#                              algorithms; + multiples of 8 rows), for the guarantee table (verify/guarantee.py).
 #   About 4-6 minutes on an H200 (each step has its own limit; 8 minutes at most with the install).
-#   CPU dry run of the Python parts: python scripts/gpu_configs.py {exactness,costs,e2e} --tiny
+#   CPU dry run of the Python parts: python scripts/gpu_configs.py {exactness,costs,e2e,rounding} --tiny
 set -u
 OUT=${OUT:-gpu_check_out}
 mkdir -p "$OUT"
@@ -160,7 +163,7 @@ cat "$OUT/e2e.json"
 fi
 
 MODELS=${GPU_CHECK_MODELS:-/tmp/gpu-configs-models}
-for part in exactness costs e2e; do
+for part in exactness costs e2e rounding; do
   limit=120; [ $part = exactness ] && limit=90
   echo "== configs: $part"
   if timeout $limit $PY scripts/gpu_configs.py $part --models "$MODELS" ${GPU_CHECK_TINY:+--tiny} \

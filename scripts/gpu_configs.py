@@ -257,9 +257,52 @@ def e2e(tiny: bool, folder: Path) -> dict:
     return report
 
 
+def rounding(tiny: bool, folder: Path) -> dict:
+    """1-row vs R-row logits (R = 2..17) of the random target at the same positions, per forward setup: the fast one
+    (sdpa), the exact one (model_runner.exact_setup), and the exact one with torch's deterministic algorithms and
+    every forward padded to a multiple of 8 rows (cuBLAS picks kernels by shape). Counts positions whose logits are
+    not bitwise equal; records, does not judge (ok is always true)."""
+    from localspec.runtime.model_runner import FAST, ForwardSetup, ModelRunner, exact_setup
+
+    target, _ = build_pair(tiny, "none", folder)
+    exact = exact_setup(target.dtype)
+    setups = {
+        "fast": (FAST, False),
+        "exact": (exact, False),
+        "exact+deterministic": (exact, True),
+        "exact, multiples of 8 rows": (ForwardSetup("eager", True, min_rows=8, row_multiple=8), True),
+    }
+    generator = torch.Generator().manual_seed(0)
+    vocab, prefix, new = target.config.vocab_size, 64, 16 if tiny else 24
+    ids = torch.randint(0, vocab, (prefix + new,), generator=generator).tolist()
+    report = {"device": str(device()), "dtype": str(target.dtype), "positions": new, "setups": {}}
+    for name, (setup, deterministic) in setups.items():
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
+        runner = ModelRunner(target, compile="off", setup=setup)
+        runner.reset()
+        runner.extend(ids[:prefix], logits_to_keep=0)
+        plain = torch.cat([runner.extend([t]).logits.float() for t in ids[prefix:]])  # [new, V]
+        per_r = {}
+        for rows in range(2, 18):
+            runner.crop(prefix)
+            chunks = [runner.extend(ids[prefix + i : prefix + i + rows]).logits for i in range(0, new, rows)]
+            got = torch.cat(chunks).float()
+            per_r[rows] = {
+                "unequal": int((got != plain).any(-1).sum()),
+                "max_abs_diff": float((got - plain).abs().max()),
+            }
+        report["setups"][name] = {
+            "unequal": sum(r["unequal"] for r in per_r.values()),
+            "max_abs_diff": max(r["max_abs_diff"] for r in per_r.values()),
+            "per_rows": per_r,
+        }
+    torch.use_deterministic_algorithms(False)
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=("exactness", "costs", "e2e"))
+    parser.add_argument("part", choices=("exactness", "costs", "e2e", "rounding"))
     parser.add_argument("--tiny", action="store_true", help="hidden 64 / 2 layers on any device (plumbing only)")
     parser.add_argument("--models", default=None, help="folder for the random models (default: a temporary one)")
     args = parser.parse_args()
@@ -269,6 +312,8 @@ def main() -> int:
         report = exactness(args.tiny)
     elif args.part == "costs":
         report = costs(args.tiny, folder)
+    elif args.part == "rounding":
+        report = rounding(args.tiny, folder)
     else:
         report = e2e(args.tiny, folder)
     print(json.dumps(report, indent=1))

@@ -1,24 +1,33 @@
-"""Measure how far a verify forward (K+1 tokens at once) and plain decoding (1 token per forward) of the same target
-differ in logits at the same positions, per compute path, over real prompts from ../shared/data.
+"""Measure, per compute path and forward setup, whether a row computed inside a multi-row forward (a chain verify of R
+rows, a token tree) has the same logits as the same row computed by plain decoding (1 token per forward), over
+prompts the tests never use (gsm8k train questions, and MT-Bench / HumanEval items past the ones tests read).
 
 For each prompt the target decodes NEW_TOKENS greedy tokens one forward per token (the engine's plain path: the
-prompt minus its last token prefilled, then 1-token forwards). The same sequence is then fed again on a fresh cache in
-chunks of K+1 tokens (the engine's verify forward with every draft accepted, so each row has the same prefix as the
-plain row it is compared with, and the cache is built by chunk forwards as in a speculative run). Per path it prints:
+prompt minus its last token prefilled, then 1-token forwards). The same sequence is then fed again on a fresh cache
+  - in chunks of R tokens, R = 2..17 (a verify forward with every draft accepted, so each row has the same prefix as
+    the plain row it is compared with, and the cache is built by chunk forwards as in a speculative run);
+  - as token trees: the pending token and D path nodes, each path node preceded by a sibling holding another token
+    (2D + 1 rows under the tree mask, tree positions; keep_path then compacts the cache to the path), D = 3 and 8.
+Per path and setup it reports the largest |Δlogit|, the positions whose logits are not bitwise equal, the argmax
+flips, and the largest top-2 gap (on the plain logits) among the flips.
 
-  max |Δlogit|   the largest absolute logit difference between the two at any compared position and token;
-  flips          positions where the argmax differs, and the largest top-2 gap (on the plain path's logits) among them;
-  flip bound     2 × max |Δlogit|: a flip at a position needs the top-2 gap g of the plain logits to be overturned,
-                 so g ≤ |Δ top-1| + |Δ top-2| ≤ 2 × max |Δlogit|. Below it a flip is a rounding near-tie.
+Forward setups (localspec/runtime/model_runner.py ForwardSetup):
+  fast        sdpa, transformers' own mask, 1-row decode forwards (transformers' defaults)
+  eager-mask  eager attention with the explicit additive mask, 1-row decode forwards
+  eager-mask-2  the same, and every forward at least 2 rows (a dummy row after a single token, its cache row dropped)
+  eager-mask-4x4  the same, every forward padded to a multiple of 4 rows
+  exact       model_runner.exact_setup: eager-mask with at least EXACT_MIN_ROWS rows per forward (2; 4 in float32)
 
-Run: python scripts/measure_rounding.py [--paths float32,bfloat16,float16,nf4,int8,gguf] [--json out.json]
-The numbers go into localspec/verify/guarantee.py (MEASURED) and the README's per-path table.
+Run: python scripts/measure_rounding.py [--paths float32,bfloat16,float16,nf4,int8,gguf] [--setups fast,exact]
+         [--gsm8k 3] [--mt-bench 1] [--humaneval 1] [--tokens 24] [--json-dir assets/rounding]
+The figures go into localspec/verify/guarantee.py (MEASURED) and the README's per-path table.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import platform
 import subprocess
@@ -30,10 +39,14 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
-NEW_TOKENS = 32
-CHUNKS = (2, 4, 6, 9)  # K + 1 for K = 1, 3, 5, 8 (the lossless tests' Ks)
+SHARED_DATA = REPO.parent / "shared" / "data"
+CHUNKS = tuple(range(2, 18))  # R = K + 1 for K = 1..16
+TREE_DEPTHS = (3, 8)  # 2D + 1 = 7 and 17 rows
+MT_BENCH_FIRST = 20  # tests read MT-Bench items 0..5 and HumanEval items 0..3 (tests/conftest.py shared_prompts)
+HUMANEVAL_FIRST = 20
+GSM8K_FIRST = 100
+THREADS = 2  # what the app and the tests run with on the 2-core CI machine
 PATHS = {
     "float32": ("float32", "none"),
     "bfloat16": ("bfloat16", "none"),
@@ -42,6 +55,19 @@ PATHS = {
     "int8": ("float32", "int8"),
     "gguf": ("bfloat16", "gguf"),  # the GGUF's Q4_1 blocks as int4 linears (models/gguf_linear.py)
 }
+
+
+def setups(dtype: torch.dtype) -> dict:
+    from localspec.runtime.model_runner import FAST, ForwardSetup, exact_setup
+
+    eager_mask = ForwardSetup(attention="eager", explicit_mask=True, min_rows=1)
+    return {
+        "fast": FAST,
+        "eager-mask": eager_mask,
+        "eager-mask-2": ForwardSetup(attention="eager", explicit_mask=True, min_rows=2),
+        "eager-mask-4x4": ForwardSetup(attention="eager", explicit_mask=True, min_rows=4, row_multiple=4),
+        "exact": exact_setup(dtype),
+    }
 
 
 def cpu_name() -> str:
@@ -55,6 +81,21 @@ def cpu_name() -> str:
     )
 
 
+def unseen_prompts(gsm8k: int, mt_bench: int, humaneval: int) -> list[str]:
+    """Prompts no test reads: gsm8k train questions from GSM8K_FIRST, MT-Bench / HumanEval items from *_FIRST."""
+    prompts = []
+    with open(SHARED_DATA / "gsm8k_train_400.jsonl") as fh:
+        lines = fh.readlines()[GSM8K_FIRST : GSM8K_FIRST + gsm8k]
+    prompts += [json.loads(line)["question"] for line in lines]
+    with open(SHARED_DATA / "mt_bench_question.jsonl") as fh:
+        lines = fh.readlines()[MT_BENCH_FIRST : MT_BENCH_FIRST + mt_bench]
+    prompts += [json.loads(line)["turns"][0] for line in lines]
+    with gzip.open(SHARED_DATA / "HumanEval.jsonl.gz", "rt") as fh:
+        lines = fh.readlines()[HUMANEVAL_FIRST : HUMANEVAL_FIRST + humaneval]
+    prompts += ["Complete this Python function:\n" + json.loads(line)["prompt"] for line in lines]
+    return prompts
+
+
 def top2_gap(logits: torch.Tensor) -> float:
     top = torch.topk(logits.float(), 2).values
     return float(top[0] - top[1])
@@ -66,7 +107,7 @@ def plain_logits(runner, prompt_ids: list[int], new_tokens: int, stop: set[int])
     runner.extend(prompt_ids[:-1], logits_to_keep=0)
     fed, rows = [prompt_ids[-1]], []
     for _ in range(new_tokens):
-        logits = runner.extend([fed[-1]], logits_to_keep=1).logits[-1].float()
+        logits = runner.extend([fed[-1]]).logits[-1].float()
         rows.append(logits)
         token = int(torch.argmax(logits))
         if token in stop:
@@ -75,14 +116,63 @@ def plain_logits(runner, prompt_ids: list[int], new_tokens: int, stop: set[int])
     return fed[: len(rows)], torch.stack(rows)
 
 
-def chunked_logits(runner, prompt_ids: list[int], fed: list[int], chunk: int) -> torch.Tensor:
+def back_to_prompt(runner, prompt_ids: list[int]) -> None:
+    """The cache holding the prompt but its last token: cropped back to it when it is there (the prefix rows are
+    the prefill's either way), else a fresh prefill."""
+    if runner.tokens[: len(prompt_ids) - 1] == prompt_ids[:-1]:
+        runner.crop(len(prompt_ids) - 1)
+        return
     runner.reset()
     runner.extend(prompt_ids[:-1], logits_to_keep=0)
+
+
+def chunked_logits(runner, prompt_ids: list[int], fed: list[int], chunk: int) -> torch.Tensor:
+    back_to_prompt(runner, prompt_ids)
     rows = [runner.extend(fed[i : i + chunk]).logits.float() for i in range(0, len(fed), chunk)]
     return torch.cat(rows)
 
 
-def measure_path(name: str, prompts: list[str]) -> dict:
+def tree_logits(runner, prompt_ids: list[int], fed: list[int], depth: int, vocab: int) -> torch.Tensor:
+    """fed as token trees: each step the pending token and `depth` path nodes, a sibling (another token) before each."""
+    from localspec.runtime.tree import TokenTree
+
+    back_to_prompt(runner, prompt_ids)
+    rows, i = [], 0
+    while i < len(fed):
+        path = fed[i + 1 : i + 1 + depth]
+        tokens, parents, path_rows, parent = [], [], [], -1
+        for token in path:
+            tokens += [(token + 1) % vocab, token]
+            parents += [parent, parent]
+            parent = len(tokens) - 1
+            path_rows.append(len(tokens))  # node index len-1, row len
+        prefix_len = len(runner.tokens)
+        forward = runner.extend_tree(fed[i], TokenTree(tokens, parents))
+        keep = [0] + path_rows
+        rows.append(forward.logits[keep].float())
+        runner.keep_path(prefix_len, keep)
+        i += len(path) + 1
+    return torch.cat(rows)[: len(fed)]
+
+
+@dataclasses.dataclass
+class Tally:
+    positions: int = 0
+    unequal: int = 0  # positions whose logits are not bitwise equal to plain decoding's
+    max_abs_diff: float = 0.0
+    flips: int = 0
+    max_flip_gap: float = 0.0
+
+    def add(self, got: torch.Tensor, plain: torch.Tensor, gaps: list[float]) -> None:
+        self.positions += len(plain)
+        self.unequal += int((got != plain).any(-1).sum())
+        self.max_abs_diff = max(self.max_abs_diff, float((got - plain).abs().max()))
+        flipped = (got.argmax(-1) != plain.argmax(-1)).nonzero().flatten().tolist()
+        self.flips += len(flipped)
+        self.max_flip_gap = max([self.max_flip_gap] + [gaps[j] for j in flipped])
+
+
+def measure_path(name: str, prompts: list[str], setup_names: list[str], new_tokens: int) -> dict:
     from localspec.chat import ChatSession
     from localspec.config import ModelSpec
     from localspec.models.loading import load_pair
@@ -93,80 +183,83 @@ def measure_path(name: str, prompts: list[str]) -> dict:
     pair = load_registry(REPO / "models.yaml")[0]
     target = ModelSpec(pair.target.source, quant, dtype, pair.target.trust_remote_code)
     pair = dataclasses.replace(pair, target=target)
-    started = time.perf_counter()
     session = ChatSession(load_pair(pair, device="cpu", load_draft=False))
-    runner = ModelRunner(session.loaded.target)
     stop = set(session.engine.stop_token_ids)
-    max_diff, positions, flips, max_flip_gap, min_gap = 0.0, 0, 0, 0.0, float("inf")
-    per_chunk = {}
-    for text in prompts:
-        prompt_ids = session.prompt_ids([{"role": "user", "content": text}], NEW_TOKENS)[0]
-        fed, plain = plain_logits(runner, prompt_ids, NEW_TOKENS, stop)
-        gaps = [top2_gap(row) for row in plain]
-        min_gap = min(min_gap, *gaps)
-        for chunk in CHUNKS:
-            verify = chunked_logits(runner, prompt_ids, fed, chunk)
-            diff = float((verify - plain).abs().max())
-            max_diff = max(max_diff, diff)
-            stats = per_chunk.setdefault(chunk, {"max_abs_diff": 0.0, "flips": 0})
-            stats["max_abs_diff"] = max(stats["max_abs_diff"], diff)
-            flipped = (verify.argmax(-1) != plain.argmax(-1)).nonzero().flatten().tolist()
-            positions += len(fed)
-            flips += len(flipped)
-            stats["flips"] += len(flipped)
-            for j in flipped:
-                max_flip_gap = max(max_flip_gap, gaps[j])
-    return {
-        "path": name,
-        "dtype": dtype,
-        "quant": quant,
-        "prompts": len(prompts),
-        "positions": positions,
-        "max_abs_diff": max_diff,
-        "flips": flips,
-        "max_flip_gap": max_flip_gap,
-        "flip_bound": 2 * max_diff,
-        "smallest_top2_gap": min_gap,
-        "per_chunk": per_chunk,
-        "seconds": time.perf_counter() - started,
-    }
+    prompt_ids = [session.prompt_ids([{"role": "user", "content": t}], new_tokens)[0] for t in prompts]
+    result = {"path": name, "dtype": dtype, "quant": quant, "prompts": len(prompts), "setups": {}}
+    for setup_name in setup_names:
+        started = time.perf_counter()
+        setup = setups(session.loaded.target.dtype)[setup_name]
+        runner = ModelRunner(session.loaded.target, compile="off", setup=setup)
+        chains: dict[int, Tally] = {r: Tally() for r in CHUNKS}
+        trees: dict[int, Tally] = {d: Tally() for d in TREE_DEPTHS}
+        min_gap = float("inf")
+        for ids in prompt_ids:
+            fed, plain = plain_logits(runner, ids, new_tokens, stop)
+            gaps = [top2_gap(row) for row in plain]
+            min_gap = min(min_gap, *gaps)
+            for r in CHUNKS:
+                chains[r].add(chunked_logits(runner, ids, fed, r), plain, gaps)
+            if runner.supports_tree:
+                for d in TREE_DEPTHS:
+                    trees[d].add(tree_logits(runner, ids, fed, d, runner.vocab_size), plain, gaps)
+        every = list(chains.values()) + list(trees.values())
+        result["setups"][setup_name] = {
+            "positions": sum(t.positions for t in every),
+            "unequal": sum(t.unequal for t in every),
+            "max_abs_diff": max(t.max_abs_diff for t in every),
+            "flips": sum(t.flips for t in every),
+            "max_flip_gap": max(t.max_flip_gap for t in every),
+            "smallest_top2_gap": min_gap,
+            "chains": {r: dataclasses.asdict(t) for r, t in chains.items()},
+            "trees": {2 * d + 1: dataclasses.asdict(t) for d, t in trees.items()},
+            "seconds": time.perf_counter() - started,
+        }
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    from conftest import shared_prompts
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated: " + ", ".join(PATHS))
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--mt-bench", type=int, default=6, help="MT-Bench prompts (default: %(default)s)")
-    parser.add_argument("--humaneval", type=int, default=4, help="HumanEval prompts (default: %(default)s)")
+    parser.add_argument("--paths", default="float32,bfloat16,float16", help="comma-separated: " + ", ".join(PATHS))
+    parser.add_argument("--setups", default="fast,eager-mask,exact", help="comma-separated: fast, eager-mask, exact")
+    parser.add_argument("--gsm8k", type=int, default=3, help="gsm8k train questions (default: %(default)s)")
+    parser.add_argument("--mt-bench", type=int, default=1, help="MT-Bench prompts (default: %(default)s)")
+    parser.add_argument("--humaneval", type=int, default=1, help="HumanEval prompts (default: %(default)s)")
+    parser.add_argument("--tokens", type=int, default=24, help="greedy tokens per prompt (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=THREADS, help="torch threads (default: %(default)s)")
+    parser.add_argument("--json-dir", type=Path, help="write <path>.json per path here (e.g. assets/rounding)")
     args = parser.parse_args(argv)
-    prompts = shared_prompts(limit_mt=args.mt_bench, limit_code=args.humaneval)
-    machine = f"{cpu_name()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
-    print(
-        f"# rounding: 1-token vs (K+1)-token forwards, K+1 in {CHUNKS}, {len(prompts)} prompts × {NEW_TOKENS} "
-        f"tokens, SmolLM2-135M-Instruct on CPU ({machine})"
+    torch.set_num_threads(args.threads)
+    prompts = unseen_prompts(args.gsm8k, args.mt_bench, args.humaneval)
+    import transformers
+
+    machine = (
+        f"{cpu_name()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}"
     )
-    print("| path | max abs logit diff | flips / positions | largest flip gap | flip bound (2 × max diff) |")
-    print("|---|---:|---:|---:|---:|")
-    results = []
+    print(
+        f"# rounding: 1-token forwards vs chains of R = 2..17 rows and trees of 7 / 17 rows, {len(prompts)} prompts "
+        f"no test reads × {args.tokens} tokens, SmolLM2-135M-Instruct on CPU ({machine})"
+    )
+    print("| path | setup | positions not bitwise equal | max abs logit diff | flips | largest flip gap |")
+    print("|---|---|---:|---:|---:|---:|")
     for name in args.paths.split(","):
         try:
-            result = measure_path(name, prompts)
+            result = measure_path(name, prompts, args.setups.split(","), args.tokens)
         except Exception as exc:  # one path that does not run here must not hide the others
             result = {"path": name, "error": f"{type(exc).__name__}: {exc}"}
-            print(f"| {name} | does not run: {result['error'][:80]} | | | |", flush=True)
+            print(f"| {name} | | does not run: {result['error'][:80]} | | | |", flush=True)
         else:
-            print(
-                f"| {name} | {result['max_abs_diff']:.3g} | {result['flips']} / {result['positions']} | "
-                f"{result['max_flip_gap']:.3g} | {result['flip_bound']:.3g} |",
-                flush=True,
-            )
-        results.append(result)
-    if args.json:
-        args.json.write_text(
-            json.dumps({"machine": machine, "new_tokens": NEW_TOKENS, "chunks": CHUNKS, "results": results}, indent=1)
-        )
+            for setup_name, s in result["setups"].items():
+                print(
+                    f"| {name} | {setup_name} | {s['unequal']} / {s['positions']} | {s['max_abs_diff']:.3g} | "
+                    f"{s['flips']} | {s['max_flip_gap']:.3g} |",
+                    flush=True,
+                )
+        if args.json_dir:
+            args.json_dir.mkdir(parents=True, exist_ok=True)
+            meta = {"machine": machine, "new_tokens": args.tokens, "prompt_texts": prompts, "chunks": CHUNKS}
+            (args.json_dir / f"{name}.json").write_text(json.dumps(meta | result, indent=1))
     return 0
 
 

@@ -159,9 +159,9 @@ def test_weight_bytes_count_int4_codes_and_scales_and_dense_weights():
 
 
 def test_the_gguf_guarantee_names_the_machine_it_was_measured_on():
-    from localspec.verify.guarantee import MEASURED_ON, guarantee_for
+    from localspec.verify.guarantee import XEON, guarantee_for
 
     guarantee = guarantee_for("bfloat16", "gguf", "cpu")
-    assert guarantee.measured and guarantee.path == "cpu gguf (bfloat16 compute)"
+    assert guarantee.measured and guarantee.path.startswith("cpu gguf (bfloat16 compute")
     assert guarantee.measured_on.startswith("AMD EPYC") and "AMD EPYC" in guarantee.text
-    assert guarantee_for("bfloat16", "none", "cpu").measured_on == MEASURED_ON
+    assert guarantee_for("bfloat16", "none", "cpu").measured_on == XEON

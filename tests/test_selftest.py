@@ -12,7 +12,8 @@ def _json_out(capsys):
 
 
 def test_selftest_passes_on_the_tiny_pair(tiny_pair, capsys):
-    code = main(["selftest", "--json", "--models", str(tiny_pair["models_yaml"]), "--device", "cpu"])
+    args = ["selftest", "--json", "--models", str(tiny_pair["models_yaml"]), "--device", "cpu", "--exact", "off"]
+    code = main(args)
     out = _json_out(capsys)
     assert code == 0 and out["passed"] is True, out["checks"]
     names = [c["name"] for c in out["checks"]]
@@ -22,9 +23,9 @@ def test_selftest_passes_on_the_tiny_pair(tiny_pair, capsys):
     assert lossless["status"] == "pass" and "identical" in lossless["detail"]
     from localspec.verify.guarantee import guarantee_for
 
-    stated = guarantee_for("float32", "none", "cpu")
+    stated = guarantee_for("float32", "none", "cpu", exact=False)
     assert out["guarantee"] == stated.to_dict()  # the loaded path's guarantee, as guarantee.py states it
-    assert stated.path in lossless["detail"] and f"greedy guarantee {stated.greedy}" in lossless["detail"]
+    assert stated.path in lossless["detail"] and f"greedy {stated.short}" in lossless["detail"]
 
 
 def test_selftest_fails_with_a_wrong_sampler(monkeypatch, capsys):
@@ -162,8 +163,9 @@ def test_greedy_losslessness_check_catches_a_lossy_verifier(tiny_pair, monkeypat
         )
 
     monkeypatch.setattr(engine, "get_verifier", lambda name, device: ("lossy", always_accept))
-    code = main(["selftest", "--json", "--models", str(tiny_pair["models_yaml"]), "--device", "cpu"])
+    args = ["selftest", "--json", "--models", str(tiny_pair["models_yaml"]), "--device", "cpu", "--exact", "off"]
+    code = main(args)
     out = _json_out(capsys)
     lossless = next(c for c in out["checks"] if c["name"] == "greedy losslessness")
     assert code == 1 and lossless["status"] == "fail" and "outputs differ at token" in lossless["detail"]
-    assert "not below the cpu float32 bound" in lossless["detail"]  # a real difference, not a near-tie flip
+    assert "not below the cpu float32, fast forwards bound" in lossless["detail"]  # a real difference, no near-tie

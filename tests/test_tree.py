@@ -15,7 +15,7 @@ from localspec.runtime.model_runner import ModelRunner
 from localspec.runtime.sampling import logits_to_probs
 from localspec.runtime.tree import TokenTree, make_dummy, tree_attention_mask, tree_positions
 from localspec.ui.spans import token_record, token_title
-from localspec.verify import rejection_sample
+from localspec.verify.one_hot import verify_one_hot
 from localspec.verify.tree import TreeDraws, make_tree_draws, verify_tree
 from localspec.verify.types import SamplerDraws
 
@@ -252,8 +252,9 @@ def test_the_chi_square_check_catches_a_sampler_that_skips_renormalising():
 
 
 def test_a_tree_accepts_at_least_what_its_first_branch_does_as_a_chain(one_thread):
-    """The tree's first-child path is the chain; with that path's nodes given the chain's uniforms, the tree keeps
-    every token the chain keeps (and sometimes more, through a second branch)."""
+    """The tree's first-child path is the chain; with the chain's rows given the same positions' noise (both verify
+    one-hot drafts by the target's own draw), the tree keeps every token the chain keeps (and sometimes more,
+    through a second branch)."""
     sampling = SamplingParams(temperature=1.0)
     vocab, chain_nodes = 12, [0, 2, 4]  # a → c → e
     chain_ids = torch.tensor([[SMALL_TREE.token_ids[i] for i in chain_nodes]])
@@ -264,8 +265,9 @@ def test_a_tree_accepts_at_least_what_its_first_branch_does_as_a_chain(one_threa
         draws = make_tree_draws(gen, SMALL_TREE.size, vocab, "cpu")
         tree_verdict = verify_tree(logits, SMALL_TREE, sampling, draws)
         chain_logits = logits[[0] + [i + 1 for i in chain_nodes]][None]  # [1, 4, V]
-        chain_draws = SamplerDraws(uniforms=draws.uniforms[chain_nodes][None], noise=torch.ones(1, 4, vocab))
-        chain = rejection_sample(chain_logits, chain_ids, None, sampling, chain_draws)
+        rows = [0] + [i + 1 for i in chain_nodes]
+        chain_draws = SamplerDraws(uniforms=draws.uniforms[chain_nodes][None], noise=draws.noise[rows][None])
+        chain = verify_one_hot(chain_logits, chain_ids, None, sampling, chain_draws)
         chain_accepted = int(chain.num_accepted[0])
         assert tree_verdict.num_accepted >= chain_accepted
         more += tree_verdict.num_accepted > chain_accepted
@@ -335,6 +337,6 @@ def test_head_tree_on_the_embedded_model_is_within_the_guarantee(embedded_sessio
         for event in session.engine.generate(ids, sampling, spec, proposer):
             got.extend(t.token_id for t in event.tokens)
             stats = event.stats
-        assert_within_guarantee(session, ids, base, got, f"prompt {n} head tree of 8")
+        assert_within_guarantee(session, ids, base, got, f"prompt {n} head tree of 8", tree=True)
         accepted += stats.accepted
     assert accepted > 0

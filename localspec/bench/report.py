@@ -92,6 +92,10 @@ def summarize(run: BenchRun) -> dict:
                 row["exactly_hf"] = sum(
                     r.results[mode.label].token_ids == r.results[hf_label].token_ids for r in records
                 )
+            if none_label is not None and mode.label != none_label:
+                row["same_as_none"] = sum(
+                    r.results[mode.label].token_ids == r.results[none_label].token_ids for r in records
+                )
             rows[mode.label][category] = row
     for label in labels:
         for category in categories:
@@ -227,9 +231,8 @@ def same_as_hf_note(data: dict) -> str:
         return (
             "Ids can part where two logits tie within float rounding, since a K+1-token forward sums in another order."
         )
-    if guarantee["greedy"] == "identical":
-        return f"Guarantee on this path, greedy identical: {guarantee['text']}."
-    return f"Guarantee on this path, greedy equal except at near-ties: {guarantee['text']}."
+    short = guarantee.get("short", guarantee["greedy"])
+    return f"Guarantee on this path, greedy {short}: {guarantee['text']}."
 
 
 def to_markdown(data: dict) -> str:
@@ -280,8 +283,8 @@ def to_markdown(data: dict) -> str:
         lines += ["Notes: " + "; ".join(data["notes"]) + ".", ""]
     lines += [
         "| mode | prompts | tok/s | × hf | × none | tok/CPU-s | × none (CPU) | acceptance | mean acc. len "
-        "| propose / score / sample / other | same as hf |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| propose / score / sample / other | same as hf | same as none |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for category in categories:
         for mode in data["modes"]:
@@ -289,6 +292,7 @@ def to_markdown(data: dict) -> str:
             share = row.get("time_share")
             split = " / ".join(f"{share[k]:.0%}" for k in ("propose", "score", "sampler", "other")) if share else "–"
             same = f"{row['same_as_hf']}/{row['prompts']}" if "same_as_hf" in row else "–"
+            same_none = f"{row['same_as_none']}/{row['prompts']}" if "same_as_none" in row else "–"
             label = mode["label"] + (
                 f" (mean K {row['mean_k']:.1f}, {row['plain_step_share']:.0%} plain steps)" if "mean_k" in row else ""
             )
@@ -297,13 +301,15 @@ def to_markdown(data: dict) -> str:
                 f"{_fmt(row['speedup_vs_hf'], '.2f', '×')} | {_fmt(row['speedup_vs_none'], '.2f', '×')} | "
                 f"{row['tokens_per_cpu_s']:.1f} | {_fmt(row['cpu_speedup_vs_none'], '.2f', '×')} | "
                 f"{_fmt(row.get('acceptance_rate'), '.0%')} | {_fmt(row.get('mean_acceptance_length'))} | "
-                f"{split} | {same} |"
+                f"{split} | {same} | {same_none} |"
             )
     lines += [
         "",
         "*tok/CPU-s*: tokens per second of CPU time this process used (wall time minus the time other "
         "processes held the cores); with one torch thread it estimates the speed on an idle machine.",
         "*same as hf*: greedy token ids equal to `hf`'s up to the shorter answer. " + same_as_hf_note(data),
+        "*same as none*: answers whose greedy token ids are exactly our own plain decoding's (`none`), the promise "
+        "of speculation: bitwise identical where the path's guarantee says so.",
         "",
     ]
     if summary["k_sweep"]:

@@ -170,5 +170,5 @@ def run_bench(
     machine["load_after"] = load_average()
     machine["load_1m_during"] = {"min": min(samples), "max": max(samples), "mean": sum(samples) / len(samples)}
     loaded = session.loaded
-    guarantee = guarantee_for_model(loaded.target, loaded.quant, loaded.device.type).to_dict()
+    guarantee = guarantee_for_model(loaded.target, loaded.quant, loaded.device.type, loaded.exact_on).to_dict()
     return BenchRun(loaded.spec.name, modes, encoded, max_new_tokens, list(notes or []), machine, guarantee)

@@ -23,6 +23,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--quant", choices=QUANTS, default=None, help="override the entry's target quantization")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument(
+        "--exact",
+        choices=("auto", "on", "off"),
+        default=None,
+        help="the target's exact forward setup (bitwise-equal rows; default: the entry's setting, auto = on where "
+        "it costs ≤ 1.25× the fast one, timed once per machine)",
+    )
 
 
 def add_spec_options(parser: argparse.ArgumentParser) -> None:
@@ -97,5 +104,6 @@ def load_session(args, load_draft: bool = True, pair=None):
         device=args.device,
         load_draft=load_draft,
         progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+        exact=args.exact,
     )
     return ChatSession(loaded)

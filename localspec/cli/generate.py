@@ -76,6 +76,7 @@ def run(args) -> int:
                     "tree_nodes": spec.tree_nodes,
                     "quant": session.loaded.quant,
                     "dtype": session.loaded.dtype.to_dict() if session.loaded.dtype is not None else None,
+                    "exact": session.loaded.exact.to_dict() if session.loaded.exact is not None else None,
                     "text": "".join(t.text for t in tokens),
                     "token_ids": [t.token_id for t in tokens],
                     "events": [t.to_dict() for t in tokens],
@@ -90,6 +91,8 @@ def run(args) -> int:
         print()
         if session.loaded.dtype is not None:
             print(f"[dtype {session.loaded.dtype.describe()}]", file=sys.stderr)
+        if session.loaded.exact is not None:
+            print(f"[{session.loaded.exact.describe()}]", file=sys.stderr)
         if stats:
             print(
                 f"[{spec.proposer} K={spec.k}] {stats.emitted} tokens, {stats.tokens_per_s:.1f} tok/s, "

@@ -138,7 +138,7 @@ def check_greedy_lossless(args, device: torch.device, info: dict) -> CheckResult
     name = "greedy losslessness"
     session = load_session(args, load_draft=False)
     loaded = session.loaded
-    guarantee = guarantee_for_model(loaded.target, loaded.quant, loaded.device.type)
+    guarantee = guarantee_for_model(loaded.target, loaded.quant, loaded.device.type, loaded.exact_on)
     info["guarantee"] = guarantee.to_dict()
     if "ngram" not in session.proposers:
         return CheckResult(name, "skip", f"model pair {loaded.spec.name!r} has no n-gram proposer")
@@ -162,7 +162,7 @@ def check_greedy_lossless(args, device: torch.device, info: dict) -> CheckResult
         name,
         "pass",
         f"{loaded.spec.name}, {guarantee.path}, n-gram K={spec.k}, sampler "
-        f"{sampler_name}, greedy guarantee {guarantee.greedy}: " + "; ".join(details),
+        f"{sampler_name}, greedy {guarantee.short}: " + "; ".join(details),
     )
 
 

@@ -15,9 +15,10 @@ import torch
 
 from localspec.runtime.sampling import top_logprobs
 from localspec.runtime.tree import TokenTree
-from localspec.verify import VerifyOutput, make_draws
-from localspec.verify.tree import TreeVerdict, make_tree_draws, verify_tree
-from localspec.verify.types import HostVerdict
+from localspec.verify import VerifyOutput
+from localspec.verify.one_hot import verify_one_hot
+from localspec.verify.tree import TreeVerdict, tree_position_draws, verify_tree
+from localspec.verify.types import HostVerdict, position_draws
 
 from .events import TokenEvent
 from .run import Run
@@ -84,9 +85,14 @@ def verify_chain(run: Run, logits: torch.Tensor, draft: Draft) -> Verdict:
     """The rejection sampler over the verify forward's logits [K+1, V], in the step's one host read."""
     device, k = logits.device, draft.drafted
     logits = logits.unsqueeze(0)  # [1, K+1, V]
-    draws = None if run.sampling.greedy else make_draws(run.generator, 1, k, logits.shape[-1], device)
+    # every draw keyed to (seed, output position): a seeded answer does not depend on K, trees or adaptive choices
+    draws = (
+        None if run.sampling.greedy else position_draws(run.sampling.seed, run.produced, k, logits.shape[-1], device)
+    )
     drafts = torch.tensor([draft.token_ids], dtype=torch.long, device=device).view(1, k)
-    result = run.verify(logits, drafts, draft.probs, run.sampling, draws)
+    one_hot = draft.probs is None and not run.sampling.greedy  # sampled one-hot drafts: the target's own draw
+    verify = verify_one_hot if one_hot else run.verify
+    result = verify(logits, drafts, draft.probs, run.sampling, draws)
     finite = torch.isfinite(logits).all()
     verdict = VerifyOutput.from_host(result.to_host(finite), k)  # the step's one host read
     if not verdict.finite:
@@ -97,7 +103,11 @@ def verify_chain(run: Run, logits: torch.Tensor, draft: Draft) -> Verdict:
 
 def verify_tree_draft(run: Run, logits: torch.Tensor, tree: TokenTree) -> Verdict:
     """The longest accepted path of the tree, from the verify forward's logits [N+1, V]."""
-    draws = None if run.sampling.greedy else make_tree_draws(run.generator, tree.size, logits.shape[-1], logits.device)
+    draws = (
+        None
+        if run.sampling.greedy
+        else tree_position_draws(run.sampling.seed, run.produced, tree, logits.shape[-1], logits.device)
+    )
     verdict = verify_tree(logits, tree, run.sampling, draws)
     if not verdict.finite:
         return NOT_FINITE

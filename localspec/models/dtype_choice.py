@@ -171,13 +171,17 @@ def cache_key(device: torch.device, source: str, folder: str, quant: str = "none
 
 # -- timing -------------------------------------------------------------------------------------------------------
 @torch.inference_mode()
-def time_forwards(models: dict[str, torch.nn.Module], sizes: tuple[int, ...]) -> dict[str, dict[int, float]]:
+def time_forwards(
+    models: dict[str, torch.nn.Module], sizes: tuple[int, ...], setups: dict | None = None
+) -> dict[str, dict[int, float]]:
     """Median seconds of a T-token forward (logits for every row, as a verify step) on a CONTEXT_TOKENS-long cache,
     per model and T, interleaved round by round over models and sizes (a busy minute hits them all alike). A model
-    whose logits are not finite is left out of the result."""
-    from localspec.runtime.model_runner import ModelRunner
+    whose logits are not finite is left out of the result. setups: {name: ForwardSetup} for the runners (the fast
+    one by default; one model may be timed under two names and setups)."""
+    from localspec.runtime.model_runner import FAST, ModelRunner
 
-    runners = {name: ModelRunner(model) for name, model in models.items()}
+    setups = setups or {}
+    runners = {name: ModelRunner(model, setup=setups.get(name, FAST)) for name, model in models.items()}
     vocab = min(runner.vocab_size for runner in runners.values())
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (CONTEXT_TOKENS + max(sizes),), generator=generator).tolist()

@@ -19,6 +19,7 @@ import torch
 from localspec.config import ConfigError, ModelSpec, PairSpec
 
 from .dtype_choice import choose_dtype, fixed_decision, format_fields
+from .exact_choice import choose_exact
 from .paths import cache_dir, writable_folder
 from .registry import GGUF_PREFIX, looks_like_path
 
@@ -350,6 +351,12 @@ class LoadedPair:
     head: Any = None  # FeatureHead, built on the target's embedding at load time
     notices: tuple[str, ...] = ()
     dtype: Optional[Any] = None  # dtype_choice.DtypeDecision: the dtype the target runs in, and why
+    exact: Optional[Any] = None  # exact_choice.ExactDecision: whether the target's forwards run the exact setup
+
+    @property
+    def exact_on(self) -> bool:
+        """The target's forwards run the exact setup (engine/model_runner.py exact_setup)."""
+        return self.exact is not None and self.exact.on
 
     @property
     def proposers(self) -> tuple[str, ...]:
@@ -415,6 +422,7 @@ def load_pair(
     device: Optional[str] = None,
     load_draft: bool = True,
     progress: Optional[Progress] = None,
+    exact: Optional[str] = None,
 ) -> LoadedPair:
     """Load the target (quantized as the entry, or `quant`, says) and each optional part on its own: a draft or head
     that fails is left out with a notice; only a target that fails fails the pair."""
@@ -444,6 +452,10 @@ def load_pair(
         target_spec = replace(target_spec, quant=decision.quant, dtype=decision.dtype)
     if target is None:
         target, _ = load_causal_lm(target_spec, where, dev, "target", progress)
+    setting = pair.exact if exact is None else exact
+    if setting == "auto":
+        _say(progress, "Timing the exact forward setup against the fast one (once per machine)…")
+    exact_decision = choose_exact(setting, target, target_spec.source, target_folder, pair.k, dev)
     draft = None
     if draft_folder is not None:
         draft = _optional_part("draft", lambda: load_draft_part(pair, target, dev, progress), notices, progress)
@@ -462,4 +474,5 @@ def load_pair(
         head=head,
         notices=tuple(notices),
         dtype=decision or fixed_decision(target_spec, target),
+        exact=exact_decision,
     )

@@ -27,7 +27,7 @@ from localspec.config import (
     whole_number,
 )
 
-PAIR_KEYS = {"name", "target", "proposers", "default_proposer", "k", "adaptive", "tree_nodes", "description"}
+PAIR_KEYS = {"name", "target", "proposers", "default_proposer", "k", "adaptive", "tree_nodes", "exact", "description"}
 MODEL_KEYS = {"source", "quant", "dtype", "trust_remote_code", "device_map"}
 DRAFT_KEYS = {"source", "dtype", "trust_remote_code", "device_map"}
 NGRAM_KEYS = {"min_n", "max_n"}
@@ -145,6 +145,9 @@ def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
     adaptive = raw.get("adaptive", False)
     if not isinstance(adaptive, bool):
         raise ConfigError(f"{where}: field 'adaptive' must be true or false")
+    exact = raw.get("exact", "auto")
+    if exact not in (True, False, "auto"):
+        raise ConfigError(f"{where}: field 'exact' must be true, false or auto (got {shown(exact)})")
     k = _int(raw.get("k", DEFAULT_K), where, "k", K_MIN, K_MAX)
     tree_nodes = check_tree_nodes(raw.get("tree_nodes", 0), f"{where}: field 'tree_nodes'")
     pair = PairSpec(
@@ -153,6 +156,7 @@ def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
         k=k,
         adaptive=adaptive,
         tree_nodes=tree_nodes,
+        exact={True: "on", False: "off"}.get(exact, "auto"),
         ngram=ngram,
         draft=draft,
         head=head,

@@ -14,6 +14,64 @@ from .static_cache import PreallocatedCache, cache_supported
 from .tree import TokenTree, tree_attention_mask, tree_positions
 
 CacheKind = Literal["static", "dynamic"]
+AttentionPath = Literal["sdpa", "eager"]
+
+
+@dataclass(frozen=True)
+class ForwardSetup:
+    """How every forward of a runner is computed. The kernels a CPU (or cuBLAS) picks depend on the row count, so a
+    row's logits can round differently alone than inside a (K+1)-row verify forward (scripts/measure_rounding.py,
+    assets/rounding/): with eager attention, an explicit additive mask and at least 2 rows per forward (a 1-token
+    forward gets one dummy row after it, whose cache row is dropped) each bfloat16 chain row of the real model was
+    measured bitwise equal to the same row inside 2..17-row forwards (float32 / float16: see EXACT_ROWS).
+
+    attention: the transformers attention implementation. explicit_mask: pass the causal additive mask built here
+    instead of transformers' own (preallocated cache only: a dynamic cache may hold sliding-window layers, whose
+    masks transformers builds per layer kind, and the CUDA-graph StaticCache attends over its whole capacity).
+    min_rows / row_multiple: the dummy rows (the last token repeated) after the real ones; causal attention keeps
+    them out of the real rows, and their cache rows are dropped."""
+
+    attention: AttentionPath = "sdpa"
+    explicit_mask: bool = False
+    min_rows: int = 1
+    row_multiple: int = 1  # forwards are padded up to a multiple of this many rows
+
+    def padded(self, rows: int) -> int:
+        """The row count a forward of `rows` real rows runs with (≥ min_rows, a multiple of row_multiple)."""
+        whole = -(-rows // self.row_multiple) * self.row_multiple
+        return max(whole, self.min_rows) if rows else 0
+
+    @property
+    def name(self) -> str:
+        if self == FAST:
+            return "fast"
+        rows = f"≥ {self.min_rows} rows" + (f", multiples of {self.row_multiple}" if self.row_multiple > 1 else "")
+        return f"{self.attention}{' + mask' if self.explicit_mask else ''}, {rows}"
+
+
+FAST = ForwardSetup()  # transformers' defaults: sdpa, its own mask, 1-row decode forwards
+# (min_rows, row_multiple) from which a row's result no longer depends on the row count, per compute dtype, measured
+# on the CPU: bf16 matmuls round a 1-row product differently from the same row among ≥ 2 (bitwise on the real
+# model); float32 (MKL sgemm) computes rows in blocks of 4 and rounds a block's remainder rows (and 1-3 row products)
+# differently (bitwise on the tiny test model; on the real one about half the rows still differ, by ≤ 8.5e-05).
+# float16 is not exact with either on the real model: (4, 4) left 3 of 128 chain rows unequal, (2, 1) 104 of 128
+# (verify/guarantee.py states its bound) (scripts/measure_rounding.py, assets/rounding/epyc/)
+EXACT_ROWS = {torch.float32: (4, 4), torch.bfloat16: (2, 1), torch.float16: (4, 4)}
+
+
+def exact_setup(dtype: torch.dtype) -> ForwardSetup:
+    """The exact setup for a model computing in `dtype`: eager attention, the explicit mask, EXACT_ROWS padding."""
+    min_rows, multiple = EXACT_ROWS.get(dtype, (4, 4))
+    return ForwardSetup(attention="eager", explicit_mask=True, min_rows=min_rows, row_multiple=multiple)
+
+
+def causal_mask(prefix_len: int, rows: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """[1, 1, rows, prefix_len + rows] additive mask: 0 where row i sees key j (j ≤ prefix_len + i), else the
+    dtype's lowest value (eager attention adds it to the scores)."""
+    keys = torch.arange(prefix_len + rows, device=device)  # [P+T]
+    hidden = keys[None, :] > (prefix_len + torch.arange(rows, device=device))[:, None]  # [T, P+T]
+    mask = torch.zeros(hidden.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(hidden, torch.finfo(dtype).min)[None, None]
 
 
 @dataclass(frozen=True)
@@ -34,8 +92,15 @@ class ModelRunner:
     transformers' DynamicCache (the fallback for sliding-window and other layer kinds).
     """
 
-    def __init__(self, model: torch.nn.Module, cache: CacheKind = "static", compile: CompileMode | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache: CacheKind = "static",
+        compile: CompileMode | None = None,
+        setup: ForwardSetup = FAST,
+    ) -> None:
         self.model = model.eval()
+        self.setup = setup
         self.device = next(model.parameters()).device
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_context = int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
@@ -49,6 +114,15 @@ class ModelRunner:
         # transformers ≥ 5.2x names the argument `cache` (past_key_values is deprecated); older models keep the old name
         params = inspect.signature(self._backbone.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._unswitchable = False
+        self._use_attention()
+
+    def _use_attention(self) -> None:
+        """Put the model on this runner's attention path (a model shared by runners of other setups is switched
+        back and forth; a model whose attention cannot be switched keeps its own, tried once)."""
+        if self.model.config._attn_implementation != self.setup.attention and not self._unswitchable:
+            self.model.set_attn_implementation(self.setup.attention)
+            self._unswitchable = self.model.config._attn_implementation != self.setup.attention
 
     @torch.inference_mode()  # a StaticCache's buffers are inference tensors: reset and crop update them in place
     def reset(self) -> None:
@@ -84,28 +158,36 @@ class ModelRunner:
             self.reset()
         if isinstance(self.cache, PreallocatedCache):
             self.cache.ensure_capacity(len(self.tokens) + len(token_ids))
-        rows, backbone, pad = len(token_ids), self._backbone, 0
-        padded = bucket(rows) if self._compiled is not None and self.tokens else None
-        if (
-            padded is not None and len(self.tokens) + padded <= self.max_context
-        ):  # a verify-sized forward: the compiled graph of its row bucket
-            backbone, pad = self._compiled, padded - rows
+        self._use_attention()
+        prefix_len, rows, backbone = len(self.tokens), len(token_ids), self._backbone
+        room = self.max_context - prefix_len - rows  # dummy rows fit only within the model's context
+        pad = min(self.setup.padded(rows) - rows, room)
+        padded = bucket(rows + pad) if self._compiled is not None and self.tokens else None
+        if padded is not None and prefix_len + padded <= self.max_context:
+            backbone, pad = self._compiled, padded - rows  # a verify-sized forward: the compiled graph of its bucket
         input_ids = torch.tensor([token_ids + token_ids[-1:] * pad], dtype=torch.long, device=self.device)
+        kwargs = {}
+        if self.setup.explicit_mask and isinstance(self.cache, PreallocatedCache):
+            dtype = self.model.get_input_embeddings().weight.dtype
+            kwargs["attention_mask"] = causal_mask(prefix_len, rows + pad, dtype, self.device)  # [1, 1, T, P+T]
         out, features = backbone_features(
             backbone,
             feature_layers if want_hidden else (),
             input_ids=input_ids,
             use_cache=True,
+            **kwargs,
             **{self._cache_kwarg: self.cache},
         )
         if pad:
             self.cache.crop(-pad)  # the padding rows' positions
-        hidden = out.last_hidden_state[0, :rows]  # [T, H]
         features = features[:, :rows]
-        if logits_to_keep is None:
-            logits = self._lm_head(hidden)  # [T, V]
-        elif logits_to_keep > 0:
-            logits = self._lm_head(hidden[-logits_to_keep:])  # [logits_to_keep, V]
+        keep = rows if logits_to_keep is None else logits_to_keep
+        if keep > 0:  # the LM head too runs on padded rows: the kept ones and neighbours, dropped after
+            total = rows + pad
+            head_rows = min(self.setup.padded(keep), total)
+            start = min(rows - keep, total - head_rows)
+            hidden = out.last_hidden_state[0, start : start + head_rows]  # [head_rows, H]
+            logits = self._lm_head(hidden)[rows - keep - start : rows - start]  # [keep, V]
         else:
             logits = None
         self.tokens.extend(token_ids)
@@ -129,8 +211,13 @@ class ModelRunner:
             raise ValueError("token trees need the preallocated (static) KV cache")
         if self.cache is None:
             self.reset()
+        self._use_attention()
         prefix_len, rows = len(self.tokens), tree.size + 1
-        self.cache.ensure_capacity(prefix_len + rows)
+        real = tree
+        pad = self.setup.padded(rows) - rows
+        if pad:  # dummy leaves under the root, after every real row: no real row sees them; keep_path drops them
+            tree = TokenTree(tree.token_ids + [pending] * pad, tree.parents + [-1] * pad)
+        self.cache.ensure_capacity(prefix_len + rows + pad)
         # sdpa takes a bool mask (or one in the query's dtype); eager adds a float mask to the scores
         sdpa = self.model.config._attn_implementation == "sdpa"
         dtype = torch.bool if sdpa else self.model.get_input_embeddings().weight.dtype
@@ -144,9 +231,9 @@ class ModelRunner:
             use_cache=True,
             **{self._cache_kwarg: self.cache},
         )
-        self.tokens.extend([pending] + tree.token_ids)
-        logits = self._lm_head(out.last_hidden_state[0])  # [N+1, V]
-        return ForwardOutput(logits=logits, hidden=features[0] if want_hidden else None)
+        self.tokens.extend([pending] + real.token_ids)
+        logits = self._lm_head(out.last_hidden_state[0])[:rows]  # [N+1, V]
+        return ForwardOutput(logits=logits, hidden=features[0, :rows] if want_hidden else None)
 
     @torch.inference_mode()
     def keep_path(self, prefix_len: int, rows: list[int]) -> None:

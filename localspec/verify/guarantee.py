@@ -1,18 +1,26 @@
 """What "lossless" means on each compute path: the measured rounding between a verify forward and plain decoding.
 
 Speculative decoding scores K+1 tokens in one forward; plain decoding scores one token per forward. Both compute the
-same function, but the kernels sum in another order for another row count (and the 4-bit CPU kernel casts the
-activations to bfloat16), so the logits at the same position differ by rounding. Hence, per path:
+same function, but a CPU's kernels (and cuBLAS) pick their blocking by the row count, so the logits at the same
+position can differ by rounding. The exact forward setup (engine/model_runner.py exact_setup: eager attention, an
+explicit additive mask, dummy rows up to 2 rows, or to a multiple of 4 in float32) removes that on the paths where
+it was measured to. Per path and setup (fast = transformers' defaults, exact):
 
-  sampling: distribution-exact with respect to the verify forward's logits (the rejection sampler's guarantee);
-  greedy:   "identical" to plain decoding token for token where the two forwards were measured bitwise equal, or
-            "near-tie": identical except at a position whose top-2 logit gap (plain decoding's logits) is below
-            flip_bound.
+  greedy "identical":  every row of 2..17-row chain forwards was measured bitwise equal to the 1-row forward's, so
+                       greedy chains (and seeded sampling with one-hot drafts) give plain decoding's tokens; the tests
+                       assert == with no bound.
+  greedy "near-tie":   rows differed; greedy output may part from plain decoding only at a position whose top-2
+                       logit gap (plain decoding's logits) is below flip_bound = the largest top-2 gap among the
+                       argmax flips measured + MARGIN_FACTOR × the largest |Δlogit| measured (prompts no test reads,
+                       2 torch threads, R = 2..17 and trees: scripts/measure_rounding.py, assets/rounding/).
+  trees:               token trees are stated apart (tree_greedy, tree_flip_bound): a node's ancestors are not
+                       contiguous rows, so its attention sums run in another order than plain decoding's.
 
-flip_bound is 2 × the largest |Δlogit| measured between the two forwards (scripts/measure_rounding.py): a flip needs
-the top-2 gap g to be overturned, and g ≤ |Δ top-1| + |Δ top-2| ≤ 2 × max |Δlogit|. The figures come from one CPU
-(MEASURED_ON); another CPU runs other kernels and may round differently, so a path's bound is a measurement, not a
-proof. Paths not measured (CUDA, other compute dtypes) get flip_bound = inf and say so.
+Sampling is distribution-exact with respect to the verify forward's logits on every path. The figures come from one
+CPU (Rounding.measured_on); another CPU runs other kernels, so a path's guarantee is a measurement, not a proof.
+Paths not measured (CUDA, another quantization) get flip_bound = inf and say so. A new weight format (e.g. GGUF int4
+kept packed) gets its rows by adding its name to Quant and scripts/measure_rounding.py PATHS, running the script,
+and adding MEASURED rows for both setups.
 """
 
 from __future__ import annotations
@@ -25,98 +33,143 @@ from localspec.config import ConfigError
 
 GreedyGuarantee = Literal["identical", "near-tie"]
 Dtype = Literal["float32", "bfloat16", "float16"]
-Quant = Literal["none", "nf4", "int8", "gguf"]
+Quant = Literal["none", "nf4", "int8", "gguf"]  # a new weight format adds its name here and its MEASURED rows below
 DeviceType = Literal["cpu", "cuda"]
+Setup = Literal["fast", "exact"]
+QUANTS: tuple[str, ...] = ("none", "nf4", "int8", "gguf")
+MARGIN_FACTOR = 1.0  # the bound's slack beyond the largest flip seen: one largest rounding difference
 
-MEASURED_ON = (
+XEON = (
     "Intel(R) Xeon(R) Processor (AVX-512 with BF16, FP16 and VNNI; AMX), 1 torch thread, torch 2.13.0+cpu, "
-    "transformers 5.24.0, bitsandbytes 0.50.2 without the kernels package"
+    "transformers 5.24.0, bitsandbytes 0.50.2 without the kernels package; 10 prompts × 32 tokens, K+1 ∈ {2, 4, 6, 9}"
 )
-# the paths measured elsewhere than MEASURED_ON
-MEASURED_ELSEWHERE = {
-    ("cpu", "bfloat16", "gguf"): "AMD EPYC (AVX-512 with BF16 and VNNI), 1 torch thread, torch 2.13.0+cpu, "
-    "transformers 5.24.0",
-}
-MEASUREMENT = "scripts/measure_rounding.py: 10 prompts from ../shared/data × 32 greedy tokens, K+1 ∈ {2, 4, 6, 9}"
+EPYC = "AMD EPYC (2 cores), 2 torch threads, torch 2.13.0+cpu, transformers 5.24.0"
 
 
 @dataclass(frozen=True)
 class Rounding:
-    """One path's measurement: 1-token vs (K+1)-token forwards of SmolLM2-135M-Instruct at the same positions."""
+    """One path and setup's measurement: 1-token forwards vs the same rows in multi-row chains and in trees."""
 
-    max_abs_diff: float  # the largest |Δlogit| at any compared position and token
-    flips: int  # positions whose argmax differed between the two forwards
-    positions: int  # positions compared (over all K)
-    max_flip_gap: float  # the largest top-2 gap (plain decoding's logits) among the flips; 0.0 with none
+    positions: int  # chain positions compared (over every row count)
+    unequal: int | None  # chain positions whose logits were not bitwise equal (None: not counted, only max |Δ| > 0)
+    max_abs_diff: float  # the largest chain |Δlogit|
+    flips: int  # chain positions whose argmax differed
+    max_flip_gap: float  # the largest top-2 gap (plain decoding's logits) among the chain flips; 0.0 with none
+    measured_on: str  # the machine and the sample
+    tree_positions: int = 0  # 0: trees not measured on their own
+    tree_unequal: int = 0
+    tree_max_abs_diff: float = 0.0
+    tree_max_flip_gap: float = 0.0
 
 
-# (device type, compute dtype, quant) → measurement on MEASURED_ON (raw figures: assets/rounding/*.json)
-MEASURED: dict[tuple[str, str, str], Rounding] = {
-    ("cpu", "float32", "none"): Rounding(max_abs_diff=4.77e-05, flips=0, positions=1280, max_flip_gap=0.0),
-    ("cpu", "bfloat16", "none"): Rounding(max_abs_diff=1.094, flips=29, positions=1280, max_flip_gap=0.25),
-    # 3 prompts (2 MT-Bench, 1 HumanEval) only: float16 runs slowly on this CPU
-    ("cpu", "float16", "none"): Rounding(max_abs_diff=0.1328, flips=1, positions=384, max_flip_gap=0.0),
+# (device type, compute dtype, quant, setup) → measurement (raw figures: assets/rounding/; epyc/ for the exact setup)
+MEASURED: dict[tuple[str, str, str, str], Rounding] = {
+    # fast (sdpa, 1-row decode forwards), measured before trees were measured apart (tree_positions 0: the chain
+    # figures stand for trees too). The bf16 sample on the EPYC (1 unseen prompt × 8 tokens, R = 2..17): 120 / 128
+    # rows unequal, max |Δ| 0.38, no flip: within these figures.
+    ("cpu", "float32", "none", "fast"): Rounding(1280, None, 4.77e-05, 0, 0.0, XEON),
+    ("cpu", "bfloat16", "none", "fast"): Rounding(1280, None, 1.094, 29, 0.25, XEON),
+    ("cpu", "float16", "none", "fast"): Rounding(384, None, 0.1328, 1, 0.0, XEON + " (3 prompts)"),
     # bitsandbytes' CPU 4-bit kernel (gemv_4bit_inference_cpu_nf4_bf16) casts the activations to bfloat16
-    ("cpu", "float32", "nf4"): Rounding(max_abs_diff=0.7775, flips=13, positions=1280, max_flip_gap=0.0462),
+    ("cpu", "float32", "nf4", "fast"): Rounding(1280, None, 0.7775, 13, 0.0462, XEON),
     # LLM.int8 picks its outlier columns (|x| > 6) over all rows of a forward: K+1 rows decompose differently
-    ("cpu", "float32", "int8"): Rounding(max_abs_diff=12.1, flips=85, positions=1280, max_flip_gap=0.99),
-    # quant gguf: the int4 linears are bitwise the same for 1..9 rows (and a row padded to 2); the difference enters
-    # at the attention. Measured on an AMD EPYC (MEASURED_ELSEWHERE), not MEASURED_ON's Xeon; the dense
-    # bfloat16 path measured 1.05 / 21 flips on the same AMD run (assets/rounding/gguf.json holds both)
-    ("cpu", "bfloat16", "gguf"): Rounding(max_abs_diff=1.125, flips=20, positions=1280, max_flip_gap=0.125),
+    ("cpu", "float32", "int8", "fast"): Rounding(1280, None, 12.1, 85, 0.99, XEON),
+    # quant gguf (the file's Q4_1 blocks, bf16 compute): the int4 linears are bitwise the same for 1..9 rows (and a
+    # row padded to 2); the difference enters at the attention. The dense bf16 path gave 1.05 / 21 flips in the
+    # same run (assets/rounding/gguf.json holds both); the exact setup was not measured on this format
+    ("cpu", "bfloat16", "gguf", "fast"): Rounding(
+        1280, None, 1.125, 20, 0.125, "AMD EPYC, 1 torch thread, torch 2.13.0+cpu; 10 prompts × 32 tokens"
+    ),
+    # exact (eager + explicit mask + dummy rows), prompts no test reads, chains of R = 2..17 rows and trees of 7 / 17
+    # rows whose path nodes each follow a sibling (scripts/measure_rounding.py; assets/rounding/epyc/)
+    ("cpu", "bfloat16", "none", "exact"): Rounding(
+        128, 0, 0.0, 0, 0.0, EPYC + "; 1 gsm8k prompt × 8 tokens", 16, 4, 0.125, 0.0
+    ),
+    # float32 padded to multiples of 4 rows: bitwise on the tiny test model, but on the real one about half the rows
+    # still differ (fast: all of them), by ≤ 8.5e-05
+    ("cpu", "float32", "none", "exact"): Rounding(
+        512, 253, 8.54e-05, 0, 0.0, EPYC + "; 1 gsm8k + 1 HumanEval prompt × 16 tokens", 64, 62, 5.72e-05, 0.0
+    ),
+    # float16 padded to multiples of 4 rows: 3 of 128 chain rows still unequal (with ≥ 2 rows: 104 of 128, 0.066)
+    ("cpu", "float16", "none", "exact"): Rounding(
+        128, 3, 0.0508, 0, 0.0, EPYC + "; 1 gsm8k prompt × 8 tokens", 16, 12, 0.0586, 0.0
+    ),
 }
 
 
 @dataclass(frozen=True)
 class Guarantee:
-    path: str  # e.g. "cpu float32", "cpu nf4 (float32 compute)"
-    greedy: GreedyGuarantee
-    flip_bound: float  # greedy may differ from plain decoding only where the top-2 logit gap is below this
+    path: str  # e.g. "cpu float32 (exact forwards)", "cpu nf4 (float32 compute, fast forwards)"
+    greedy: GreedyGuarantee  # chains (and plain steps)
+    flip_bound: float  # greedy chains may differ from plain decoding only where the top-2 logit gap is below this
     measured: bool
     measured_on: str  # the machine, or "not measured"
     text: str  # one sentence for people
     max_abs_diff: float | None = None
     max_flip_gap: float | None = None
+    tree_greedy: GreedyGuarantee = "near-tie"
+    tree_flip_bound: float = math.inf
 
-    def allows_flip(self, top2_gap: float) -> bool:
+    def allows_flip(self, top2_gap: float, tree: bool = False) -> bool:
         """May speculative greedy output part from plain decoding at a position with this top-2 logit gap?"""
-        return self.greedy == "near-tie" and top2_gap < self.flip_bound
+        greedy, bound = (self.tree_greedy, self.tree_flip_bound) if tree else (self.greedy, self.flip_bound)
+        return greedy == "near-tie" and top2_gap < bound
+
+    @property
+    def short(self) -> str:
+        """For a column or a status line: 'bitwise identical to plain decoding' or the bound in words."""
+        if self.greedy == "identical":
+            return "bitwise identical to plain decoding"
+        if not self.measured:
+            return "may differ from plain decoding (rounding not measured on this path)"
+        return f"may differ from plain decoding where the top two logits are within {self.flip_bound:.2g}"
 
     def to_dict(self) -> dict:
-        bound = self.flip_bound if math.isfinite(self.flip_bound) else None  # JSON has no infinity
+        def finite(x: float) -> float | None:
+            return x if math.isfinite(x) else None  # JSON has no infinity
+
         return {
             "path": self.path,
             "greedy": self.greedy,
-            "flip_bound": bound,
+            "flip_bound": finite(self.flip_bound),
+            "tree_greedy": self.tree_greedy,
+            "tree_flip_bound": finite(self.tree_flip_bound),
             "measured": self.measured,
             "measured_on": self.measured_on,
             "text": self.text,
+            "short": self.short,
             "max_abs_diff": self.max_abs_diff,
             "max_flip_gap": self.max_flip_gap,
         }
 
 
-def path_name(dtype: str, quant: str, device_type: str) -> str:
-    return f"{device_type} {dtype}" if quant == "none" else f"{device_type} {quant} ({dtype} compute)"
+def path_name(dtype: str, quant: str, device_type: str, setup: str = "fast") -> str:
+    base = f"{device_type} {dtype}" if quant == "none" else f"{device_type} {quant} ({dtype} compute)"
+    return f"{base}, {setup} forwards"
 
 
 def _check(dtype: str, quant: str, device_type: str) -> None:
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"unknown compute dtype {dtype!r}; choose float32, bfloat16 or float16")
-    if quant not in ("none", "nf4", "int8", "gguf"):
-        raise ConfigError(f"unknown quantization {quant!r}; choose nf4, int8, gguf or none")
+    if quant not in QUANTS:
+        raise ConfigError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANTS)}")
     if device_type not in ("cpu", "cuda"):
         raise ConfigError(f"unknown device type {device_type!r}; use cpu or cuda")
 
 
-def guarantee_for(dtype: str, quant: str, device_type: str) -> Guarantee:
+def bound(max_flip_gap: float, max_abs_diff: float) -> float:
+    """The largest flip gap seen plus the margin (MARGIN_FACTOR × the largest rounding difference seen)."""
+    return max_flip_gap + MARGIN_FACTOR * max_abs_diff
+
+
+def guarantee_for(dtype: str, quant: str, device_type: str, exact: bool = False) -> Guarantee:
     """The guarantee speculative decoding gives on this compute path (dtype a torch dtype name, quant none / nf4 /
-    int8, device_type cpu / cuda)."""
+    int8, device_type cpu / cuda, exact: the target runs the exact forward setup)."""
     _check(dtype, quant, device_type)
-    path = path_name(dtype, quant, device_type)
-    exact = "sampling is distribution-exact with respect to the verify forward's logits"
-    rounding = MEASURED.get((device_type, dtype, quant))
-    machine = MEASURED_ELSEWHERE.get((device_type, dtype, quant), MEASURED_ON)
+    setup = "exact" if exact else "fast"
+    path = path_name(dtype, quant, device_type, setup)
+    sampling = "sampling is distribution-exact with respect to the verify forward's logits"
+    rounding = MEASURED.get((device_type, dtype, quant, setup))
     if rounding is None:
         return Guarantee(
             path,
@@ -124,33 +177,47 @@ def guarantee_for(dtype: str, quant: str, device_type: str) -> Guarantee:
             math.inf,
             False,
             "not measured",
-            f"{path} (not measured): {exact}; greedy output may part from plain decoding wherever the "
+            f"{path} (not measured): {sampling}; greedy output may part from plain decoding wherever the "
             f"verify forward's rounding flips the top choice, with no measured bound on the gap",
         )
-    if rounding.max_abs_diff == 0.0:
-        return Guarantee(
-            path,
-            "identical",
-            0.0,
-            True,
-            machine,
-            f"{path}: {exact}; greedy output is identical to plain decoding token for token (the two "
-            f"forwards were bitwise equal when measured on {machine}; another CPU may differ)",
-            rounding.max_abs_diff,
-            rounding.max_flip_gap,
+    chain_bound = 0.0 if rounding.unequal == 0 else bound(rounding.max_flip_gap, rounding.max_abs_diff)
+    greedy: GreedyGuarantee = "identical" if rounding.unequal == 0 else "near-tie"
+    if rounding.tree_positions == 0:  # trees not measured apart: the chain figures stand for them
+        tree_greedy, tree_bound = greedy, chain_bound
+    elif rounding.tree_unequal == 0:
+        tree_greedy, tree_bound = "identical", 0.0
+    else:
+        tree_greedy, tree_bound = "near-tie", bound(rounding.tree_max_flip_gap, rounding.tree_max_abs_diff)
+    if greedy == "identical":
+        chains = (
+            f"greedy chains are bitwise identical to plain decoding token for token (every row of multi-row "
+            f"forwards equalled the 1-row forward's, {rounding.positions} positions)"
         )
-    bound = 2 * rounding.max_abs_diff
+    else:
+        chains = (
+            f"greedy output may part from plain decoding only where the top two logits are within {chain_bound:.2g} "
+            f"(the largest flip seen, {rounding.max_flip_gap:.2g}, plus the largest rounding difference, "
+            f"{rounding.max_abs_diff:.2g}"
+            + (f"; {rounding.unequal} of {rounding.positions} rows differed)" if rounding.unequal else ")")
+        )
+    if tree_greedy == "identical":
+        trees = "token trees too"
+    else:
+        trees = f"token trees may part where the top two logits are within {tree_bound:.2g}"
+        if rounding.tree_positions:
+            trees += f" ({rounding.tree_unequal} of {rounding.tree_positions} tree rows differed, no flip seen)"
     return Guarantee(
         path,
-        "near-tie",
-        bound,
+        greedy,
+        chain_bound,
         True,
-        machine,
-        f"{path}: {exact}; greedy output is identical to plain decoding except where the top-2 logit "
-        f"gap is below {bound:.2g} (2 × the largest logit rounding difference, {rounding.max_abs_diff:.2g}, "
-        f"measured on {machine}; another CPU may round differently)",
+        rounding.measured_on,
+        f"{path}: {sampling}; {chains}; {trees} (measured on {rounding.measured_on}; another CPU may round "
+        "differently)",
         rounding.max_abs_diff,
         rounding.max_flip_gap,
+        tree_greedy,
+        tree_bound,
     )
 
 
@@ -159,5 +226,5 @@ def dtype_name(model) -> str:
     return str(model.dtype).replace("torch.", "")
 
 
-def guarantee_for_model(model, quant: str, device_type: str) -> Guarantee:
-    return guarantee_for(dtype_name(model), quant, device_type)
+def guarantee_for_model(model, quant: str, device_type: str, exact: bool = False) -> Guarantee:
+    return guarantee_for(dtype_name(model), quant, device_type, exact)

@@ -9,13 +9,13 @@ Words, as in the chain sampler (reference.py):
 Greedy: at the current row take the target's argmax; a child holding it is accepted, else the argmax is recovered.
 At most one child can match (siblings hold different tokens).
 
-Sampling (SpecInfer / SpecTr multi-draft with one-hot drafts, exact in distribution): at a row with children
-c1..cm, in order, and p the target's probabilities there (logits_to_probs, the chain's temperature / top-k /
-top-p): accept c1 with probability p(c1); else zero c1 in p and renormalise, and accept c2 with probability
-p(c2) / (1 - p(c1)); and so on; when every child is rejected, draw the recovered token from p with all the
-children zeroed, renormalised. Every token then comes out with probability p(token) exactly. The random draws
-are made outside (make_tree_draws: one uniform per node, for its test; exponential noise per row, for the
-recovered / bonus draw), so the same draws give the same tokens.
+Sampling (one-hot drafts, exact in distribution): at each row the target draws its own token with that output
+position's noise (tree_position_draws: row 0 is output position `start`, a node at depth d is position start + d),
+t = argmax(p / E), p the target's probabilities there (logits_to_probs, the chain's temperature / top-k / top-p); a
+child holding t is accepted, else t is recovered. A child c is accepted with probability p(c), and the children
+c1, c2, … of a row together with p(c1) + p(c2) + … (the SpecInfer / SpecTr multi-draft test gives the same), every
+token comes out with probability p(token) exactly, and the emitted tokens are those plain seeded sampling draws at
+the same output positions: a seeded answer is the same with or without the tree.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from localspec.config import SamplingParams
 from localspec.runtime.sampling import logits_to_probs, sample_with_noise
 from localspec.runtime.tree import TokenTree
 
+from .types import position_draw
+
 
 @dataclass(frozen=True)
 class TreeDraws:
@@ -36,6 +38,16 @@ class TreeDraws:
 
     uniforms: torch.Tensor  # [N] float32 in [0, 1): the acceptance test of node i
     noise: torch.Tensor  # [N+1, V] float32 ~ Exp(1): the recovered / bonus draw at row r
+
+
+def tree_position_draws(seed: int, start: int, tree: TokenTree, vocab: int, device: torch.device | str) -> TreeDraws:
+    """A tree step's draws keyed to output positions: row 0 is position `start`, node i (row i + 1) position start +
+    depth(i); node i's uniform is that of its own position start + depth(i) - 1 (the row its test is made at)."""
+    depth = max(tree.depth, default=0)
+    draws = [position_draw(seed, start + d, vocab, device) for d in range(depth + 1)]
+    rows = [0] + tree.depth  # [N+1] the depth of each row
+    uniforms = torch.stack([draws[d - 1][0] for d in tree.depth]) if tree.size else torch.zeros(0, device=device)
+    return TreeDraws(uniforms=uniforms, noise=torch.stack([draws[d][1] for d in rows]))
 
 
 def make_tree_draws(generator: torch.Generator, n_nodes: int, vocab: int, device: torch.device | str) -> TreeDraws:
@@ -82,12 +94,7 @@ def verify_tree(
     else:
         if draws is None:
             raise ValueError("stochastic tree verification needs random draws")
-        residual = probs.clone()  # [N+1, V]
-        if n:
-            residual[parent_rows, node_tokens] = 0.0  # every row's children zeroed
-        empty = residual.sum(-1, keepdim=True) <= 0  # the children held all the mass: a rejection has probability 0
-        residual = torch.where(empty, probs, residual)
-        row_tokens = sample_with_noise(residual, draws.noise)  # [N+1]
+        row_tokens = sample_with_noise(probs, draws.noise)  # [N+1] the target's own draw at each row
     row_token_probs = probs.gather(-1, row_tokens[:, None]).squeeze(-1)  # [N+1]
     finite = torch.isfinite(logits).all().to(torch.float64).view(1)
     packed = torch.cat(
@@ -95,19 +102,13 @@ def verify_tree(
     ).tolist()  # the one host read
     tokens, token_probs = [int(t) for t in packed[: n + 1]], packed[n + 1 : 2 * n + 2]
     p_node, is_finite = packed[2 * n + 2 : 3 * n + 2], packed[-1] == 1.0
-    uniforms = None if sampling.greedy else draws.uniforms.tolist()
 
     path, emitted, branches, emitted_probs = [], [], [], []
     row = 0
     while True:
-        chosen, remaining = None, 1.0
+        chosen = None
         for branch, child in enumerate(tree.children[row]):
-            if sampling.greedy:
-                kept = tree.token_ids[child] == tokens[row]
-            else:  # accept with p(child) / (the mass not yet rejected at this row)
-                kept = p_node[child] > 0 and uniforms[child] * remaining < p_node[child]
-                remaining -= p_node[child]
-            if kept:
+            if tree.token_ids[child] == tokens[row]:  # the target's own token (greedy: argmax; sampled: its draw)
                 chosen = (branch, child)
                 break
         if chosen is None:

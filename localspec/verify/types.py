@@ -9,7 +9,8 @@ import torch
 
 @dataclass(frozen=True)
 class SamplerDraws:
-    """Random draws made by the engine from its seeded generator, outside any kernel.
+    """Random draws made by the engine outside any kernel: keyed to (seed, output position) by position_draws, so a
+    position's draws do not depend on how many tokens a step drafted.
 
     Giving the same draws to the torch reference and the fused kernel must give the same tokens.
     """
@@ -74,3 +75,28 @@ def make_draws(generator: torch.Generator, batch: int, k: int, vocab: int, devic
     noise = torch.empty((batch, k + 1, vocab), device=device, dtype=torch.float32)
     noise.exponential_(generator=generator)
     return SamplerDraws(uniforms=uniforms, noise=noise)
+
+
+def position_generator(seed: int, position: int, device: torch.device | str) -> torch.Generator:
+    """The generator of output position `position` of an answer seeded with `seed` (a fixed mix of the two)."""
+    key = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) % (2**63)
+    return torch.Generator(device=device).manual_seed(key)
+
+
+def position_draw(
+    seed: int, position: int, vocab: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output position `position`'s draws: (a uniform [] in [0, 1), exponential noise [V]), the same whichever step
+    and whichever row of a forward the position falls in."""
+    generator = position_generator(seed, position, device)
+    uniform = torch.rand((), generator=generator, device=device, dtype=torch.float32)
+    noise = torch.empty((vocab,), device=device, dtype=torch.float32).exponential_(generator=generator)
+    return uniform, noise
+
+
+def position_draws(seed: int, start: int, k: int, vocab: int, device: torch.device | str) -> SamplerDraws:
+    """A chain step's draws for one answer: row i (the acceptance test of draft i, the token at row i) belongs to
+    output position start + i; uniforms [1, K], noise [1, K+1, V]."""
+    draws = [position_draw(seed, start + i, vocab, device) for i in range(k + 1)]
+    uniforms = torch.stack([u for u, _ in draws[:k]]).view(1, k) if k else torch.zeros((1, 0), device=device)
+    return SamplerDraws(uniforms=uniforms, noise=torch.stack([n for _, n in draws]).unsqueeze(0))

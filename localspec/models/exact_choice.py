@@ -1,0 +1,135 @@
+"""`exact: auto`: run the target's forwards in the exact setup (engine/model_runner.py exact_setup: eager attention, an
+explicit additive mask, at least 2 rows per forward, multiples of 4 in float32 and float16) where its measured
+cost is small.
+
+In the exact setup a bfloat16 row's logits were measured bitwise equal whether the row is computed alone (plain
+decoding) or inside a 2..17-row verify forward (scripts/measure_rounding.py, assets/rounding/epyc/), so greedy
+speculative chains are plain decoding's token for token (float32 / float16 come closer, not bitwise:
+verify/guarantee.py). It costs a dummy row on each 1-token forward and eager attention instead of
+sdpa. At the first load of a model on a machine both setups are timed on the loaded target (the median of
+interleaved 1-token and (K+1)-token forwards on a 64-token cache, as dtype_choice.py times dtypes); the exact
+setup is the default when neither forward costs more than MAX_COST times the fast one. The decision is cached
+beside the dtype decision (same key, plus the dtype), so later loads time nothing. models.yaml `exact: true` /
+`false` (or the CLI's --exact on / off) sets it without measuring.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from .dtype_choice import cache_key, time_forwards
+from .paths import cache_dir
+
+ExactSetting = Literal["auto", "on", "off"]
+EXACT_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
+MAX_COST = 1.25  # the exact setup is the default when its forwards take at most this many times the fast ones
+CACHE_FILE = "exact-decisions.json"
+CACHE_VERSION = 1
+
+How = Literal["entry", "measured", "cached"]
+
+
+@dataclass(frozen=True)
+class ExactDecision:
+    """Whether the target's forwards run in the exact setup, and why. how: entry (models.yaml / CLI), measured (at
+    this load), cached (at an earlier load on this machine). plain_cost / verify_cost: exact ÷ fast time of a 1-token
+    and a (K+1)-token forward (0.0 when not measured)."""
+
+    on: bool
+    how: How
+    plain_cost: float = 0.0
+    verify_cost: float = 0.0
+    k: int = 0
+    measured_on: str = ""  # YYYY-MM-DD
+
+    def describe(self) -> str:
+        """e.g. 'exact forwards on (auto: 1-token 1.09×, 5-token 1.02× the fast setup, measured 2026-12-01)'."""
+        state = "on" if self.on else "off"
+        if self.how == "entry":
+            return f"exact forwards {state} (set in models.yaml or on the command line)"
+        return (
+            f"exact forwards {state} (auto: 1-token {self.plain_cost:.2f}×, {self.k + 1}-token {self.verify_cost:.2f}× "
+            f"the fast setup's time, measured {self.measured_on}; on when ≤ {MAX_COST}×)"
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "on": self.on,
+            "how": self.how,
+            "plain_cost": self.plain_cost,
+            "verify_cost": self.verify_cost,
+            "k": self.k,
+            "measured_on": self.measured_on,
+            "text": self.describe(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ExactDecision:
+        return cls(
+            bool(data["on"]),
+            "cached",
+            float(data["plain_cost"]),
+            float(data["verify_cost"]),
+            int(data["k"]),
+            str(data["measured_on"]),
+        )
+
+
+def _cache_path():
+    return cache_dir() / CACHE_FILE
+
+
+def _read_cache() -> dict:
+    try:
+        data = json.loads(_cache_path().read_text(encoding="utf-8"))
+        if data.get("version") != CACHE_VERSION or not isinstance(data.get("decisions"), dict):
+            return {}
+        return data["decisions"]
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _write_cache(key: str, decision: ExactDecision) -> None:
+    decisions = _read_cache()
+    decisions[key] = decision.to_dict()
+    path = _cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"version": CACHE_VERSION, "decisions": decisions}, indent=1), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only data folder: the next load measures again
+
+
+def measure_cost(model: torch.nn.Module, k: int, timer=time_forwards) -> tuple[float, float]:
+    """(exact ÷ fast for a 1-token forward, the same for a (K+1)-token forward), timed interleaved on `model`."""
+    from localspec.runtime.model_runner import FAST, exact_setup
+
+    times = timer({"fast": model, "exact": model}, (1, k + 1), {"fast": FAST, "exact": exact_setup(model.dtype)})
+    return times["exact"][1] / times["fast"][1], times["exact"][k + 1] / times["fast"][k + 1]
+
+
+def choose_exact(
+    setting: ExactSetting, model: torch.nn.Module, source: str, folder: str, k: int, device: torch.device, timer=None
+) -> ExactDecision:
+    """The decision for the loaded target: the setting when it is on / off, else the cached or measured one."""
+    if setting != "auto":
+        return ExactDecision(setting == "on", "entry")
+    key = f"{cache_key(device, source, folder)} | {str(model.dtype).replace('torch.', '')}"
+    raw = _read_cache().get(key)
+    if raw is not None:
+        try:
+            return ExactDecision.from_dict(raw)
+        except (KeyError, TypeError, ValueError):
+            pass
+    plain, verify = measure_cost(model, k, timer or time_forwards)
+    decision = ExactDecision(max(plain, verify) <= MAX_COST, "measured", plain, verify, k, time.strftime("%Y-%m-%d"))
+    _write_cache(key, decision)
+    return decision
