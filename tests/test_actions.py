@@ -90,7 +90,8 @@ def test_edit_puts_the_last_message_back_and_send_replaces_that_exchange(app):
     _, _, turns = send(handlers, "a message with a typo", turns)
     transcript, status, box, turns, editing, cancel = actions.edit(turns, None, True)
     assert box == "a message with a typo" and "Editing" in status
-    assert [t["content"] for t in turns] == ["hello", "hello"] and "typo" not in transcript
+    assert [t["content"] for t in turns] == ["hello", "hello"]
+    assert "typo" in transcript and transcript.count("ls-editing") == 2  # still in view, marked as being edited
     assert cancel["visible"] is True and editing["at"] == 2
     assert saved(store)[-1] == ("assistant", "a message with a typo")  # stored until the resend answers
     _, _, turns = send(handlers, "a message without it", turns)

@@ -107,8 +107,8 @@ def test_chat_in_the_browser(browser, tiny_app):
     stats = page.inner_text("#ls-stats")
     match = re.search(r"Accepted (\d+)/(\d+) draft tokens", stats)
     assert match and int(match.group(1)) > 0, stats
-    title = page.locator("#ls-transcript .tok").first.get_attribute("title")
-    assert "p_target" in title
+    card = page.locator("#ls-transcript .tok").first.get_attribute("data-tip")
+    assert "p_target" in card
 
     page.get_by_role("radio", name="off", exact=True).check()
     send_and_wait(page, "<script>window.pwned = 1</script><img src=x onerror='window.pwned=2'>", 1)
@@ -118,8 +118,7 @@ def test_chat_in_the_browser(browser, tiny_app):
     assert "<script>window.pwned = 1</script>" in page.inner_text("#ls-transcript")
     assert page.locator("#ls-transcript script, #ls-transcript img").count() == 0
 
-    page.get_by_label("Colour tokens by kind").uncheck()
-    page.wait_for_selector("#ls-transcript .ls-nocolour", timeout=30_000)
+    assert page.locator("#ls-transcript .ls-subtle").count() == 1  # the default: faint underlines
     background = page.locator("#ls-transcript .tok").first.evaluate("e => getComputedStyle(e).backgroundColor")
     assert background in ("rgba(0, 0, 0, 0)", "transparent")
     page.close()
@@ -247,6 +246,7 @@ def test_markdown_answer_keeps_coloured_tokens_in_the_browser(browser, echo_app)
     page.goto(echo_app)
     page.wait_for_selector("#ls-message textarea", timeout=90_000)
     wait_status(page, "ready")
+    page.get_by_label("Full token colours").check()
     send_and_wait(page, MARKDOWN_PROMPT, 0)
     answer = "#ls-transcript .ls-assistant"
     for selector in (
@@ -271,8 +271,8 @@ def test_markdown_answer_keeps_coloured_tokens_in_the_browser(browser, echo_app)
     page.click(f"{answer} .ls-copy-md")
     assert page.evaluate("navigator.clipboard.readText()") == MARKDOWN_PROMPT  # the answer's markdown source
 
-    page.get_by_label("Colour tokens by kind").uncheck()
-    page.wait_for_selector("#ls-transcript .ls-nocolour", timeout=30_000)
+    page.get_by_label("Full token colours").uncheck()
+    page.wait_for_selector("#ls-transcript .ls-subtle", timeout=30_000)
     assert page.locator(f"{answer} li .tok").count() > 0 and coloured(page, f"{answer} .tok") == 0
     assert page.locator(f"{answer} pre code").count() == 1  # the same markdown, uncoloured
     context.close()
@@ -350,10 +350,107 @@ def test_token_colours_stay_legible_in_both_themes(browser, echo_app, theme):
     page.wait_for_selector("#ls-message textarea", timeout=90_000)
     wait_status(page, "ready")
     assert page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
+    page.get_by_label("Full token colours").check()
     send_and_wait(page, "Some **bold** text and `code`, then more words to cycle every kind of token.", 0)
     ratios = page.evaluate(CONTRAST_JS)
     assert all(ratio >= 4.5 for ratio in ratios.values()), ratios  # WCAG AA for body text
     page.close()
+
+
+SCROLLER = "#ls-transcript .html-container"
+AT_BOTTOM_JS = f"""() => {{ const s = document.querySelector('{SCROLLER}');
+    return s.scrollHeight - s.scrollTop - s.clientHeight < 48; }}"""
+LONG_MESSAGE = " ".join(f"word{i}" for i in range(700))
+
+
+def open_echo(browser, url, **context_options):
+    context = browser.new_context(**({"viewport": VIEWPORT} | context_options))
+    page = context.new_page()
+    page.goto(url, wait_until="load")
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    wait_status(page, "ready")
+    return context, page
+
+
+def test_the_conversation_follows_the_stream_unless_scrolled_up(browser, echo_app):
+    context, page = open_echo(browser, echo_app)
+    send_and_wait(page, LONG_MESSAGE, 0)
+    assert page.evaluate(AT_BOTTOM_JS)  # followed the answer to its end
+    page.fill("#ls-message textarea", LONG_MESSAGE)
+    page.click("#ls-send")
+    page.wait_for_selector("#ls-transcript .ls-cursor", timeout=30_000)
+    page.evaluate(f"document.querySelector('{SCROLLER}').scrollTop = 0")  # the reader scrolls up mid-answer
+    page.wait_for_selector(".ls-jump:not([hidden])", timeout=10_000)
+
+    page.fill("#ls-message textarea", "sent mid-answer")
+    page.locator("#ls-message textarea").press("Enter")  # Enter while busy says so; the message stays
+    page.wait_for_selector(".ls-busy:not([hidden])", timeout=10_000)
+    assert "still streaming" in page.inner_text(".ls-busy")
+    wait_status(page, "Done")
+    assert page.input_value("#ls-message textarea") == "sent mid-answer"
+    assert not page.evaluate(AT_BOTTOM_JS)  # the stream did not pull the reader down
+    assert page.evaluate(f"document.querySelector('{SCROLLER}').scrollTop") < 200
+    page.click(".ls-jump")
+    assert page.evaluate(AT_BOTTOM_JS) and page.locator(".ls-jump[hidden]").count() == 1
+    assert page.locator(".ls-busy[hidden]").count() == 1  # gone once the answer ended
+
+    page.evaluate(f"document.querySelector('{SCROLLER}').scrollTop = 0")
+    send_and_wait(page, "short one", 2)  # Send jumps to the bottom again
+    assert page.evaluate(AT_BOTTOM_JS)
+    context.close()
+
+
+def test_provenance_popover_on_tap_at_phone_width(browser, echo_app):
+    context, page = open_echo(browser, echo_app, viewport={"width": 390, "height": 844}, has_touch=True, is_mobile=True)
+    assert page.locator(".sidebar.open").count() == 0  # the conversation first: settings and list are drawers
+    send_and_wait(page, "Some words here to cycle every kind of token, then a few more words.", 0)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # no horizontal overflow
+    resampled = page.locator("#ls-transcript .ls-assistant .tok-resampled").first
+    resampled.tap()
+    pop = page.locator("#ls-pop")
+    pop.wait_for(state="visible", timeout=5_000)
+    text = pop.inner_text()
+    assert "resampled by the target" in text and "p_target = 0.400" in text
+    assert "rejected draft token" in text and "rejected: the target's top token differs" in text  # greedy words
+    assert "min(1, p_target/p_draft)" not in text
+    box = pop.bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= 390
+    page.locator("#ls-transcript .ls-user").first.tap()  # a tap elsewhere closes it
+    pop.wait_for(state="hidden", timeout=5_000)
+
+    page.locator("#ls-transcript .ls-assistant .ls-body").first.focus()  # keyboard: the answer, then its tokens
+    page.keyboard.press("ArrowRight")
+    pop.wait_for(state="visible", timeout=5_000)
+    assert page.evaluate("document.activeElement.classList.contains('tok')")
+    assert page.evaluate("document.activeElement.getAttribute('aria-describedby')") == "ls-pop"
+    page.keyboard.press("Escape")
+    pop.wait_for(state="hidden", timeout=5_000)
+    page.locator(".sidebar .toggle-button").last.click()  # the settings drawer opens over the conversation
+    page.wait_for_selector(".sidebar.open", timeout=5_000)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    context.close()
+
+
+def test_the_compare_panel_belongs_to_its_answer(browser, echo_app):
+    context, page = open_echo(browser, echo_app)
+    send_and_wait(page, "compare these few words", 0)
+    page.click("#ls-compare")
+    wait_status(page, "Baseline done")
+    panel = page.locator("#ls-compare-panel .ls-compare")
+    assert panel.is_visible() and "compare of answer 1" in panel.inner_text()
+    texts = page.locator("#ls-compare-panel .ls-compare-text")
+    assert texts.count() == 2 and all("compare these few words" in t for t in texts.all_inner_texts())
+    assert "measured speedup" in panel.inner_text()
+    send_and_wait(page, "a new answer", 1)
+    gone = "#ls-compare-panel .ls-compare"
+    page.wait_for_selector(gone, state="detached", timeout=10_000)  # gone with the answer it compared
+    page.click("#ls-compare")
+    wait_status(page, "Baseline done")
+    assert "compare of answer 2" in page.inner_text("#ls-compare-panel")
+    page.click("#ls-regenerate")
+    wait_status(page, "Done")
+    page.wait_for_selector(gone, state="detached", timeout=10_000)
+    context.close()
 
 
 @pytest.mark.slow
@@ -371,7 +468,9 @@ def test_regenerate_and_edit_the_last_message_in_the_browser(browser, echo_app):
     page.click("#ls-edit")
     wait_status(page, "Editing")
     assert page.input_value("#ls-message textarea") == "first words here"
-    assert answers.count() == 0 and page.locator("#ls-cancel-edit").is_visible()
+    assert page.locator("#ls-transcript .ls-editing").count() == 2  # the exchange stays in view, marked
+    assert "press Send to replace it" in page.inner_text("#ls-transcript .ls-edit-note")
+    assert page.locator("#ls-cancel-edit").is_visible()
     page.fill("#ls-message textarea", "edited words")
     page.click("#ls-send")
     wait_status(page, "Done: 2 tokens")

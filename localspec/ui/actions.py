@@ -1,10 +1,10 @@
 """Regenerate the last answer, and edit and resend the last message.
 
 Regenerate drops the last answer and answers the same user message again with the controls' current settings; the
-saved conversation keeps one answer to it. Edit takes the last exchange out of the transcript and puts its message
-back in the box; the next Send replaces that exchange (in the window and in the saved conversation), and Cancel
-edit puts it back. The edit in progress lives in a gr.State: None, or {"turns": [the user turn, its answer],
-"at": how many turns stayed}.
+saved conversation keeps one answer to it. Edit takes the last exchange out of the conversation (it stays in view,
+marked, with what to do) and puts its message back in the box; the next Send replaces that exchange (in the window
+and in the saved conversation), and Cancel edit puts it back. The edit in progress lives in a gr.State: None, or
+{"turns": [the user turn, its answer], "at": how many turns stayed}.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class Actions:
             self.recorder.begin_edit(owner)
         kept, taken = turns[:at], turns[at:]
         return (
-            transcript_html(kept, colour),
+            transcript_html(turns, colour, editing_from=at),  # the exchange stays in view, marked as being edited
             status_html(EDITING),
             taken[0]["content"],
             kept,

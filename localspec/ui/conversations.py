@@ -15,7 +15,7 @@ from localspec.config import ConfigError
 from . import tempfiles
 from .handlers import answer_stats_html, events_json, owner_of
 from .recorder import Recorder, turns_from_conversation
-from .render import status_html, transcript_html
+from .render import NO_COMPARE, status_html, transcript_html
 from .turns import AssistantTurn, turns_from_state
 
 
@@ -165,6 +165,8 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
         [parts["transcript"], parts["stats"], status, parts["events"], turns, title],
         api_name="open_conversation",
     )
+    if "compare_panel" in parts:  # the compare panel belongs to an answer of the conversation shown before
+        open_button.click(lambda: NO_COMPARE, None, [parts["compare_panel"]], api_name=False, queue=False)
     refresh.click(handlers.refresh, None, [chooser], api_name="list_conversations")
     rename.click(handlers.rename, [chooser, title], [chooser, status], api_name="rename_conversation")
     delete.click(handlers.ask_delete, [chooser], [confirm, cancel, status], api_name=False)

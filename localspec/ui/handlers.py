@@ -18,7 +18,7 @@ from localspec.config import ConfigError
 
 from .loadbar import LoadProgress
 from .manager import Busy, ModelManager, drain
-from .render import compare_html, stats_html, status_html, transcript_html
+from .render import NO_COMPARE, compare_html, stats_html, status_html, transcript_html
 from .runtime import runtime_of
 from .settings import (
     Speculation,
@@ -36,6 +36,10 @@ from .turns import AssistantTurn, Turn, UserTurn, turns_from_state
 YIELD_EVERY_S = 0.08  # at most ~12 screen updates a second while streaming
 UNCHANGED = (gr.skip(),) * 3  # the proposer, K and tree-nodes controls left as they are
 WAITING = "Waiting: another answer is streaming (the model answers one request at a time)…"
+
+
+def _tokens_text(n: int) -> str:
+    return f"{n} token{'s' if n != 1 else ''}"
 
 
 def owner_of(request: Optional[gr.Request]) -> str:
@@ -244,7 +248,7 @@ class Handlers:
         self.manager.cancel(owner_of(request))
         if self.recorder is not None:
             self.recorder.set_conversation(owner_of(request), None)  # the next message starts a new conversation
-        return transcript_html([]), stats_html(None), status_html("Cleared."), None, "", []
+        return transcript_html([]), stats_html(None), status_html("Cleared."), None, NO_COMPARE, []
 
     def recolour(self, colour, turns):
         return transcript_html(list(turns or []), colour)
@@ -257,14 +261,14 @@ class Handlers:
         )
         if last is None:
             yield (
-                "",
+                NO_COMPARE,
                 status_html("Send a message first; compare regenerates the last answer without speculation.", "error"),
             )
             return
         spec_answer = turns[last]
         if spec_answer.proposer == "none":
             yield (
-                "",
+                NO_COMPARE,
                 status_html(
                     "The last answer already ran with speculation off; pick a proposer and send again to compare.",
                     "error",
@@ -273,7 +277,7 @@ class Handlers:
             return
         if not spec_answer.sampling:
             yield (
-                "",
+                NO_COMPARE,
                 status_html(
                     "This answer was saved without its sampling settings (an older version of the "
                     "app); send the message again to compare.",
@@ -284,7 +288,7 @@ class Handlers:
         try:
             sampling = read_sampling(**spec_answer.sampling)
         except (ConfigError, KeyError, TypeError) as exc:
-            yield "", status_html(f"cannot repeat the last answer's settings: {exc}", "error")
+            yield NO_COMPARE, status_html(f"cannot repeat the last answer's settings: {exc}", "error")
             return
         history = history_of(turns[:last])
         if self.manager.is_answering(owner_of(request)):
@@ -300,11 +304,15 @@ class Handlers:
             if baseline.streaming:
                 yield (
                     gr.skip(),
-                    status_html(f"Baseline: {len(baseline.tokens)} tokens…" if status != WAITING else status),
+                    status_html(
+                        f"Baseline (speculation off): {_tokens_text(len(baseline.tokens))} so far…"
+                        if status != WAITING
+                        else status
+                    ),
                 )
                 continue
             if baseline.finish_reason == "error":
-                yield "", status_html(baseline.error or "the baseline failed", "error")
+                yield NO_COMPARE, status_html(baseline.error or "the baseline failed", "error")
                 return
             spec_ids = [t["id"] for t in spec_answer.tokens]
             base_ids = [t["id"] for t in baseline.tokens]
@@ -320,8 +328,11 @@ class Handlers:
                     greedy=sampling.greedy,
                     identical=diff is None,
                     first_difference=diff,
+                    spec_texts=[t.get("text", "") for t in spec_answer.tokens],
+                    base_texts=[t.get("text", "") for t in baseline.tokens],
+                    answer_index=sum(isinstance(t, AssistantTurn) for t in turns[:last]),
                 ),
-                status_html(f"Baseline done: {len(base_ids)} tokens{note}."),
+                status_html(f"Baseline done: {_tokens_text(len(base_ids))}{note}."),
             )
 
     # ---- model pairs -----------------------------------------------------------------------------------------
