@@ -175,3 +175,11 @@ if (window.innerWidth < 768) {
   };
   closeDrawers();
 }
+
+// "keep speculating anyway" under a paused answer's stats ticks the setting of that name (adaptive K off).
+document.addEventListener('click', (event) => {
+  if (!event.target.closest('.ls-keep-speculating')) return;
+  const box = document.querySelector('#ls-keep-speculating input[type=checkbox]');
+  if (box && !box.checked) box.click();
+  event.target.textContent = 'on for the next answers';
+});

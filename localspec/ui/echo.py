@@ -34,7 +34,7 @@ class _Tokenizer:
 
 class EchoSession:
     """Answers each message with its own text; token kinds cycle accepted, accepted, resampled, bonus, target.
-    Its speculation defaults are its entry's (default proposer, K, tree nodes)."""
+    Its speculation defaults are its entry's (default proposer, K, tree nodes, adaptive)."""
 
     notices: tuple[str, ...] = ()  # nothing of a pair failed to load
 
@@ -51,7 +51,7 @@ class EchoSession:
 
     def default_spec(self, **overrides) -> SpecConfig:
         pair = self.pair
-        base = SpecConfig(proposer=pair.default_proposer, k=pair.k, tree_nodes=pair.tree_nodes)
+        base = SpecConfig(proposer=pair.default_proposer, k=pair.k, tree_nodes=pair.tree_nodes, adaptive=pair.adaptive)
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
     def tree_nodes_of(self, spec: SpecConfig) -> int:

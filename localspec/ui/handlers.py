@@ -84,7 +84,9 @@ class Handlers:
 
         def spec_for(session):
             name = read_proposer(choice.proposer, tuple(session.proposers))
-            spec = session.default_spec(proposer=name, k=choice.k, tree_nodes=choice.tree_nodes)
+            spec = session.default_spec(
+                proposer=name, k=choice.k, tree_nodes=choice.tree_nodes, adaptive=choice.adaptive
+            )
             spec = replace(spec, tree_nodes=session.tree_nodes_of(spec))  # 0 where the answer drafts chains anyway
             chosen.update(proposer=name, k=spec.k, tree_nodes=spec.tree_nodes)
             return spec
@@ -146,10 +148,12 @@ class Handlers:
         seed,
         colour,
         tree_nodes,
+        keep_speculating=False,
         request: gr.Request = None,
     ):
-        """Outputs: transcript, stats, status, events, message box, state. tree_nodes comes last of the inputs, so
-        a gradio_client caller written for the inputs before it may leave it out (it gets the control's value)."""
+        """Outputs: transcript, stats, status, events, message box, state. tree_nodes and keep_speculating come last
+        of the inputs, so a gradio_client caller written for the inputs before them may leave them out (they get the
+        controls' values)."""
         owner = owner_of(request)
         state = list(turns or [])
         text = "" if message is None else str(message)
@@ -157,7 +161,7 @@ class Handlers:
             if not text.strip():
                 raise ConfigError("the message is empty; type something to send")
             sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed)
-            choice = read_speculation(proposer, k, tree_nodes)
+            choice = read_speculation(proposer, k, tree_nodes, keep_speculating)
             self._check_pair_shown(owner, proposer)
             if self.manager.is_answering(owner):
                 raise Busy("an answer is still streaming in this window; press Stop or wait for it, then send")
@@ -177,11 +181,14 @@ class Handlers:
             turns = state + [question, answer.to_state()]
             yield (*self.answer_views(answer, turns, colour, status), gr.skip(), turns)
 
-    def answer_views(self, answer: AssistantTurn, turns: list[dict], colour, status: str) -> tuple[str, str, str, dict]:
-        """One update of a streaming answer: transcript, stats, status and events (send and regenerate share it)."""
+    def answer_views(
+        self, answer: AssistantTurn, turns: list[dict], colour, status: str, note: str = ""
+    ) -> tuple[str, str, str, dict]:
+        """One update of a streaming answer: transcript, stats, status and events (send and regenerate share it).
+        note: said after the final status (regenerate's word on greedy answers)."""
         done = not answer.streaming
         if done:
-            status = self._final_status(answer)
+            status = f"{self._final_status(answer)} {note}".strip()
         stats = answer_stats_html(answer, answer.finish_reason if done else None, runtime_of(self.manager.session))
         kind = "error" if answer.finish_reason == "error" else "info"
         return transcript_html(turns, colour, answer.notice), stats, status_html(status, kind), events_json(answer)

@@ -105,6 +105,13 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                 info="draft a token tree of this many nodes per step, where the proposer drafts trees",
                 elem_id="ls-tree-nodes",
             )
+            keep = gr.Checkbox(
+                False,
+                label="Keep speculating anyway",
+                info="adaptive K off for the next answers: draft K tokens every step even where it measured that "
+                "drafting does not pay",
+                elem_id="ls-keep-speculating",
+            )
             max_new = CheckedNumber(256, label="Max new tokens", elem_id="ls-max-new")
             colour = gr.Checkbox(
                 False,
@@ -149,9 +156,9 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             with gr.Sidebar(label="Conversations", position="left", open=True, width=300, elem_id="ls-sidebar"):
                 conversations_panel(store, recorder, manager, parts)
 
-        # tree_nodes last: a gradio_client caller written for the inputs before it may leave it out (a raw HTTP
-        # call sends every input)
-        sampling_inputs = [proposer, k, temperature, top_p, top_k, max_new, seed, colour, tree_nodes]
+        # tree_nodes and keep last: a gradio_client caller written for the inputs before them may leave them out (a
+        # raw HTTP call sends every input)
+        sampling_inputs = [proposer, k, temperature, top_p, top_k, max_new, seed, colour, tree_nodes, keep]
         send_outputs = [transcript, stats, status, events, message, turns]
         sent = gr.on(
             [send.click, message.submit],
@@ -170,7 +177,13 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             demo.load(refresh_list, None, [chooser], api_name=False)
         # the compare panel belongs to the answer it compared: a new answer, a regenerated one, Edit, Clear and
         # opening another conversation take it away (Clear and open say so in their own outputs)
-        for trigger in (send.click, message.submit, redo["regenerate"].click, redo["edit"].click):
+        for trigger in (
+            send.click,
+            message.submit,
+            redo["regenerate"].click,
+            redo["sampled"].click,
+            redo["edit"].click,
+        ):
             trigger(lambda: NO_COMPARE, None, [compare_panel], api_name=False, queue=False, show_progress="hidden")
         stop.click(
             handlers.stop, None, [status], api_name="stop", concurrency_limit=None, queue=False, show_progress="hidden"

@@ -144,6 +144,15 @@ def pause_text(paused: dict, asked_k: Optional[int] = None) -> str:
     )
 
 
+def paused_html(paused: dict, asked_k: Optional[int] = None) -> str:
+    """The pause note with its way out: a button that ticks "Keep speculating anyway" (assets/transcript.js)."""
+    return (
+        f'<div class="ls-paused">{escape(pause_text(paused, asked_k))} <button type="button" '
+        'class="ls-keep-speculating" title="tick Keep speculating anyway in the settings: adaptive K off for the next '
+        'answers">keep speculating anyway</button></div>'
+    )
+
+
 def runtime_html(runtime: Optional[dict]) -> str:
     """Device, dtype, quantization and sampler kernel of the pair in use (the load-time dtype timings in its title:
     they describe the load's probe, not this answer)."""
@@ -236,7 +245,7 @@ def stats_html(
     help_html = f'<details class="ls-help"><summary>what these figures mean</summary><ul>{help_items}</ul></details>'
     paused = ""
     if drafting and data.get("paused"):
-        paused = f'<div class="ls-paused">{escape(pause_text(data["paused"], k))}</div>'
+        paused = paused_html(data["paused"], k)
     chart = acceptance_chart_html(data) if drafting else ""
     return (
         f'<div class="ls-stats">{head}{runtime_html(runtime)}{paused}<table class="ls-stats-table">{table}</table>'
