@@ -170,24 +170,10 @@ def test_enter_sends_and_a_saved_conversation_reopens(browser, tiny_app):
     page.reload()  # a new session: the window starts empty, the conversation is in the saved list
     page.wait_for_selector("#ls-message textarea", timeout=90_000)
     assert page.locator("#ls-transcript .tok").count() == 0
-    page.get_by_text("Saved conversations").click()
-    page.click("#ls-refresh")
-    page.locator("#ls-conversation input").click()
-    page.get_by_role("option", name=re.compile("remember this conversation")).first.click()
-    page.click("#ls-open")
+    page.locator("#ls-conversation label").filter(has_text="remember this conversation").first.click()
     wait_status(page, "Opened")
     assert "remember this conversation" in page.inner_text("#ls-transcript")
     assert kinds_in_last_answer(page) == kinds  # the highlighting came back from the database
-
-    page.click("#ls-delete")  # two steps: Delete… then Confirm delete
-    page.wait_for_selector("#ls-confirm", state="visible", timeout=30_000)
-    page.click("#ls-cancel-delete")
-    wait_status(page, "Nothing was deleted")
-    page.click("#ls-delete")
-    page.click("#ls-confirm")
-    wait_status(page, "Deleted")
-    page.locator("#ls-conversation input").click()
-    assert page.get_by_role("option", name=re.compile("remember this conversation")).count() == 0
     page.close()
 
 
@@ -229,6 +215,27 @@ def squares(xs):
 ```
 """
 MARKDOWN_CODE = "def squares(xs):\n    return [x * x for x in xs]\n"
+
+
+@pytest.fixture(scope="module")
+def echo_store_app(tmp_path_factory):
+    """The echo window with a ConversationStore: the saved-conversations sidebar shows."""
+    from localspec.store.db import ConversationStore
+    from localspec.ui import build_app, launch_options
+    from localspec.ui.echo import echo_manager
+
+    from .apphelpers import free_port
+
+    store = ConversationStore(tmp_path_factory.mktemp("echo-store") / "conversations.db")
+    demo = build_app(echo_manager(0.005), store)
+    demo.queue(default_concurrency_limit=None)
+    port = free_port()
+    demo.launch(
+        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, share=False, quiet=True, **launch_options()
+    )
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+    store.close()
 
 
 def coloured(page, selector: str) -> int:
@@ -450,6 +457,45 @@ def test_the_compare_panel_belongs_to_its_answer(browser, echo_app):
     page.click("#ls-regenerate")
     wait_status(page, "Done")
     page.wait_for_selector(gone, state="detached", timeout=10_000)
+    context.close()
+
+
+PALINDROME = "Write a palindrome checker in Python that ignores case, spaces and punctuation, with tests"
+
+
+def test_saved_conversations_sidebar(browser, echo_store_app):
+    context, page = open_echo(browser, echo_store_app)
+    send_and_wait(page, PALINDROME, 0)
+    page.click("#ls-clear")
+    wait_status(page, "Cleared")
+    send_and_wait(page, "A second conversation about tokenizers", 0)
+    items = page.locator("#ls-conversation label")
+    page.wait_for_function("document.querySelectorAll('#ls-conversation label').length === 2", timeout=10_000)
+    assert PALINDROME in items.all_inner_texts()[1]  # the full title is in the list; CSS shortens it on screen
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+
+    page.locator("#ls-search").get_by_role("textbox").fill("palindrome")
+    page.wait_for_function("document.querySelectorAll('#ls-conversation label').length === 1", timeout=10_000)
+    items.first.click()
+    wait_status(page, "Opened")
+    assert PALINDROME in page.inner_text("#ls-transcript .ls-user")
+    assert page.locator("#ls-title").get_by_role("textbox").input_value() == PALINDROME
+
+    page.locator("#ls-title").get_by_role("textbox").fill("Palindromes, renamed")
+    page.locator("#ls-title").get_by_role("textbox").press("Enter")  # rename in place
+    wait_status(page, "Renamed")
+    page.locator("#ls-search").get_by_role("textbox").fill("")
+    page.wait_for_function(
+        "[...document.querySelectorAll('#ls-conversation label')].some(l => l.innerText.includes('renamed'))",
+        timeout=10_000,
+    )
+
+    page.click("#ls-delete")  # delete with undo
+    wait_status(page, "Undo brings it back")
+    page.wait_for_function("document.querySelectorAll('#ls-conversation label').length === 1", timeout=10_000)
+    page.click("#ls-undo")
+    wait_status(page, "Brought back")
+    page.wait_for_function("document.querySelectorAll('#ls-conversation label').length === 2", timeout=10_000)
     context.close()
 
 

@@ -23,10 +23,7 @@ from .settings import proposer_choices
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TITLE = "localspec"
 PAIR_POLL_S = 2.0  # how often a tab checks whether another tab switched the pair
-INTRO = (
-    "Local chat with speculative decoding. Each token of an answer is coloured by how it was made; "
-    "hover one for its probabilities."
-)
+INTRO = "Local chat with speculative decoding: hover, tap or focus a token to see how it was made."
 
 
 def stylesheet() -> str:
@@ -171,10 +168,10 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
         )
         redone = actions.wire(redo, sent, clear, dict(parts, message=message), sampling_inputs)
         if "refresh_list" in parts:  # a new or longer conversation moves to the top of the saved list
-            refresh_list, chooser = parts["refresh_list"]
-            sent.then(refresh_list, None, [chooser], api_name=False, show_progress="hidden")
-            redone.then(refresh_list, None, [chooser], api_name=False, show_progress="hidden")
-            demo.load(refresh_list, None, [chooser], api_name=False)
+            refresh_list, chooser, search = parts["refresh_list"]
+            sent.then(refresh_list, [search], [chooser], api_name=False, show_progress="hidden")
+            redone.then(refresh_list, [search], [chooser], api_name=False, show_progress="hidden")
+            demo.load(refresh_list, [search], [chooser], api_name=False, show_progress="hidden")
         # the compare panel belongs to the answer it compared: a new answer, a regenerated one, Edit, Clear and
         # opening another conversation take it away (Clear and open say so in their own outputs)
         for trigger in (
