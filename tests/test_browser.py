@@ -7,6 +7,7 @@ rewrites assets/screenshot.png from the embedded default model.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -496,6 +497,33 @@ def test_saved_conversations_sidebar(browser, echo_store_app):
     page.click("#ls-undo")
     wait_status(page, "Brought back")
     page.wait_for_function("document.querySelectorAll('#ls-conversation label').length === 2", timeout=10_000)
+    context.close()
+
+
+AXE = REPO / ".test-js" / "node_modules" / "axe-core" / "axe.min.js"  # make setup-test installs it
+
+
+def axe_violations(page) -> list[dict]:
+    """axe-core's serious and critical violations of the page as it is: rule, impact, the first elements."""
+    page.add_script_tag(path=str(AXE))
+    return page.evaluate(
+        """async () => (await axe.run(document, {resultTypes: ['violations']})).violations
+            .filter(v => ['serious', 'critical'].includes(v.impact))
+            .map(v => ({id: v.id, impact: v.impact, help: v.help,
+                        nodes: v.nodes.slice(0, 3).map(n => n.target.join(' '))}))"""
+    )
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_no_serious_accessibility_violations(browser, echo_store_app, width):
+    if not AXE.exists():
+        pytest.skip(f"axe-core is not installed at {AXE} (make setup-test installs it with npm)")
+    context, page = open_echo(browser, echo_store_app, viewport={"width": width, "height": 844})
+    send_and_wait(page, "Some **bold** words and `code` to check, then a few more words.", 0)
+    page.locator("#ls-transcript .ls-assistant .tok").first.hover()
+    page.locator("#ls-pop").wait_for(state="visible", timeout=5_000)
+    found = axe_violations(page)
+    assert found == [], json.dumps(found, indent=1)
     context.close()
 
 

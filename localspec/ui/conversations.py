@@ -233,7 +233,9 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
             export_json = gr.Button("Export JSON", size="sm", elem_id="ls-export-json", scale=0, min_width=60)
             export_md = gr.Button("Export Markdown", size="sm", elem_id="ls-export-md", scale=0, min_width=60)
         exported = gr.File(label="Exported file", interactive=False, height=80, elem_id="ls-exported")
-        remove_now = gr.Button("Delete now", visible=False, elem_id="ls-delete-now")  # the API's immediate delete
+        # API-only endpoints, never shown: delete at once, and the whole list without a search
+        remove_now = gr.Button("Delete now", visible=False, elem_id="ls-delete-now")
+        list_all = gr.Button("List", visible=False, elem_id="ls-list-all")
 
     status, turns = parts["status"], parts["turns"]
     opened = chooser.input(
@@ -246,7 +248,8 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
     if "compare_panel" in parts:  # the compare panel belongs to an answer of the conversation shown before
         opened.then(lambda: NO_COMPARE, None, [parts["compare_panel"]], api_name=False, show_progress="hidden")
     search.change(handlers.refresh, [search], [chooser], api_name=False, show_progress="hidden")
-    refresh.click(handlers.refresh, [search], [chooser], api_name="list_conversations", show_progress="hidden")
+    refresh.click(handlers.refresh, [search], [chooser], api_name=False, show_progress="hidden")
+    list_all.click(handlers.refresh, None, [chooser], api_name="list_conversations")
     gr.on(
         [rename.click, title.submit],
         handlers.rename,

@@ -227,5 +227,6 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
 
 def launch_options() -> dict:
     """Keyword arguments for Blocks.launch() that belong to the look (Gradio 6 takes css there). The saved
-    conversations are the window's history: Gradio's own run history and its footer link are off."""
-    return {"css": stylesheet(), "footer_links": ["api", "settings"], "run_history": False}
+    conversations are the window's history: Gradio's run history and its footer (with the Runs link) are off; the
+    API page stays at /?view=api."""
+    return {"css": stylesheet(), "footer_links": [], "run_history": False}
