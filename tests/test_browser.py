@@ -594,10 +594,69 @@ def test_screenshot_of_the_embedded_default(browser, tmp_path):
     assert out.stat().st_size > 10_000
 
 
+ECHO_SCREENSHOT_PROMPT = """Here is a function that reverses a string:
+
+```python
+def reverse(text: str) -> str:
+    return text[::-1]
+```
+
+- slicing with a step of -1 walks the string backwards
+- it works for any sequence, lists included
+"""
+
+
+def take_echo_screenshots(browser, folder: Path) -> list[Path]:
+    """The window on the model-free echo session (with saved conversations) at 1400×900, light and dark, with a
+    token's provenance card open: screenshot.png and screenshot-dark.png in folder."""
+    import tempfile as _tempfile
+
+    from localspec.store.db import ConversationStore
+    from localspec.ui import build_app, launch_options
+    from localspec.ui.echo import echo_manager
+
+    from .apphelpers import free_port
+
+    store = ConversationStore(Path(_tempfile.mkdtemp(prefix="localspec-shot-")) / "conversations.db")
+    demo = build_app(echo_manager(0.005), store)
+    demo.queue(default_concurrency_limit=None)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
+    out = []
+    try:
+        for theme, name in (("light", "screenshot.png"), ("dark", "screenshot-dark.png")):
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"http://127.0.0.1:{port}/?__theme={theme}", wait_until="load")
+            page.wait_for_selector("#ls-message textarea", timeout=90_000)
+            wait_status(page, "ready")
+            if theme == "light":  # a second saved conversation for the list
+                send_and_wait(page, "What does speculative decoding change about the output?", 0)
+                page.click("#ls-clear")
+                wait_status(page, "Cleared")
+            send_and_wait(page, ECHO_SCREENSHOT_PROMPT, 0)
+            page.locator("#ls-transcript .ls-assistant pre .tok-resampled").filter(
+                has_text=re.compile(r"\w")
+            ).first.hover()
+            page.locator("#ls-pop").wait_for(state="visible", timeout=5_000)
+            path = folder / name
+            page.screenshot(path=str(path))
+            out.append(path)
+            page.close()
+    finally:
+        demo.close()
+        store.close()
+    return out
+
+
 if __name__ == "__main__":
+    import sys
+
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        print(take_screenshot(chromium, REPO / "assets" / "screenshot.png"))
+        if "--echo" in sys.argv:  # the window on the echo session: no model needed
+            print(take_echo_screenshots(chromium, REPO / "assets"))
+        else:
+            print(take_screenshot(chromium, REPO / "assets" / "screenshot.png"))
         chromium.close()

@@ -192,6 +192,10 @@ class ConversationHandlers:
         pending.timer.cancel()
         return gr.update(choices=self.choices(query)), hidden, status_html(f"Brought back “{pending.title}”.")
 
+    def exporter(self, fmt: str):
+        """export() for one format, as a one-input event function."""
+        return lambda conversation_id: self.export(conversation_id, fmt)
+
     def export(self, conversation_id, fmt: str):
         """Outputs: file, status."""
         cid = _id(conversation_id)
@@ -233,31 +237,38 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
             export_json = gr.Button("Export JSON", size="sm", elem_id="ls-export-json", scale=0, min_width=60)
             export_md = gr.Button("Export Markdown", size="sm", elem_id="ls-export-md", scale=0, min_width=60)
         exported = gr.File(label="Exported file", interactive=False, height=80, elem_id="ls-exported")
-        # API-only endpoints, never shown: delete at once, and the whole list without a search
-        remove_now = gr.Button("Delete now", visible=False, elem_id="ls-delete-now")
-        list_all = gr.Button("List", visible=False, elem_id="ls-list-all")
+    # API-only endpoints, never shown. They take the conversation's id as a number: the list (a gr.Radio) accepts
+    # only the ids it showed this session, and an API caller names any saved conversation.
+    with gr.Group(visible=False):
+        api_id = gr.Number(None, precision=0, label="conversation id", elem_id="ls-api-id")
+        api_buttons = {
+            name: gr.Button(name, elem_id=f"ls-api-{name}")
+            for name in ("open", "rename", "delete", "list", "export_json", "export_markdown")
+        }
 
     status, turns = parts["status"], parts["turns"]
+    open_outputs = [parts["transcript"], parts["stats"], status, parts["events"], turns, title]
     opened = chooser.input(
-        handlers.open,
-        [chooser, parts["colour"]],
-        [parts["transcript"], parts["stats"], status, parts["events"], turns, title],
-        api_name="open_conversation",
-        show_progress="hidden",
+        handlers.open, [chooser, parts["colour"]], open_outputs, api_name=False, show_progress="hidden"
+    )
+    api_opened = api_buttons["open"].click(
+        handlers.open, [api_id, parts["colour"]], open_outputs, api_name="open_conversation"
     )
     if "compare_panel" in parts:  # the compare panel belongs to an answer of the conversation shown before
-        opened.then(lambda: NO_COMPARE, None, [parts["compare_panel"]], api_name=False, show_progress="hidden")
+        for event in (opened, api_opened):
+            event.then(lambda: NO_COMPARE, None, [parts["compare_panel"]], api_name=False, show_progress="hidden")
     search.change(handlers.refresh, [search], [chooser], api_name=False, show_progress="hidden")
     refresh.click(handlers.refresh, [search], [chooser], api_name=False, show_progress="hidden")
-    list_all.click(handlers.refresh, None, [chooser], api_name="list_conversations")
+    api_buttons["list"].click(handlers.refresh, None, [chooser], api_name="list_conversations")
     gr.on(
         [rename.click, title.submit],
         handlers.rename,
         [chooser, title],
         [chooser, status],
-        api_name="rename_conversation",
+        api_name=False,
         show_progress="hidden",
     )
+    api_buttons["rename"].click(handlers.rename, [api_id, title], [chooser, status], api_name="rename_conversation")
     delete.click(
         handlers.delete_with_undo,
         [chooser, search],
@@ -266,10 +277,10 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
         show_progress="hidden",
     )
     undo.click(handlers.undo_delete, [search], [chooser, undo, status], api_name=False, show_progress="hidden")
-    remove_now.click(handlers.delete, [chooser], [chooser, status], api_name="delete_conversation")
-    export_json.click(lambda cid: handlers.export(cid, "json"), [chooser], [exported, status], api_name="export_json")
-    export_md.click(
-        lambda cid: handlers.export(cid, "markdown"), [chooser], [exported, status], api_name="export_markdown"
-    )
+    api_buttons["delete"].click(handlers.delete, [api_id], [chooser, status], api_name="delete_conversation")
+    for fmt, button in (("json", export_json), ("markdown", export_md)):
+        export = handlers.exporter(fmt)
+        button.click(export, [chooser], [exported, status], api_name=False)
+        api_buttons[f"export_{fmt}"].click(export, [api_id], [exported, status], api_name=f"export_{fmt}")
     parts["refresh_list"] = (handlers.refresh, chooser, search)
     return handlers
