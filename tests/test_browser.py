@@ -106,7 +106,7 @@ def test_chat_in_the_browser(browser, tiny_app):
     kinds = kinds_in_last_answer(page)
     assert sum(1 for n in kinds.values() if n) >= 2, kinds
     stats = page.inner_text("#ls-stats")
-    match = re.search(r"Accepted (\d+)/(\d+) draft tokens", stats)
+    match = re.search(r"accepted draft tokens\s+(\d+)/(\d+) \(", stats)
     assert match and int(match.group(1)) > 0, stats
     card = page.locator("#ls-transcript .tok").first.get_attribute("data-tip")
     assert "p_target" in card
