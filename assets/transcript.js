@@ -55,6 +55,13 @@ const refresh = () => {
   if (!streaming()) busy.hidden = true;
 };
 scroller.addEventListener('scroll', () => { follow = atBottom(); chip.hidden = follow; }, { passive: true });
+// a wheel turned up, a touch drag or a key that scrolls up means the reader left the bottom: a stream update landing
+// before the scroll event must not pull them back
+scroller.addEventListener('wheel', (event) => { if (event.deltaY < 0) follow = false; }, { passive: true });
+scroller.addEventListener('touchmove', () => { follow = false; }, { passive: true });
+scroller.addEventListener('keydown', (event) => {
+  if (['ArrowUp', 'PageUp', 'Home'].includes(event.key)) follow = false;
+});
 new MutationObserver(refresh).observe(element, { childList: true, subtree: true, characterData: true });
 chip.addEventListener('click', () => { toBottom(); chip.hidden = true; });
 const sent = () => {

@@ -387,7 +387,8 @@ def test_the_conversation_follows_the_stream_unless_scrolled_up(browser, echo_ap
     page.fill("#ls-message textarea", LONG_MESSAGE)
     page.click("#ls-send")
     page.wait_for_selector("#ls-transcript .ls-cursor", timeout=30_000)
-    page.evaluate(f"document.querySelector('{SCROLLER}').scrollTop = 0")  # the reader scrolls up mid-answer
+    page.locator("#ls-transcript").hover()
+    page.mouse.wheel(0, -100_000)  # the reader scrolls up mid-answer
     page.wait_for_selector(".ls-jump:not([hidden])", timeout=10_000)
 
     page.fill("#ls-message textarea", "sent mid-answer")
