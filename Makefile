@@ -7,6 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 PIP_VERSION := pip==26.3
+AXE_CORE := axe-core@4.14.1
 export GRADIO_ANALYTICS_ENABLED := False
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -32,6 +33,8 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.lock
 	@command -v chromium >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 		echo "note: chromium not installed; browser tests will be skipped")
+	@command -v npm >/dev/null 2>&1 && npm install --silent --no-audit --no-fund --no-save --prefix .test-js \
+		$(AXE_CORE) || echo "note: npm missing or offline; the axe-core accessibility check will be skipped"
 	touch $@
 
 setup: $(VENV)/.installed

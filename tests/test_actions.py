@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from localspec.ui.actions import Actions
@@ -90,7 +92,8 @@ def test_edit_puts_the_last_message_back_and_send_replaces_that_exchange(app):
     _, _, turns = send(handlers, "a message with a typo", turns)
     transcript, status, box, turns, editing, cancel = actions.edit(turns, None, True)
     assert box == "a message with a typo" and "Editing" in status
-    assert [t["content"] for t in turns] == ["hello", "hello"] and "typo" not in transcript
+    assert [t["content"] for t in turns] == ["hello", "hello"]
+    assert "typo" in transcript and transcript.count("ls-editing") == 2  # still in view, marked as being edited
     assert cancel["visible"] is True and editing["at"] == 2
     assert saved(store)[-1] == ("assistant", "a message with a typo")  # stored until the resend answers
     _, _, turns = send(handlers, "a message without it", turns)
@@ -157,3 +160,37 @@ def test_clearing_ends_an_edit(app):
     assert sorted(len(c.messages) for c in conversations) == [2, 2]  # the first one keeps its exchange
     _transcript, status, *_ = actions.cancel_edit(turns, editing, True)  # a stale edit state puts nothing back
     assert "dropped" in status
+
+
+def test_regenerate_at_temperature_zero_says_it_repeats_and_regenerate_sampled_samples(app):
+    handlers, actions, _store = app
+    _, _, turns = send(handlers, "the same words again", [])
+    _t, _s, status, _e, greedy_turns = last(actions.regenerate(turns, None, *SETTINGS))
+    assert "gives the same answer" in status and "Regenerate sampled" in status
+    assert greedy_turns[-1]["content"] == turns[-1]["content"]
+    _t, _s, status, _e, sampled = last(actions.regenerate_sampled(greedy_turns, None, *SETTINGS))
+    assert sampled[-1]["sampling"]["temperature"] == pytest.approx(0.7) and "same answer" not in status
+    warm = SETTINGS[:2] + (0.3,) + SETTINGS[3:]  # a temperature above 0 is kept as it is
+    _t, _s, _status, _e, kept = last(actions.regenerate_sampled(sampled, None, *warm))
+    assert kept[-1]["sampling"]["temperature"] == pytest.approx(0.3)
+
+
+def test_keep_speculating_turns_adaptive_k_off_for_the_answer(app):
+    from localspec.ui.settings import read_speculation
+
+    assert read_speculation("ngram", 3, 0).adaptive is None  # the pair's own setting
+    assert read_speculation("ngram", 3, 0, True).adaptive is False
+    handlers, _actions, _store = app
+    seen = []
+    session = handlers.manager.session
+    session.pair = replace(session.pair, adaptive=True)  # an entry that asks for adaptive K
+    original = session.stream_ids
+
+    def spy(ids, sampling, spec, cancel=None):
+        seen.append(spec.adaptive)
+        return original(ids, sampling, spec, cancel)
+
+    session.stream_ids = spy
+    send(handlers, "adaptive on", [], SETTINGS + (False,))
+    send(handlers, "adaptive off", [], SETTINGS + (True,))
+    assert seen == [True, False]

@@ -98,7 +98,8 @@ def test_edit_and_resend_through_the_app_replaces_the_exchange(served):
     c.predict("edit test one", *SETTINGS, api_name="/send")
     c.predict("edit test tpyo", *SETTINGS, api_name="/send")
     transcript, status, box = c.predict(True, api_name="/edit_last")[:3]
-    assert box == "edit test tpyo" and "Editing" in status and "tpyo" not in transcript
+    assert box == "edit test tpyo" and "Editing" in status
+    assert transcript.count("ls-editing") == 2 and "tpyo" in transcript  # in view, marked as being edited
     transcript, *_ = c.predict("edit test typo", *SETTINGS, api_name="/send")
     assert "tpyo" not in transcript and transcript.count("edit test typo") >= 1
     assert messages_of(store, "edit test one") == [

@@ -7,6 +7,7 @@ rewrites assets/screenshot.png from the embedded default model.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -105,10 +106,10 @@ def test_chat_in_the_browser(browser, tiny_app):
     kinds = kinds_in_last_answer(page)
     assert sum(1 for n in kinds.values() if n) >= 2, kinds
     stats = page.inner_text("#ls-stats")
-    match = re.search(r"Accepted (\d+)/(\d+) draft tokens", stats)
+    match = re.search(r"accepted draft tokens\s+(\d+)/(\d+) \(", stats)
     assert match and int(match.group(1)) > 0, stats
-    title = page.locator("#ls-transcript .tok").first.get_attribute("title")
-    assert "p_target" in title
+    card = page.locator("#ls-transcript .tok").first.get_attribute("data-tip")
+    assert "p_target" in card
 
     page.get_by_role("radio", name="off", exact=True).check()
     send_and_wait(page, "<script>window.pwned = 1</script><img src=x onerror='window.pwned=2'>", 1)
@@ -118,8 +119,7 @@ def test_chat_in_the_browser(browser, tiny_app):
     assert "<script>window.pwned = 1</script>" in page.inner_text("#ls-transcript")
     assert page.locator("#ls-transcript script, #ls-transcript img").count() == 0
 
-    page.get_by_label("Colour tokens by kind").uncheck()
-    page.wait_for_selector("#ls-transcript .ls-nocolour", timeout=30_000)
+    assert page.locator("#ls-transcript .ls-subtle").count() == 1  # the default: faint underlines
     background = page.locator("#ls-transcript .tok").first.evaluate("e => getComputedStyle(e).backgroundColor")
     assert background in ("rgba(0, 0, 0, 0)", "transparent")
     page.close()
@@ -171,24 +171,10 @@ def test_enter_sends_and_a_saved_conversation_reopens(browser, tiny_app):
     page.reload()  # a new session: the window starts empty, the conversation is in the saved list
     page.wait_for_selector("#ls-message textarea", timeout=90_000)
     assert page.locator("#ls-transcript .tok").count() == 0
-    page.get_by_text("Saved conversations").click()
-    page.click("#ls-refresh")
-    page.locator("#ls-conversation input").click()
-    page.get_by_role("option", name=re.compile("remember this conversation")).first.click()
-    page.click("#ls-open")
+    page.locator("#ls-conversation label").filter(has_text="remember this conversation").first.click()
     wait_status(page, "Opened")
     assert "remember this conversation" in page.inner_text("#ls-transcript")
     assert kinds_in_last_answer(page) == kinds  # the highlighting came back from the database
-
-    page.click("#ls-delete")  # two steps: Delete… then Confirm delete
-    page.wait_for_selector("#ls-confirm", state="visible", timeout=30_000)
-    page.click("#ls-cancel-delete")
-    wait_status(page, "Nothing was deleted")
-    page.click("#ls-delete")
-    page.click("#ls-confirm")
-    wait_status(page, "Deleted")
-    page.locator("#ls-conversation input").click()
-    assert page.get_by_role("option", name=re.compile("remember this conversation")).count() == 0
     page.close()
 
 
@@ -232,6 +218,27 @@ def squares(xs):
 MARKDOWN_CODE = "def squares(xs):\n    return [x * x for x in xs]\n"
 
 
+@pytest.fixture(scope="module")
+def echo_store_app(tmp_path_factory):
+    """The echo window with a ConversationStore: the saved-conversations sidebar shows."""
+    from localspec.store.db import ConversationStore
+    from localspec.ui import build_app, launch_options
+    from localspec.ui.echo import echo_manager
+
+    from .apphelpers import free_port
+
+    store = ConversationStore(tmp_path_factory.mktemp("echo-store") / "conversations.db")
+    demo = build_app(echo_manager(0.005), store)
+    demo.queue(default_concurrency_limit=None)
+    port = free_port()
+    demo.launch(
+        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, share=False, quiet=True, **launch_options()
+    )
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+    store.close()
+
+
 def coloured(page, selector: str) -> int:
     """How many token spans under selector have a kind colour (a non-transparent background)."""
     return page.evaluate(
@@ -247,6 +254,7 @@ def test_markdown_answer_keeps_coloured_tokens_in_the_browser(browser, echo_app)
     page.goto(echo_app)
     page.wait_for_selector("#ls-message textarea", timeout=90_000)
     wait_status(page, "ready")
+    page.get_by_label("Full token colours").check()
     send_and_wait(page, MARKDOWN_PROMPT, 0)
     answer = "#ls-transcript .ls-assistant"
     for selector in (
@@ -271,8 +279,8 @@ def test_markdown_answer_keeps_coloured_tokens_in_the_browser(browser, echo_app)
     page.click(f"{answer} .ls-copy-md")
     assert page.evaluate("navigator.clipboard.readText()") == MARKDOWN_PROMPT  # the answer's markdown source
 
-    page.get_by_label("Colour tokens by kind").uncheck()
-    page.wait_for_selector("#ls-transcript .ls-nocolour", timeout=30_000)
+    page.get_by_label("Full token colours").uncheck()
+    page.wait_for_selector("#ls-transcript .ls-subtle", timeout=30_000)
     assert page.locator(f"{answer} li .tok").count() > 0 and coloured(page, f"{answer} .tok") == 0
     assert page.locator(f"{answer} pre code").count() == 1  # the same markdown, uncoloured
     context.close()
@@ -350,10 +358,174 @@ def test_token_colours_stay_legible_in_both_themes(browser, echo_app, theme):
     page.wait_for_selector("#ls-message textarea", timeout=90_000)
     wait_status(page, "ready")
     assert page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
+    page.get_by_label("Full token colours").check()
     send_and_wait(page, "Some **bold** text and `code`, then more words to cycle every kind of token.", 0)
     ratios = page.evaluate(CONTRAST_JS)
     assert all(ratio >= 4.5 for ratio in ratios.values()), ratios  # WCAG AA for body text
     page.close()
+
+
+SCROLLER = "#ls-transcript .html-container"
+AT_BOTTOM_JS = f"""() => {{ const s = document.querySelector('{SCROLLER}');
+    return s.scrollHeight - s.scrollTop - s.clientHeight < 48; }}"""
+LONG_MESSAGE = " ".join(f"word{i}" for i in range(700))
+
+
+def open_echo(browser, url, **context_options):
+    context = browser.new_context(**({"viewport": VIEWPORT} | context_options))
+    page = context.new_page()
+    page.goto(url, wait_until="load")
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    wait_status(page, "ready")
+    return context, page
+
+
+def test_the_conversation_follows_the_stream_unless_scrolled_up(browser, echo_app):
+    context, page = open_echo(browser, echo_app)
+    send_and_wait(page, LONG_MESSAGE, 0)
+    assert page.evaluate(AT_BOTTOM_JS)  # followed the answer to its end
+    page.fill("#ls-message textarea", LONG_MESSAGE)
+    page.click("#ls-send")
+    page.wait_for_selector("#ls-transcript .ls-cursor", timeout=30_000)
+    page.locator("#ls-transcript").hover()
+    page.mouse.wheel(0, -100_000)  # the reader scrolls up mid-answer
+    page.wait_for_selector(".ls-jump:not([hidden])", timeout=10_000)
+
+    page.fill("#ls-message textarea", "sent mid-answer")
+    page.locator("#ls-message textarea").press("Enter")  # Enter while busy says so; the message stays
+    page.wait_for_selector(".ls-busy:not([hidden])", timeout=10_000)
+    assert "still streaming" in page.inner_text(".ls-busy")
+    wait_status(page, "Done")
+    assert page.input_value("#ls-message textarea") == "sent mid-answer"
+    assert not page.evaluate(AT_BOTTOM_JS)  # the stream did not pull the reader down
+    assert page.evaluate(f"document.querySelector('{SCROLLER}').scrollTop") < 200
+    page.click(".ls-jump")
+    assert page.evaluate(AT_BOTTOM_JS) and page.locator(".ls-jump[hidden]").count() == 1
+    assert page.locator(".ls-busy[hidden]").count() == 1  # gone once the answer ended
+
+    page.evaluate(f"document.querySelector('{SCROLLER}').scrollTop = 0")
+    send_and_wait(page, "short one", 2)  # Send jumps to the bottom again
+    assert page.evaluate(AT_BOTTOM_JS)
+    context.close()
+
+
+def test_provenance_popover_on_tap_at_phone_width(browser, echo_app):
+    context, page = open_echo(browser, echo_app, viewport={"width": 390, "height": 844}, has_touch=True, is_mobile=True)
+    assert page.locator(".sidebar.open").count() == 0  # the conversation first: settings and list are drawers
+    send_and_wait(page, "Some words here to cycle every kind of token, then a few more words.", 0)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # no horizontal overflow
+    resampled = page.locator("#ls-transcript .ls-assistant .tok-resampled").first
+    resampled.tap()
+    pop = page.locator("#ls-pop")
+    pop.wait_for(state="visible", timeout=5_000)
+    text = pop.inner_text()
+    assert "resampled by the target" in text and "p_target = 0.400" in text
+    assert "rejected draft token" in text and "rejected: the target's top token differs" in text  # greedy words
+    assert "min(1, p_target/p_draft)" not in text
+    box = pop.bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= 390
+    page.locator("#ls-transcript .ls-user").first.tap()  # a tap elsewhere closes it
+    pop.wait_for(state="hidden", timeout=5_000)
+
+    page.locator("#ls-transcript .ls-assistant .ls-body").first.focus()  # keyboard: the answer, then its tokens
+    page.keyboard.press("ArrowRight")
+    pop.wait_for(state="visible", timeout=5_000)
+    assert page.evaluate("document.activeElement.classList.contains('tok')")
+    assert page.evaluate("document.activeElement.getAttribute('aria-describedby')") == "ls-pop"
+    page.keyboard.press("Escape")
+    pop.wait_for(state="hidden", timeout=5_000)
+    page.locator(".sidebar .toggle-button").last.click()  # the settings drawer opens over the conversation
+    page.wait_for_selector(".sidebar.open", timeout=5_000)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    context.close()
+
+
+def test_the_compare_panel_belongs_to_its_answer(browser, echo_app):
+    context, page = open_echo(browser, echo_app)
+    send_and_wait(page, "compare these few words", 0)
+    page.click("#ls-compare")
+    wait_status(page, "Baseline done")
+    panel = page.locator("#ls-compare-panel .ls-compare")
+    assert panel.is_visible() and "compare of answer 1" in panel.inner_text()
+    texts = page.locator("#ls-compare-panel .ls-compare-text")
+    assert texts.count() == 2 and all("compare these few words" in t for t in texts.all_inner_texts())
+    assert "measured speedup" in panel.inner_text()
+    send_and_wait(page, "a new answer", 1)
+    gone = "#ls-compare-panel .ls-compare"
+    page.wait_for_selector(gone, state="detached", timeout=10_000)  # gone with the answer it compared
+    page.click("#ls-compare")
+    wait_status(page, "Baseline done")
+    assert "compare of answer 2" in page.inner_text("#ls-compare-panel")
+    page.click("#ls-regenerate")
+    wait_status(page, "Done")
+    page.wait_for_selector(gone, state="detached", timeout=10_000)
+    context.close()
+
+
+PALINDROME = "Write a palindrome checker in Python that ignores case, spaces and punctuation, with tests"
+
+
+def test_saved_conversations_sidebar(browser, echo_store_app):
+    context, page = open_echo(browser, echo_store_app)
+    send_and_wait(page, PALINDROME, 0)
+    page.click("#ls-clear")
+    wait_status(page, "Cleared")
+    send_and_wait(page, "A second conversation about tokenizers", 0)
+    items = page.locator("#ls-conversation label")
+    page.wait_for_function("document.querySelectorAll('#ls-conversation label').length === 2", timeout=10_000)
+    assert PALINDROME in items.all_inner_texts()[1]  # the full title is in the list; CSS shortens it on screen
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+
+    page.locator("#ls-search").get_by_role("textbox").fill("palindrome")
+    page.wait_for_function("document.querySelectorAll('#ls-conversation label').length === 1", timeout=10_000)
+    items.first.click()
+    wait_status(page, "Opened")
+    assert PALINDROME in page.inner_text("#ls-transcript .ls-user")
+    assert page.locator("#ls-title").get_by_role("textbox").input_value() == PALINDROME
+
+    page.locator("#ls-title").get_by_role("textbox").fill("Palindromes, renamed")
+    page.locator("#ls-title").get_by_role("textbox").press("Enter")  # rename in place
+    wait_status(page, "Renamed")
+    page.locator("#ls-search").get_by_role("textbox").fill("")
+    page.wait_for_function(
+        "[...document.querySelectorAll('#ls-conversation label')].some(l => l.innerText.includes('renamed'))",
+        timeout=10_000,
+    )
+
+    page.click("#ls-delete")  # delete with undo
+    wait_status(page, "Undo brings it back")
+    page.wait_for_function("document.querySelectorAll('#ls-conversation label').length === 1", timeout=10_000)
+    page.click("#ls-undo")
+    wait_status(page, "Brought back")
+    page.wait_for_function("document.querySelectorAll('#ls-conversation label').length === 2", timeout=10_000)
+    context.close()
+
+
+AXE = REPO / ".test-js" / "node_modules" / "axe-core" / "axe.min.js"  # make setup-test installs it
+
+
+def axe_violations(page) -> list[dict]:
+    """axe-core's serious and critical violations of the page as it is: rule, impact, the first elements."""
+    page.add_script_tag(path=str(AXE))
+    return page.evaluate(
+        """async () => (await axe.run(document, {resultTypes: ['violations']})).violations
+            .filter(v => ['serious', 'critical'].includes(v.impact))
+            .map(v => ({id: v.id, impact: v.impact, help: v.help,
+                        nodes: v.nodes.slice(0, 3).map(n => n.target.join(' '))}))"""
+    )
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_no_serious_accessibility_violations(browser, echo_store_app, width):
+    if not AXE.exists():
+        pytest.skip(f"axe-core is not installed at {AXE} (make setup-test installs it with npm)")
+    context, page = open_echo(browser, echo_store_app, viewport={"width": width, "height": 844})
+    send_and_wait(page, "Some **bold** words and `code` to check, then a few more words.", 0)
+    page.locator("#ls-transcript .ls-assistant .tok").first.hover()
+    page.locator("#ls-pop").wait_for(state="visible", timeout=5_000)
+    found = axe_violations(page)
+    assert found == [], json.dumps(found, indent=1)
+    context.close()
 
 
 @pytest.mark.slow
@@ -371,7 +543,9 @@ def test_regenerate_and_edit_the_last_message_in_the_browser(browser, echo_app):
     page.click("#ls-edit")
     wait_status(page, "Editing")
     assert page.input_value("#ls-message textarea") == "first words here"
-    assert answers.count() == 0 and page.locator("#ls-cancel-edit").is_visible()
+    assert page.locator("#ls-transcript .ls-editing").count() == 2  # the exchange stays in view, marked
+    assert "press Send to replace it" in page.inner_text("#ls-transcript .ls-edit-note")
+    assert page.locator("#ls-cancel-edit").is_visible()
     page.fill("#ls-message textarea", "edited words")
     page.click("#ls-send")
     wait_status(page, "Done: 2 tokens")
@@ -421,10 +595,69 @@ def test_screenshot_of_the_embedded_default(browser, tmp_path):
     assert out.stat().st_size > 10_000
 
 
+ECHO_SCREENSHOT_PROMPT = """Here is a function that reverses a string:
+
+```python
+def reverse(text: str) -> str:
+    return text[::-1]
+```
+
+- slicing with a step of -1 walks the string backwards
+- it works for any sequence, lists included
+"""
+
+
+def take_echo_screenshots(browser, folder: Path) -> list[Path]:
+    """The window on the model-free echo session (with saved conversations) at 1400×900, light and dark, with a
+    token's provenance card open: screenshot.png and screenshot-dark.png in folder."""
+    import tempfile as _tempfile
+
+    from localspec.store.db import ConversationStore
+    from localspec.ui import build_app, launch_options
+    from localspec.ui.echo import echo_manager
+
+    from .apphelpers import free_port
+
+    store = ConversationStore(Path(_tempfile.mkdtemp(prefix="localspec-shot-")) / "conversations.db")
+    demo = build_app(echo_manager(0.005), store)
+    demo.queue(default_concurrency_limit=None)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
+    out = []
+    try:
+        for theme, name in (("light", "screenshot.png"), ("dark", "screenshot-dark.png")):
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"http://127.0.0.1:{port}/?__theme={theme}", wait_until="load")
+            page.wait_for_selector("#ls-message textarea", timeout=90_000)
+            wait_status(page, "ready")
+            if theme == "light":  # a second saved conversation for the list
+                send_and_wait(page, "What does speculative decoding change about the output?", 0)
+                page.click("#ls-clear")
+                wait_status(page, "Cleared")
+            send_and_wait(page, ECHO_SCREENSHOT_PROMPT, 0)
+            page.locator("#ls-transcript .ls-assistant pre .tok-resampled").filter(
+                has_text=re.compile(r"\w")
+            ).first.hover()
+            page.locator("#ls-pop").wait_for(state="visible", timeout=5_000)
+            path = folder / name
+            page.screenshot(path=str(path))
+            out.append(path)
+            page.close()
+    finally:
+        demo.close()
+        store.close()
+    return out
+
+
 if __name__ == "__main__":
+    import sys
+
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        print(take_screenshot(chromium, REPO / "assets" / "screenshot.png"))
+        if "--echo" in sys.argv:  # the window on the echo session: no model needed
+            print(take_echo_screenshots(chromium, REPO / "assets"))
+        else:
+            print(take_screenshot(chromium, REPO / "assets" / "screenshot.png"))
         chromium.close()

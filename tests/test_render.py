@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
 
 from localspec.engine.events import StatsSnapshot, TokenEvent
@@ -81,7 +82,7 @@ def test_model_text_renders_as_text_never_as_markup():
     for raw in ("{{", "${", "<script", "<img", "`"):
         assert raw not in markup
     for span in parsed.spans:  # attributes cannot be broken out of
-        assert set(span) == {"class", "title"}
+        assert set(span) == {"class", "tabindex", "data-tip"}
 
 
 def test_span_classes_follow_the_event_kinds():
@@ -94,12 +95,12 @@ def test_colouring_off_keeps_text_and_marks_spans_plain():
     record = token_record(TokenEvent(1, "accepted", 0.9, 0.8, text="hi"))
     assert "tok-plain" in token_span(record, colour=False)
     assert "tok-plain" not in token_span(record, colour=True)
-    assert "ls-nocolour" in transcript_html([{"role": "assistant", "content": "hi", "tokens": [record]}], colour=False)
+    assert "ls-subtle" in transcript_html([{"role": "assistant", "content": "hi", "tokens": [record]}], colour=False)
 
 
 def test_tooltip_holds_probabilities_and_the_rejected_draft_token():
     accepted = token_record(TokenEvent(1, "accepted", 0.30, 0.60, text="a"))
-    title = parse(token_span(accepted)).spans[0]["title"]
+    title = parse(token_span(accepted)).spans[0]["data-tip"]
     assert "p_target = 0.300" in title and "p_draft = 0.600" in title
     assert "min(1, p_target/p_draft) = 0.500" in title  # TokenEvent.acceptance_prob, not recomputed here
 
@@ -109,7 +110,7 @@ def test_tooltip_holds_probabilities_and_the_rejected_draft_token():
         ),
         decode=lambda ids: f"<tok{ids[0]}>",
     )
-    title = parse(token_span(resampled)).spans[0]["title"]
+    title = parse(token_span(resampled)).spans[0]["data-tip"]
     assert "'<tok7>'" in title  # decoded, and the attribute parser gives back the raw text: it was escaped
     assert "acceptance min(1, p_target/p_draft) = 0.250" in title
 
@@ -124,7 +125,7 @@ def test_rejected_token_falls_back_to_its_id_when_it_cannot_be_decoded():
         ),
         decode=broken,
     )
-    assert "id 42" in parse(token_span(record)).spans[0]["title"]
+    assert "id 42" in parse(token_span(record)).spans[0]["data-tip"]
 
 
 def test_unknown_kind_is_rendered_as_target():
@@ -157,8 +158,9 @@ def test_stats_panel_shows_the_snapshot_numbers():
     )
     markup = stats_html(stats, "n-gram", 3)
     text = " ".join(parse(markup).text)
-    assert "Accepted 9/12 draft tokens (75%)" in text
-    assert f"{stats.mean_acceptance_length:.2f} tokens / target forward" in text
+    assert "accepted draft tokens 9/12 (75%)" in text
+    assert f"tokens per forward {stats.mean_acceptance_length:.2f}" in text
+    assert "time per step 100 ms" in text  # (0.1 + 0.3 + 0.1) s over 5 forwards
     assert f"{stats.tokens_per_s:.1f}" in text
     assert "propose 100 ms" in text and "score 300 ms" in text and "sample 100 ms" in text
     widths = [float(w) for w in re.findall(r'class="ls-bar" style="width:([\d.]+)%"', markup)]
@@ -171,9 +173,40 @@ def test_stats_panel_shows_the_snapshot_numbers():
     assert "n-gram · tree 8" in tree_text and "K=3" not in tree_text
 
 
-def test_chart_without_drafts_says_so():
-    assert "no drafts yet" in acceptance_chart_html(StatsSnapshot())
+def test_chart_without_drafts_is_left_out():
+    assert acceptance_chart_html(StatsSnapshot()) == ""
     assert "Stats of the current answer" in stats_html(None)
+
+
+def test_speculation_off_shows_only_what_applies():
+    stats = StatsSnapshot(emitted=6, target_forwards=6, elapsed_s=1.0, score_s=0.6, predicted_speedup=1.4)
+    text = " ".join(parse(stats_html(stats, "off", None, "stop")).text)
+    assert "speculation off" in text and "finished" in text and "tokens/s 6.0" in text
+    for absent in ("accepted", "draft", "tokens per forward", "forecast", "acceptance by"):
+        assert absent not in text, absent
+
+
+def test_every_figure_has_its_definition_beside_it():
+    stats = StatsSnapshot(drafted=4, accepted=2, emitted=5, target_forwards=2, elapsed_s=1.0, score_s=0.2, k=2)
+    markup = stats_html(replace(stats, predicted_speedup=1.7), "n-gram", 2)
+    heads = re.findall(r"<th( title=\"[^\"]+\")?>", markup)
+    assert len(heads) >= 6 and all(heads), heads  # each row's tooltip
+    text = " ".join(parse(markup).text)
+    assert "forecast speedup 1.70× (controller's forecast)" in text
+    assert "Compare with baseline measures the real speedup" in text  # the help line under the table
+
+
+def test_a_tree_is_counted_per_path_with_its_nodes_on_their_own_line():
+    stats = StatsSnapshot.start(4)
+    # two tree steps of 8 nodes and depth 3: 2 then 3 path positions accepted
+    stats = stats.after_step(8, 2, 3, 0.0, 0.0, 0.0, depth=3).after_step(8, 3, 4, 0.0, 0.0, 0.0, depth=3)
+    assert (stats.drafted, stats.accepted, stats.tree_nodes_drafted, stats.k) == (6, 5, 16, 3)
+    assert stats.per_position_drafted[:3] == (2, 2, 2) and stats.per_position_accepted[:3] == (2, 2, 1)
+    text = " ".join(parse(stats_html(stats, "n-gram", 4, tree_nodes=8)).text)
+    assert "accepted depth 5/6 (83%)" in text and "tree nodes drafted 16" in text
+    assert "acceptance by draft position (depth in the tree)" in text
+    chain = StatsSnapshot.start(4).after_step(4, 1, 2, 0.0, 0.0, 0.0)
+    assert (chain.drafted, chain.tree_nodes_drafted, chain.k) == (4, 0, 4)
 
 
 def test_compare_panel_reports_speedup_and_identity():
@@ -186,10 +219,22 @@ def test_compare_panel_reports_speedup_and_identity():
     assert "sampled" in text
 
 
+def test_compare_shows_both_texts_with_the_first_difference_marked_and_the_forecast_beside_the_measurement():
+    spec, base = {"tokens_per_s": 30.0, "predicted_speedup": 2.5}, {"tokens_per_s": 20.0}
+    markup = compare_html(
+        spec, base, "n-gram", True, False, 2, ["a", " b", " c", " d"], ["a", " b", " x", " d"], answer_index=1
+    )
+    parsed = parse(markup)
+    assert markup.count('<mark class="ls-diff">') == 2 and "> c</mark>" in markup and "> x</mark>" in markup
+    text = " ".join(parsed.text)
+    assert "measured speedup 1.50×" in text and "controller's forecast 2.50×" in text
+    assert "compare of answer 2" in text
+
+
 def test_legend_lists_every_kind_and_escape_is_total():
     legend = legend_html()
     for kind in ("accepted", "resampled", "bonus", "target"):
-        assert f"tok-{kind}" in legend
+        assert f"ls-swatch-{kind}" in legend
     assert escape("<a href='x'>") == "&lt;a href=&#x27;x&#x27;&gt;"
 
 
@@ -367,9 +412,13 @@ def test_stats_panel_says_why_speculation_is_paused_and_what_runs():
     runtime = {"device": "cuda:0", "dtype": "bfloat16", "quant": "int8", "sampler": "triton"}
     text = " ".join(parse(stats_html(stats, "n-gram", 4, runtime=runtime)).text)
     assert (
-        "speculation paused: drafting 4 tokens would cost 1.60× a plain step here and win only 1.30× "
-        "(predicted speedup 0.81×); retrying every 30 steps"
+        "Speculation paused: a step with 4 draft tokens took 1.60× as long as a plain step and gave 1.30 tokens on "
+        "average, so it would run at 0.81× the plain speed."
     ) in text
+    assert "retries every 30 steps" in text
+    assert "keep speculating anyway" in text  # the way out, beside the reason
+    asked = " ".join(parse(stats_html(replace(stats, paused=dict(paused, k=1)), "n-gram", 4)).text)
+    assert "You asked for K = 4; the controller tried 1 draft token (its best K)" in asked
     assert "cuda:0 · bfloat16 · int8 · sampler triton" in text
     assert "paused" not in " ".join(parse(stats_html(StatsSnapshot(emitted=3), "n-gram", 4)).text)
     assert stats_html(StatsSnapshot.from_dict(stats.to_dict()), "n-gram", 4) == stats_html(stats, "n-gram", 4)

@@ -26,8 +26,8 @@ class PauseReason:
 class StatsSnapshot:
     """Statistics of one answer as of its latest step. Mean acceptance length counts the bonus / resampled token."""
 
-    drafted: int = 0
-    accepted: int = 0
+    drafted: int = 0  # draft positions: a chain's every token, a token tree's depth (one path's worth)
+    accepted: int = 0  # of those, kept (a tree: the accepted path's depth)
     emitted: int = 0
     target_forwards: int = 0
     elapsed_s: float = 0.0
@@ -37,7 +37,8 @@ class StatsSnapshot:
     sampler_s: float = 0.0
     per_position_drafted: tuple[int, ...] = ()
     per_position_accepted: tuple[int, ...] = ()
-    k: int = 0  # K of the latest step (the adaptive controller may change it)
+    k: int = 0  # K of the latest step (the adaptive controller may change it); a token tree's depth
+    tree_nodes_drafted: int = 0  # every node of the token trees drafted, siblings included (0 for chains)
     predicted_speedup: Optional[float] = None  # E / (K·c + v) from measured costs, when known
     paused: Optional[PauseReason] = None  # adaptive speculation is off, and why
     dropped_drafts: int = 0  # steps whose draft had NaN / infinite probabilities (run as plain steps)
@@ -77,8 +78,9 @@ class StatsSnapshot:
         depth: Optional[int] = None,
     ) -> StatsSnapshot:
         """These statistics with one more step: `drafted` tokens proposed, `accepted` kept, `emitted` emitted.
-        depth: for a token tree, its depth (the per-position counts are per depth: a tree drafts one path's worth
-        of positions); None for a chain (depth = drafted)."""
+        depth: for a token tree of `drafted` nodes, its depth. A tree is counted per path: it drafts `depth`
+        positions (drafted, per-position counts and K are per depth) and its nodes count in tree_nodes_drafted;
+        None for a chain (depth = drafted)."""
         positions = drafted if depth is None else depth
         width = max(len(self.per_position_drafted), positions)
         pos_drafted = list(self.per_position_drafted) + [0] * (width - len(self.per_position_drafted))
@@ -88,7 +90,9 @@ class StatsSnapshot:
             pos_accepted[position] += position < accepted
         return replace(
             self,
-            drafted=self.drafted + drafted,
+            drafted=self.drafted + positions,
+            tree_nodes_drafted=self.tree_nodes_drafted + (0 if depth is None else drafted),
+            k=self.k if depth is None else depth,
             accepted=self.accepted + accepted,
             emitted=self.emitted + emitted,
             target_forwards=self.target_forwards + 1,

@@ -27,7 +27,7 @@ from typing import Any, Literal, Optional
 from localspec.config import ConfigError
 
 from .schema import SCHEMA_VERSION, migrate, user_version
-from .validation import ROLES, clean_text
+from .validation import ROLES, clean_text, finish_words
 
 DB_NAME = "conversations.db"
 EXPORT_FORMAT = "localspec-conversation"
@@ -790,8 +790,8 @@ class ConversationStore:
                     notes.append(f"proposer {m.proposer}{shape}")
                 if not m.complete:
                     notes.append("incomplete: the app stopped before this answer finished")
-                elif m.finish_reason and m.finish_reason not in ("stop", "length"):
-                    notes.append(m.finish_reason)
+                elif m.finish_reason and m.finish_reason != "stop":
+                    notes.append(finish_words(m.finish_reason))
                 if m.error:
                     notes.append(f"error: {m.error}")
             lines.append(f"## {heading}" + (f" ({'; '.join(notes)})" if notes else ""))

@@ -11,6 +11,19 @@ from localspec.config import ConfigError, whole_number
 __all__ = ["ROLES", "clean_text", "finite_number", "validate_messages", "whole_number"]
 
 ROLES: tuple[str, ...] = ("system", "user", "assistant")
+# why an answer ended, in words (the window's answer notes and stats, and the Markdown export)
+FINISH_WORDS: dict[str, str] = {
+    "stop": "finished",
+    "length": "reached the max new tokens",
+    "cancelled": "stopped by you (partial answer kept)",
+    "error": "failed",
+    "incomplete": "incomplete (the app stopped during this answer)",
+}
+
+
+def finish_words(reason: Any) -> str:
+    """A finish reason (stop | length | cancelled | error | incomplete) in words; an unknown one as it is."""
+    return FINISH_WORDS.get(str(reason), str(reason))
 
 
 def clean_text(value: Any, what: str = "text") -> str:

@@ -1,10 +1,10 @@
 """Regenerate the last answer, and edit and resend the last message.
 
 Regenerate drops the last answer and answers the same user message again with the controls' current settings; the
-saved conversation keeps one answer to it. Edit takes the last exchange out of the transcript and puts its message
-back in the box; the next Send replaces that exchange (in the window and in the saved conversation), and Cancel
-edit puts it back. The edit in progress lives in a gr.State: None, or {"turns": [the user turn, its answer],
-"at": how many turns stayed}.
+saved conversation keeps one answer to it. Edit takes the last exchange out of the conversation (it stays in view,
+marked, with what to do) and puts its message back in the box; the next Send replaces that exchange (in the window
+and in the saved conversation), and Cancel edit puts it back. The edit in progress lives in a gr.State: None, or
+{"turns": [the user turn, its answer], "at": how many turns stayed}.
 """
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ from .turns import AssistantTurn, turns_from_state
 
 STREAMING = "an answer is still streaming in this window; press Stop or wait for it"
 NOTHING_TO_REDO = "Send a message first: there is no answer to regenerate or message to edit."
+SAMPLED_TEMPERATURE = 0.7  # what "Regenerate sampled" answers with when the temperature control is at 0
+GREEDY_NOTE = (
+    "At temperature 0 (greedy) regenerating gives the same answer; “Regenerate sampled” answers again at "
+    f"temperature {SAMPLED_TEMPERATURE}."
+)
 EDITING = "Editing your last message: change it and press Send to replace it and its answer, or Cancel edit."
 
 
@@ -64,6 +69,7 @@ class Actions:
         seed,
         colour,
         tree_nodes,
+        keep_speculating=False,
         request: gr.Request = None,
     ):
         """Outputs: transcript, stats, status, events, state."""
@@ -78,7 +84,7 @@ class Actions:
             if at is None:
                 raise ConfigError(NOTHING_TO_REDO)
             sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed)
-            choice = read_speculation(proposer, k, tree_nodes)
+            choice = read_speculation(proposer, k, tree_nodes, keep_speculating)
         except ConfigError as exc:
             yield gr.skip(), gr.skip(), status_html(str(exc), "error"), gr.skip(), turns
             return
@@ -87,7 +93,9 @@ class Actions:
         answer = AssistantTurn(streaming=True, proposer=proposer, k=choice.k, sampling=sampling_dict(sampling))
         kept = turns[:-1]
         turns = kept + [answer.to_state()]
-        yield transcript_html(turns, colour), stats_html(None), status_html("Regenerating…"), gr.skip(), turns
+        note = GREEDY_NOTE if sampling.greedy else ""
+        shown = f"Regenerating… {note}".strip()
+        yield transcript_html(turns, colour), stats_html(None), status_html(shown), gr.skip(), turns
         sink = None
         if self.recorder is not None:
             sink = self.recorder.sink(owner, user_text, sampling_dict(sampling), replaces="answer")
@@ -105,7 +113,28 @@ class Actions:
                 )
                 return
             turns = kept + [answer.to_state()]
-            yield (*self.handlers.answer_views(answer, turns, colour, status), turns)
+            yield (*self.handlers.answer_views(answer, turns, colour, status, note), turns)
+
+    def regenerate_sampled(
+        self,
+        turns,
+        editing,
+        proposer,
+        k,
+        temperature,
+        top_p,
+        top_k,
+        max_new_tokens,
+        seed,
+        colour,
+        tree_nodes,
+        keep_speculating=False,
+        request: gr.Request = None,
+    ):
+        """Regenerate with a temperature above 0: the control's, or SAMPLED_TEMPERATURE where it is at 0."""
+        sampled = temperature if isinstance(temperature, (int, float)) and temperature > 0 else SAMPLED_TEMPERATURE
+        settings = (proposer, k, sampled, top_p, top_k, max_new_tokens, seed, colour, tree_nodes, keep_speculating)
+        yield from self.regenerate(turns, editing, *settings, request=request)
 
     # ---- edit and resend -------------------------------------------------------------------------------------
     def edit(self, turns, editing, colour, request: gr.Request = None):
@@ -128,7 +157,7 @@ class Actions:
             self.recorder.begin_edit(owner)
         kept, taken = turns[:at], turns[at:]
         return (
-            transcript_html(kept, colour),
+            transcript_html(turns, colour, editing_from=at),  # the exchange stays in view, marked as being edited
             status_html(EDITING),
             taken[0]["content"],
             kept,
@@ -177,9 +206,14 @@ class Actions:
         """Render the buttons where called (inside a gr.Row) and the edit state."""
         return {
             "editing": gr.State(None),
-            "regenerate": gr.Button("Regenerate", size="sm", elem_id="ls-regenerate"),
-            "edit": gr.Button("Edit last message", size="sm", elem_id="ls-edit"),
-            "cancel": gr.Button("Cancel edit", size="sm", visible=False, elem_id="ls-cancel-edit"),
+            "regenerate": gr.Button("Regenerate", size="sm", elem_id="ls-regenerate", scale=0, min_width=60),
+            "sampled": gr.Button(
+                "Regenerate sampled", size="sm", elem_id="ls-regenerate-sampled", scale=0, min_width=60
+            ),
+            "edit": gr.Button("Edit last message", size="sm", elem_id="ls-edit", scale=0, min_width=60),
+            "cancel": gr.Button(
+                "Cancel edit", size="sm", visible=False, elem_id="ls-cancel-edit", scale=0, min_width=60
+            ),
         }
 
     def wire(self, redo: dict, sent, clear, parts: dict, sampling_inputs: list):
@@ -199,10 +233,19 @@ class Actions:
             api_name="cancel_edit",
             show_progress="hidden",
         )
+        outputs = [parts["transcript"], parts["stats"], parts["status"], parts["events"], turns]
+        redo["sampled"].click(
+            self.regenerate_sampled,
+            [turns, editing, *sampling_inputs],
+            outputs,
+            api_name="regenerate_sampled",
+            concurrency_limit=None,
+            show_progress="hidden",
+        )
         return redo["regenerate"].click(
             self.regenerate,
             [turns, editing, *sampling_inputs],
-            [parts["transcript"], parts["stats"], parts["status"], parts["events"], turns],
+            outputs,
             api_name="regenerate",
             concurrency_limit=None,
             show_progress="hidden",

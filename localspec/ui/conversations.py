@@ -1,10 +1,17 @@
-"""The saved-conversations panel: list, reopen, rename, delete (with confirmation), export as JSON or Markdown."""
+"""The saved-conversations sidebar: a searchable list with full titles (shortened on screen only), reopen on click,
+rename in place, delete with undo, export as JSON or Markdown.
+
+Delete hides the conversation from the list at once and deletes it from the store UNDO_S seconds later (or when the
+tab deletes another one); Undo within that time brings it back. The API's delete_conversation deletes at once.
+"""
 
 from __future__ import annotations
 
 import re
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -15,13 +22,26 @@ from localspec.config import ConfigError
 from . import tempfiles
 from .handlers import answer_stats_html, events_json, owner_of
 from .recorder import Recorder, turns_from_conversation
-from .render import status_html, transcript_html
+from .render import NO_COMPARE, status_html, transcript_html
 from .turns import AssistantTurn, turns_from_state
+
+UNDO_S = 10.0  # how long a deleted conversation can be brought back
+FILE_STEM_CHARS = 80  # an export's file name: the title made file-safe, cut to fit every file system
 
 
 def conversation_label(summary) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.updated_at))
     return f"{'[incomplete] ' if summary.incomplete else ''}{summary.title} · {when}"
+
+
+def file_stem(title: str, cid: int) -> str:
+    """A file name (without extension) from the full title: letters, digits, - and _ kept, runs of anything else
+    one -, cut at a word end within FILE_STEM_CHARS; the id keeps two same-titled exports apart."""
+    slug = re.sub(r"[^\w-]+", "-", title, flags=re.ASCII).strip("-_")
+    if len(slug) > FILE_STEM_CHARS:
+        cut = slug[:FILE_STEM_CHARS]
+        slug = cut[: cut.rfind("-")] if "-" in cut[FILE_STEM_CHARS // 2 :] else cut
+    return f"{slug or 'conversation'}-{cid}"
 
 
 def _id(value) -> Optional[int]:
@@ -33,29 +53,48 @@ def _id(value) -> Optional[int]:
         return None
 
 
+@dataclass
+class _PendingDelete:
+    cid: int
+    title: str
+    timer: threading.Timer
+
+
 class ConversationHandlers:
     def __init__(self, store, recorder: Recorder, manager) -> None:
         self.store, self.recorder, self.manager = store, recorder, manager
         self.export_dir = Path(tempfile.mkdtemp(prefix="localspec-export-", dir=tempfiles.folder()))
+        self.pending: dict[str, _PendingDelete] = {}  # each tab's deletion that can still be undone
+        self.lock = threading.Lock()
 
-    def choices(self) -> list[tuple[str, int]]:
-        return [(conversation_label(s), s.id) for s in self.store.list_conversations()]
+    def _hidden(self) -> set[int]:
+        with self.lock:
+            return {p.cid for p in self.pending.values()}
 
-    def refresh(self, request: gr.Request = None):
+    def choices(self, query: str = "") -> list[tuple[str, int]]:
+        words = str(query or "").casefold().split()
+        hidden = self._hidden()
+        return [
+            (conversation_label(s), s.id)
+            for s in self.store.list_conversations()
+            if s.id not in hidden and all(w in s.title.casefold() for w in words)
+        ]
+
+    def refresh(self, query: str = "", request: gr.Request = None):
         current = self.recorder.conversation_of(owner_of(request))
-        return gr.update(choices=self.choices(), value=current)
+        return gr.update(choices=self.choices(query), value=current)
 
     def open(self, conversation_id, colour, request: gr.Request = None):
         """Outputs: transcript, stats, status, events, state, title box."""
         cid = _id(conversation_id)
+        skip = (gr.skip(),) * 6
         if cid is None:
+            return skip[:2] + (status_html("Choose a conversation to open.", "error"),) + skip[3:]
+        if cid in self._hidden():
             return (
-                gr.skip(),
-                gr.skip(),
-                status_html("Choose a conversation to open.", "error"),
-                gr.skip(),
-                gr.skip(),
-                gr.skip(),
+                skip[:2]
+                + (status_html("That conversation was just deleted; Undo brings it back.", "error"),)
+                + skip[3:]
             )
         try:
             conversation = self.store.get_conversation(cid)
@@ -80,40 +119,82 @@ class ConversationHandlers:
         """Outputs: list, status."""
         cid = _id(conversation_id)
         if cid is None:
-            return gr.skip(), status_html("Choose a conversation to rename.", "error")
+            return gr.skip(), status_html("Open a conversation to rename it.", "error")
         try:
             self.store.rename_conversation(cid, str(title or ""))
         except ConfigError as exc:
             return gr.skip(), status_html(str(exc), "error")
         return gr.update(choices=self.choices(), value=cid), status_html("Renamed.")
 
-    def ask_delete(self, conversation_id):
-        """Outputs: confirm button, cancel button, status."""
-        if _id(conversation_id) is None:
-            return gr.skip(), gr.skip(), status_html("Choose a conversation to delete.", "error")
-        return (
-            gr.update(visible=True),
-            gr.update(visible=True),
-            status_html("Delete this conversation for good? Press “Confirm delete” (or Cancel)."),
-        )
-
     def delete(self, conversation_id):
-        """Outputs: list, confirm button, cancel button, status."""
+        """Delete at once (the API). Outputs: list, status."""
         cid = _id(conversation_id)
-        hidden = gr.update(visible=False)
         if cid is None:
-            return gr.skip(), hidden, hidden, status_html("Choose a conversation to delete.", "error")
+            return gr.skip(), status_html("Choose a conversation to delete.", "error")
         try:
             title = self.store.get_conversation(cid).title
             self.store.delete_conversation(cid)
         except ConfigError as exc:
-            return gr.skip(), hidden, hidden, status_html(str(exc), "error")
+            return gr.skip(), status_html(str(exc), "error")
         self.recorder.forget(cid)
-        return gr.update(choices=self.choices(), value=None), hidden, hidden, status_html(f"Deleted “{title}”.")
+        return gr.update(choices=self.choices(), value=None), status_html(f"Deleted “{title}”.")
 
-    def cancel_delete(self):
+    def _finish_delete(self, owner: str, cid: int) -> None:
+        with self.lock:
+            pending = self.pending.get(owner)
+            if pending is None or pending.cid != cid:
+                return
+            del self.pending[owner]
+        self._finish_delete_now(cid)
+
+    def delete_with_undo(self, conversation_id, query, request: gr.Request = None):
+        """Hide the conversation now, delete it UNDO_S seconds later. Outputs: list, undo button, status, title."""
+        cid, owner = _id(conversation_id), owner_of(request)
+        if cid is None:
+            return gr.skip(), gr.skip(), status_html("Open a conversation to delete it.", "error"), gr.skip()
+        try:
+            title = self.store.get_conversation(cid).title
+        except ConfigError as exc:
+            return gr.skip(), gr.skip(), status_html(str(exc), "error"), gr.skip()
+        with self.lock:
+            earlier = self.pending.pop(owner, None)
+        if earlier is not None:  # one undo at a time: the earlier deletion goes through now
+            earlier.timer.cancel()
+            self._finish_delete_now(earlier.cid)
+        if self.recorder.conversation_of(owner) == cid:
+            self.recorder.set_conversation(owner, None)  # the next message starts a new conversation
+        timer = threading.Timer(UNDO_S, self._finish_delete, (owner, cid))
+        timer.daemon = True
+        with self.lock:
+            self.pending[owner] = _PendingDelete(cid, title, timer)
+        timer.start()
+        return (
+            gr.update(choices=self.choices(query), value=None),
+            gr.update(visible=True),
+            status_html(f"Deleted “{title}”. Undo brings it back within {UNDO_S:.0f} s."),
+            "",
+        )
+
+    def _finish_delete_now(self, cid: int) -> None:
+        try:
+            self.store.delete_conversation(cid)
+        except ConfigError:  # deleted meanwhile (another tab, the API): nothing left to do
+            pass
+        self.recorder.forget(cid)
+
+    def undo_delete(self, query, request: gr.Request = None):
+        """Outputs: list, undo button, status."""
+        with self.lock:
+            pending = self.pending.pop(owner_of(request), None)
         hidden = gr.update(visible=False)
-        return hidden, hidden, status_html("Nothing was deleted.")
+        if pending is None:
+            return gr.skip(), hidden, status_html("Nothing to undo: the deletion went through.", "error")
+        pending.timer.cancel()
+        return gr.update(choices=self.choices(query)), hidden, status_html(f"Brought back “{pending.title}”.")
+
+    def exporter(self, fmt: str):
+        """export() for one format, as a one-input event function."""
+        return lambda conversation_id: self.export(conversation_id, fmt)
 
     def export(self, conversation_id, fmt: str):
         """Outputs: file, status."""
@@ -125,54 +206,81 @@ class ConversationHandlers:
             text = self.store.export_json(cid) if fmt == "json" else self.store.export_markdown(cid)
         except ConfigError as exc:
             return None, status_html(str(exc), "error")
-        stem = re.sub(r"[^A-Za-z0-9_-]+", "-", conversation.title).strip("-")[:40] or "conversation"
-        path = self.export_dir / f"{stem}-{cid}.{'json' if fmt == 'json' else 'md'}"
+        path = self.export_dir / f"{file_stem(conversation.title, cid)}.{'json' if fmt == 'json' else 'md'}"
         path.write_text(text, encoding="utf-8")
         return str(path), status_html(f"Exported “{conversation.title}” as {fmt.upper()}.")
 
 
 def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> ConversationHandlers:
-    """Render the panel where it is called (inside a Blocks column) and wire its events."""
+    """Render the sidebar's content where it is called (inside a gr.Sidebar) and wire its events."""
     handlers = ConversationHandlers(store, recorder, manager)
-    with gr.Accordion("Saved conversations", open=False, elem_id="ls-conversations"):
-        chooser = gr.Dropdown(
-            handlers.choices(),
-            value=None,
-            label="Conversation",
-            interactive=True,
-            allow_custom_value=True,  # the list changes in other tabs; ids are checked here
-            elem_id="ls-conversation",
+    search = gr.Textbox(
+        placeholder="Search conversations", show_label=False, max_lines=1, elem_id="ls-search", container=False
+    )
+    chooser = gr.Radio(
+        handlers.choices(),
+        value=None,
+        label="Saved conversations",
+        interactive=True,
+        elem_id="ls-conversation",
+    )
+    undo = gr.Button("Undo delete", size="sm", visible=False, elem_id="ls-undo")
+    with gr.Accordion("This conversation: rename, delete, export", open=True, elem_id="ls-conversation-tools"):
+        title = gr.Textbox(
+            label="Title (Enter renames)", max_lines=1, elem_id="ls-title", placeholder="open a conversation"
         )
         with gr.Row():
-            open_button = gr.Button("Open", size="sm", elem_id="ls-open")
-            refresh = gr.Button("Refresh list", size="sm", elem_id="ls-refresh")
-        with gr.Row(equal_height=True):
-            title = gr.Textbox(label="Title", max_lines=1, scale=3, elem_id="ls-title")
-            rename = gr.Button("Rename", size="sm", scale=1, elem_id="ls-rename")
+            rename = gr.Button("Rename", size="sm", elem_id="ls-rename", scale=0, min_width=60)
+            delete = gr.Button("Delete", size="sm", elem_id="ls-delete", scale=0, min_width=60)
+            refresh = gr.Button("Refresh list", size="sm", elem_id="ls-refresh", scale=0, min_width=60)
         with gr.Row():
-            delete = gr.Button("Delete…", size="sm", elem_id="ls-delete")
-            confirm = gr.Button("Confirm delete", size="sm", variant="stop", visible=False, elem_id="ls-confirm")
-            cancel = gr.Button("Cancel", size="sm", visible=False, elem_id="ls-cancel-delete")
-        with gr.Row():
-            export_json = gr.Button("Export JSON", size="sm", elem_id="ls-export-json")
-            export_md = gr.Button("Export Markdown", size="sm", elem_id="ls-export-md")
-        exported = gr.File(label="Exported file", interactive=False, elem_id="ls-exported")
+            export_json = gr.Button("Export JSON", size="sm", elem_id="ls-export-json", scale=0, min_width=60)
+            export_md = gr.Button("Export Markdown", size="sm", elem_id="ls-export-md", scale=0, min_width=60)
+        exported = gr.File(label="Exported file", interactive=False, height=80, elem_id="ls-exported")
+    # API-only endpoints, never shown. They take the conversation's id as a number: the list (a gr.Radio) accepts
+    # only the ids it showed this session, and an API caller names any saved conversation.
+    with gr.Group(visible=False):
+        api_id = gr.Number(None, precision=0, label="conversation id", elem_id="ls-api-id")
+        api_buttons = {
+            name: gr.Button(name, elem_id=f"ls-api-{name}")
+            for name in ("open", "rename", "delete", "list", "export_json", "export_markdown")
+        }
 
     status, turns = parts["status"], parts["turns"]
-    open_button.click(
-        handlers.open,
-        [chooser, parts["colour"]],
-        [parts["transcript"], parts["stats"], status, parts["events"], turns, title],
-        api_name="open_conversation",
+    open_outputs = [parts["transcript"], parts["stats"], status, parts["events"], turns, title]
+    opened = chooser.input(
+        handlers.open, [chooser, parts["colour"]], open_outputs, api_name=False, show_progress="hidden"
     )
-    refresh.click(handlers.refresh, None, [chooser], api_name="list_conversations")
-    rename.click(handlers.rename, [chooser, title], [chooser, status], api_name="rename_conversation")
-    delete.click(handlers.ask_delete, [chooser], [confirm, cancel, status], api_name=False)
-    confirm.click(handlers.delete, [chooser], [chooser, confirm, cancel, status], api_name="delete_conversation")
-    cancel.click(handlers.cancel_delete, None, [confirm, cancel, status], api_name=False)
-    export_json.click(lambda cid: handlers.export(cid, "json"), [chooser], [exported, status], api_name="export_json")
-    export_md.click(
-        lambda cid: handlers.export(cid, "markdown"), [chooser], [exported, status], api_name="export_markdown"
+    api_opened = api_buttons["open"].click(
+        handlers.open, [api_id, parts["colour"]], open_outputs, api_name="open_conversation"
     )
-    parts["refresh_list"] = (handlers.refresh, chooser)
+    if "compare_panel" in parts:  # the compare panel belongs to an answer of the conversation shown before
+        for event in (opened, api_opened):
+            event.then(lambda: NO_COMPARE, None, [parts["compare_panel"]], api_name=False, show_progress="hidden")
+    search.change(handlers.refresh, [search], [chooser], api_name=False, show_progress="hidden")
+    refresh.click(handlers.refresh, [search], [chooser], api_name=False, show_progress="hidden")
+    api_buttons["list"].click(handlers.refresh, None, [chooser], api_name="list_conversations")
+    gr.on(
+        [rename.click, title.submit],
+        handlers.rename,
+        [chooser, title],
+        [chooser, status],
+        api_name=False,
+        show_progress="hidden",
+    )
+    api_buttons["rename"].click(handlers.rename, [api_id, title], [chooser, status], api_name="rename_conversation")
+    delete.click(
+        handlers.delete_with_undo,
+        [chooser, search],
+        [chooser, undo, status, title],
+        api_name=False,
+        show_progress="hidden",
+    )
+    undo.click(handlers.undo_delete, [search], [chooser, undo, status], api_name=False, show_progress="hidden")
+    api_buttons["delete"].click(handlers.delete, [api_id], [chooser, status], api_name="delete_conversation")
+    for fmt, button in (("json", export_json), ("markdown", export_md)):
+        export = handlers.exporter(fmt)
+        button.click(export, [chooser], [exported, status], api_name=False)
+        api_buttons[f"export_{fmt}"].click(export, [api_id], [exported, status], api_name=f"export_{fmt}")
+    parts["refresh_list"] = (handlers.refresh, chooser, search)
     return handlers

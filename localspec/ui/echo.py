@@ -37,7 +37,7 @@ class _Tokenizer:
 
 class EchoSession:
     """Answers each message with its own text; token kinds cycle accepted, accepted, resampled, bonus, target.
-    Its speculation defaults are its entry's (default proposer, K, tree nodes)."""
+    Its speculation defaults are its entry's (default proposer, K, tree nodes, adaptive)."""
 
     notices: tuple[str, ...] = ()  # nothing of a pair failed to load
 
@@ -54,7 +54,7 @@ class EchoSession:
 
     def default_spec(self, **overrides) -> SpecConfig:
         pair = self.pair
-        base = SpecConfig(proposer=pair.default_proposer, k=pair.k, tree_nodes=pair.tree_nodes)
+        base = SpecConfig(proposer=pair.default_proposer, k=pair.k, tree_nodes=pair.tree_nodes, adaptive=pair.adaptive)
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
     def answer_spec(self, spec: SpecConfig) -> SpecConfig:

@@ -18,7 +18,7 @@ from localspec.engine.metrics import StatsSnapshot
 
 from .loadbar import LoadProgress
 from .manager import Busy, ModelManager, drain
-from .render import compare_html, stats_html, status_html, transcript_html
+from .render import NO_COMPARE, compare_html, stats_html, status_html, transcript_html
 from .runtime import runtime_of
 from .settings import (
     Speculation,
@@ -36,6 +36,10 @@ from .turns import AssistantTurn, Turn, UserTurn, turns_from_state
 YIELD_EVERY_S = 0.08  # at most ~12 screen updates a second while streaming
 UNCHANGED = (gr.skip(),) * 3  # the proposer, K and tree-nodes controls left as they are
 WAITING = "Waiting: another answer is streaming (the model answers one request at a time)…"
+
+
+def _tokens_text(n: int) -> str:
+    return f"{n} token{'s' if n != 1 else ''}"
 
 
 def owner_of(request: Optional[gr.Request]) -> str:
@@ -89,7 +93,9 @@ class Handlers:
 
         def spec_for(session):
             name = read_proposer(choice.proposer, tuple(session.proposers))
-            return session.default_spec(proposer=name, k=choice.k, tree_nodes=choice.tree_nodes)
+            return session.default_spec(
+                proposer=name, k=choice.k, tree_nodes=choice.tree_nodes, adaptive=choice.adaptive
+            )
 
         try:
             out = self.manager.answer(history, sampling, spec_for, threading.Event(), sink, owner, first_source)
@@ -149,10 +155,12 @@ class Handlers:
         seed,
         colour,
         tree_nodes,
+        keep_speculating=False,
         request: gr.Request = None,
     ):
-        """Outputs: transcript, stats, status, events, message box, state. tree_nodes comes last of the inputs, so
-        a gradio_client caller written for the inputs before it may leave it out (it gets the control's value)."""
+        """Outputs: transcript, stats, status, events, message box, state. tree_nodes and keep_speculating come last
+        of the inputs, so a gradio_client caller written for the inputs before them may leave them out (they get the
+        controls' values)."""
         owner = owner_of(request)
         state = list(turns or [])
         text = "" if message is None else str(message)
@@ -160,7 +168,7 @@ class Handlers:
             if not text.strip():
                 raise ConfigError("the message is empty; type something to send")
             sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed)
-            choice = read_speculation(proposer, k, tree_nodes)
+            choice = read_speculation(proposer, k, tree_nodes, keep_speculating)
             self._check_pair_shown(owner, proposer)
             if self.manager.is_answering(owner):
                 raise Busy("an answer is still streaming in this window; press Stop or wait for it, then send")
@@ -180,11 +188,14 @@ class Handlers:
             turns = state + [question, answer.to_state()]
             yield (*self.answer_views(answer, turns, colour, status), gr.skip(), turns)
 
-    def answer_views(self, answer: AssistantTurn, turns: list[dict], colour, status: str) -> tuple[str, str, str, dict]:
-        """One update of a streaming answer: transcript, stats, status and events (send and regenerate share it)."""
+    def answer_views(
+        self, answer: AssistantTurn, turns: list[dict], colour, status: str, note: str = ""
+    ) -> tuple[str, str, str, dict]:
+        """One update of a streaming answer: transcript, stats, status and events (send and regenerate share it).
+        note: said after the final status (regenerate's word on greedy answers)."""
         done = not answer.streaming
         if done:
-            status = self._final_status(answer)
+            status = f"{self._final_status(answer)} {note}".strip()
         stats = answer_stats_html(answer, answer.finish_reason if done else None, runtime_of(self.manager.session))
         kind = "error" if answer.finish_reason == "error" else "info"
         return transcript_html(turns, colour, answer.notice), stats, status_html(status, kind), events_json(answer)
@@ -251,7 +262,7 @@ class Handlers:
         self.manager.cancel(owner_of(request))
         if self.recorder is not None:
             self.recorder.set_conversation(owner_of(request), None)  # the next message starts a new conversation
-        return transcript_html([]), stats_html(None), status_html("Cleared."), None, "", []
+        return transcript_html([]), stats_html(None), status_html("Cleared."), None, NO_COMPARE, []
 
     def recolour(self, colour, turns):
         return transcript_html(list(turns or []), colour)
@@ -264,14 +275,14 @@ class Handlers:
         )
         if last is None:
             yield (
-                "",
+                NO_COMPARE,
                 status_html("Send a message first; compare regenerates the last answer without speculation.", "error"),
             )
             return
         spec_answer = turns[last]
         if spec_answer.proposer == "none":
             yield (
-                "",
+                NO_COMPARE,
                 status_html(
                     "The last answer already ran with speculation off; pick a proposer and send again to compare.",
                     "error",
@@ -280,7 +291,7 @@ class Handlers:
             return
         if not spec_answer.sampling:
             yield (
-                "",
+                NO_COMPARE,
                 status_html(
                     "This answer was saved without its sampling settings (an older version of the "
                     "app); send the message again to compare.",
@@ -291,7 +302,7 @@ class Handlers:
         try:
             sampling = read_sampling(**spec_answer.sampling)
         except (ConfigError, KeyError, TypeError) as exc:
-            yield "", status_html(f"cannot repeat the last answer's settings: {exc}", "error")
+            yield NO_COMPARE, status_html(f"cannot repeat the last answer's settings: {exc}", "error")
             return
         history = history_of(turns[:last])
         if self.manager.is_answering(owner_of(request)):
@@ -307,11 +318,15 @@ class Handlers:
             if baseline.streaming:
                 yield (
                     gr.skip(),
-                    status_html(f"Baseline: {len(baseline.tokens)} tokens…" if status != WAITING else status),
+                    status_html(
+                        f"Baseline (speculation off): {_tokens_text(len(baseline.tokens))} so far…"
+                        if status != WAITING
+                        else status
+                    ),
                 )
                 continue
             if baseline.finish_reason == "error":
-                yield "", status_html(baseline.error or "the baseline failed", "error")
+                yield NO_COMPARE, status_html(baseline.error or "the baseline failed", "error")
                 return
             spec_ids = [t["id"] for t in spec_answer.tokens]
             base_ids = [t["id"] for t in baseline.tokens]
@@ -327,8 +342,11 @@ class Handlers:
                     greedy=sampling.greedy,
                     identical=diff is None,
                     first_difference=diff,
+                    spec_texts=[t.get("text", "") for t in spec_answer.tokens],
+                    base_texts=[t.get("text", "") for t in baseline.tokens],
+                    answer_index=sum(isinstance(t, AssistantTurn) for t in turns[:last]),
                 ),
-                status_html(f"Baseline done: {len(base_ids)} tokens{note}."),
+                status_html(f"Baseline done: {_tokens_text(len(base_ids))}{note}."),
             )
 
     # ---- model pairs -----------------------------------------------------------------------------------------

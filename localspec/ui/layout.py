@@ -1,4 +1,5 @@
-"""The chat window: controls on the left, the coloured transcript in the middle, live stats on the right."""
+"""The chat window: saved conversations in a left sidebar, the conversation filling the middle with the message box
+pinned below it, stats and settings in a right sidebar (drawers on a phone, the conversation first)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,13 @@ from .conversations import conversations_panel
 from .handlers import Handlers
 from .manager import ModelManager
 from .recorder import Recorder
-from .render import legend_html, stats_html, status_html, transcript_html
+from .render import NO_COMPARE, legend_html, stats_html, status_html, transcript_html
 from .settings import proposer_choices
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TITLE = "localspec"
 PAIR_POLL_S = 2.0  # how often a tab checks whether another tab switched the pair
-INTRO = (
-    "Local chat with speculative decoding. Each token of an answer is coloured by how it was made; "
-    "hover one for its probabilities."
-)
+INTRO = "Local chat with speculative decoding: hover, tap or focus a token to see how it was made."
 
 
 def stylesheet() -> str:
@@ -56,106 +54,112 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
     available = tuple(session.proposers) if session is not None else ("none",)
     spec = session.default_spec() if session is not None else None
 
-    with gr.Blocks(title=TITLE, fill_width=True) as demo:
+    with gr.Blocks(title=TITLE, fill_width=True, fill_height=True) as demo:
         turns = gr.State([])
-        with gr.Row(elem_id="ls-header"):
-            gr.HTML(f'<div class="ls-title"><b>localspec</b> <span>{INTRO}</span></div>', js_on_load=None)
-        with gr.Row(equal_height=False, elem_id="ls-main"):
-            with gr.Column(scale=2, min_width=250, elem_id="ls-controls"):
-                model = gr.Dropdown(
-                    manager.choices(), value=manager.name, label="Model pair", interactive=True, elem_id="ls-model"
+        with gr.Column(elem_id="ls-chat"):
+            with gr.Row(elem_id="ls-header"):
+                gr.HTML(f'<div class="ls-title"><b>localspec</b> <span>{INTRO}</span></div>', js_on_load=None)
+            transcript = gr.HTML(
+                transcript_html([]),
+                js_on_load=transcript_script(),
+                elem_id="ls-transcript",
+                padding=False,
+            )
+            compare_panel = gr.HTML(NO_COMPARE, js_on_load=None, elem_id="ls-compare-panel")
+            status = gr.HTML(status_html(manager.ready_text()), js_on_load=None, elem_id="ls-status")
+            with gr.Row(equal_height=True, elem_id="ls-compose"):
+                message = gr.Textbox(
+                    placeholder="Message (Enter sends, Shift+Enter for a new line)",
+                    show_label=False,
+                    lines=1,
+                    max_lines=8,
+                    scale=6,
+                    elem_id="ls-message",
+                    autofocus=True,
                 )
-                status = gr.HTML(status_html(manager.ready_text()), js_on_load=None, elem_id="ls-status")
-                proposer = CheckedRadio(
-                    proposer_choices(available),
-                    value=spec.proposer if spec else "none",
-                    label="Proposer",
-                    elem_id="ls-proposer",
+                send = gr.Button("Send", variant="primary", elem_id="ls-send", scale=0, min_width=72)
+                stop = gr.Button("Stop", variant="secondary", elem_id="ls-stop", scale=0, min_width=64)
+            with gr.Row(elem_id="ls-actions"):
+                clear = gr.Button("Clear", size="sm", elem_id="ls-clear", scale=0, min_width=60)
+                compare = gr.Button("Compare with baseline", size="sm", elem_id="ls-compare", scale=0, min_width=60)
+                redo = actions.buttons()
+        with gr.Sidebar(label="Settings and stats", position="right", open=True, width=340, elem_id="ls-settings"):
+            stats = gr.HTML(stats_html(None), js_on_load=None, elem_id="ls-stats")
+            model = gr.Dropdown(
+                manager.choices(), value=manager.name, label="Model pair", interactive=True, elem_id="ls-model"
+            )
+            proposer = CheckedRadio(
+                proposer_choices(available),
+                value=spec.proposer if spec else "none",
+                label="Proposer",
+                elem_id="ls-proposer",
+            )
+            k = CheckedSlider(
+                K_MIN, K_MAX, value=spec.k if spec else 4, step=1, label="K (draft tokens per step)", elem_id="ls-k"
+            )
+            tree_nodes = CheckedSlider(
+                0,
+                TREE_NODES_MAX,
+                value=spec.tree_nodes if spec else 0,
+                step=1,
+                label="Tree nodes (0 = chains of K)",
+                info="draft a token tree of this many nodes per step, where the proposer drafts trees",
+                elem_id="ls-tree-nodes",
+            )
+            keep = gr.Checkbox(
+                False,
+                label="Keep speculating anyway",
+                info="adaptive K off for the next answers: draft K tokens every step even where it measured that "
+                "drafting does not pay",
+                elem_id="ls-keep-speculating",
+            )
+            max_new = CheckedNumber(256, label="Max new tokens", elem_id="ls-max-new")
+            colour = gr.Checkbox(
+                False,
+                label="Full token colours",
+                info="off: a faint underline marks each token's kind; on: every token in a coloured box",
+                elem_id="ls-colour",
+            )
+            gr.HTML(legend_html(), js_on_load=None)
+            with gr.Accordion("Sampling (temperature, top-p, top-k, seed)", open=False):
+                temperature = CheckedSlider(
+                    0.0,
+                    TEMPERATURE_MAX,
+                    value=0.0,
+                    step=0.05,
+                    label="Temperature (0 = greedy)",
+                    elem_id="ls-temperature",
                 )
-                k = CheckedSlider(
-                    K_MIN, K_MAX, value=spec.k if spec else 4, step=1, label="K (draft tokens per step)", elem_id="ls-k"
-                )
-                tree_nodes = CheckedSlider(
-                    0,
-                    TREE_NODES_MAX,
-                    value=spec.tree_nodes if spec else 0,
-                    step=1,
-                    label="Tree nodes (0 = chains of K)",
-                    info="draft a token tree of this many nodes per step, where the proposer drafts trees",
-                    elem_id="ls-tree-nodes",
-                )
-                max_new = CheckedNumber(256, label="Max new tokens", elem_id="ls-max-new")
-                colour = gr.Checkbox(True, label="Colour tokens by kind", elem_id="ls-colour")
-                with gr.Accordion("Sampling (temperature, top-p, top-k, seed)", open=False):
-                    temperature = CheckedSlider(
-                        0.0,
-                        TEMPERATURE_MAX,
-                        value=0.0,
-                        step=0.05,
-                        label="Temperature (0 = greedy)",
-                        elem_id="ls-temperature",
-                    )
-                    top_p = CheckedSlider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="ls-top-p")
-                    with gr.Row():
-                        top_k = CheckedNumber(
-                            0,
-                            label="Top-k",
-                            info="0 = off",
-                            min_width=70,
-                            elem_id="ls-top-k",
-                            elem_classes="ls-compact",
-                        )
-                        seed = CheckedNumber(
-                            0, label="Seed", min_width=70, elem_id="ls-seed", elem_classes="ls-compact"
-                        )
-            with gr.Column(scale=5, min_width=420, elem_id="ls-chat"):
-                transcript = gr.HTML(
-                    transcript_html([]),
-                    js_on_load=transcript_script(),
-                    autoscroll=True,
-                    max_height=440,
-                    min_height=440,
-                    elem_id="ls-transcript",
-                    padding=False,
-                )
-                gr.HTML(legend_html(), js_on_load=None)
-                with gr.Row(equal_height=True):
-                    message = gr.Textbox(
-                        placeholder="Message (Enter sends, Shift+Enter for a new line)",
-                        show_label=False,
-                        lines=1,
-                        max_lines=8,
-                        scale=6,
-                        elem_id="ls-message",
-                        autofocus=True,
-                    )
-                    with gr.Column(scale=1, min_width=90):
-                        send = gr.Button("Send", variant="primary", elem_id="ls-send")
-                        stop = gr.Button("Stop", variant="stop", elem_id="ls-stop")
+                top_p = CheckedSlider(0.05, 1.0, value=1.0, step=0.05, label="Top-p", elem_id="ls-top-p")
                 with gr.Row():
-                    clear = gr.Button("Clear", size="sm", elem_id="ls-clear")
-                    compare = gr.Button("Compare with baseline", size="sm", elem_id="ls-compare")
-                    redo = actions.buttons()
-                gr.HTML(f'<div class="ls-policy">Long conversations: {TRUNCATION_POLICY}</div>', js_on_load=None)
-            with gr.Column(scale=3, min_width=300, elem_id="ls-side"):
-                stats = gr.HTML(stats_html(None), js_on_load=None, elem_id="ls-stats")
-                compare_panel = gr.HTML("", js_on_load=None, elem_id="ls-compare-panel")
-                with gr.Accordion("Events of the last answer (JSON)", open=False):
-                    events = gr.JSON(None, elem_id="ls-events")
-                parts = {
-                    "turns": turns,
-                    "transcript": transcript,
-                    "stats": stats,
-                    "status": status,
-                    "events": events,
-                    "colour": colour,
-                }
-                if store is not None:
-                    conversations_panel(store, recorder, manager, parts)
+                    top_k = CheckedNumber(
+                        0,
+                        label="Top-k",
+                        info="0 = off",
+                        min_width=70,
+                        elem_id="ls-top-k",
+                        elem_classes="ls-compact",
+                    )
+                    seed = CheckedNumber(0, label="Seed", min_width=70, elem_id="ls-seed", elem_classes="ls-compact")
+            with gr.Accordion("Events of the last answer (JSON)", open=False):
+                events = gr.JSON(None, elem_id="ls-events")
+            gr.HTML(f'<div class="ls-policy">Long conversations: {TRUNCATION_POLICY}</div>', js_on_load=None)
+        parts = {
+            "turns": turns,
+            "transcript": transcript,
+            "stats": stats,
+            "status": status,
+            "events": events,
+            "colour": colour,
+            "compare_panel": compare_panel,
+        }
+        if store is not None:
+            with gr.Sidebar(label="Conversations", position="left", open=True, width=300, elem_id="ls-sidebar"):
+                conversations_panel(store, recorder, manager, parts)
 
-        # tree_nodes last: a gradio_client caller written for the inputs before it may leave it out (a raw HTTP
-        # call sends every input)
-        sampling_inputs = [proposer, k, temperature, top_p, top_k, max_new, seed, colour, tree_nodes]
+        # tree_nodes and keep last: a gradio_client caller written for the inputs before them may leave them out (a
+        # raw HTTP call sends every input)
+        sampling_inputs = [proposer, k, temperature, top_p, top_k, max_new, seed, colour, tree_nodes, keep]
         send_outputs = [transcript, stats, status, events, message, turns]
         sent = gr.on(
             [send.click, message.submit],
@@ -168,17 +172,30 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
         )
         redone = actions.wire(redo, sent, clear, dict(parts, message=message), sampling_inputs)
         if "refresh_list" in parts:  # a new or longer conversation moves to the top of the saved list
-            refresh_list, chooser = parts["refresh_list"]
-            sent.then(refresh_list, None, [chooser], api_name=False, show_progress="hidden")
-            redone.then(refresh_list, None, [chooser], api_name=False, show_progress="hidden")
-            demo.load(refresh_list, None, [chooser], api_name=False)
-        stop.click(handlers.stop, None, [status], api_name="stop", concurrency_limit=None, queue=False)
+            refresh_list, chooser, search = parts["refresh_list"]
+            sent.then(refresh_list, [search], [chooser], api_name=False, show_progress="hidden")
+            redone.then(refresh_list, [search], [chooser], api_name=False, show_progress="hidden")
+            demo.load(refresh_list, [search], [chooser], api_name=False, show_progress="hidden")
+        # the compare panel belongs to the answer it compared: a new answer, a regenerated one, Edit, Clear and
+        # opening another conversation take it away (Clear and open say so in their own outputs)
+        for trigger in (
+            send.click,
+            message.submit,
+            redo["regenerate"].click,
+            redo["sampled"].click,
+            redo["edit"].click,
+        ):
+            trigger(lambda: NO_COMPARE, None, [compare_panel], api_name=False, queue=False, show_progress="hidden")
+        stop.click(
+            handlers.stop, None, [status], api_name="stop", concurrency_limit=None, queue=False, show_progress="hidden"
+        )
         clear.click(
             handlers.clear,
             None,
             [transcript, stats, status, events, compare_panel, turns],
             api_name="clear",
             concurrency_limit=None,
+            show_progress="hidden",
         )
         compare.click(
             handlers.compare,
@@ -197,7 +214,9 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             concurrency_limit=None,
             show_progress="hidden",
         )
-        demo.load(handlers.on_load, None, [model, proposer, k, tree_nodes, status], api_name=False)
+        demo.load(
+            handlers.on_load, None, [model, proposer, k, tree_nodes, status], api_name=False, show_progress="hidden"
+        )
         # a switch in another tab redraws this tab's pair and proposer controls within a tick
         gr.Timer(PAIR_POLL_S).tick(
             handlers.refresh_pair,
@@ -211,5 +230,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
 
 
 def launch_options() -> dict:
-    """Keyword arguments for Blocks.launch() that belong to the look (Gradio 6 takes css there)."""
-    return {"css": stylesheet()}
+    """Keyword arguments for Blocks.launch() that belong to the look (Gradio 6 takes css there). The saved
+    conversations are the window's history: Gradio's run history and its footer (with the Runs link) are off; the
+    API page stays at /?view=api."""
+    return {"css": stylesheet(), "footer_links": [], "run_history": False}

@@ -25,9 +25,7 @@ from typing import Optional
 
 from markdown_it import MarkdownIt
 
-from localspec.engine.events import TOKEN_KINDS
-
-from .spans import escape, token_title
+from .spans import escape, token_span
 
 LINK_SCHEMES = ("http://", "https://", "mailto:")
 SEARCH_WINDOW = 32  # how far a character that is not where expected is looked for (escapes, entities)
@@ -123,6 +121,7 @@ class _Tokens:
     starts: list[int]
     colour: bool
     base: int = 0  # source offset of the parsed chunk within the answer
+    greedy: bool = False  # the answer ran at temperature 0 (the cards say why a draft was kept or rejected)
 
     def spans(self, piece: str, runs: list[tuple[int, int, int]]) -> str:
         out: list[str] = []
@@ -154,9 +153,7 @@ class _Tokens:
 
     def _span(self, index: int, text: str) -> str:
         record = self.records[index] if 0 <= index < len(self.records) else {}
-        kind = record.get("kind") if record.get("kind") in TOKEN_KINDS else "target"
-        classes = f"tok tok-{kind}" + ("" if self.colour else " tok-plain")
-        return f'<span class="{classes}" title="{escape(token_title(record))}">{escape(text)}</span>'
+        return token_span(record, self.colour, text, self.greedy)
 
 
 def _piece(token, env) -> str:
@@ -253,25 +250,27 @@ class _Done:
     html: str  # their HTML
 
 
-_CACHE: OrderedDict[tuple[int, bool], _Done] = OrderedDict()
+_CACHE: OrderedDict[tuple[int, bool, bool], _Done] = OrderedDict()
 
 
-def _cached(records: list, colour: bool) -> Optional[_Done]:
-    entry = _CACHE.get((id(records[0]), colour))
+def _cached(records: list, key: tuple[int, bool, bool]) -> Optional[_Done]:
+    entry = _CACHE.get(key)
     if entry is None or len(entry.records) > len(records):
         return None
     if not all(map(operator.is_, entry.records, records)):
         return None
-    _CACHE.move_to_end((id(records[0]), colour))
+    _CACHE.move_to_end(key)
     return entry
 
 
-def answer_markdown_html(records: list[dict], colour: bool = True) -> str:
-    """The answer's token records as rendered markdown with coloured token spans (inner HTML of the body)."""
+def answer_markdown_html(records: list[dict], colour: bool = True, greedy: bool = False) -> str:
+    """The answer's token records as rendered markdown with coloured token spans (inner HTML of the body).
+    colour: the full colouring (else the subtle one); greedy: the answer ran at temperature 0."""
     records = [r for r in records if r.get("text")]
     if not records:
         return ""
-    entry = _cached(records, colour)
+    key = (id(records[0]), colour, greedy)
+    entry = _cached(records, key)
     if entry is None:
         entry = _Done([], [], "", 0, "")
     starts, text = list(entry.starts), entry.text
@@ -283,9 +282,9 @@ def answer_markdown_html(records: list[dict], colour: bool = True) -> str:
             offset += len(r["text"])
         text = text + "".join(r["text"] for r in new)
     chunk = text[entry.done_len :]
-    done, live, cut = _render_chunk(chunk, _Tokens(records, starts, colour, entry.done_len))
-    _CACHE[(id(records[0]), colour)] = _Done(records, starts, text, entry.done_len + cut, entry.html + done)
-    _CACHE.move_to_end((id(records[0]), colour))
+    done, live, cut = _render_chunk(chunk, _Tokens(records, starts, colour, entry.done_len, greedy))
+    _CACHE[key] = _Done(records, starts, text, entry.done_len + cut, entry.html + done)
+    _CACHE.move_to_end(key)
     while len(_CACHE) > CACHE_ANSWERS:
         _CACHE.popitem(last=False)
     return entry.html + done + live

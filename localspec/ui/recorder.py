@@ -21,12 +21,12 @@ from .turns import AssistantTurn, Turn, UserTurn, turns_to_state
 
 Replaces = Literal["nothing", "answer", "exchange"]  # answer: regenerated; exchange: an edited message and its answer
 
-TITLE_CHARS = 60
-
 
 def title_from(text: str) -> str:
-    line = " ".join(str(text).split())
-    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
+    """A new conversation's title: the first non-empty line of its first message, whole (the sidebar shortens it
+    for display only), its runs of whitespace made single spaces."""
+    lines = [" ".join(line.split()) for line in str(text).splitlines()]
+    return next((line for line in lines if line), "")
 
 
 def turns_from_conversation(conversation) -> list[dict]:

@@ -12,45 +12,64 @@ from typing import Optional
 
 from localspec.engine.events import TOKEN_KINDS, StatsSnapshot
 from localspec.engine.metrics import PauseReason
+from localspec.store.validation import finish_words
 
 from .markdown import answer_markdown_html, plain_markdown_html
 from .settings import shape_label
 from .spans import KIND_LABELS, escape, token_record, token_span, token_title  # noqa: F401 (the render API)
 
 
-def tokens_html(records: Iterable[dict], colour: bool = True) -> str:
-    return "".join(token_span(r, colour) for r in records if r.get("text"))
+def tokens_html(records: Iterable[dict], colour: bool = True, greedy: bool = False) -> str:
+    return "".join(token_span(r, colour, greedy=greedy) for r in records if r.get("text"))
 
 
 def legend_html() -> str:
+    """The key to the token styles (swatches in both styles) and how to read a token's provenance."""
     items = "".join(
-        f'<span class="tok tok-{kind}" title="{escape(KIND_LABELS[kind])}">{kind}</span>' for kind in TOKEN_KINDS
+        f'<span class="ls-key"><span class="ls-swatch ls-swatch-{kind}"></span>{escape(KIND_LABELS[kind])}</span>'
+        for kind in TOKEN_KINDS
     )
     return (
-        f'<div class="ls-legend">{items}<span class="ls-legend-hint">hover a token for its probabilities</span></div>'
+        f'<div class="ls-legend">{items}<span class="ls-legend-hint">hover, tap or focus a token (arrow keys in an '
+        "answer) for where it came from</span></div>"
     )
 
 
-def _message_html(turn: dict, colour: bool) -> str:
+def is_greedy(turn: dict) -> bool:
+    """The answer ran at temperature 0 (its saved sampling settings say so)."""
+    sampling = turn.get("sampling") or {}
+    return "temperature" in sampling and not sampling["temperature"]
+
+
+def _message_html(turn: dict, colour: bool, editing: bool = False) -> str:
     role = turn.get("role", "user")
+    mark = " ls-editing" if editing else ""
     if role == "assistant":
         tokens = turn.get("tokens")
-        body = answer_markdown_html(tokens, colour) if tokens else plain_markdown_html(turn.get("content", ""))
+        greedy = is_greedy(turn)
+        body = answer_markdown_html(tokens, colour, greedy) if tokens else plain_markdown_html(turn.get("content", ""))
         note = ""
         reason = turn.get("finish_reason")
         if turn.get("pending"):
-            body += '<span class="ls-cursor">▍</span>'
-        elif reason == "cancelled":
-            note = '<div class="ls-note">stopped — partial answer kept</div>'
+            body += '<span class="ls-cursor" aria-hidden="true">▍</span>'
         elif reason == "error":
             note = f'<div class="ls-note ls-error">{escape(turn.get("error") or "the answer failed")}</div>'
-        elif reason == "incomplete":
-            note = '<div class="ls-note">incomplete — the app stopped during this answer</div>'
+        elif reason and reason != "stop":
+            note = f'<div class="ls-note">{escape(finish_words(reason))}</div>'
         meta = turn.get("label")
         head = f'<div class="ls-meta">{escape(meta)}</div>' if meta else ""
         tools = "" if turn.get("pending") or not turn.get("content") else copy_markdown_html(turn["content"])
-        return f'<div class="ls-msg ls-assistant">{head}<div class="ls-body ls-md">{body}</div>{tools}{note}</div>'
-    return f'<div class="ls-msg ls-{escape(role)}"><div class="ls-body">{escape(turn.get("content", ""))}</div></div>'
+        card = (
+            ' tabindex="0" aria-label="answer; the arrow keys step through its tokens and show where each came from"'
+            if tokens
+            else ""
+        )
+        return (
+            f'<div class="ls-msg ls-assistant{mark}">{head}<div class="ls-body ls-md"{card}>{body}</div>{tools}{note}'
+            "</div>"
+        )
+    text = escape(turn.get("content", ""))
+    return f'<div class="ls-msg ls-{escape(role)}{mark}"><div class="ls-body">{text}</div></div>'
 
 
 def copy_markdown_html(content: str) -> str:
@@ -61,25 +80,40 @@ def copy_markdown_html(content: str) -> str:
     )
 
 
-def transcript_html(turns: list[dict], colour: bool = True, notice: Optional[str] = None) -> str:
-    """The whole conversation: user text escaped, assistant answers as token spans."""
+EMPTY = "Type a message below. Each token of an answer is marked by how it was made."
+EDIT_NOTE = (
+    "Editing this message: change it in the box below and press Send to replace it and its answer, or Cancel edit."
+)
+
+
+def transcript_html(
+    turns: list[dict], colour: bool = True, notice: Optional[str] = None, editing_from: Optional[int] = None
+) -> str:
+    """The whole conversation: user text escaped, assistant answers as token spans. colour: the full token colours
+    (else the subtle underlines); editing_from: the index of the turn being edited (it and its answer stay in view,
+    marked)."""
     if not turns:
-        inner = '<div class="ls-empty">Type a message below. Tokens are coloured by how they were made.</div>'
+        inner = f'<div class="ls-empty">{EMPTY}</div>'
     else:
-        inner = "".join(_message_html(t, colour) for t in turns if t.get("role") != "system")
+        shown = [(i, t) for i, t in enumerate(turns) if t.get("role") != "system"]
+        inner = "".join(_message_html(t, colour, editing_from is not None and i >= editing_from) for i, t in shown)
+        if editing_from is not None:
+            inner += f'<div class="ls-edit-note">{escape(EDIT_NOTE)}</div>'
     notice_html = f'<div class="ls-notice">{escape(notice)}</div>' if notice else ""
-    return f'<div class="ls-transcript{"" if colour else " ls-nocolour"}">{inner}{notice_html}</div>'
+    return f'<div class="ls-transcript{"" if colour else " ls-subtle"}">{inner}{notice_html}</div>'
 
 
 def acceptance_chart_html(stats: StatsSnapshot) -> str:
-    """Per-position acceptance P(accepted at draft position i) as horizontal bars."""
+    """Per-position acceptance P(accepted at draft position i) as horizontal bars ("" before the first draft)."""
     data = stats.to_dict()
     rates = data.get("per_position_acceptance") or []
     drafted = data.get("per_position_drafted") or [0] * len(rates)
     if not rates or not any(drafted):
-        return '<div class="ls-chart ls-chart-empty">per-position acceptance: no drafts yet</div>'
+        return ""
     rows = []
     for i, (rate, n) in enumerate(zip(rates, drafted)):
+        if not n:
+            continue
         width = max(0.0, min(1.0, rate)) * 100
         rows.append(
             f'<div class="ls-bar-row" title="position {i + 1}: {rate:.0%} of {n} drafts accepted">'
@@ -87,30 +121,73 @@ def acceptance_chart_html(stats: StatsSnapshot) -> str:
             f'<span class="ls-bar" style="width:{width:.1f}%"></span></span>'
             f'<span class="ls-bar-value">{rate:.0%}</span></div>'
         )
-    return f'<div class="ls-chart"><div class="ls-chart-title">acceptance by draft position</div>{"".join(rows)}</div>'
+    title = "acceptance by draft position" + (" (depth in the tree)" if data.get("tree_nodes_drafted") else "")
+    return f'<div class="ls-chart"><div class="ls-chart-title">{title}</div>{"".join(rows)}</div>'
 
 
-def pause_text(paused: PauseReason) -> str:
-    """Why adaptive speculation is off, in the deciding controller's numbers."""
+def pause_text(paused: PauseReason, asked_k: Optional[int] = None) -> str:
+    """Why adaptive K switched speculation off, in the user's units, from the deciding controller's numbers.
+    asked_k: the K the user asked for (the controller measured the K it tried, which may be smaller)."""
     k = paused.k
+    tried = f"{k} draft token{'s' if k != 1 else ''}"
+    asked = f"You asked for K = {asked_k}; " if asked_k and asked_k != k else ""
     return (
-        f"speculation paused: drafting {k} token{'s' if k != 1 else ''} would cost {paused.cost:.2f}× "
-        f"a plain step here and win only {paused.tokens:.2f}× (predicted speedup "
-        f"{paused.speedup:.2f}×); retrying every {paused.probe_every} steps"
+        f"Speculation paused: a step with {tried} took {paused.cost:.2f}× as long as a plain step and "
+        f"gave {paused.tokens:.2f} tokens on average, so it would run at "
+        f"{paused.speedup:.2f}× the plain speed. {asked}the controller tried {tried} (its best K) and "
+        f"retries every {paused.probe_every} steps."
+    )
+
+
+def paused_html(paused: PauseReason, asked_k: Optional[int] = None) -> str:
+    """The pause note with its way out: a button that ticks "Keep speculating anyway" (assets/transcript.js)."""
+    return (
+        f'<div class="ls-paused">{escape(pause_text(paused, asked_k))} <button type="button" '
+        'class="ls-keep-speculating" title="tick Keep speculating anyway in the settings: adaptive K off for the next '
+        'answers">keep speculating anyway</button></div>'
     )
 
 
 def runtime_html(runtime: Optional[dict]) -> str:
-    """Device, dtype, quantization and sampler kernel of the pair in use."""
+    """Device, dtype, quantization and sampler kernel of the pair in use (the load-time dtype timings in its title:
+    they describe the load's probe, not this answer)."""
     if not runtime:
         return ""
+    dtype = str(runtime.get("dtype") or "")
+    name, _, why = dtype.partition(" (")
     parts = [
         runtime.get("device"),
-        runtime.get("dtype"),
+        name or None,
         None if runtime.get("quant") in (None, "none") else runtime.get("quant"),
         f"sampler {runtime['sampler']}" if runtime.get("sampler") else None,
     ]
-    return f'<div class="ls-runtime">{escape(" · ".join(str(p) for p in parts if p))}</div>'
+    title = f' title="dtype chosen at load: {escape(why.rstrip(")"))}"' if why else ""
+    return f'<div class="ls-runtime"{title}>{escape(" · ".join(str(p) for p in parts if p))}</div>'
+
+
+# the one definition of each figure in the stats panel (the row's tooltip and the panel's help list)
+DEFINITIONS: dict[str, str] = {
+    "accepted draft tokens": "draft tokens the target kept, of those drafted (every drafted token of a chain counts)",
+    "accepted depth": "path positions kept, of those drafted: per token-tree step, how deep the accepted path went "
+    "against the tree's depth (siblings are counted on their own line)",
+    "tree nodes drafted": "every node of every token tree drafted, siblings included",
+    "tokens per forward": "tokens emitted per target forward (the bonus or resampled token included); 1.00 without "
+    "speculation",
+    "tokens/s": "tokens emitted per second of this answer, prefill included",
+    "tokens": "tokens of this answer",
+    "target forwards": "forward passes of the target model for this answer (one per step)",
+    "time per step": "propose + score + sample, per target forward, of this answer",
+    "forecast speedup": "the adaptive controller's forecast for its current K from the costs it measured in this "
+    "answer: E / (K·c + v). Compare with baseline measures the real speedup",
+}
+
+
+def _row(name: str, value: str, index: int) -> str:
+    tip = DEFINITIONS.get(name, "")
+    return (
+        f'<tr><th title="{escape(tip)}">{escape(name)}</th><td class="ls-stat-{index}" title="{escape(tip)}">'
+        f"{escape(value)}</td></tr>"
+    )
 
 
 def stats_html(
@@ -121,38 +198,53 @@ def stats_html(
     runtime: Optional[dict] = None,
     tree_nodes: Optional[int] = None,
 ) -> str:
-    """The live stats panel for the current answer; runtime: runtime.runtime_of(session) for the header; tree_nodes:
-    the size of the token trees it drafted (the header then says "tree N" where a chain's says "K=k")."""
+    """The live stats panel for the current answer; runtime: runtime.runtime_of(session) for the header; k None:
+    the answer ran with speculation off (only the figures that apply show); tree_nodes: the size of the token trees
+    it drafted (the header then says "tree N" where a chain's says "K=k")."""
     if stats is None:
         return (
             '<div class="ls-stats ls-stats-empty">Stats of the current answer appear here while it streams.'
             f"{runtime_html(runtime)}</div>"
         )
     data = stats.to_dict()
-    drafted, accepted = data.get("drafted", 0), data.get("accepted", 0)
-    rate = data.get("acceptance_rate", 0.0)
-    shape = shape_label(k, tree_nodes)
+    drafting = k is not None
+    shape = shape_label(k, tree_nodes) if drafting else "speculation off"
     head = (
-        f'<div class="ls-stats-head">{escape(proposer or "")}{f" · {shape}" if shape else ""}'
-        f"{f' · {escape(finish_reason)}' if finish_reason else ' · streaming…'}</div>"
+        f'<div class="ls-stats-head">{escape(proposer or "")}{f" · {escape(shape)}" if shape else ""}'
+        f"{f' · {escape(finish_words(finish_reason))}' if finish_reason else ' · streaming…'}</div>"
     )
-    rows = [
-        ("accepted", f"Accepted {accepted}/{drafted} draft tokens ({rate:.0%})"),
-        ("mean acceptance length", f"{data.get('mean_acceptance_length', 0.0):.2f} tokens / target forward"),
+    forwards = data.get("target_forwards", 0)
+    step_s = sum(data.get(name, 0.0) for name in ("propose_s", "score_s", "sampler_s"))
+    rows: list[tuple[str, str]] = []
+    if drafting:
+        drafted, accepted = data.get("drafted", 0), data.get("accepted", 0)
+        rate = data.get("acceptance_rate", 0.0)
+        nodes = data.get("tree_nodes_drafted", 0)
+        if nodes:
+            rows.append(("accepted depth", f"{accepted}/{drafted} ({rate:.0%})"))
+            rows.append(("tree nodes drafted", f"{nodes}"))
+        else:
+            rows.append(("accepted draft tokens", f"{accepted}/{drafted} ({rate:.0%})"))
+        rows.append(("tokens per forward", f"{data.get('mean_acceptance_length', 0.0):.2f}"))
+    rows += [
         ("tokens/s", f"{data.get('tokens_per_s', 0.0):.1f}"),
         ("tokens", f"{data.get('emitted', 0)}"),
-        ("target forwards", f"{data.get('target_forwards', 0)}"),
+        ("target forwards", f"{forwards}"),
     ]
-    if data.get("predicted_speedup") is not None:
-        rows.append(("predicted speedup", f"{data['predicted_speedup']:.2f}×"))
-    table = "".join(
-        f'<tr><th>{escape(name)}</th><td class="ls-stat-{i}">{escape(value)}</td></tr>'
-        for i, (name, value) in enumerate(rows)
-    )
-    paused = f'<div class="ls-paused">{escape(pause_text(stats.paused))}</div>' if stats.paused else ""
+    if forwards and step_s > 0:
+        rows.append(("time per step", seconds_text(step_s / forwards)))
+    if drafting and data.get("predicted_speedup") is not None:
+        rows.append(("forecast speedup", f"{data['predicted_speedup']:.2f}× (controller's forecast)"))
+    table = "".join(_row(name, value, i) for i, (name, value) in enumerate(rows))
+    help_items = "".join(f"<li><b>{escape(name)}</b>: {escape(DEFINITIONS[name])}</li>" for name, _ in rows)
+    help_html = f'<details class="ls-help"><summary>what these figures mean</summary><ul>{help_items}</ul></details>'
+    paused = ""
+    if drafting and stats.paused:
+        paused = paused_html(stats.paused, k)
+    chart = acceptance_chart_html(stats) if drafting else ""
     return (
         f'<div class="ls-stats">{head}{runtime_html(runtime)}{paused}<table class="ls-stats-table">{table}</table>'
-        f"{timing_html(data)}{acceptance_chart_html(stats)}</div>"
+        f"{help_html}{timing_html(data)}{chart}</div>"
     )
 
 
@@ -184,6 +276,20 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
+NO_COMPARE = '<div class="ls-compare-none"></div>'  # the compare panel with nothing to show (Gradio keeps "")
+
+
+def marked_text_html(texts: list[str], at: Optional[int]) -> str:
+    """Token texts joined, escaped, with the token at index `at` (the first difference) marked."""
+    if at is None or at >= len(texts):
+        end = '<mark class="ls-diff">(ends here)</mark>' if at is not None else ""
+        return escape("".join(texts)) + end
+    return (
+        f'{escape("".join(texts[:at]))}<mark class="ls-diff">{escape(texts[at]) or "·"}</mark>'
+        f"{escape(''.join(texts[at + 1 :]))}"
+    )
+
+
 def compare_html(
     spec_stats: dict | None,
     base_stats: dict | None,
@@ -191,30 +297,54 @@ def compare_html(
     greedy: bool = True,
     identical: Optional[bool] = None,
     first_difference: Optional[int] = None,
+    spec_texts: Optional[list[str]] = None,
+    base_texts: Optional[list[str]] = None,
+    answer_index: Optional[int] = None,
 ) -> str:
-    """Speculative vs baseline (proposer off) for the same prompt: both tokens/s, the speedup, same output?"""
+    """Speculative vs baseline (proposer off) for the same prompt: both tokens/s, the measured speedup beside the
+    controller's forecast, same output?, and both texts side by side with the first difference marked.
+    answer_index: which answer of the conversation this compares (0-based), so the panel says whose it is."""
     if not spec_stats or not base_stats:
         return ""
     spec_tps, base_tps = spec_stats.get("tokens_per_s", 0.0), base_stats.get("tokens_per_s", 0.0)
     speedup = f"{spec_tps / base_tps:.2f}×" if base_tps > 0 else "—"
+    forecast = spec_stats.get("predicted_speedup")
+    forecast_row = (
+        f'<tr><th title="{escape(DEFINITIONS["forecast speedup"])}">controller\'s forecast</th>'
+        f'<td class="ls-compare-forecast">{forecast:.2f}×</td></tr>'
+        if forecast is not None
+        else ""
+    )
     if not greedy:
         same = "sampled (temperature > 0): outputs follow the same distribution but need not be identical"
     elif identical:
-        same = "greedy outputs are bitwise identical to plain decoding"
+        same = "greedy outputs are identical"
     elif first_difference is not None:
         same = (
-            f"greedy outputs differ from token {first_difference + 1} (the verify forward rounds the logits "
-            "differently from a 1-token forward; the exact forward setup removes this where measured)"
+            f"greedy outputs differ from token {first_difference + 1} (marked below: the verify forward rounds the "
+            "logits differently from a 1-token forward; the exact forward setup removes this where measured)"
         )
     else:
         same = "greedy outputs differ"
+    texts = ""
+    if spec_texts is not None and base_texts is not None:
+        at = None if identical else first_difference
+        texts = (
+            '<div class="ls-compare-texts">'
+            f'<div class="ls-compare-col"><div class="ls-chart-title">{escape(proposer or "speculative")}</div>'
+            f'<div class="ls-compare-text ls-compare-spec-text">{marked_text_html(spec_texts, at)}</div></div>'
+            '<div class="ls-compare-col"><div class="ls-chart-title">baseline (speculation off)</div>'
+            f'<div class="ls-compare-text ls-compare-base-text">{marked_text_html(base_texts, at)}</div></div></div>'
+        )
+    whose = f" of answer {answer_index + 1}" if answer_index is not None else ""
     return (
-        f'<div class="ls-compare"><div class="ls-chart-title">compare with baseline</div>'
+        f'<div class="ls-compare"><div class="ls-chart-title">compare{whose} with baseline (the same prompt and '
+        "settings, speculation off)</div>"
         f'<table class="ls-stats-table"><tr><th>{escape(proposer or "speculative")}</th>'
         f'<td class="ls-compare-spec">{spec_tps:.1f} tok/s</td></tr>'
         f'<tr><th>baseline (off)</th><td class="ls-compare-base">{base_tps:.1f} tok/s</td></tr>'
-        f'<tr><th>speedup</th><td class="ls-compare-speedup">{speedup}</td></tr></table>'
-        f'<div class="ls-compare-same">{escape(same)}</div></div>'
+        f'<tr><th>measured speedup</th><td class="ls-compare-speedup">{speedup}</td></tr>{forecast_row}</table>'
+        f'<div class="ls-compare-same">{escape(same)}</div>{texts}</div>'
     )
 
 

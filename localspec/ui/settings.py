@@ -95,10 +95,13 @@ class Speculation:
     proposer: str
     k: int
     tree_nodes: int = 0
+    adaptive: Optional[bool] = None  # None: the pair's setting; False: keep speculating even where it does not pay
 
 
-def read_speculation(proposer: Any, k: Any, tree_nodes: Any) -> Speculation:
-    return Speculation(str(proposer or ""), read_k(k), read_tree_nodes(tree_nodes))
+def read_speculation(proposer: Any, k: Any, tree_nodes: Any, keep_speculating: Any = False) -> Speculation:
+    """keep_speculating: the "keep speculating anyway" switch (adaptive K off for this answer)."""
+    adaptive = False if keep_speculating is True else None
+    return Speculation(str(proposer or ""), read_k(k), read_tree_nodes(tree_nodes), adaptive)
 
 
 def read_proposer(proposer: Any, available: tuple[str, ...]) -> str:

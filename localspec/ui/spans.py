@@ -1,4 +1,7 @@
-"""One token as a coloured span: its kind class, its hover card, its text escaped."""
+"""One token as a span: its kind class, its provenance card (data-tip, shown by assets/transcript.js), its text.
+
+The one place the token markup is written: render.tokens_html and markdown.py both call token_span.
+"""
 
 from __future__ import annotations
 
@@ -39,13 +42,19 @@ def _prob(value: Optional[float]) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
-def token_title(record: dict) -> str:
-    """The hover text of one token (plain text; escaped by the caller)."""
+def token_title(record: dict, greedy: bool = False) -> str:
+    """The provenance card of one token (plain text, one fact a line; escaped by the caller).
+
+    greedy: the answer ran at temperature 0, where a draft token is kept exactly when it is the target's top token;
+    the card then says so instead of quoting an acceptance probability that played no part."""
     kind = record.get("kind", "target")
     lines = [KIND_LABELS.get(kind, kind), f"p_target = {_prob(record.get('p_target'))}"]
     if kind == "accepted":
         lines.append(f"p_draft = {_prob(record.get('p_draft'))}")
-        lines.append(f"acceptance min(1, p_target/p_draft) = {_prob(record.get('acceptance_prob'))}")
+        if greedy:
+            lines.append("accepted: the draft token is the target's top token")
+        else:
+            lines.append(f"acceptance min(1, p_target/p_draft) = {_prob(record.get('acceptance_prob'))}")
         if record.get("branch"):
             lines.append(f"branch {record['branch']} of the token tree (0 = the proposer's first choice)")
     elif kind == "resampled":
@@ -55,11 +64,18 @@ def token_title(record: dict) -> str:
             f"rejected draft token {shown}: p_target = {_prob(record.get('rejected_p_target'))}, "
             f"p_draft = {_prob(record.get('rejected_p_draft'))}"
         )
-        lines.append(f"acceptance min(1, p_target/p_draft) = {_prob(record.get('acceptance_prob'))}")
+        if greedy:
+            lines.append("rejected: the target's top token differs")
+        else:
+            lines.append(f"acceptance min(1, p_target/p_draft) = {_prob(record.get('acceptance_prob'))}")
     return "\n".join(lines)
 
 
-def token_span(record: dict, colour: bool = True) -> str:
+def token_span(record: dict, colour: bool = True, text: Optional[str] = None, greedy: bool = False) -> str:
+    """The span of one token (or of the part `text` of it that one piece of markdown rendered)."""
     kind = record.get("kind") if record.get("kind") in TOKEN_KINDS else "target"
-    classes = f"tok tok-{kind}" + ("" if colour else " tok-plain")
-    return f'<span class="{classes}" title="{escape(token_title(record))}">{escape(record.get("text", ""))}</span>'
+    shown = record.get("text", "") if text is None else text
+    classes = f"tok tok-{kind}" + ("" if colour else " tok-plain") + ("" if shown.strip() else " tok-space")
+    return (
+        f'<span class="{classes}" tabindex="-1" data-tip="{escape(token_title(record, greedy))}">{escape(shown)}</span>'
+    )

@@ -1,0 +1,78 @@
+"""The saved-conversations sidebar (localspec/ui/conversations.py) in-process on the echo session with a real
+ConversationStore: full titles, search, rename, delete with undo, export file names."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from localspec.ui import conversations
+from localspec.ui.conversations import ConversationHandlers, file_stem
+from localspec.ui.echo import echo_manager
+from localspec.ui.handlers import Handlers
+from localspec.ui.recorder import Recorder, title_from
+
+store_db = pytest.importorskip("localspec.store.db")
+
+SETTINGS = ("ngram", 3, 0.0, 1.0, 0, 64, 0, True, 0)
+LONG_TITLE = "Write a palindrome checker in Python that ignores case, spaces and punctuation, with tests"
+
+
+@pytest.fixture
+def sidebar(tmp_path):
+    store = store_db.ConversationStore(tmp_path / "conversations.db")
+    recorder = Recorder(store)
+    handlers = Handlers(echo_manager(), recorder)
+    yield handlers, ConversationHandlers(store, recorder, handlers.manager), store
+    store.close()
+
+
+def send(handlers, text, turns=()):
+    out = None
+    for out in handlers.send(text, list(turns), *SETTINGS):  # noqa: B007 - the last value is the point
+        pass
+    return out[-1]
+
+
+def test_the_title_is_the_whole_first_line():
+    assert title_from(f"  {LONG_TITLE}  \nmore lines here") == LONG_TITLE
+    assert title_from("\n\n  second   line  ") == "second line"
+
+
+def test_titles_are_stored_whole_and_searchable(sidebar):
+    handlers, panel, store = sidebar
+    send(handlers, LONG_TITLE)
+    handlers.clear()
+    send(handlers, "Another question about tokenizers")
+    (full,) = [s.title for s in store.list_conversations() if s.title.startswith("Write")]
+    assert full == LONG_TITLE  # never cut in the store; the list shortens it on screen (CSS) only
+    assert [label.split(" · ")[0] for label, _ in panel.choices("PALINDROME checker")] == [LONG_TITLE]
+    assert len(panel.choices("")) == 2 and panel.choices("nothing like this") == []
+
+
+def test_export_file_names_come_from_the_full_title_made_file_safe():
+    assert file_stem("a/b\\c: d*e?", 3) == "a-b-c-d-e-3"
+    stem = file_stem(LONG_TITLE, 7)
+    assert stem.startswith("Write-a-palindrome-checker") and stem.endswith("-7")
+    assert len(stem) <= conversations.FILE_STEM_CHARS + 3 and "--" not in stem
+    assert file_stem("¿¡…!?", 1) == "conversation-1"
+
+
+def test_delete_hides_at_once_and_undo_brings_it_back(sidebar, monkeypatch):
+    handlers, panel, store = sidebar
+    monkeypatch.setattr(conversations, "UNDO_S", 0.3)
+    send(handlers, "keep me around")
+    (summary,) = store.list_conversations()
+    listed, undo, status, title = panel.delete_with_undo(summary.id, "")
+    assert listed["choices"] == [] and undo["visible"] is True and "Undo" in status and title == ""
+    assert "just deleted" in panel.open(summary.id, True)[2]
+    _listed, undo, status = panel.undo_delete("")
+    assert "Brought back" in status and undo["visible"] is False
+    time.sleep(0.6)
+    assert [s.id for s in store.list_conversations()] == [summary.id]  # the timer did not delete it
+
+    panel.delete_with_undo(summary.id, "")
+    time.sleep(0.8)  # no undo: the deletion goes through
+    assert store.list_conversations() == []
+    assert "Nothing to undo" in panel.undo_delete("")[2]
