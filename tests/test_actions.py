@@ -186,9 +186,9 @@ def test_keep_speculating_turns_adaptive_k_off_for_the_answer(app):
     session.pair = replace(session.pair, adaptive=True)  # an entry that asks for adaptive K
     original = session.stream_ids
 
-    def spy(ids, sampling, spec, cancel=None):
+    def spy(ids, sampling, spec, cancel=None, first_source=()):
         seen.append(spec.adaptive)
-        return original(ids, sampling, spec, cancel)
+        return original(ids, sampling, spec, cancel, first_source)
 
     session.stream_ids = spy
     send(handlers, "adaptive on", [], SETTINGS + (False,))
