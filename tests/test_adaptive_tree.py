@@ -135,7 +135,9 @@ def test_the_engine_runs_adaptive_trees_losslessly_and_reports_them(tiny_models)
     trees = next(iter(engine.controllers.tree.values()))
     tree_steps = [e for e in events if e.propose_token_num > 3]  # more than a chain of K = 3 could draft
     assert tree_steps, "the controller's prior favours trees at first"
-    assert all(e.stats.k in trees.sizes and e.stats.predicted_speedup is not None for e in tree_steps)
+    # the plan says the tree's size; the statistics count a tree per path (k is its depth, metrics.after_step)
+    assert all(e.plan.shape == "tree" and e.plan.size in trees.sizes for e in tree_steps)
+    assert all(e.stats.predicted_speedup is not None and e.stats.k <= e.plan.size for e in tree_steps)
     assert sum(trees.propose_s[n].count for n in trees.sizes) == len(tree_steps)
     assert trees.costs is engine.controllers.chain[("head", 3, True)].costs  # one cost model per part
 

@@ -141,6 +141,7 @@ def test_api_values_get_the_documented_messages(inproc_app, kwargs, words):
             args["seed"],
             True,
             args["tree_nodes"],
+            False,  # keep speculating: a raw HTTP call sends every input
         ],
     )[2]
     assert words in status and "Could not preprocess" not in status
