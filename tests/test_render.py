@@ -417,7 +417,7 @@ def test_stats_panel_says_why_speculation_is_paused_and_what_runs():
     ) in text
     assert "retries every 30 steps" in text
     assert "keep speculating anyway" in text  # the way out, beside the reason
-    asked = " ".join(parse(stats_html(replace(stats, paused=dict(paused, k=1)), "n-gram", 4)).text)
+    asked = " ".join(parse(stats_html(replace(stats, paused=replace(paused, k=1)), "n-gram", 4)).text)
     assert "You asked for K = 4; the controller tried 1 draft token (its best K)" in asked
     assert "cuda:0 · bfloat16 · int8 · sampler triton" in text
     assert "paused" not in " ".join(parse(stats_html(StatsSnapshot(emitted=3), "n-gram", 4)).text)
