@@ -146,7 +146,8 @@ def test_bench_end_to_end_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
     assert "load average" in table
     from localspec.verify.guarantee import guarantee_for
 
-    stated = guarantee_for("float32", "none", "cpu")  # the tiny pair's path: its guarantee is what "same as hf" means
+    exact = data["guarantee"]["path"].endswith("exact forwards")  # exact: auto decides per machine, at load
+    stated = guarantee_for("float32", "none", "cpu", exact)  # the tiny pair's path: what "same as hf" means
     assert data["guarantee"] == stated.to_dict() and stated.text in table
     for name in ("tokens_per_s.png", "acceptance_by_position.png", "k_sweep.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
