@@ -42,7 +42,9 @@ class SuffixIndex:
 
     docs: list[Optional[np.ndarray]] = field(default_factory=list)  # [L_d] int64 each; None once removed
     keys: list[Hashable] = field(default_factory=list)  # the caller's key per document (e.g. a message id)
-    windows: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict)
+    # (first, second) window → occurrences packed as document << 32 | end: ints, not tuples, so an index of a long
+    # history stays a few bytes per token
+    windows: dict[int, list[int]] = field(default_factory=dict)
     _by_key: dict[Hashable, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -58,7 +60,7 @@ class SuffixIndex:
         self._by_key[key] = index
         values = doc.tolist()
         for end in range(1, len(values) - 1):  # a window ending at `end` continues at end + 1
-            self.windows.setdefault((values[end - 1], values[end]), []).append((index, end))
+            self.windows.setdefault(_window(values[end - 1], values[end]), []).append(index << 32 | end)
 
     def remove(self, key: Hashable) -> bool:
         index = self._by_key.pop(key, None)
@@ -75,7 +77,8 @@ class SuffixIndex:
             return 0, []
         tail = suffix.tolist()
         best, found = 0, []
-        for index, end in reversed(self.windows.get((tail[-2], tail[-1]), [])[-SCAN_LIMIT:]):
+        for packed in reversed(self.windows.get(_window(tail[-2], tail[-1]), [])[-SCAN_LIMIT:]):
+            index, end = packed >> 32, packed & 0xFFFFFFFF
             doc = self.docs[index]
             if doc is None or end + 1 >= len(doc):
                 continue
@@ -87,6 +90,10 @@ class SuffixIndex:
             if n == best:
                 found.append(doc[end + 1 : end + 1 + depth].tolist())
         return best, found
+
+
+def _window(first: int, second: int) -> int:
+    return first << 32 | second
 
 
 class HistoryProposer(Proposer):

@@ -318,7 +318,7 @@ def compare_html(
     if not greedy:
         same = "sampled (temperature > 0): outputs follow the same distribution but need not be identical"
     elif identical:
-        same = "greedy outputs are identical"
+        same = "greedy outputs are bitwise identical to plain decoding"
     elif first_difference is not None:
         same = (
             f"greedy outputs differ from token {first_difference + 1} (marked below: the verify forward rounds the "
