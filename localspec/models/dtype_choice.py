@@ -18,8 +18,6 @@ anything. An unreadable cache file is measured again and rewritten. An explicit 
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import statistics
 import time
@@ -32,7 +30,7 @@ import torch
 
 from localspec.runtime.speedup import PRIOR_ACCEPTANCE, predicted_speedups
 
-from .paths import cache_dir
+from .decision_cache import read_decisions, write_decision
 
 CONTEXT_TOKENS = 64  # KV cache length the forwards are timed on
 REPEATS = 7  # timed forwards per model and size (the median is kept)
@@ -212,32 +210,12 @@ def predicted_throughput(plain_s: float, verify_s: float, k: int, acceptance: fl
 
 
 # -- the cache ----------------------------------------------------------------------------------------------------
-def _cache_path() -> Path:
-    return cache_dir() / CACHE_FILE
-
-
 def _read_cache() -> dict:
-    """{key: decision dict}; {} when there is no file or it cannot be read (it is measured again and rewritten)."""
-    try:
-        data = json.loads(_cache_path().read_text(encoding="utf-8"))
-        if data.get("version") != CACHE_VERSION or not isinstance(data.get("decisions"), dict):
-            return {}
-        return data["decisions"]
-    except (OSError, ValueError, AttributeError):
-        return {}
+    return read_decisions(CACHE_FILE, CACHE_VERSION)
 
 
 def _write_cache(key: str, decision: DtypeDecision) -> None:
-    decisions = _read_cache()
-    decisions[key] = decision.to_dict()
-    path = _cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"version": CACHE_VERSION, "decisions": decisions}, indent=1), encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only data folder: the next load measures again
+    write_decision(CACHE_FILE, CACHE_VERSION, key, decision.to_dict())
 
 
 def cached_decision(key: str) -> DtypeDecision | None:

@@ -15,16 +15,14 @@ beside the dtype decision (same key, plus the dtype), so later loads time nothin
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
+from .decision_cache import read_decisions, write_decision
 from .dtype_choice import cache_key, time_forwards
-from .paths import cache_dir
 
 ExactSetting = Literal["auto", "on", "off"]
 EXACT_SETTINGS: tuple[str, ...] = ("auto", "on", "off")
@@ -81,31 +79,12 @@ class ExactDecision:
         )
 
 
-def _cache_path():
-    return cache_dir() / CACHE_FILE
-
-
 def _read_cache() -> dict:
-    try:
-        data = json.loads(_cache_path().read_text(encoding="utf-8"))
-        if data.get("version") != CACHE_VERSION or not isinstance(data.get("decisions"), dict):
-            return {}
-        return data["decisions"]
-    except (OSError, ValueError, AttributeError):
-        return {}
+    return read_decisions(CACHE_FILE, CACHE_VERSION)
 
 
 def _write_cache(key: str, decision: ExactDecision) -> None:
-    decisions = _read_cache()
-    decisions[key] = decision.to_dict()
-    path = _cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"version": CACHE_VERSION, "decisions": decisions}, indent=1), encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only data folder: the next load measures again
+    write_decision(CACHE_FILE, CACHE_VERSION, key, decision.to_dict())
 
 
 def measure_cost(model: torch.nn.Module, k: int, timer=time_forwards) -> tuple[float, float]:
