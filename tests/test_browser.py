@@ -125,6 +125,31 @@ def test_chat_in_the_browser(browser, tiny_app):
     page.close()
 
 
+def test_the_page_says_ready_only_once_its_controls_show_the_pair(browser, tiny_app):
+    """The page-load event sets the proposer, K and tree controls: until its answer lands, a choice would be undone,
+    so the status line must not say ready before then (held back here by delaying the event queue)."""
+    from localspec.ui.layout import CONNECTING
+
+    page = browser.new_page(viewport=VIEWPORT)
+    held, holding = [], [True]
+    page.route("**/gradio_api/queue/join*", lambda route: held.append(route) if holding[0] else route.continue_())
+    page.goto(tiny_app.url, wait_until="load")
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    for _ in range(600):  # Playwright calls the route handler while it waits, not during time.sleep
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the page-load event never asked the queue"
+    status = page.inner_text("#ls-status")
+    assert "ready" not in status and CONNECTING in status, status
+    holding[0] = False
+    for route in held:
+        route.continue_()
+    wait_status(page, "ready")
+    assert page.get_by_role("radio", name="draft model", exact=True).is_checked()  # the tiny entry's default
+    page.close()
+
+
 def test_tree_nodes_in_the_browser(browser, tiny_app):
     page = open_page(browser, tiny_app.url)
     box = page.locator("#ls-tree-nodes input[type=number]")

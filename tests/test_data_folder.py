@@ -48,7 +48,7 @@ def test_the_probe_cleanup_never_raises_a_raw_os_error(tmp_path, monkeypatch):
     from localspec.store.db import ConversationStore
 
     path = tmp_path / "conversations.db"
-    ConversationStore(path).close()  # an existing database, so the probe runs
+    path.write_bytes(b"not a database, " * 512)  # a damaged file: the probe puts its -shm back as found
     real_unlink = Path.unlink
 
     def refusing_unlink(self, missing_ok=False):
@@ -58,6 +58,7 @@ def test_the_probe_cleanup_never_raises_a_raw_os_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Path, "unlink", refusing_unlink)
     store = ConversationStore(path)  # a read-only folder refuses the unlink: the store still opens
+    assert store.recovered_from is not None
     store.close()
 
 

@@ -13,6 +13,7 @@ import time
 from collections import deque
 
 from localspec.config import ConfigError
+from localspec.runtime.memory import release_free_memory
 
 DEFAULT_MAX_WAITING = 8
 RETRY_AFTER_S = 2  # what a refused caller is told to wait before asking again
@@ -121,16 +122,21 @@ class Admission:
             return True
 
     def leave(self, ticket: Ticket) -> None:
-        """Give the engine back (when held) or the place up (when waiting). Safe to call twice."""
+        """Give the engine back (when held) or the place up (when waiting). Safe to call twice. The last answer
+        before an idle engine hands its freed memory back to the OS (runtime/memory.py)."""
         with self._cond:
-            if self._holder is ticket:
+            held = self._holder is ticket
+            if held:
                 self._holder = None
             else:
                 try:
                     self._queue.remove(ticket)
                 except ValueError:
                     pass
+            idle = held and not self._queue
             self._cond.notify_all()
+        if idle:
+            release_free_memory()
 
     # ---- Lock-compatible use (model loading) --------------------------------------------------------------------
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
@@ -152,7 +158,10 @@ class Admission:
             if self._holder is None:
                 raise RuntimeError("release of an Admission nobody holds")
             self._holder = None
+            idle = not self._queue
             self._cond.notify_all()
+        if idle:  # a load that replaced a pair freed the old one's blocks
+            release_free_memory()
 
     def __enter__(self) -> Admission:
         self.acquire()

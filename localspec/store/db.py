@@ -36,6 +36,7 @@ UNTITLED = "Untitled conversation"
 STATE_SUFFIX = "-state"  # the main file's (inode, size, mtime) after our last checkpoint
 WAL_HEADER_BYTES = 32  # a WAL no longer than its header holds no frames
 CHECKPOINT_BYTES = 4 << 20  # merge the WAL into the main file once it grows past this
+BUSY_TIMEOUT_S = 10.0  # how long a connection waits for another one's lock
 
 
 class StoreError(ConfigError):
@@ -155,6 +156,24 @@ def _int_or_none(value: Any) -> Optional[int]:
         return None
 
 
+def _switch_to_wal(conn: sqlite3.Connection) -> str:
+    """The journal mode after asking for WAL. SQLite answers 'database is locked' at once, without its busy handler,
+    when another connection holds the lock the switch needs (two first opens of a new file), so wait here."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    pause = 0.005
+    while True:
+        mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+        if mode == "wal":  # persistent in the file: whoever switched first switched it for everyone
+            return mode
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
 def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
     """Only a damaged or foreign-format file counts: a locked file, a full disk or a bug must never move the user's
     conversations aside."""
@@ -209,7 +228,9 @@ class ConversationStore:
 
     def _probe(self) -> Optional[str]:
         """Why the file on disk is damaged, or None. Reads through a read-only connection (which never checkpoints
-        a WAL into the main file) and puts the -shm back as it was, so a damaged set is moved aside as found."""
+        a WAL into the main file). A damaged set gets its -shm back as found, so it is moved aside as found; a
+        healthy one keeps its -shm untouched, since another connection may have it mapped (truncating or unlinking
+        a live -shm breaks that connection's locking and can crash it with SIGBUS)."""
         if not self.path.exists() or self.path.stat().st_size == 0:
             return None
         wal, state = self._side("-wal"), self._side(STATE_SUFFIX)
@@ -226,15 +247,16 @@ class ConversationStore:
             conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0)
             try:
                 check = conn.execute("PRAGMA quick_check").fetchone()[0]
-                return None if check == "ok" else f"database disk image is malformed: {check}"
+                damage = None if check == "ok" else f"database disk image is malformed: {check}"
             finally:
                 conn.close()
         except sqlite3.DatabaseError as exc:
             if not _is_corruption(exc):
                 raise
-            return str(exc)
-        finally:
+            damage = str(exc)
+        if damage is not None:
             self._restore(shm, shm_before)
+        return damage
 
     @staticmethod
     def _restore(shm: Path, before: Optional[bytes]) -> None:
@@ -260,11 +282,11 @@ class ConversationStore:
                 pass
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         try:
             conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA busy_timeout = 10000")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            mode = _switch_to_wal(conn)
             if str(mode).lower() != "wal":
                 raise StoreError(f"the conversation database {self.path} could not switch to WAL mode ({mode})")
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints are ours, so each one is recorded

@@ -22,6 +22,7 @@ from .settings import proposer_choices
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TITLE = "localspec"
+CONNECTING = "Connecting to the model…"
 PAIR_POLL_S = 2.0  # how often a tab checks whether another tab switched the pair
 INTRO = "Local chat with speculative decoding: hover, tap or focus a token to see how it was made."
 
@@ -66,7 +67,9 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                 padding=False,
             )
             compare_panel = gr.HTML(NO_COMPARE, js_on_load=None, elem_id="ls-compare-panel")
-            status = gr.HTML(status_html(manager.ready_text()), js_on_load=None, elem_id="ls-status")
+            # "ready" comes from the page-load event, with the controls it sets: a choice made before it would be
+            # undone by it, so the page does not say ready until then
+            status = gr.HTML(status_html(CONNECTING), js_on_load=None, elem_id="ls-status")
             with gr.Row(equal_height=True, elem_id="ls-compose"):
                 message = gr.Textbox(
                     placeholder="Message (Enter sends, Shift+Enter for a new line)",

@@ -1,0 +1,51 @@
+"""The freed memory of an answer goes back to the OS once the engine is idle (runtime/memory.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from localspec.runtime import memory
+from localspec.server.admission import Admission
+
+BLOCK = 64 << 10  # under glibc's default mmap threshold: these live in the heap
+BLOCKS = 2000  # 125 MiB
+
+
+def rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or memory._malloc_trim() is None, reason="needs glibc")
+def test_freed_heap_blocks_go_back_to_the_os():
+    blocks = [bytearray(BLOCK) for _ in range(BLOCKS)]  # bytearray writes its zeros: every page is resident
+    pinned = bytearray(BLOCK)  # allocated last, at the top of the heap: free() alone cannot shrink the heap past it
+    del blocks
+    held = rss_kib()
+    assert memory.release_free_memory()
+    released = held - rss_kib()
+    assert released > BLOCKS * BLOCK / 1024 / 2, f"only {released} KiB of {BLOCKS * BLOCK >> 10} KiB went back"
+    del pinned
+
+
+def test_the_engine_going_idle_releases_memory_and_a_busy_one_does_not(monkeypatch):
+    calls = []
+    monkeypatch.setattr("localspec.server.admission.release_free_memory", lambda: calls.append(1))
+    admission = Admission()
+    first, second = admission.enter("chat"), admission.enter("api")
+    assert admission.wait(first, timeout=1)
+    admission.leave(first)  # the second is waiting: the engine is not idle
+    assert calls == []
+    assert admission.wait(second, timeout=1)
+    admission.leave(second)
+    assert calls == [1]
+    admission.leave(second)  # twice: nothing more to release
+    assert calls == [1]
+    with admission:  # a pair load that freed the old pair
+        pass
+    assert calls == [1, 1]
