@@ -16,6 +16,20 @@ from .support import wait_until
 REPO = Path(__file__).resolve().parents[1]
 
 
+# set inside this pytest process by localspec's own imports: verify/triton_fused.py (no CUDA: Triton's interpreter)
+# and ui/tempfiles.py (Gradio's temporary folder). An app a user starts has neither unless the user set them.
+SET_BY_OUR_IMPORTS = ("TRITON_INTERPRET", "GRADIO_TEMP_DIR")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for an app the tests start: this process's, less what our imports set here."""
+    from .conftest import STARTING_ENV
+
+    env = {k: v for k, v in os.environ.items() if k in STARTING_ENV or k not in SET_BY_OUR_IMPORTS}
+    env.update(extra)
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -44,8 +58,7 @@ class AppProcess:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log_path = Path(home) / f"app-{self.port}.log"
-        env = dict(
-            os.environ,
+        env = child_env(
             LOCALSPEC_HOME=str(home),
             GRADIO_ANALYTICS_ENABLED="False",
             HF_HUB_OFFLINE="1",

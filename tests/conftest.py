@@ -13,6 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 os.environ.setdefault("LOCALSPEC_HOME", str(REPO / ".localspec-home"))
+STARTING_ENV = frozenset(os.environ)  # what the suite was started with (apphelpers.child_env)
 
 
 @pytest.fixture(scope="session")

@@ -150,6 +150,17 @@ def test_the_page_says_ready_only_once_its_controls_show_the_pair(browser, tiny_
     page.close()
 
 
+def test_rescan_of_the_models_on_this_machine_in_the_browser(browser, tiny_app):
+    page = open_page(browser, tiny_app.url)
+    page.get_by_text("Models on this machine").click()
+    page.click("#ls-rescan")
+    page.wait_for_function(
+        "() => /Rescanned: \\d+ model/.test(document.querySelector('#ls-found-msg').innerText)", timeout=60_000
+    )
+    assert page.locator("#ls-model input").input_value() == "tiny"  # the loaded pair stays selected
+    page.close()
+
+
 def test_tree_nodes_in_the_browser(browser, tiny_app):
     page = open_page(browser, tiny_app.url)
     box = page.locator("#ls-tree-nodes input[type=number]")

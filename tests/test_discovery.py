@@ -276,3 +276,48 @@ def test_generate_answers_with_a_model_file(machine, tmp_path):
         args[:5] + [str(tmp_path / "none.gguf")] + args[6:], env=env, capture_output=True, text=True, timeout=600
     )
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_rescan_and_add_in_the_chat_window(machine, tmp_path, monkeypatch):
+    """The window's panel: Rescan shows what is on the disk now, Add puts a found pair in the user's models.yaml
+    (once), and the model dropdown offers it; the loaded pair stays offered when its file goes away."""
+    import shutil
+
+    from localspec.models.user_models import Catalog
+    from localspec.ui.machine import MachinePanel, addable
+    from localspec.ui.manager import ModelManager
+    from tests.conftest import REPO
+
+    home, paths = machine
+    copy = tmp_path / "home"
+    shutil.copytree(home, copy, symlinks=True)
+    monkeypatch.setenv("HOME", str(copy))
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "data"))
+    for key in ("HF_HOME", "HF_HUB_CACHE", "OLLAMA_MODELS", "LLAMA_CACHE"):
+        monkeypatch.delenv(key, raising=False)
+    shipped = REPO / "models.yaml"
+    before = shipped.read_bytes()
+    catalog = Catalog(shipped)
+    read = catalog.read()
+    manager = ModelManager(read.pairs, lambda pair, progress: object())
+    manager.attach_catalog(catalog, read)
+    panel = MachinePanel(manager)
+
+    table, choice, _add, message, model = panel.rescan()
+    assert "big-f32" in table and "smol:latest" in table and "Rescanned: 4 model(s)" in message
+    assert choice["value"] == "big-f32 + smol:latest" and "big-f32 + smol:latest" in choice["choices"]
+
+    _table, choice, _add, message, model = panel.add("big-f32 + smol:latest")
+    assert "Added big-f32 + smol:latest" in message, message
+    assert "big-f32 + smol:latest" not in choice["choices"]  # added: offered by the user's file, not again here
+    assert "big-f32 + smol:latest" in [value for _label, value in model["choices"]]
+    assert yaml.safe_load((tmp_path / "data" / "models.yaml").read_text())[0]["name"] == "big-f32 + smol:latest"
+    assert "No found pair" in panel.add("no such pair")[3]
+    assert shipped.read_bytes() == before
+
+    manager.load("swapped")  # a found pair with the n-gram lookup only
+    (copy / ".cache" / "llama.cpp" / "swapped.gguf").unlink()
+    table, _choice, _add, message, model = panel.rescan()
+    assert "swapped" not in table and "Rescanned: 3 model(s)" in message
+    assert "swapped" in [value for _label, value in model["choices"]] and model["value"] == "swapped"
+    assert "swapped" not in addable(manager)

@@ -15,17 +15,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
-
-
 def run(args: argparse.Namespace) -> int:
     from localspec.config import ConfigError
-    from localspec.models.discovery import discover, propose_pairs
+    from localspec.models.discovery import discover, human_size, propose_pairs
     from localspec.models.user_models import add_user_pair
 
     found = discover()
@@ -63,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"no models found (searched {searched})")
     for m in found.models:
         note = "" if m.loadable is None else f"  ✗ {m.loadable}"
-        print(f"{m.name}  [{m.layout}] {m.architecture} {m.quantization}, {_size(m.size_bytes)}  {m.path}{note}")
+        print(f"{m.name}  [{m.layout}] {m.architecture} {m.quantization}, {human_size(m.size_bytes)}  {m.path}{note}")
     for s in found.skipped:
         print(f"skipped {s.path}: {s.reason}")
     if pairs:

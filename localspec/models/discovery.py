@@ -81,6 +81,15 @@ class ProposedPair:
         return self.target.name if self.draft is None else f"{self.target.name} + {self.draft.name}"
 
 
+def human_size(n: int) -> str:
+    """A file size as people read it: 812 B, 91.4 MB, 4.7 GB (powers of 1000, as file managers show them)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
 def default_roots(home: Optional[Path] = None) -> tuple[Root, ...]:
     """Where LM Studio, Ollama, llama.cpp and the Hugging Face cache keep models for the user `home` (default: ~).
     OLLAMA_MODELS, LLAMA_CACHE and HF_HUB_CACHE / HF_HOME move theirs, as those apps read them."""

@@ -8,6 +8,7 @@ one; a user entry whose name a shipped one already has is refused by name.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import yaml
 
 from localspec.config import ConfigError, PairSpec
 
-from .discovery import Discovery, ProposedPair, propose_pairs
+from .discovery import Discovery, ProposedPair, discover, propose_pairs
 from .paths import home
 from .registry import BrokenEntry, load_registry_lenient, parse_pair
 
@@ -56,6 +57,20 @@ def found_pairs(discovery: Discovery, taken: set[str], sources: set[str]) -> lis
         specs.append(spec)
         taken.add(spec.name)
     return specs
+
+
+def user_pair_names(path: Path | None = None) -> set[str]:
+    """The names the user's models.yaml gives its pairs (none when it is missing or unreadable)."""
+    path = user_models_path() if path is None else path
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return set()
+    return (
+        {e["name"] for e in data if isinstance(e, dict) and isinstance(e.get("name"), str)}
+        if isinstance(data, list)
+        else set()
+    )
 
 
 def add_user_pair(pair: ProposedPair, path: Path | None = None) -> Path:
@@ -104,3 +119,28 @@ def load_all(
     if discovery is not None:
         pairs += found_pairs(discovery, {p.name for p in pairs}, {p.target.source for p in pairs})
     return pairs, broken
+
+
+@dataclass(frozen=True)
+class CatalogRead:
+    pairs: list[PairSpec]
+    broken: list[BrokenEntry]
+    found: Discovery | None  # None: not scanned (--no-scan)
+
+    def proposed(self) -> list[ProposedPair]:
+        """The pairs the found models make, largest first (as `localspec models` numbers them)."""
+        return propose_pairs(self.found.models) if self.found is not None else []
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Where the app's pairs come from: the shipped models.yaml, the user's, and (scan) the models on this machine.
+    Read at start and again on every Rescan."""
+
+    shipped: Path
+    scan: bool = True
+
+    def read(self) -> CatalogRead:
+        found = discover() if self.scan else None
+        pairs, broken = load_all(self.shipped, found)
+        return CatalogRead(pairs, broken, found)

@@ -15,6 +15,7 @@ from .actions import Actions
 from .controls import CheckedNumber, CheckedRadio, CheckedSlider
 from .conversations import conversations_panel
 from .handlers import Handlers
+from .machine import machine_panel
 from .manager import ModelManager
 from .recorder import Recorder
 from .render import NO_COMPARE, legend_html, stats_html, status_html, transcript_html
@@ -91,6 +92,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             model = gr.Dropdown(
                 manager.choices(), value=manager.name, label="Model pair", interactive=True, elem_id="ls-model"
             )
+            machine_panel(manager, model)
             proposer = CheckedRadio(
                 proposer_choices(available),
                 value=spec.proposer if spec else "none",

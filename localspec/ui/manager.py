@@ -105,6 +105,26 @@ class ModelManager:
         self._cancels: dict[str, threading.Event] = {}
         self._busy_owners: set[str] = set()  # tabs with an answer running or queued
         self.history = None  # a store.history.HistoryBook when conversations are saved: the history proposers' data
+        self.catalog = None  # a models.user_models.Catalog: where Rescan reads the pairs again
+        self.catalog_read = None  # what the catalog read last (the found models and the pairs they make)
+
+    def attach_catalog(self, catalog, read) -> None:
+        """Rescan reads the pairs from this catalog; `read` is what it read at start."""
+        self.catalog, self.catalog_read = catalog, read
+
+    def rescan(self):
+        """Read the shipped and user models.yaml and the models on this machine again; the dropdown offers what
+        they hold now. The loaded pair stays loaded (and listed) even when its files went away."""
+        if self.catalog is None:
+            raise ConfigError("this window was started without a catalog to rescan")
+        read = self.catalog.read()
+        pairs = list(read.pairs)
+        if self.name is not None and all(p.name != self.name for p in pairs):
+            pairs.append(self.pair(self.name))
+        if not pairs:
+            raise ConfigError("no model pairs found on a rescan; the old list stays")
+        self.pairs, self.broken, self.catalog_read = pairs, tuple(read.broken), read
+        return read
 
     def attach_history(self, book) -> None:
         """Give every pair loaded from now on (and the one loaded now) the saved conversations' index."""

@@ -111,15 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.umask(0o077)  # everything the app writes (database, exports, Gradio's copies) is readable by its owner only
     from localspec.config import ConfigError
-    from localspec.models.discovery import discover
     from localspec.models.registry import find_pair
-    from localspec.models.user_models import load_all
+    from localspec.models.user_models import Catalog
 
+    catalog = Catalog(Path(args.models), scan=not args.no_scan)
     try:
         auth = auth_for(args)
         api = api_parts(args)
-        found = None if args.no_scan else discover()
-        pairs, broken = load_all(args.models, found)
+        read = catalog.read()
+        pairs, broken, found = read.pairs, read.broken, read.found
         first = find_pair(pairs, args.model)
     except ConfigError as exc:
         print(f"localspec: {exc}", file=sys.stderr)
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     manager = ModelManager(
         pairs, default_session_factory(args.device), broken=broken, **api.manager_options if api else {}
     )
+    manager.attach_catalog(catalog, read)
     try:
         seconds = manager.load(first.name, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
         print(f"Loaded {first.name} in {seconds:.1f} s", file=sys.stderr, flush=True)
