@@ -41,12 +41,17 @@ def idle_rss_kib(pid: int) -> int:
 
 
 def two_pairs_yaml(tiny_pair, folder: Path) -> Path:
+    """The tiny pairs on the fast forward setup, named: `exact: auto` would pick a path by timing it, so a soak would
+    test one path on one run and the other on the next (the exact path's RSS is an open finding: README)."""
     path = tiny_models_yaml(tiny_pair, folder)
     root = Path(tiny_pair["root"])
+    text = path.read_text().replace("- name: tiny\n", "- name: tiny\n  exact: false\n", 1)
+    assert "exact: false" in text
     path.write_text(
-        path.read_text()
+        text
         + (
             "- name: tiny-b\n"
+            "  exact: false\n"
             f"  target: {{source: {root / 'tiny-target'}, quant: none, dtype: float32}}\n"
             "  proposers:\n"
             "    ngram: {min_n: 1, max_n: 2}\n"
@@ -87,6 +92,13 @@ class Soak:
     def client_loop(self, seed: int) -> None:
         from gradio_client import Client
 
+        try:
+            self._client_loop(seed, Client)
+        finally:
+            if self.warm_rss is None:  # gone before the warm-up figure: the other client must not wait for it
+                self.warm_barrier.abort()
+
+    def _client_loop(self, seed: int, Client) -> None:
         rng = random.Random(seed)
         client = Client(self.url, verbose=False)
         while self.next_ticket():
