@@ -129,7 +129,7 @@ def test_a_found_pair_becomes_a_user_entry_and_the_shipped_file_is_untouched(mac
         add_user_pair(pair, user)
     entries = yaml.safe_load(user.read_text())
     assert entries == [pair_entry(pair)]
-    pairs, broken = load_all(shipped, found, user)
+    pairs, broken = load_all(shipped, propose_pairs(found.models), user)
     names = [p.name for p in pairs]
     assert names[0] == "SmolLM2-135M-Instruct (embedded)"  # the shipped default stays first
     assert names.count("big-f32 + smol:latest") == 1  # the user's entry; the found duplicate is not offered twice
@@ -147,7 +147,7 @@ def test_a_broken_user_file_leaves_the_shipped_entries(tmp_path):
     user.write_text(
         "- name: SmolLM2-135M-Instruct (embedded)\n  target: {source: /nowhere}\n- name: typo\n  qaunt: 1\n"
     )
-    pairs, broken = load_all(REPO / "models.yaml", None, user)
+    pairs, broken = load_all(REPO / "models.yaml", (), user)
     assert [p.name for p in pairs] == ["SmolLM2-135M-Instruct (embedded)"]
     errors = sorted(b.error for b in broken)
     assert any("already has a pair named" in e for e in errors) and any("qaunt" in e for e in errors)

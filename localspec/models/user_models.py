@@ -8,6 +8,7 @@ one; a user entry whose name a shipped one already has is refused by name.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,10 @@ def file_entry(path: Path) -> dict[str, Any]:
     return {"name": path.name, "target": {"source": str(path)}, "proposers": {"ngram": {}}, "adaptive": True}
 
 
-def found_pairs(discovery: Discovery, taken: set[str], sources: set[str]) -> list[PairSpec]:
+def found_pairs(proposed: Sequence[ProposedPair], taken: set[str], sources: set[str]) -> list[PairSpec]:
     """The proposed pairs as PairSpecs, leaving out names already taken and targets an entry already runs."""
     specs = []
-    for i, pair in enumerate(propose_pairs(discovery.models)):
+    for i, pair in enumerate(proposed):
         if pair.name in taken or pair.target.source in sources:
             continue
         spec = parse_pair(pair_entry(pair), i, pair.target.path.parent)
@@ -94,9 +95,9 @@ def add_user_pair(pair: ProposedPair, path: Path | None = None) -> Path:
 
 
 def load_all(
-    shipped: str | Path, discovery: Discovery | None = None, user: Path | None = None
+    shipped: str | Path, proposed: Sequence[ProposedPair] = (), user: Path | None = None
 ) -> tuple[list[PairSpec], list[BrokenEntry]]:
-    """Shipped entries, then the user's, then found pairs (when a discovery is given)."""
+    """Shipped entries, then the user's, then the pairs the found models make (propose_pairs)."""
     pairs, broken = load_registry_lenient(shipped)
     user = user_models_path() if user is None else user
     if user.exists() and Path(shipped).resolve() != user.resolve():
@@ -116,8 +117,7 @@ def load_all(
                 continue
             names.add(pair.name)
             pairs.append(pair)
-    if discovery is not None:
-        pairs += found_pairs(discovery, {p.name for p in pairs}, {p.target.source for p in pairs})
+    pairs += found_pairs(proposed, {p.name for p in pairs}, {p.target.source for p in pairs})
     return pairs, broken
 
 
@@ -126,10 +126,7 @@ class CatalogRead:
     pairs: list[PairSpec]
     broken: list[BrokenEntry]
     found: Discovery | None  # None: not scanned (--no-scan)
-
-    def proposed(self) -> list[ProposedPair]:
-        """The pairs the found models make, largest first (as `localspec models` numbers them)."""
-        return propose_pairs(self.found.models) if self.found is not None else []
+    proposed: list[ProposedPair]  # the pairs the found models make, largest first (as `localspec models` numbers)
 
 
 @dataclass(frozen=True)
@@ -142,5 +139,6 @@ class Catalog:
 
     def read(self) -> CatalogRead:
         found = discover() if self.scan else None
-        pairs, broken = load_all(self.shipped, found)
-        return CatalogRead(pairs, broken, found)
+        proposed = propose_pairs(found.models) if found is not None else []  # tokenizers compared once per read
+        pairs, broken = load_all(self.shipped, proposed)
+        return CatalogRead(pairs, broken, found, proposed)

@@ -244,7 +244,7 @@ class ConversationStore:
         shm = self._side("-shm")
         shm_before = shm.read_bytes() if shm.exists() else None
         try:
-            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0)
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
             try:
                 check = conn.execute("PRAGMA quick_check").fetchone()[0]
                 damage = None if check == "ok" else f"database disk image is malformed: {check}"

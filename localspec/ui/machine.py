@@ -52,7 +52,7 @@ def addable(manager: ModelManager) -> list[str]:
     if read is None:
         return []
     added = user_pair_names()
-    return [pair.name for pair in read.proposed() if pair.name not in added]
+    return [pair.name for pair in read.proposed if pair.name not in added]
 
 
 def _message(text: str, kind: str = "info") -> str:
@@ -86,7 +86,7 @@ class MachinePanel:
 
     def add(self, name: str | None):
         read = self.manager.catalog_read
-        pair = next((p for p in read.proposed() if p.name == name), None) if read is not None else None
+        pair = next((p for p in read.proposed if p.name == name), None) if read is not None else None
         if pair is None:
             return self._views(_message(f"No found pair named {name!r}; press Rescan.", "error"))
         try:
