@@ -59,12 +59,12 @@ def kernel_weight_error(path: Path) -> dict[str, float]:
 def int4_row_independence(path: Path, names=("blk.0.attn_q.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight")):
     """Per layer: is each row of an R-row int4 forward (R = 1..9) bitwise the row computed alone, and is a row padded
     with a zero row to 2 rows bitwise the row alone?"""
-    from localspec.models.gguf_linear import Int4Linear, _gguf_tensors
+    from localspec.models.gguf_linear import _gguf_tensors, int4_from_q4_1
 
     _, tensors = _gguf_tensors(path)
     out = {}
     for name in names:
-        layer = Int4Linear.from_q4_1(tensors[name][1])
+        layer = int4_from_q4_1(tensors[name][1])
         x = torch.randn(9, layer.in_features, generator=torch.Generator().manual_seed(0)).bfloat16()  # [9, K]
         alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])  # [9, N]
         padded = torch.cat([layer(torch.cat([x[i : i + 1], torch.zeros_like(x[:1])]))[:1] for i in range(9)])

@@ -16,7 +16,8 @@ Forward setups (localspec/runtime/model_runner.py ForwardSetup):
   eager-mask  eager attention with the explicit additive mask, 1-row decode forwards
   eager-mask-2  the same, and every forward at least 2 rows (a dummy row after a single token, its cache row dropped)
   eager-mask-4x4  the same, every forward padded to a multiple of 4 rows
-  exact       model_runner.exact_setup: eager-mask with at least EXACT_MIN_ROWS rows per forward (2; 4 in float32)
+  exact       model_runner.exact_setup: eager-mask with EXACT_ROWS dummy rows (at least 2; multiples of 8 in float32)
+  exact-rows  model_runner.exact_rows_setup: exact, and each decode / verify row's attention in plain shapes (lean)
 
 Run: python scripts/measure_rounding.py [--paths float32,bfloat16,float16,nf4,int8,gguf] [--setups fast,exact]
          [--gsm8k 3] [--mt-bench 1] [--humaneval 1] [--tokens 24] [--json-dir assets/rounding]
@@ -58,7 +59,7 @@ PATHS = {
 
 
 def setups(dtype: torch.dtype) -> dict:
-    from localspec.runtime.model_runner import FAST, ForwardSetup, exact_setup
+    from localspec.runtime.model_runner import FAST, ForwardSetup, exact_rows_setup, exact_setup
 
     eager_mask = ForwardSetup(attention="eager", explicit_mask=True, min_rows=1)
     return {
@@ -67,6 +68,7 @@ def setups(dtype: torch.dtype) -> dict:
         "eager-mask-2": ForwardSetup(attention="eager", explicit_mask=True, min_rows=2),
         "eager-mask-4x4": ForwardSetup(attention="eager", explicit_mask=True, min_rows=4, row_multiple=4),
         "exact": exact_setup(dtype),
+        "exact-rows": exact_rows_setup(dtype),
     }
 
 
@@ -221,7 +223,9 @@ def measure_path(name: str, prompts: list[str], setup_names: list[str], new_toke
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--paths", default="float32,bfloat16,float16", help="comma-separated: " + ", ".join(PATHS))
-    parser.add_argument("--setups", default="fast,eager-mask,exact", help="comma-separated: fast, eager-mask, exact")
+    parser.add_argument(
+        "--setups", default="fast,eager-mask,exact", help="comma-separated: fast, eager-mask, exact, exact-rows"
+    )
     parser.add_argument("--gsm8k", type=int, default=3, help="gsm8k train questions (default: %(default)s)")
     parser.add_argument("--mt-bench", type=int, default=1, help="MT-Bench prompts (default: %(default)s)")
     parser.add_argument("--humaneval", type=int, default=1, help="HumanEval prompts (default: %(default)s)")

@@ -171,7 +171,7 @@ def test_model_failure_mid_answer_becomes_an_error_event(engine, tiny_models):
         if calls["n"] == 4:
             raise RuntimeError("kernel missing")
 
-    handle = tiny_models[0].model.norm.register_forward_hook(explode)
+    handle = tiny_models[0].model.layers[-1].mlp.down_proj.register_forward_hook(explode)  # once per forward
     try:
         _, tokens, events = run(engine, None, SpecConfig(proposer="none"), SamplingParams(max_new_tokens=20))
     finally:

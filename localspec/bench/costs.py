@@ -26,7 +26,7 @@ def bandwidth_gbs(repeats: int = 7) -> float:
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes a 1-token forward reads from weights: every linear's (dense, or an Int4Linear's packed codes and
     scales/zeros) and the LM head's; the embedding is a one-row gather and is left out."""
-    from localspec.models.gguf_linear import Int4Linear
+    from localspec.runtime.int4_linear import Int4Linear
 
     total = 0
     for module in model.modules():

@@ -55,9 +55,13 @@ def open_llama(path: Path, threads: int, lookup: bool) -> LlamaLike:
     except ImportError as exc:
         raise ConfigError(f"{INSTALL_HINT} ({exc})") from None
     draft = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS) if lookup else None
+    # logits_all with a draft: llama-cpp-python turns it on for the context then but sizes its score buffer by the
+    # argument (n_batch rows), so a prompt longer than one batch (512 tokens) fails ("could not broadcast ... into
+    # shape (0,)") unless it is asked for here
     return Llama(
         model_path=str(path),
         n_ctx=CONTEXT_TOKENS,
+        logits_all=lookup,
         n_threads=threads,
         n_threads_batch=threads,
         draft_model=draft,

@@ -1,5 +1,5 @@
 """`exact: auto`: run the target's forwards in the exact setup (engine/model_runner.py exact_setup: eager attention, an
-explicit additive mask, at least 2 rows per forward, multiples of 4 in float32 and float16) where its measured
+explicit additive mask, at least 2 rows per forward, multiples of 8 in float32 and 4 in float16) where its measured
 cost is small.
 
 In the exact setup a bfloat16 row's logits were measured bitwise equal whether the row is computed alone (plain

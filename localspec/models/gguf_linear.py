@@ -20,12 +20,11 @@ import torch
 from torch import nn
 
 from localspec.config import ConfigError
+from localspec.runtime.int4_linear import GROUP, ROW_MULTIPLE, Int4Linear
 
-GROUP = 32  # weights per Q4_1 block and per int4 scale/zero group
-Q4_1_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
-COMPUTE_DTYPE = torch.bfloat16  # the kernel's fast path: bf16 activations, scales and zeros
-ROW_MULTIPLE = 16  # the kernel's packing wants N (output rows) divisible by 16; other layers stay dense
-INNER_K_TILES = 1  # argument of _convert_weight_to_int4pack_for_cpu; the CPU kernel ignores it for the layout
+__all__ = ["GROUP", "Int4Linear", "dequantize_q4_1", "int4_from_q4_1", "q4_1_fields", "swap_in_q4_1_linears"]
+
+Q4_1_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles (a block of GROUP weights)
 # GGUF tensor name within block i → the transformers llama module path within model.model.layers[i]
 LLAMA_LINEARS = {
     "attn_q": "self_attn.q_proj",
@@ -70,37 +69,13 @@ def dequantize_q4_1(blocks: torch.Tensor) -> torch.Tensor:
     return (codes * fields.d.float()[..., None] + fields.m.float()[..., None]).reshape(rows, k)
 
 
-class Int4Linear(nn.Module):
-    """y = x · Wᵀ with W [N, K] as 4-bit codes in groups of 32 along K: w = (q − 8)·scale + zero, bf16 compute.
-    No bias (llama's linears have none)."""
-
-    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, in_features: int, out_features: int):
-        super().__init__()
-        self.in_features = in_features
-        self.out_features = out_features
-        self.register_buffer("packed", packed)  # [N, K/2] uint8, the kernel's layout
-        self.register_buffer("scales_zeros", scales_zeros)  # [K/32, N, 2] bf16: scale, zero
-
-    @classmethod
-    def from_q4_1(cls, blocks: torch.Tensor) -> Int4Linear:
-        """From a GGUF Q4_1 tensor's blocks [N, K/32 · 20] uint8."""
-        fields = q4_1_fields(blocks)
-        rows, k = fields.codes.shape
-        if rows % ROW_MULTIPLE:
-            raise ConfigError(f"the int4 kernel packs {ROW_MULTIPLE}·n output rows; this layer has {rows}")
-        packed = torch._convert_weight_to_int4pack_for_cpu(fields.codes, INNER_K_TILES)
-        d = fields.d.float()
-        zero = fields.m.float() + 8.0 * d  # w = q·d + m = (q − 8)·d + (m + 8d)
-        scales_zeros = torch.stack([d, zero], dim=-1).transpose(0, 1).contiguous().to(COMPUTE_DTYPE)  # [G, N, 2]
-        return cls(packed, scales_zeros, k, rows)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 → [..., N] bf16
-        flat = x.reshape(-1, self.in_features)  # [rows, K]
-        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)  # [rows, N]
-        return out.reshape(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int4 group {GROUP}"
+def int4_from_q4_1(blocks: torch.Tensor) -> Int4Linear:
+    """An Int4Linear from a GGUF Q4_1 tensor's blocks [N, K/32 · 20] uint8: scale = d, zero = m + 8d."""
+    fields = q4_1_fields(blocks)
+    if fields.codes.shape[0] % ROW_MULTIPLE:
+        raise ConfigError(f"the int4 kernel packs {ROW_MULTIPLE}·n output rows; this layer has {fields.codes.shape[0]}")
+    d = fields.d.float()
+    return Int4Linear.from_codes(fields.codes, d, fields.m.float() + 8.0 * d)  # w = q·d + m = (q − 8)·d + (m + 8d)
 
 
 def unpermute_rows(blocks: torch.Tensor, heads: int) -> torch.Tensor:
@@ -144,7 +119,7 @@ def _built_q4_1_linears(model: nn.Module, path: Path) -> dict[str, Int4Linear]:
                     f"{path.name}: blk.{index}.{short} does not match the loaded {module_path} weight; "
                     "the GGUF's layout is not the one quant gguf knows"
                 )
-            built[f"model.layers.{index}.{module_path}"] = Int4Linear.from_q4_1(blocks)
+            built[f"model.layers.{index}.{module_path}"] = int4_from_q4_1(blocks)
     return built
 
 

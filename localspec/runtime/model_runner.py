@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import Literal
@@ -10,8 +11,9 @@ import torch
 
 from .compiled import CompileMode, bucket, compile_backbone, compile_mode_from_env
 from .features import backbone_features
+from .lean_llama import ForwardKind, RowsAsPlain, backbone_for
 from .static_cache import PreallocatedCache, cache_supported
-from .tree import TokenTree, tree_attention_mask, tree_positions
+from .tree import TokenTree, tree_attention_mask, tree_positions, tree_visible_rows
 
 CacheKind = Literal["static", "dynamic"]
 AttentionPath = Literal["sdpa", "eager"]
@@ -29,12 +31,16 @@ class ForwardSetup:
     instead of transformers' own (preallocated cache only: a dynamic cache may hold sliding-window layers, whose
     masks transformers builds per layer kind, and the CUDA-graph StaticCache attends over its whole capacity).
     min_rows / row_multiple: the dummy rows (the last token repeated) after the real ones; causal attention keeps
-    them out of the real rows, and their cache rows are dropped."""
+    them out of the real rows, and their cache rows are dropped. rows_as_plain (lean forward only): each real row of
+    a decode or verify forward gets its own attention in plain decoding's shapes (lean_llama.RowsAsPlain), which
+    made token trees and, on the Sapphire Rapids Xeon, chains bitwise too, at about 2× the verify cost (README:
+    Guarantees), so exact_setup leaves it off and exact_rows_setup turns it on."""
 
     attention: AttentionPath = "sdpa"
     explicit_mask: bool = False
     min_rows: int = 1
     row_multiple: int = 1  # forwards are padded up to a multiple of this many rows
+    rows_as_plain: bool = False  # the lean forward computes each decode / verify row's attention in plain shapes
 
     def padded(self, rows: int) -> int:
         """The row count a forward of `rows` real rows runs with (≥ min_rows, a multiple of row_multiple)."""
@@ -46,23 +52,36 @@ class ForwardSetup:
         if self == FAST:
             return "fast"
         rows = f"≥ {self.min_rows} rows" + (f", multiples of {self.row_multiple}" if self.row_multiple > 1 else "")
-        return f"{self.attention}{' + mask' if self.explicit_mask else ''}, {rows}"
+        plain = ", rows as plain" if self.rows_as_plain else ""
+        return f"{self.attention}{' + mask' if self.explicit_mask else ''}, {rows}{plain}"
 
 
+# with rows_as_plain, forwards of up to this many real rows on a filled cache (decode and verify) run each row's
+# attention in plain decoding's shapes (lean_llama.RowsAsPlain); a prompt's prefill, which plain decoding and
+# speculation share, keeps one masked attention
+AS_PLAIN_MAX_ROWS = 64
 FAST = ForwardSetup()  # transformers' defaults: sdpa, its own mask, 1-row decode forwards
 # (min_rows, row_multiple) from which a row's result no longer depends on the row count, per compute dtype, measured
 # on the CPU: bf16 matmuls round a 1-row product differently from the same row among ≥ 2 (bitwise on the real
-# model); float32 (MKL sgemm) computes rows in blocks of 4 and rounds a block's remainder rows (and 1-3 row products)
-# differently (bitwise on the tiny test model; on the real one about half the rows still differ, by ≤ 8.5e-05).
-# float16 is not exact with either on the real model: (4, 4) left 3 of 128 chain rows unequal, (2, 1) 104 of 128
-# (verify/guarantee.py states its bound) (scripts/measure_rounding.py, assets/rounding/epyc/)
-EXACT_ROWS = {torch.float32: (4, 4), torch.bfloat16: (2, 1), torch.float16: (4, 4)}
+# model, AMD EPYC and Intel Sapphire Rapids). float32 (MKL sgemm) picks its row blocking by CPU: on the AMD EPYC
+# rows come in blocks of 4 and a block's remainder rows (and 1-3 row products) round differently, so (4, 4) was
+# bitwise on the tiny test model; on the Sapphire Rapids Xeon (4, 4) left 260 of 320 rows unequal and every setup
+# from 8 rows up (8, 1), (8, 8), (16, 16) none, so (8, 8) serves both (tests/test_exact.py runs it on whichever CPU
+# CI has). On the real model about half the float32 rows still differ, by ≤ 8.5e-05 (EPYC). float16 is not exact
+# with either on the real model: (4, 4) left 3 of 128 chain rows unequal, (2, 1) 104 of 128 (verify/guarantee.py
+# states its bound) (scripts/measure_rounding.py, assets/rounding/epyc/)
+EXACT_ROWS = {torch.float32: (8, 8), torch.bfloat16: (2, 1), torch.float16: (4, 4)}
 
 
 def exact_setup(dtype: torch.dtype) -> ForwardSetup:
     """The exact setup for a model computing in `dtype`: eager attention, the explicit mask, EXACT_ROWS padding."""
     min_rows, multiple = EXACT_ROWS.get(dtype, (4, 4))
     return ForwardSetup(attention="eager", explicit_mask=True, min_rows=min_rows, row_multiple=multiple)
+
+
+def exact_rows_setup(dtype: torch.dtype) -> ForwardSetup:
+    """exact_setup with every decode / verify row's attention computed in plain decoding's shapes (rows_as_plain)."""
+    return dataclasses.replace(exact_setup(dtype), rows_as_plain=True)
 
 
 def causal_mask(prefix_len: int, rows: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
@@ -98,18 +117,21 @@ class ModelRunner:
         cache: CacheKind = "static",
         compile: CompileMode | None = None,
         setup: ForwardSetup = FAST,
+        forward: ForwardKind | None = None,
     ) -> None:
         self.model = model.eval()
         self.setup = setup
         self.device = next(model.parameters()).device
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_context = int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
-        self._backbone = model.base_model
         self._lm_head = model.get_output_embeddings()
         self.cache = None
         self.cache_kind: CacheKind = cache if cache == "dynamic" or cache_supported(model.config) else "dynamic"
         self.tokens: list[int] = []
         self.compile_mode: CompileMode = compile_mode_from_env() if compile is None else compile
+        # the lean forward runs on the preallocated cache only (not the CUDA-graph StaticCache, not a dynamic one)
+        preallocated = self.cache_kind == "static" and self.compile_mode != "reduce-overhead"
+        self.forward_kind, self._backbone = backbone_for(model, forward, preallocated)
         self._compiled = None if self.compile_mode == "off" else compile_backbone(self._backbone, self.compile_mode)
         # transformers ≥ 5.2x names the argument `cache` (past_key_values is deprecated); older models keep the old name
         params = inspect.signature(self._backbone.forward).parameters
@@ -167,6 +189,8 @@ class ModelRunner:
             backbone, pad = self._compiled, padded - rows  # a verify-sized forward: the compiled graph of its bucket
         input_ids = torch.tensor([token_ids + token_ids[-1:] * pad], dtype=torch.long, device=self.device)
         kwargs = {}
+        if self.setup.rows_as_plain and self.forward_kind == "lean" and self.tokens and rows <= AS_PLAIN_MAX_ROWS:
+            kwargs["rows_as_plain"] = RowsAsPlain.for_chain(rows, self.setup.padded(1))
         if self.setup.explicit_mask and isinstance(self.cache, PreallocatedCache):
             dtype = self.model.get_input_embeddings().weight.dtype
             kwargs["attention_mask"] = causal_mask(prefix_len, rows + pad, dtype, self.device)  # [1, 1, T, P+T]
@@ -222,6 +246,9 @@ class ModelRunner:
         sdpa = self.model.config._attn_implementation == "sdpa"
         dtype = torch.bool if sdpa else self.model.get_input_embeddings().weight.dtype
         input_ids = torch.tensor([[pending] + tree.token_ids], dtype=torch.long, device=self.device)  # [1, N+1]
+        extra = {}
+        if self.setup.rows_as_plain and self.forward_kind == "lean":  # each row as plain decoding computes it
+            extra["rows_as_plain"] = RowsAsPlain.for_tree(tree_visible_rows(real), self.setup.padded(1))
         out, features = backbone_features(
             self._backbone,
             feature_layers if want_hidden else (),
@@ -229,6 +256,7 @@ class ModelRunner:
             attention_mask=tree_attention_mask(tree, prefix_len, dtype, self.device),  # [1, 1, N+1, P+N+1]
             position_ids=tree_positions(tree, prefix_len, self.device),  # [1, N+1]
             use_cache=True,
+            **extra,
             **{self._cache_kwarg: self.cache},
         )
         self.tokens.extend([pending] + real.token_ids)

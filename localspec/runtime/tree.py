@@ -107,6 +107,14 @@ def tree_attention_mask(
     return mask[None, None]
 
 
+def tree_visible_rows(tree: TokenTree) -> tuple[tuple[int, ...], ...]:
+    """Per row of a tree forward (row 0 the pending token, row i + 1 node i): the rows it sees, in row order."""
+    rows = [(0,)]
+    for node in range(tree.size):
+        rows.append((0, *(a + 1 for a in tree.ancestors(node))))  # the path root → node (parents come first)
+    return tuple(rows)
+
+
 def tree_positions(tree: TokenTree, prefix_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[1, N+1] int64 position ids: prefix_len for the pending token, prefix_len + depth for each node."""
     return torch.tensor([[prefix_len] + [prefix_len + d for d in tree.depth]], dtype=torch.long, device=device)

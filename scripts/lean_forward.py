@@ -1,0 +1,78 @@
+"""The lean llama forward against transformers' own, on the embedded target: bitwise agreement and time per row count.
+
+For each forward setup (fast, exact) and each T = 1..9: is the lean forward's T-token logits bitwise transformers'
+(on a 64-token cache, after the same prefill), and the median time of each, interleaved forward by forward (the
+two runners share one model and weights), with the ratio transformers / lean.
+
+Run: python scripts/lean_forward.py [--format gguf-int4|bfloat16|float32] [--threads 2] [--repeats 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+PREFIX = 64
+ROWS = tuple(range(1, 10))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--format", default="gguf-int4", choices=("gguf-int4", "bfloat16", "float32"))
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from localspec.models.dtype_choice import format_fields
+    from localspec.models.loading import load_causal_lm
+    from localspec.models.registry import parse_registry
+    from localspec.runtime.model_runner import FAST, ModelRunner, exact_setup
+
+    pair = parse_registry((REPO / "models.yaml").read_text(encoding="utf-8"), REPO)[0]
+    spec = replace(pair.target, **format_fields(args.format))
+    model = load_causal_lm(spec, "lean_forward", torch.device("cpu"), "target")[0]
+    dtype = model.get_input_embeddings().weight.dtype
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
+    print(f"{cpu}, {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}, {args.format} ({dtype})")
+    prefix = list(range(100, 100 + PREFIX))
+    print("| setup | T | bitwise | transformers ms | lean ms | × |")
+    print("| --- | ---: | --- | ---: | ---: | ---: |")
+    for setup in (FAST, exact_setup(dtype)):
+        runners = {
+            kind: ModelRunner(model, compile="off", setup=setup, forward=kind) for kind in ("transformers", "lean")
+        }
+        for runner in runners.values():
+            runner.reset()
+            runner.extend(prefix, logits_to_keep=0)
+        for rows in ROWS:
+            chunk = list(range(300, 300 + rows))
+            logits = {}
+            for kind, runner in runners.items():
+                logits[kind] = runner.extend(chunk).logits
+                runner.crop(PREFIX)
+            times = {kind: [] for kind in runners}
+            for _ in range(args.repeats):
+                for kind, runner in runners.items():
+                    start = time.perf_counter()
+                    runner.extend(chunk)
+                    times[kind].append(time.perf_counter() - start)
+                    runner.crop(PREFIX)
+            hf, lean = (statistics.median(times[kind]) * 1e3 for kind in ("transformers", "lean"))
+            same = torch.equal(logits["transformers"], logits["lean"])
+            print(f"| {setup.name} | {rows} | {'yes' if same else 'no'} | {hf:.1f} | {lean:.1f} | {hf / lean:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
