@@ -286,6 +286,7 @@ class LeanLlama(nn.Module):
         output_hidden_states: bool = False,
         use_cache: bool = True,
         rows_as_plain: RowsAsPlain | None = None,  # the exact setup: real rows computed in plain decoding's shapes
+        attention: Literal["sdpa", "eager"] | None = None,  # this forward's attention (default: the model's)
         **unused,
     ) -> LeanOutput:
         if cache is None:
@@ -297,7 +298,7 @@ class LeanLlama(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(prefix, prefix + rows, device=x.device)[None]  # [1, T]
         cos, sin = self._rotary(position_ids[0], prefix + rows, x.dtype)  # a tree's positions are ≤ prefix + depth
-        eager = self.config._attn_implementation == "eager"
+        eager = (attention or self.config._attn_implementation) == "eager"
         mask = attention_mask
         if mask is None and rows > 1:  # a chain: row i sees the cache and rows ≤ i
             keys = torch.arange(prefix + rows, device=x.device)
