@@ -4,14 +4,17 @@ transformers' LlamaModel spends a decode step's time outside the matmuls on work
 need: a mask built per forward through a general mask interface, rotary tables recomputed from the positions every
 forward, per-layer attention dispatch and output recording hooks. A profile of plain decoding with the int4 GGUF
 weights put about a quarter of a step there (README: Weight formats and forward costs). This forward keeps only the
-arithmetic, each op the one transformers runs, in the same order and dtype, so its eager-attention output is
-bitwise transformers' eager output (tests/test_lean_llama.py), and adds two things:
+arithmetic, each op the one transformers runs, in the same order and dtype, so its output is bitwise transformers'
+for the same attention (tests/test_lean_llama.py), and adds two things:
 
   rotary table   cos/sin [positions, D] computed once per capacity (the same float32 product transformers forms
                  per forward: position · inv_freq, elementwise), gathered by position
   fused linears  q, k, v as one linear and gate, up as one, where the weights allow (dense, or int4 codes of the
                  same layout): one kernel call where there were three and two; each output column is computed as
                  before (checked bitwise at build, else the layers stay separate)
+
+Two per-forward choices come from the runner: `attention` (a prompt's prefill runs sdpa in every setup) and
+`rows_as_plain` (each decode / verify row's attention in plain decoding's shapes, RowsAsPlain).
 
 Words: T = rows of this forward, P = positions already cached, H / Hkv = query / key-value heads, D = head size.
 """
@@ -31,6 +34,7 @@ from localspec.config import ConfigError
 
 from .int4_linear import Int4Linear
 from .static_cache import PreallocatedCache
+from .tree import causal_mask
 
 LEAN_MODEL_TYPES = ("llama",)  # architectures whose decoder layer is exactly the one below
 ForwardKind = Literal["lean", "transformers"]
@@ -91,7 +95,7 @@ def _columns_unchanged(fused: nn.Module, parts: list[nn.Module], x: torch.Tensor
 
 
 class LeanLayer(nn.Module):
-    def __init__(self, layer: nn.Module, config, probe: torch.Tensor) -> None:
+    def __init__(self, layer: nn.Module, config, probe: torch.Tensor) -> None:  # probe [2, H] in the compute dtype
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
@@ -102,9 +106,8 @@ class LeanLayer(nn.Module):
         qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
         gate_up = [mlp.gate_proj, mlp.up_proj]
         fused_qkv, fused_gu = _fused(qkv), _fused(gate_up)
-        x = probe.to(attn.q_proj.weight.dtype if hasattr(attn.q_proj, "weight") else torch.bfloat16)
-        self.qkv = fused_qkv if fused_qkv is not None and _columns_unchanged(fused_qkv, qkv, x) else None
-        self.gate_up = fused_gu if fused_gu is not None and _columns_unchanged(fused_gu, gate_up, x) else None
+        self.qkv = fused_qkv if fused_qkv is not None and _columns_unchanged(fused_qkv, qkv, probe) else None
+        self.gate_up = fused_gu if fused_gu is not None and _columns_unchanged(fused_gu, gate_up, probe) else None
         self.q_proj, self.k_proj, self.v_proj = qkv
         self.gate_proj, self.up_proj = gate_up
         self.splits = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
@@ -249,7 +252,8 @@ class LeanLlama(nn.Module):
         self.config = config
         self.embed = base.embed_tokens
         self.norm = base.norm
-        probe = torch.randn(2, config.hidden_size, generator=torch.Generator().manual_seed(0))  # [2, H]
+        generator = torch.Generator().manual_seed(0)
+        probe = torch.randn(2, config.hidden_size, generator=generator).to(self.embed.weight)  # [2, H], compute dtype
         self.layers = nn.ModuleList(LeanLayer(layer, config, probe) for layer in base.layers)
         rotary = base.rotary_emb
         self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)  # [D/2]
@@ -301,12 +305,7 @@ class LeanLlama(nn.Module):
         eager = (attention or self.config._attn_implementation) == "eager"
         mask = attention_mask
         if mask is None and rows > 1:  # a chain: row i sees the cache and rows ≤ i
-            keys = torch.arange(prefix + rows, device=x.device)
-            seen = keys[None, :] <= (prefix + torch.arange(rows, device=x.device))[:, None]  # [T, P+T]
-            if eager:  # additive: 0 where seen, the dtype's lowest value elsewhere (as model_runner.causal_mask)
-                blank = torch.zeros(seen.shape, dtype=x.dtype, device=x.device)
-                seen = blank.masked_fill_(~seen, torch.finfo(x.dtype).min)
-            mask = seen[None, None]
+            mask = causal_mask(prefix, rows, x.dtype if eager else torch.bool, x.device)  # [1, 1, T, P+T]
         if mask is not None and not eager and mask.dtype != torch.bool:
             mask = mask.to(x.dtype)
         as_plain = None

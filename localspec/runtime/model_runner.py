@@ -13,7 +13,7 @@ from .compiled import CompileMode, bucket, compile_backbone, compile_mode_from_e
 from .features import backbone_features
 from .lean_llama import ForwardKind, RowsAsPlain, backbone_for
 from .static_cache import PreallocatedCache, cache_supported
-from .tree import TokenTree, tree_attention_mask, tree_positions, tree_visible_rows
+from .tree import TokenTree, causal_mask, tree_attention_mask, tree_positions, tree_visible_rows
 
 CacheKind = Literal["static", "dynamic"]
 AttentionPath = Literal["sdpa", "eager"]
@@ -83,15 +83,6 @@ def exact_setup(dtype: torch.dtype) -> ForwardSetup:
 def exact_rows_setup(dtype: torch.dtype) -> ForwardSetup:
     """exact_setup with every decode / verify row's attention computed in plain decoding's shapes (rows_as_plain)."""
     return dataclasses.replace(exact_setup(dtype), rows_as_plain=True)
-
-
-def causal_mask(prefix_len: int, rows: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """[1, 1, rows, prefix_len + rows] additive mask: 0 where row i sees key j (j ≤ prefix_len + i), else the
-    dtype's lowest value (eager attention adds it to the scores)."""
-    keys = torch.arange(prefix_len + rows, device=device)  # [P+T]
-    hidden = keys[None, :] > (prefix_len + torch.arange(rows, device=device))[:, None]  # [T, P+T]
-    mask = torch.zeros(hidden.shape, dtype=dtype, device=device)
-    return mask.masked_fill_(hidden, torch.finfo(dtype).min)[None, None]
 
 
 @dataclass(frozen=True)

@@ -79,14 +79,36 @@ def make_dummy(n_nodes: int, branching: int = 2, first_token: int = 3) -> TokenT
     return TokenTree([first_token + i for i in range(n_nodes)], parents)
 
 
+def tree_visible_rows(tree: TokenTree) -> tuple[tuple[int, ...], ...]:
+    """Per row of a tree forward (row 0 the pending token, row i + 1 node i): the rows it sees, in row order."""
+    rows = [(0,)]
+    for node in range(tree.size):
+        rows.append((0, *(a + 1 for a in tree.ancestors(node))))  # the path root → node (parents come first)
+    return tuple(rows)
+
+
 def tree_visibility(tree: TokenTree, device: torch.device | str = "cpu") -> torch.Tensor:
     """[N+1, N+1] bool: row r may attend to tree row c (itself, its ancestors, and the root row 0)."""
-    n = tree.size
-    visible = torch.zeros((n + 1, n + 1), dtype=torch.bool)
-    visible[:, 0] = True
-    for i in range(n):
-        visible[i + 1, [a + 1 for a in tree.ancestors(i)]] = True
+    visible = torch.zeros((tree.size + 1, tree.size + 1), dtype=torch.bool)
+    for row, seen in enumerate(tree_visible_rows(tree)):
+        visible[row, list(seen)] = True
     return visible.to(device)
+
+
+def _as_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """visible [T, L] bool → [1, 1, T, L]: itself for dtype bool (True = visible, what sdpa takes), else additive:
+    0 = visible, the dtype's lowest value = hidden (eager attention adds it to the scores)."""
+    if dtype == torch.bool:
+        return visible[None, None]
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+
+
+def causal_mask(prefix_len: int, rows: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """[1, 1, rows, prefix_len + rows] mask of a chain on top of a cache of prefix_len positions: row i sees key j
+    where j ≤ prefix_len + i (dtype bool or additive, as _as_mask)."""
+    keys = torch.arange(prefix_len + rows, device=device)  # [P+T]
+    return _as_mask(keys[None, :] <= (prefix_len + torch.arange(rows, device=device))[:, None], dtype)  # [T, P+T]
 
 
 def tree_attention_mask(
@@ -100,19 +122,7 @@ def tree_attention_mask(
     visible = torch.cat(
         [torch.ones((n + 1, prefix_len), dtype=torch.bool, device=device), tree_visibility(tree, device)], dim=1
     )  # [N+1, prefix_len+N+1]
-    if dtype == torch.bool:
-        return visible[None, None]
-    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None, None]
-
-
-def tree_visible_rows(tree: TokenTree) -> tuple[tuple[int, ...], ...]:
-    """Per row of a tree forward (row 0 the pending token, row i + 1 node i): the rows it sees, in row order."""
-    rows = [(0,)]
-    for node in range(tree.size):
-        rows.append((0, *(a + 1 for a in tree.ancestors(node))))  # the path root → node (parents come first)
-    return tuple(rows)
+    return _as_mask(visible, dtype)
 
 
 def tree_positions(tree: TokenTree, prefix_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
