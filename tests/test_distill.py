@@ -324,7 +324,7 @@ def test_held_out_prompts_never_reach_training():
     assert len(held) == len(HELD_OUT_MT_BENCH) + len(HELD_OUT_HUMANEVAL)
     train = set(training_prompts(SHARED_DATA, stdlib_limit=50))
     assert not train & set(held)
-    assert any(p.startswith("Complete this Python function") for p in train)
+    assert any(isinstance(p, str) and p.startswith("Complete this Python function") for p in train)
 
 
 def test_validation_split_keeps_whole_sequences_apart():

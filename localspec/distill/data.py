@@ -1,5 +1,6 @@
-"""Training prompts for distillation: the shared prompt sets minus the held-out evaluation prompts, plus prompts
-made from text that ships offline (Python's standard library sources and docstrings) and simple topic templates."""
+"""Training prompts for distillation: the shared prompt sets minus MT-Bench's and HumanEval's held-out ids, prompts
+made from text that ships offline (Python's standard library sources and docstrings), simple topic templates, and
+the task types of a chat app (tasks.py). None of them is read from, or shaped after, the evaluation prompt set."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sysconfig
 from pathlib import Path
 
 from localspec.config import ConfigError
+
+from .tasks import Prompt, task_prompts
 
 HELD_OUT_MT_BENCH = frozenset(range(151, 161))  # MT-Bench question ids kept for evaluation
 HELD_OUT_HUMANEVAL = frozenset(range(150, 164))  # HumanEval task numbers kept for evaluation
@@ -165,211 +168,6 @@ TEMPLATES = (
     "Compose a short story that involves {t}.",
     "Create a multiple-choice quiz with three questions about {t}.",
 )
-# Essay questions on the humanities and social sciences: the shared prompt sets have none outside the held-out
-# MT-Bench ids (its whole "humanities" category is 151-160), and without them the trained head had seen almost no
-# long-form prose of this kind (held-out acceptance there was a third of that on code).
-ESSAY_TOPICS = (
-    "the Industrial Revolution",
-    "supply and demand",
-    "the separation of powers",
-    "existentialism",
-    "minimum wage laws",
-    "the Cold War",
-    "utilitarianism",
-    "urbanization",
-    "the Silk Road",
-    "opera",
-    "impressionist painting",
-    "stoicism",
-    "central banks",
-    "trade tariffs",
-    "the scientific method",
-    "human rights",
-    "colonialism",
-    "the Enlightenment",
-    "jazz",
-    "propaganda",
-    "the welfare state",
-    "globalization",
-    "public libraries",
-    "the Olympic Games",
-    "free speech",
-    "endangered languages",
-    "Gothic cathedrals",
-    "Greek mythology",
-    "the gig economy",
-    "taxation",
-    "aging and memory",
-    "the ethics of zoos",
-    "classical music",
-    "the Great Depression",
-    "folk tales",
-    "diplomacy",
-    "poverty",
-    "photography as an art form",
-    "the role of religion in society",
-    "nationalism",
-    "universal basic income",
-    "the history of medicine",
-    "philosophy of mind",
-    "consumer culture",
-    "migration",
-    "the printing of money",
-)
-ESSAY_TEMPLATES = (
-    "Discuss the impact of {t} on modern society.",
-    "Explain the main ideas behind {t}, with examples.",
-    "Compare two different perspectives on {t}.",
-    "What lessons can we learn from {t}?",
-    "Describe the history of {t} in a few paragraphs.",
-    "Write a lesson plan for teaching {t} to teenagers.",
-    "What are common misconceptions about {t}? Explain why they are wrong.",
-    "Give three arguments for and three against {t}.",
-)
-# Advice, guides and explanations: the held-out chat prompts ask for lists, plans, principles with examples
-# and recommendations, a shape the topic and essay templates above cover thinly. New topics only (none above, none
-# in the held-out questions).
-GUIDE_TOPICS = (
-    "public speaking",
-    "personal budgeting",
-    "negotiating a salary",
-    "starting a small business",
-    "customer service",
-    "project management",
-    "writing a cover letter",
-    "team leadership",
-    "marketing on social media",
-    "brand design",
-    "pricing a product",
-    "supply chains",
-    "water conservation",
-    "composting",
-    "bird watching",
-    "amateur astronomy",
-    "film editing",
-    "modern architecture",
-    "Renaissance painting",
-    "abstract art",
-    "sculpture",
-    "pottery",
-    "calligraphy",
-    "writing poetry",
-    "writing short stories",
-    "journalism",
-    "fact-checking",
-    "museum curation",
-    "archaeology",
-    "ancient Egypt",
-    "the Roman Republic",
-    "the Industrial Age in cities",
-    "the civil rights movement",
-    "world religions",
-    "Norse mythology",
-    "medical ethics",
-    "animal welfare",
-    "international trade",
-    "cryptocurrency",
-    "microfinance",
-    "behavioral economics",
-    "consumer psychology",
-    "child development",
-    "adolescence",
-    "memory and learning",
-    "stress management",
-    "mindfulness",
-    "nutrition",
-    "home cooking",
-    "baking bread",
-    "vegetarian diets",
-    "running a first marathon",
-    "yoga",
-    "team sports",
-    "board game design",
-    "video game design",
-    "virtual reality",
-    "online privacy",
-    "password security",
-    "homeschooling",
-    "online courses",
-    "study habits",
-    "exam preparation",
-    "critical thinking",
-    "debating",
-    "volunteering",
-    "community organizing",
-    "urban planning",
-    "cycling in cities",
-    "tourism",
-    "travelling on a budget",
-    "camping",
-    "hiking safety",
-    "first aid",
-    "disaster preparedness",
-    "climate adaptation",
-    "ocean conservation",
-    "coral reefs",
-    "rainforests",
-    "deserts",
-    "earthquakes",
-    "weather forecasting",
-    "antibiotics",
-    "genetics",
-    "the immune system",
-    "space exploration",
-    "missions to Mars",
-    "3D printing",
-    "smart homes",
-    "parenting teenagers",
-    "caring for elderly parents",
-    "adopting a pet",
-    "dog training",
-    "conflict resolution",
-    "cultural festivals",
-    "wedding traditions",
-    "the history of fashion",
-    "interior design",
-    "minimalism",
-    "gardening with children",
-    "moving to a new city",
-    "learning to play the guitar",
-    "choir singing",
-    "theatre lighting",
-    "radio broadcasting",
-    "podcasting",
-    "note-taking",
-    "scientific writing",
-    "translation between languages",
-    "sign language",
-    "mentoring",
-    "remote teams",
-    "workplace safety",
-    "job burnout",
-    "retirement planning",
-    "buying a first home",
-    "renting an apartment",
-    "car maintenance",
-    "electric bicycles",
-    "solar panels at home",
-    "food waste",
-    "local farmers' markets",
-    "coffee roasting",
-    "tea culture",
-    "wine regions",
-    "street food",
-    "knitting",
-)
-GUIDE_TEMPLATES = (
-    "List five practical tips for {t}, with one sentence on each.",
-    "Explain {t} to someone who has never heard of it.",
-    "What are the main benefits and drawbacks of {t}?",
-    "Suggest a step-by-step plan for getting started with {t}.",
-    "Describe three key principles of {t} and give an example of each.",
-    "Write a short beginner's guide to {t}.",
-    "How has {t} changed over the last fifty years?",
-    "Recommend four books or resources for learning about {t}, with a brief note on each.",
-    "Give a brief overview of {t} and why it matters.",
-    "What mistakes do beginners often make with {t}?",
-)
 MATH_TEMPLATES = (
     "What is {a} times {b}? Show your steps.",
     "Solve for x: {a}x + {b} = {c}.",
@@ -438,8 +236,7 @@ def stdlib_prompts(limit: int, seed: int = 0) -> list[str]:
 
 def template_prompts(seed: int = 0) -> list[str]:
     rng = random.Random(seed)
-    families = ((TOPICS, TEMPLATES), (ESSAY_TOPICS, ESSAY_TEMPLATES), (GUIDE_TOPICS, GUIDE_TEMPLATES))
-    prompts = [template.format(t=topic) for topics, templates in families for topic in topics for template in templates]
+    prompts = [template.format(t=topic) for topic in TOPICS for template in TEMPLATES]
     for template in MATH_TEMPLATES:
         for _ in range(12):
             a, b = rng.randint(2, 99), rng.randint(2, 99)
@@ -469,9 +266,14 @@ def prompt_file(path: Path) -> list[str]:
 
 
 def training_prompts(
-    data_dir: Path = SHARED_DATA, extra_files: tuple = (), stdlib_limit: int = 400, seed: int = 0
-) -> list[str]:
-    """All training prompts, interleaved so any prefix of the list is a mix of every source."""
+    data_dir: Path = SHARED_DATA,
+    extra_files: tuple = (),
+    stdlib_limit: int = 400,
+    seed: int = 0,
+    per_task_type: int = 150,
+) -> list[Prompt]:
+    """All training prompts, interleaved so any prefix of the list is a mix of every source: each task type of
+    tasks.py is a source of its own, beside MT-Bench, HumanEval, the stdlib functions and the topic templates."""
     sources = []
     if data_dir is not None and (Path(data_dir) / "mt_bench_question.jsonl").exists():
         sources.append(read_mt_bench(Path(data_dir) / "mt_bench_question.jsonl", False))
@@ -481,6 +283,8 @@ def training_prompts(
     if stdlib_limit:
         sources.append(stdlib_prompts(stdlib_limit, seed))
         sources.append(template_prompts(seed))
+    if per_task_type:
+        sources.extend(task_prompts(per_task_type, data_dir, seed).values())
     held = set(held_out_prompts(data_dir)) if data_dir is not None and Path(data_dir).exists() else set()
     rng = random.Random(seed)
     for source in sources:

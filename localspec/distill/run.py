@@ -242,7 +242,7 @@ def distill(
             **target_shapes(target.config),
         )
         if options.init is not None:
-            head = load_head(options.init, target).train()
+            head = load_head(options.init, target).float().train()  # trained in float32, whatever the target runs
             if head.config.kind != options.kind:
                 raise ConfigError(f"--init {options.init} is a {head.config.kind} head, not {options.kind}")
             if head.config.feature_layers != feature_layers:  # widen to more layers (a superset: checked in resolve)

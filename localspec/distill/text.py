@@ -46,19 +46,24 @@ def offline_documents(seed: int = 0, chars: int = 1500, extra_roots: tuple = ())
         for piece in _pieces(text, chars):
             docs.append((rng.choice(CODE_ASKS).format(name=path.stem), piece))
     roots = [Path(sysconfig.get_paths()["purelib"])] + [Path(r) for r in extra_roots]
+    for name, text in package_docs(roots, (".md", ".rst", ".txt")):
+        for piece in _pieces(text, chars):
+            docs.append((rng.choice(PROSE_ASKS).format(name=name), piece))
+    rng.shuffle(docs)
+    return docs
+
+
+def package_docs(roots: list[Path], suffixes: tuple[str, ...], limit: int = 2000) -> Iterator[tuple[str, str]]:
+    """(name, text) of the documentation files under each root: the folder's name for a README or index."""
     for root in roots:
-        for path in sorted(list(root.rglob("*.md")) + list(root.rglob("*.rst")) + list(root.rglob("*.txt")))[:2000]:
+        for path in sorted(p for suffix in suffixes for p in root.rglob("*" + suffix))[:limit]:
             if "LICENSE" in path.name.upper() or path.stat().st_size > 400_000:
                 continue
             try:
                 text = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):
                 continue
-            name = path.parent.name if path.stem.lower() in ("readme", "index") else path.stem.replace("_", " ")
-            for piece in _pieces(text, chars):
-                docs.append((rng.choice(PROSE_ASKS).format(name=name), piece))
-    rng.shuffle(docs)
-    return docs
+            yield (path.parent.name if path.stem.lower() in ("readme", "index") else path.stem.replace("_", " ")), text
 
 
 def chat_ids(tokenizer, ask: str, answer: str) -> list[int]:
