@@ -1,6 +1,6 @@
 """A head's acceptance length per task type: on prompt files (each file one task type, named by its stem) against
 fresh prompts of its training distribution (localspec/distill/tasks.py with another seed, minus every prompt the
-training list holds), greedy, the head alone drafting chains of K.
+training list holds; math: the GSM8K questions training leaves out), greedy, the head alone drafting chains of K.
 
   python scripts/head_by_task.py --head assets/drafts/smollm2-135m-eagle --head /work/head-v8 \
       --prompts assets/prompts/eval/*.jsonl --limit 4 --train-prompts 4 --threads 2
@@ -19,11 +19,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-
-def turns_to_messages(prompt) -> tuple[dict, ...]:
-    turns = (prompt,) if isinstance(prompt, str) else prompt
-    return tuple({"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns))
 
 
 def acceptance(session, messages, proposer, k: int, max_new_tokens: int) -> tuple[int, int]:
@@ -55,7 +50,7 @@ def main() -> int:
     from localspec.bench.prompts import load_prompt_file
     from localspec.chat import ChatSession
     from localspec.distill.data import SHARED_DATA, training_prompts
-    from localspec.distill.tasks import task_prompts
+    from localspec.distill.tasks import gsm8k_questions, prompt_messages, task_prompts
     from localspec.models.loading import load_pair
     from localspec.models.registry import find_pair, load_registry
     from localspec.proposers.head import load_head_proposer
@@ -65,6 +60,7 @@ def main() -> int:
     session = ChatSession(load_pair(find_pair(load_registry(REPO / "models.yaml"), None), device="cpu"))
     trained = set(training_prompts(SHARED_DATA))
     fresh = task_prompts(args.train_prompts * 8, SHARED_DATA, seed=1)
+    fresh["math"] = gsm8k_questions(SHARED_DATA)  # training takes the first ones: the rest are unseen
     sets: dict[str, dict[str, list]] = {}
     for path in args.prompts:
         for prompt in load_prompt_file(Path(path), args.limit):
@@ -72,9 +68,7 @@ def main() -> int:
     for kind, prompts in fresh.items():
         if kind in sets:
             unseen = [p for p in prompts if p not in trained]
-            if kind == "math":  # all 400 GSM8K questions may be in training: use the last ones
-                unseen = unseen or prompts[::-1]
-            sets[kind]["train"] = [turns_to_messages(p) for p in unseen[: args.train_prompts]]
+            sets[kind]["train"] = [prompt_messages(p) for p in unseen[: args.train_prompts]]
     results: dict = {}
     for head in args.head:
         rows = {}

@@ -20,16 +20,14 @@ import torch
 
 from localspec.models.chat_template import template_ids
 
-from .tasks import Prompt
+from .tasks import Prompt, prompt_messages
 
 Progress = Callable[[int, int, float], None]  # (done prompts, total prompts, tokens so far)
 
 
 def encode_chat(tokenizer, prompt: Prompt) -> list[int]:
     """One user message, or a conversation's turns (user, assistant, …, user) in the chat template."""
-    turns = (prompt,) if isinstance(prompt, str) else prompt
-    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
-    return template_ids(tokenizer, messages, add_generation_prompt=True)
+    return template_ids(tokenizer, prompt_messages(prompt), add_generation_prompt=True)
 
 
 @torch.inference_mode()
@@ -76,12 +74,12 @@ def generate_batch(
     # the exact forward setup leaves the model on eager attention; batched generation runs 2.6x faster on sdpa
     # (64 answers x 48 tokens: 32 s against 83 s on 2 threads), and the corpus needs no plain-decoding rounding
     attention = model.config._attn_implementation
-    model.config._attn_implementation = "sdpa"
+    model.set_attn_implementation("sdpa")
     try:
         sequences = model.generate(input_ids, attention_mask=mask, generation_config=config)
     finally:
         hook.remove()
-        model.config._attn_implementation = attention
+        model.set_attn_implementation(attention)
     all_hidden = torch.cat(hidden_steps, dim=1)  # [B, longest + generated - 1, H]
     answers = sequences[:, longest:]  # [B, generated]
     stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)

@@ -13,6 +13,7 @@ either set. Math comes from the GSM8K training questions in ../shared/data (a tu
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import random
 import sysconfig
@@ -130,8 +131,16 @@ FOLLOW_UPS = (
 FIRST_TURN_ASKS = ("Tell me about {name}.", "What is {name}?", "Explain {name} briefly.")
 
 
-def prose_documents(min_chars: int = 300, max_chars: int = 1200) -> list[tuple[str, str]]:
-    """(name, text): whole paragraphs of stdlib docstrings (modules, classes, functions) and package docs."""
+def prompt_messages(prompt: Prompt) -> list[dict]:
+    """A prompt as chat messages: turns alternate user, assistant, …, user."""
+    turns = (prompt,) if isinstance(prompt, str) else prompt
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
+
+
+@functools.lru_cache(maxsize=4)
+def prose_documents(min_chars: int = 300, max_chars: int = 1200) -> tuple[tuple[str, str], ...]:
+    """(name, text): whole paragraphs of stdlib docstrings (modules, classes, functions) and package docs. Parsing
+    the standard library takes seconds, so the result is kept (a tuple: callers shuffle their own copy)."""
     docs: list[tuple[str, str]] = []
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(stdlib.glob("*.py")):
@@ -148,7 +157,7 @@ def prose_documents(min_chars: int = 300, max_chars: int = 1200) -> list[tuple[s
             docs.extend((name, piece) for piece in _paragraph_pieces(text, min_chars, max_chars))
     for name, text in package_docs([Path(sysconfig.get_paths()["purelib"])], (".md", ".rst")):
         docs.extend((name, piece) for piece in _paragraph_pieces(text, min_chars, max_chars))
-    return docs
+    return tuple(docs)
 
 
 def _paragraph_pieces(text: str, min_chars: int, max_chars: int) -> list[str]:
@@ -185,7 +194,7 @@ def task_prompts(per_type: int, data_dir: Path | None = None, seed: int = 0) -> 
     from .data import TOPICS
 
     rng = random.Random(seed)
-    docs = prose_documents()
+    docs = list(prose_documents())
     rng.shuffle(docs)
 
     def pick_docs(n: int) -> list[tuple[str, str]]:
