@@ -4,6 +4,8 @@ fallback to transformers' forward where the lean one does not apply."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -197,13 +199,30 @@ def test_the_embedded_targets_rows_as_plain_chains_are_plain_decoding_bitwise(em
     assert unequal_chain_rows(embedded_session.engine.target.model, exact_rows_setup(torch.bfloat16)) == 0
 
 
+def test_the_tree_row_check_sees_a_difference_in_one_forwards_rows(tiny_by_dtype, monkeypatch):
+    # whether masked tree rows round as plain decoding's depends on the CPU's kernels (on an AVX-512 BF16 EPYC they
+    # do for the embedded model, on a Sapphire Rapids Xeon they do not), so the check's ability to fail is shown here
+    # by changing the tree forward's attention alone, by one part in 64
+    model = tiny_by_dtype["bfloat16"]
+    eager = lean_llama._eager_attention
+
+    def tree_rows_changed(q, keys, values, mask, scaling):
+        out = eager(q, keys, values, mask, scaling)  # [1, H, T, D]
+        return out * (1 + 2**-6) if q.shape[2] == TREE.size + 1 else out
+
+    assert unequal_tree_rows(model, exact_setup(model.dtype)) == 0
+    monkeypatch.setattr(lean_llama, "_eager_attention", tree_rows_changed)
+    assert unequal_tree_rows(model, exact_setup(model.dtype)) == 3 * (TREE.size + 1)
+
+
 @pytest.mark.slow
-def test_the_embedded_targets_rows_as_plain_trees_are_bitwise_and_masked_ones_are_not(embedded_session):
-    # on random weights (the tiny model, or random 576-wide ones) masked trees happen to round as plain decoding
-    # does; on the real model's activations they do not, so this is where the check shows it can fail
+def test_the_embedded_targets_rows_as_plain_trees_are_bitwise(embedded_session):
     model = embedded_session.engine.target.model
     assert unequal_tree_rows(model, exact_rows_setup(torch.bfloat16)) == 0
-    assert unequal_tree_rows(model, exact_setup(torch.bfloat16)) > 0
+    masked = unequal_tree_rows(model, exact_setup(torch.bfloat16))
+    if masked:  # not a failure: the reason rows_as_plain exists, on CPUs whose kernels round masked rows differently
+        total = 3 * (TREE.size + 1)
+        warnings.warn(f"masked tree rows not bitwise plain decoding's on this CPU: {masked} of {total}", stacklevel=1)
 
 
 def test_a_long_prefill_runs_sdpa_in_the_exact_setup_and_the_rows_after_it_stay_plain(tiny_by_dtype, monkeypatch):
