@@ -344,3 +344,32 @@ def test_verify_costs_follow_the_line_through_every_measured_size():
     assert verify[4] < 0.050 / 0.040  # the 1-row median alone would say 1.25
     line = costs.verify.line()
     assert costs.verify_time(1) == pytest.approx(line[0] + line[1])
+
+
+def test_controllers_give_their_tuning_to_every_controller_and_the_verify_line():
+    from localspec.config import SpecConfig
+    from localspec.engine.adaptive import Tuning
+    from localspec.engine.policy import Controllers, StepPolicy
+
+    class Chains:  # a proposer of chains with no parts
+        name, supports_tree = "ngram", True
+
+        def part(self, context):
+            return None
+
+    class Room:
+        room, context = 8, []
+
+    tuning = Tuning(forget=0.5, verify_prior_weight=3.0, guess_prior_weight=0.25)
+    loaded = Controllers()
+    assert loaded.verify.prior_weight == Tuning().guess_prior_weight  # nothing timed yet: the constant guess's weight
+    loaded.verify.set_prior(PLAIN_S, verify_seconds(5, 0.2), 5)
+    loaded.verify.add(5, 0.05)
+    retuned = Controllers.retuned(loaded, tuning)
+    assert retuned.verify.prior_slope == loaded.verify.prior_slope and not retuned.verify.by_rows  # timed, not learnt
+    assert (loaded.verify.prior_weight, retuned.verify.prior_weight) == (Tuning().verify_prior_weight, 3.0)
+    spec = SpecConfig(proposer="ngram", k=4, adaptive=True, tree_nodes=8)
+    policy = StepPolicy(retuned, spec, Chains(), 4, target_supports_tree=True)
+    policy.plan(Room())
+    assert policy.tree is not None and policy.tree.tuning is tuning and policy.chain.tuning is tuning
+    assert policy.chain.costs.verify is retuned.verify and loaded.verify.tuning == Tuning()

@@ -86,14 +86,19 @@ class VerifyCosts:
     by_rows: dict[int, _RecentMedian] = field(default_factory=dict)  # rows (K + 1) → seconds of score + sample
     weight: dict[int, float] = field(default_factory=dict)  # rows → aged count of samples
     prior_slope: float = PRIOR_VERIFY_SLOPE  # v(K) ≈ 1 + prior_slope·K, the shape the line is pulled towards
-    prior_weight: float = Tuning.guess_prior_weight  # … with the weight of this many samples one row from the mean
+    prior_timed: bool = False  # prior_slope was timed on this machine (set_prior), not the constant guess
     tuning: Tuning = Tuning()
+
+    @property
+    def prior_weight(self) -> float:
+        """The prior slope's weight: samples one row from the mean it is worth."""
+        return self.tuning.verify_prior_weight if self.prior_timed else self.tuning.guess_prior_weight
 
     def set_prior(self, plain_s: float, verify_s: float, rows: int) -> None:
         """The shape to assume, from a 1-token and a `rows`-token forward timed on this machine (the dtype
         decision's timings)."""
         self.prior_slope = max(verify_s / plain_s - 1.0, 0.0) / max(rows - 1, 1)
-        self.prior_weight = self.tuning.verify_prior_weight
+        self.prior_timed = True
 
     def add(self, rows: int, seconds: float) -> None:
         """One verify of `rows` rows took `seconds`; every size's weight ages by tuning.verify_age."""

@@ -8,13 +8,14 @@ the target run trees, else a chain of K) and the controllers only predict the sp
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from localspec.config import SpecConfig
 from localspec.proposers.base import Proposer
 
-from .adaptive import AdaptiveController, CostModel, VerifyCosts
+from .adaptive import AdaptiveController, CostModel, Tuning, VerifyCosts
 from .adaptive_tree import TreeSizeController
 from .metrics import PauseReason
 from .plan import PLAIN, StepOutcome, StepPlan
@@ -29,11 +30,20 @@ TreeControllerKey = tuple[str, int, int, bool]  # (proposer or proposer:part, K,
 @dataclass
 class Controllers:
     """The engine's adaptive controllers, kept across answers: one per proposer part for chains, and one per part
-    for tree sizes (sharing that part's chain costs)."""
+    for tree sizes (sharing that part's chain costs). `tuning` is every one of them's, and the verify line's."""
 
     chain: dict[ControllerKey, AdaptiveController] = field(default_factory=dict)
     tree: dict[TreeControllerKey, TreeSizeController] = field(default_factory=dict)
     verify: VerifyCosts = field(default_factory=VerifyCosts)  # the target's, shared by all of them
+    tuning: Tuning = Tuning()
+
+    def __post_init__(self) -> None:
+        self.verify.tuning = self.tuning
+
+    @classmethod
+    def retuned(cls, start: Controllers, tuning: Tuning) -> Controllers:
+        """Fresh controllers that learn with `tuning`, from `start`'s verify costs (what the load timed)."""
+        return cls(verify=dataclasses.replace(start.verify, by_rows={}, weight={}), tuning=tuning)
 
 
 def drafts_trees(spec: SpecConfig, proposer: Optional[Proposer], target_supports_tree: bool) -> bool:
@@ -127,7 +137,9 @@ class StepPolicy:
         key = (name, self.max_k, self.spec.tree_nodes, self.spec.adaptive)
         found = self.controllers.tree.get(key)
         if found is None or found.chain is not self.chain:
-            found = self.controllers.tree[key] = TreeSizeController(self.chain, self.spec.tree_nodes)
+            found = self.controllers.tree[key] = TreeSizeController(
+                self.chain, self.spec.tree_nodes, self.controllers.tuning
+            )
         if f"tree:{name}" not in self.begun:
             found.begin()
             self.begun.add(f"tree:{name}")
@@ -141,7 +153,9 @@ class StepPolicy:
         key = (name, self.max_k, self.spec.adaptive)
         found = self.controllers.chain.get(key)
         if found is None:
-            found = self.controllers.chain[key] = AdaptiveController(self.max_k, CostModel(self.controllers.verify))
+            found = self.controllers.chain[key] = AdaptiveController(
+                self.max_k, CostModel(self.controllers.verify), tuning=self.controllers.tuning
+            )
         if name not in self.begun:
             found.begin()
             self.begun.add(name)
