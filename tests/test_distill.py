@@ -454,3 +454,24 @@ def test_stream_text_trains_on_fresh_text_and_init_continues_a_head(tiny_pair, t
         tiny_options("eagle", tmp_path / "h", hard_label_weight=1.5).validate()
     with pytest.raises(ConfigError, match="hard-label-weight"):
         tiny_options("draft", tmp_path / "h", hard_label_weight=0.5).validate()
+
+
+def test_a_head_distils_fresh_and_continues_on_a_bfloat16_target(tiny_pair, tmp_path):
+    # the corpus's features are float32 batches; the head trains in float32 whatever the target computes in, and
+    # its frozen copies of the target's embedding and LM head follow (they are not parameters)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_pair["target"], dtype=torch.bfloat16).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair["target"])
+    first = distill(target, tokenizer, PROMPTS, tiny_options("eagle", tmp_path / "a"), log=lambda m: None)
+    second = distill(
+        target,
+        tokenizer,
+        PROMPTS,
+        tiny_options("eagle", tmp_path / "b", init=tmp_path / "a", corpus_dir=tmp_path / "a" / "corpus"),
+        log=lambda m: None,
+    )
+    assert first["updates"] == second["updates"] == 4
+    baseline, _ = greedy(target, None, "none")
+    ids, stats = greedy(target, load_head_proposer(tmp_path / "b", target, "cpu"), "head")
+    assert ids == baseline and stats.drafted > 0

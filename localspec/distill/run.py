@@ -257,6 +257,7 @@ def distill(
             for norm in head.norms:
                 norm.weight.data.copy_(target.base_model.norm.weight.data)
             head.init_feature_proj()
+            head = head.float()  # trained in float32 (the batches' features are), whatever the target runs
         forward = functools.partial(ttt_forward, hard_weight=options.hard_label_weight)
         result = train_head(head, train_pieces, val_pieces, save=lambda h: save_head(h, out), forward=forward, **common)
         model_size = trainable_parameters(head)

@@ -40,6 +40,13 @@ class FeatureHead(nn.Module):
         self.lm_weight = embedding.detach()  # [V, H]
         self._draft_lm_weight = None
 
+    def _apply(self, fn, recurse: bool = True):
+        """.float(), .to(device) and the like reach the frozen target matrices too: they are not parameters."""
+        super()._apply(fn, recurse)
+        self.embedding, self.lm_weight = fn(self.embedding), fn(self.lm_weight)
+        self._draft_lm_weight = None
+        return self
+
     def set_lm_weight(self, weight: torch.Tensor) -> None:
         self.lm_weight = weight.detach()
         self._draft_lm_weight = None
