@@ -77,6 +77,14 @@ def test_a_client_that_times_out_ends_quietly_and_counts_as_cancelled(live_serve
 
     url, admission, metrics = live_server
     monkeypatch.setattr(tiny_session.engine, "stop_token_ids", frozenset())  # only the client's going ends it
+    target = tiny_session.engine.target
+    extend = target.extend
+
+    def slow_extend(*args, **kwargs):  # the tiny model writes 900 tokens in under the timeout on a fast idle CPU
+        time.sleep(0.005)
+        return extend(*args, **kwargs)
+
+    monkeypatch.setattr(target, "extend", slow_extend)  # ≥ 4.5 s for the answer, whatever the CPU
     caplog.set_level(logging.ERROR)
     body = {
         "model": "tiny",
