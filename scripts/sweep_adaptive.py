@@ -78,13 +78,12 @@ def main() -> int:
 
     import torch
 
-    from localspec.bench.modes import DEFAULT_ADAPTIVE_MAX_K, DEFAULT_TREE_NODES, Mode, run_mode
+    from localspec.bench.modes import DEFAULT_ADAPTIVE_MAX_K, DEFAULT_TREE_NODES, Mode
     from localspec.bench.prompts import load_prompt_file
     from localspec.bench.runner import WARMUP_MESSAGES, WARMUP_TOKENS
     from localspec.chat import ChatSession
     from localspec.distill.data import SHARED_DATA
     from localspec.distill.tasks import gsm8k_questions, prompt_messages
-    from localspec.engine.policy import Controllers
     from localspec.models.loading import load_pair
     from localspec.models.registry import find_pair, load_registry
 
@@ -101,13 +100,8 @@ def main() -> int:
     messages += [("math", prompt_messages(question)) for question in math]
     prompts = [(kind, session.prompt_ids(list(m), args.max_new_tokens)[0]) for kind, m in messages]
     tunings = variants()
-    for warm in WARMUP_MESSAGES:
-        ids, _ = session.prompt_ids(list(warm), WARMUP_TOKENS)
-        for tuning in tunings.values():
-            loaded = session.engine.controllers
-            session.engine.controllers = Controllers.retuned(loaded, tuning)
-            run_mode(session, mode, ids, WARMUP_TOKENS)
-            session.engine.controllers = loaded
+    warm = [("warm-up", session.prompt_ids(list(m), WARMUP_TOKENS)[0]) for m in WARMUP_MESSAGES]
+    one_run(session, mode, warm, tunings, WARMUP_TOKENS)  # never timed; what it learns is thrown away
     runs = []
     for number in range(args.repeat):
         runs.append(one_run(session, mode, prompts, tunings, args.max_new_tokens))

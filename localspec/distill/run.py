@@ -242,7 +242,7 @@ def distill(
             **target_shapes(target.config),
         )
         if options.init is not None:
-            head = load_head(options.init, target).float().train()  # trained in float32, whatever the target runs
+            head = load_head(options.init, target)
             if head.config.kind != options.kind:
                 raise ConfigError(f"--init {options.init} is a {head.config.kind} head, not {options.kind}")
             if head.config.feature_layers != feature_layers:  # widen to more layers (a superset: checked in resolve)
@@ -257,7 +257,7 @@ def distill(
             for norm in head.norms:
                 norm.weight.data.copy_(target.base_model.norm.weight.data)
             head.init_feature_proj()
-            head = head.float()  # trained in float32 (the batches' features are), whatever the target runs
+        head = head.float().train()  # trained in float32 (the batches' features are), whatever the target runs
         forward = functools.partial(ttt_forward, hard_weight=options.hard_label_weight)
         result = train_head(head, train_pieces, val_pieces, save=lambda h: save_head(h, out), forward=forward, **common)
         model_size = trainable_parameters(head)
