@@ -1,10 +1,15 @@
-"""The lean llama forward against transformers' own, on the embedded target: bitwise agreement and time per row count.
+"""Two ways of running the embedded target's forward against each other: bitwise agreement and time per row count.
 
-For each forward setup (fast, exact) and each T = 1..9: is the lean forward's T-token logits bitwise transformers'
+--compare lean (the default): the lean llama forward against transformers' own. --compare packed: the lean forward
+with the LM head (and whatever else PackedLinear takes) on oneDNN's prepacked weights against plain F.linear
+(LOCALSPEC_PACKED=off for the first runner).
+
+For each forward setup (fast, exact) and each T = 1..9: are the second runner's T-token logits bitwise the first's
 (on a 64-token cache, after the same prefill), and the median time of each, interleaved forward by forward (the
-two runners share one model and weights), with the ratio transformers / lean.
+two runners share one model and weights), with the ratio first / second.
 
-Run: python scripts/lean_forward.py [--format gguf-int4|bfloat16|float32] [--threads 2] [--repeats 30]
+Run: python scripts/lean_forward.py [--compare lean|packed] [--format gguf-int4|bfloat16|float32] [--threads 2]
+     [--repeats 30]
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ def main() -> int:
     parser.add_argument("--format", default="gguf-int4", choices=("gguf-int4", "bfloat16", "float32"))
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--compare", default="lean", choices=("lean", "packed"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -46,12 +52,19 @@ def main() -> int:
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
     print(f"{cpu}, {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}, {args.format} ({dtype})")
     prefix = list(range(100, 100 + PREFIX))
-    print("| setup | T | bitwise | transformers ms | lean ms | × |")
+    first, second = ("transformers", "lean") if args.compare == "lean" else ("plain head", "packed head")
+    print(f"| setup | T | bitwise | {first} ms | {second} ms | × |")
     print("| --- | ---: | --- | ---: | ---: | ---: |")
     for setup in (FAST, exact_setup(dtype)):
-        runners = {
-            kind: ModelRunner(model, compile="off", setup=setup, forward=kind) for kind in ("transformers", "lean")
-        }
+        if args.compare == "lean":
+            runners = {
+                kind: ModelRunner(model, compile="off", setup=setup, forward=kind) for kind in ("transformers", "lean")
+            }
+        else:
+            os.environ["LOCALSPEC_PACKED"] = "off"
+            runners = {first: ModelRunner(model, compile="off", setup=setup, forward="lean")}
+            os.environ["LOCALSPEC_PACKED"] = "on"
+            runners[second] = ModelRunner(model, compile="off", setup=setup, forward="lean")
         for runner in runners.values():
             runner.reset()
             runner.extend(prefix, logits_to_keep=0)
@@ -68,9 +81,9 @@ def main() -> int:
                     runner.extend(chunk)
                     times[kind].append(time.perf_counter() - start)
                     runner.crop(PREFIX)
-            hf, lean = (statistics.median(times[kind]) * 1e3 for kind in ("transformers", "lean"))
-            same = torch.equal(logits["transformers"], logits["lean"])
-            print(f"| {setup.name} | {rows} | {'yes' if same else 'no'} | {hf:.1f} | {lean:.1f} | {hf / lean:.2f} |")
+            a, b = (statistics.median(times[kind]) * 1e3 for kind in (first, second))
+            same = torch.equal(logits[first], logits[second])
+            print(f"| {setup.name} | {rows} | {'yes' if same else 'no'} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
     return 0
 
 
