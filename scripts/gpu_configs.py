@@ -262,10 +262,10 @@ def rounding(tiny: bool, folder: Path) -> dict:
     (sdpa), the exact one (model_runner.exact_setup), and the exact one with torch's deterministic algorithms and
     every forward padded to a multiple of 8 rows (cuBLAS picks kernels by shape). Counts positions whose logits are
     not bitwise equal; records, does not judge (ok is always true)."""
-    from localspec.runtime.model_runner import FAST, ForwardSetup, ModelRunner, exact_setup
+    from localspec.runtime.model_runner import FAST, ForwardSetup, ModelRunner, exact_setup_for
 
     target, _ = build_pair(tiny, "none", folder)
-    exact = exact_setup(target.dtype)
+    exact = exact_setup_for(target)
     setups = {
         "fast": (FAST, False),
         "exact": (exact, False),

@@ -2,13 +2,15 @@
 
 --compare lean (the default): the lean llama forward against transformers' own. --compare packed: the lean forward
 with the LM head (and whatever else PackedLinear takes) on oneDNN's prepacked weights against plain F.linear
-(LOCALSPEC_PACKED=off for the first runner).
+(LOCALSPEC_PACKED=off for the first runner). --compare q4: the lean gguf-int4 forward on torch's int4 kernel
+(LOCALSPEC_Q4_KERNEL=off) against the q4 kernel (runtime/q4_kernel.py): two models, the same file; their logits
+differ (the q4 kernel keeps d and m in float16 and sums in float32), so the bitwise column reads no.
 
 For each forward setup (fast, exact) and each T = 1..9: are the second runner's T-token logits bitwise the first's
 (on a 64-token cache, after the same prefill), and the median time of each, interleaved forward by forward (the
 two runners share one model and weights), with the ratio first / second.
 
-Run: python scripts/lean_forward.py [--compare lean|packed] [--format gguf-int4|bfloat16|float32] [--threads 2]
+Run: python scripts/lean_forward.py [--compare lean|packed|q4] [--format gguf-int4|bfloat16|float32] [--threads 2]
      [--repeats 30]
 """
 
@@ -35,7 +37,7 @@ def main() -> int:
     parser.add_argument("--format", default="gguf-int4", choices=("gguf-int4", "bfloat16", "float32"))
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--compare", default="lean", choices=("lean", "packed"))
+    parser.add_argument("--compare", default="lean", choices=("lean", "packed", "q4"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -43,23 +45,37 @@ def main() -> int:
     from localspec.models.dtype_choice import format_fields
     from localspec.models.loading import load_causal_lm
     from localspec.models.registry import parse_registry
-    from localspec.runtime.model_runner import FAST, ModelRunner, exact_setup
+    from localspec.runtime.model_runner import FAST, ModelRunner, exact_setup_for
 
     pair = parse_registry((REPO / "models.yaml").read_text(encoding="utf-8"), REPO)[0]
     spec = replace(pair.target, **format_fields(args.format))
     model = load_causal_lm(spec, "lean_forward", torch.device("cpu"), "target")[0]
+    models = {}
+    if args.compare == "q4":
+        from localspec.runtime.q4_kernel import load_q4_kernel
+
+        os.environ["LOCALSPEC_Q4_KERNEL"] = "off"
+        load_q4_kernel.cache_clear()
+        models["torch int4"] = load_causal_lm(spec, "lean_forward", torch.device("cpu"), "target")[0]
+        del os.environ["LOCALSPEC_Q4_KERNEL"]
+        load_q4_kernel.cache_clear()
+        models["q4"] = model
     dtype = model.get_input_embeddings().weight.dtype
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
     print(f"{cpu}, {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}, {args.format} ({dtype})")
     prefix = list(range(100, 100 + PREFIX))
-    first, second = ("transformers", "lean") if args.compare == "lean" else ("plain head", "packed head")
+    first, second = {"lean": ("transformers", "lean"), "packed": ("plain head", "packed head")}.get(
+        args.compare, ("torch int4", "q4")
+    )
     print(f"| setup | T | bitwise | {first} ms | {second} ms | × |")
     print("| --- | ---: | --- | ---: | ---: | ---: |")
-    for setup in (FAST, exact_setup(dtype)):
+    for setup in (FAST, exact_setup_for(model)):
         if args.compare == "lean":
             runners = {
                 kind: ModelRunner(model, compile="off", setup=setup, forward=kind) for kind in ("transformers", "lean")
             }
+        elif args.compare == "q4":
+            runners = {kind: ModelRunner(m, compile="off", setup=setup, forward="lean") for kind, m in models.items()}
         else:
             os.environ["LOCALSPEC_PACKED"] = "off"
             runners = {first: ModelRunner(model, compile="off", setup=setup, forward="lean")}

@@ -15,6 +15,7 @@ from localspec.models.gguf_linear import (
     dequantize_q4_1,
     int4_from_q4_1,
     q4_1_fields,
+    q4_kernel_here,
     unpermute_rows,
 )
 from localspec.models.loading import resolve_quant
@@ -41,6 +42,17 @@ def random_blocks(rows: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch
     return q4_1_blocks(codes, d, m), codes, d, m
 
 
+@pytest.fixture(params=["torch", "q4"])
+def kernel(request):
+    """Each int4 kernel: None for torch's, the q4 kernel where it loads on this machine."""
+    if request.param == "torch":
+        return None
+    load = q4_kernel_here()
+    if load.kernel is None:
+        pytest.skip(f"q4 kernel: {load.status.reason}")
+    return load.kernel
+
+
 def test_fields_are_the_ones_written():
     blocks, codes, d, m = random_blocks(6, 96)
     fields = q4_1_fields(blocks)
@@ -57,7 +69,7 @@ def test_dequantization_is_the_gguf_readers_bitwise():
     assert torch.equal(ours, torch.from_numpy(np.ascontiguousarray(theirs)))
 
 
-def test_the_kernel_runs_the_blocks_weights_in_bfloat16_exactly_on_one_hot_rows():
+def test_the_kernel_runs_the_blocks_weights_in_bfloat16_exactly_on_one_hot_rows(kernel):
     # scales that are powers of 2 and minima that are multiples of them: every weight and zero is exact in bf16, and
     # a one-hot row reads one weight, so y = I · Wᵀ = Wᵀ with no rounding anywhere: a wrong nibble order, group
     # index or (scale, zero) layout shows up as a mismatch
@@ -66,7 +78,7 @@ def test_the_kernel_runs_the_blocks_weights_in_bfloat16_exactly_on_one_hot_rows(
     codes = torch.randint(0, 16, (rows, k), generator=generator)
     d = (2.0 ** torch.randint(-3, 2, (rows, k // GROUP), generator=generator)).half()
     m = (torch.randint(-12, 4, (rows, k // GROUP), generator=generator) * d.float()).half()
-    layer = int4_from_q4_1(q4_1_blocks(codes, d, m))
+    layer = int4_from_q4_1(q4_1_blocks(codes, d, m), kernel)
     eye = torch.eye(k, dtype=torch.bfloat16)  # [K, K]
     out = layer(eye)  # [K, N]
     assert out.shape == (k, rows) and out.dtype == torch.bfloat16
@@ -138,28 +150,35 @@ def test_the_embedded_target_runs_its_q4_1_linears_as_int4_blocks():
     loaded = load_pair(pair, device="cpu", load_draft=False)
     swapped = [m for m in loaded.target.modules() if isinstance(m, Int4Linear)]
     assert len(swapped) == 7 * loaded.target.config.num_hidden_layers  # every linear of every layer (each checked)
+    wanted = "torch" if q4_kernel_here().kernel is None else "q4"
+    assert {m.layout for m in swapped} == {wanted}  # the q4 kernel wherever it loads
     assert loaded.quant == "gguf" and loaded.dtype.label == "gguf-int4"
     assert isinstance(loaded.target.lm_head, torch.nn.Linear)  # the Q8_0 head stays dense
     assert loaded.target.lm_head.weight.dtype == torch.bfloat16
 
 
-def test_the_packed_layers_cache_reads_back_what_was_written_and_a_broken_one_is_rebuilt(tmp_path):
+def test_the_packed_layers_cache_reads_back_what_was_written_and_a_broken_one_is_rebuilt(tmp_path, kernel):
     from localspec.models import gguf_linear
 
-    layer = int4_from_q4_1(random_blocks(32, 64, seed=3)[0])
+    layer = int4_from_q4_1(random_blocks(32, 64, seed=3)[0], kernel)
     cache = tmp_path / "layers.safetensors"
-    gguf_linear._write_cache(cache, {"model.layers.0.mlp.up_proj": layer})
-    back = gguf_linear._read_cache(cache)["model.layers.0.mlp.up_proj"]
-    assert (back.in_features, back.out_features) == (64, 32)
+    gguf_linear._write_cache(cache, {"model.layers.0.mlp.up_proj": layer}, kernel)
+    back = gguf_linear._read_cache(cache, kernel)["model.layers.0.mlp.up_proj"]
+    assert (back.in_features, back.out_features, back.layout) == (64, 32, layer.layout)
     assert torch.equal(back.packed, layer.packed) and torch.equal(back.scales_zeros, layer.scales_zeros)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    assert torch.equal(back(x), layer(x))
+    if kernel is not None:  # packed for the q4 kernel: torch's would misread it, so it is rebuilt
+        assert gguf_linear._read_cache(cache, None) is None
     cache.write_bytes(b"not safetensors")
-    assert gguf_linear._read_cache(cache) is None
+    assert gguf_linear._read_cache(cache, kernel) is None
 
 
-def test_weight_bytes_count_int4_codes_and_scales_and_dense_weights():
+def test_weight_bytes_count_int4_codes_and_scales_and_dense_weights(kernel):
     from localspec.bench.costs import weight_bytes
 
-    model = torch.nn.Sequential(int4_from_q4_1(random_blocks(48, 128)[0]), torch.nn.Linear(48, 10, bias=False))
+    int4 = int4_from_q4_1(random_blocks(48, 128)[0], kernel)
+    model = torch.nn.Sequential(int4, torch.nn.Linear(48, 10, bias=False))
     codes, scales_zeros, dense = 48 * 128 // 2, (128 // GROUP) * 48 * 2 * 2, 48 * 10 * 4  # bytes
     assert weight_bytes(model) == codes + scales_zeros + dense
 

@@ -119,8 +119,17 @@ def test_a_lean_exact_row_is_the_row_plain_decoding_computes(tiny_by_dtype):
     assert torch.equal(chained, plain)
 
 
-def test_fused_int4_layers_give_each_parts_columns_and_share_its_codes():
-    parts = [int4_from_q4_1(random_blocks(rows, 96, seed=rows)[0]) for rows in (128, 64, 64)]
+def _int4_kernels():
+    from localspec.models.gguf_linear import q4_kernel_here
+
+    load = q4_kernel_here()
+    reason = f"q4 kernel: {load.status.reason}"
+    return [None, pytest.param(load.kernel, marks=pytest.mark.skipif(load.kernel is None, reason=reason))]
+
+
+@pytest.mark.parametrize("kernel", _int4_kernels(), ids=["torch", "q4"])
+def test_fused_int4_layers_give_each_parts_columns_and_share_its_codes(kernel):
+    parts = [int4_from_q4_1(random_blocks(rows, 96, seed=rows)[0], kernel) for rows in (128, 64, 64)]
     alone_before = [part(torch.randn(3, 96, generator=torch.Generator().manual_seed(3)).bfloat16()) for part in parts]
     fused = lean_llama._fused(parts)
     x = torch.randn(3, 96, generator=torch.Generator().manual_seed(3)).bfloat16()  # [3, K]
@@ -128,9 +137,14 @@ def test_fused_int4_layers_give_each_parts_columns_and_share_its_codes():
     assert all(torch.equal(part(x), before) for part, before in zip(parts, alone_before, strict=True))
     storage = fused.packed.untyped_storage().data_ptr()
     assert all(part.packed.untyped_storage().data_ptr() == storage for part in parts)  # codes kept once
-    # rows that are not whole packing blocks (64 rows) would interleave wrongly: those layers stay separate
-    small = [int4_from_q4_1(random_blocks(rows, 96, seed=rows)[0]) for rows in (32, 16, 16)]
-    assert Int4Linear.concatenated(small) is None and lean_llama._fused(small) is None
+    small = [int4_from_q4_1(random_blocks(rows, 96, seed=rows)[0], kernel) for rows in (32, 16, 16)]
+    if kernel is None:  # rows that are not whole packing blocks (64 rows) would interleave: those stay separate
+        assert Int4Linear.concatenated(small) is None and lean_llama._fused(small) is None
+    else:  # the q4 layout stacks any blocks of 16 outputs
+        fused_small = lean_llama._fused(small)
+        assert torch.equal(fused_small(x), torch.cat([part(x) for part in small], dim=-1))
+    mixed = [int4_from_q4_1(random_blocks(64, 96, seed=rows)[0], k) for rows, k in ((1, None), (2, kernel))]
+    assert (Int4Linear.concatenated(mixed) is None) == (kernel is not None)  # never two kernels in one layer
 
 
 def test_fused_dense_layers_share_the_weight_and_compute_the_same():

@@ -77,6 +77,7 @@ def run(args) -> int:
                     "quant": session.loaded.quant,
                     "dtype": session.loaded.dtype.to_dict() if session.loaded.dtype is not None else None,
                     "exact": session.loaded.exact.to_dict() if session.loaded.exact is not None else None,
+                    "int4_kernel": _int4_kernel(session),
                     "text": "".join(t.text for t in tokens),
                     "token_ids": [t.token_id for t in tokens],
                     "events": [t.to_dict() for t in tokens],
@@ -93,6 +94,8 @@ def run(args) -> int:
             print(f"[dtype {session.loaded.dtype.describe()}]", file=sys.stderr)
         if session.loaded.exact is not None:
             print(f"[{session.loaded.exact.describe()}]", file=sys.stderr)
+        if _int4_kernel(session) is not None:
+            print(f"[{_int4_kernel(session)}]", file=sys.stderr)
         if stats:
             print(
                 f"[{spec.proposer} K={spec.k}] {stats.emitted} tokens, {stats.tokens_per_s:.1f} tok/s, "
@@ -104,3 +107,12 @@ def run(args) -> int:
         print(f"localspec: {last.error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _int4_kernel(session) -> str | None:
+    """The int4 kernel note of a gguf target (None for other formats)."""
+    if session.loaded.quant != "gguf":
+        return None
+    from localspec.models.gguf_linear import int4_kernel_note
+
+    return int4_kernel_note()

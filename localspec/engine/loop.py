@@ -14,7 +14,7 @@ import torch
 
 from localspec.config import SamplingParams, SpecConfig
 from localspec.proposers.base import Proposer
-from localspec.runtime.model_runner import FAST, ModelRunner, exact_setup
+from localspec.runtime.model_runner import FAST, ModelRunner, exact_setup_for
 from localspec.verify import get_verifier
 
 from .events import StepEvent
@@ -32,7 +32,7 @@ class Engine:
         stop_token_ids: set[int] | frozenset[int] = frozenset(),
         exact: bool = False,  # the target's forwards in the exact setup (model_runner.py exact_setup)
     ) -> None:
-        self.target = ModelRunner(target_model, setup=exact_setup(target_model.dtype) if exact else FAST)
+        self.target = ModelRunner(target_model, setup=exact_setup_for(target_model) if exact else FAST)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.lock = threading.Lock()
         self.controllers = Controllers()  # measured costs and acceptance, kept across answers

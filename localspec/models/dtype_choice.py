@@ -160,11 +160,13 @@ def cache_key(device: torch.device, source: str, folder: str, quant: str = "none
         weights = sum(f.stat().st_size for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
     threads = f"threads {torch.get_num_threads()}" if device.type == "cpu" else ""
     formats = "quant auto" if quant == "auto" else ""  # another candidate set: another decision
-    return " | ".join(
-        x
-        for x in (device_name(device), threads, f"torch {torch.__version__}", source, f"{weights} bytes", formats)
-        if x
-    )
+    kernel = ""
+    if source.endswith(".gguf") and device.type == "cpu":  # its int4 layers run on whichever kernel loads here
+        from .gguf_linear import q4_kernel_here
+
+        kernel = "int4 kernel " + ("q4" if q4_kernel_here().kernel is not None else "torch")
+    parts = (device_name(device), threads, f"torch {torch.__version__}", source, f"{weights} bytes", formats, kernel)
+    return " | ".join(x for x in parts if x)
 
 
 # -- timing -------------------------------------------------------------------------------------------------------

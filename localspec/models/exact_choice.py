@@ -6,10 +6,12 @@ In the exact setup a bfloat16 row's logits were measured bitwise equal whether t
 decoding) or inside a 2..17-row verify forward (scripts/measure_rounding.py, assets/rounding/epyc/), so greedy
 speculative chains are plain decoding's token for token (float32 / float16 come closer, not bitwise:
 verify/guarantee.py). It costs a dummy row on each 1-token forward and eager attention instead of
-sdpa. At the first load of a model on a machine both setups are timed on the loaded target (the median of
-interleaved 1-token and (K+1)-token forwards on a 64-token cache, as dtype_choice.py times dtypes); the exact
-setup is the default when neither forward costs more than MAX_COST times the fast one. The decision is cached
-beside the dtype decision (same key, plus the dtype), so later loads time nothing. models.yaml `exact: true` /
+sdpa; a model whose decoder linears are all row-invariant (gguf on the q4 kernel) needs no dummy row
+(model_runner.exact_setup_for), so there it costs the attention alone. At the first load of a model on a machine
+both setups are timed on the loaded target (the median of interleaved 1-token and (K+1)-token forwards on a
+64-token cache, as dtype_choice.py times dtypes); the exact setup is the default when neither forward costs more
+than MAX_COST times the fast one. The decision is cached beside the dtype decision (same key, plus the dtype), so
+later loads time nothing. models.yaml `exact: true` /
 `false` (or the CLI's --exact on / off) sets it without measuring.
 """
 
@@ -89,9 +91,9 @@ def _write_cache(key: str, decision: ExactDecision) -> None:
 
 def measure_cost(model: torch.nn.Module, k: int, timer=time_forwards) -> tuple[float, float]:
     """(exact ÷ fast for a 1-token forward, the same for a (K+1)-token forward), timed interleaved on `model`."""
-    from localspec.runtime.model_runner import FAST, exact_setup
+    from localspec.runtime.model_runner import FAST, exact_setup_for
 
-    times = timer({"fast": model, "exact": model}, (1, k + 1), {"fast": FAST, "exact": exact_setup(model.dtype)})
+    times = timer({"fast": model, "exact": model}, (1, k + 1), {"fast": FAST, "exact": exact_setup_for(model)})
     return times["exact"][1] / times["fast"][1], times["exact"][k + 1] / times["fast"][k + 1]
 
 

@@ -1,10 +1,11 @@
-"""`quant: gguf`: a GGUF's Q4_1 linears kept as 4-bit codes and run by torch's CPU int4 weight-only kernel.
+"""`quant: gguf`: a GGUF's Q4_1 linears kept as 4-bit codes and run by a CPU int4 kernel (runtime/int4_linear.py).
 
 A Q4_1 block holds 32 weights of one output row as 4-bit codes q ∈ [0, 15], an fp16 scale d and an fp16 minimum m:
-w = q·d + m (20 bytes: d, m, then 16 bytes whose low nibbles are weights 0..15 and high nibbles 16..31). torch's
-`_weight_int4pack_mm_for_cpu` takes the same asymmetric group-32 layout as w = (q − 8)·scale + zero, so scale = d and
-zero = m + 8d. Its fast path wants bfloat16 activations, scales and zeros (float32 activations take a slow path,
-~100× slower here), so d and m + 8d round to bfloat16 on the way: scripts/forward_costs.py measures what that changes.
+w = q·d + m (20 bytes: d, m, then 16 bytes whose low nibbles are weights 0..15 and high nibbles 16..31). The q4
+kernel (runtime/q4_kernel.py) takes d and m as they are; it is used wherever it loads (AVX-512 BF16 and a C
+compiler; LOCALSPEC_Q4_KERNEL=off turns it off). Elsewhere torch's `_weight_int4pack_mm_for_cpu` takes the same
+asymmetric group-32 layout as w = (q − 8)·scale + zero, so scale = d and zero = m + 8d, rounded to bfloat16 (its
+fast path wants bfloat16 scales and zeros): scripts/forward_costs.py measures what that changes.
 
 Only the Q4_1 linears of a llama-architecture GGUF are swapped in; the Q8_0 token embedding (also the tied LM head)
 and the F32 norms stay as the cached dequantized folder loaded them.
@@ -21,8 +22,20 @@ from torch import nn
 
 from localspec.config import ConfigError
 from localspec.runtime.int4_linear import GROUP, ROW_MULTIPLE, Int4Linear
+from localspec.runtime.q4_kernel import KernelLoad, Q4Kernel, load_q4_kernel
 
-__all__ = ["GROUP", "Int4Linear", "dequantize_q4_1", "int4_from_q4_1", "q4_1_fields", "swap_in_q4_1_linears"]
+from .paths import cache_dir
+
+__all__ = [
+    "GROUP",
+    "Int4Linear",
+    "dequantize_q4_1",
+    "int4_from_q4_1",
+    "int4_kernel_note",
+    "q4_1_fields",
+    "q4_kernel_here",
+    "swap_in_q4_1_linears",
+]
 
 Q4_1_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles (a block of GROUP weights)
 # GGUF tensor name within block i → the transformers llama module path within model.model.layers[i]
@@ -69,13 +82,25 @@ def dequantize_q4_1(blocks: torch.Tensor) -> torch.Tensor:
     return (codes * fields.d.float()[..., None] + fields.m.float()[..., None]).reshape(rows, k)
 
 
-def int4_from_q4_1(blocks: torch.Tensor) -> Int4Linear:
-    """An Int4Linear from a GGUF Q4_1 tensor's blocks [N, K/32 · 20] uint8: scale = d, zero = m + 8d."""
+def q4_kernel_here() -> KernelLoad:
+    """The q4 kernel of this machine, built into the data folder's cache at first use, or why there is none."""
+    return load_q4_kernel(cache_dir() / "kernels")
+
+
+def int4_kernel_note() -> str:
+    """Which kernel a gguf target's int4 linears run on here, and why: for the CLI and the bench reports."""
+    load = q4_kernel_here()
+    if load.kernel is not None:
+        return f"int4 kernel: q4 ({load.status.reason})"
+    return f"int4 kernel: torch's _weight_int4pack_mm_for_cpu (the q4 kernel: {load.status.reason})"
+
+
+def int4_from_q4_1(blocks: torch.Tensor, kernel: Q4Kernel | None = None) -> Int4Linear:
+    """An Int4Linear from a GGUF Q4_1 tensor's blocks [N, K/32 · 20] uint8, on `kernel` (None: torch's)."""
     fields = q4_1_fields(blocks)
     if fields.codes.shape[0] % ROW_MULTIPLE:
         raise ConfigError(f"the int4 kernel packs {ROW_MULTIPLE}·n output rows; this layer has {fields.codes.shape[0]}")
-    d = fields.d.float()
-    return Int4Linear.from_codes(fields.codes, d, fields.m.float() + 8.0 * d)  # w = q·d + m = (q − 8)·d + (m + 8d)
+    return Int4Linear.from_q4_1(fields.codes, fields.d, fields.m, kernel)
 
 
 def unpermute_rows(blocks: torch.Tensor, heads: int) -> torch.Tensor:
@@ -96,7 +121,7 @@ def _gguf_tensors(path: Path) -> tuple[str, dict[str, tuple[str, torch.Tensor]]]
     return arch, {t.name: (t.tensor_type.name, torch.from_numpy(np.array(t.data))) for t in reader.tensors}
 
 
-def _built_q4_1_linears(model: nn.Module, path: Path) -> dict[str, Int4Linear]:
+def _built_q4_1_linears(model: nn.Module, path: Path, kernel: Q4Kernel | None) -> dict[str, Int4Linear]:
     """{module name: Int4Linear} for each linear of `model` whose GGUF tensor is Q4_1, each checked first: the
     file's exact dequantization, rounded to the model's dtype, must equal the loaded weight bitwise (which catches a
     wrong name map or row order)."""
@@ -119,28 +144,41 @@ def _built_q4_1_linears(model: nn.Module, path: Path) -> dict[str, Int4Linear]:
                     f"{path.name}: blk.{index}.{short} does not match the loaded {module_path} weight; "
                     "the GGUF's layout is not the one quant gguf knows"
                 )
-            built[f"model.layers.{index}.{module_path}"] = int4_from_q4_1(blocks)
+            built[f"model.layers.{index}.{module_path}"] = int4_from_q4_1(blocks, kernel)
     return built
 
 
-def _read_cache(cache: Path) -> dict[str, Int4Linear] | None:
+def _layout(kernel: Q4Kernel | None) -> str:
+    return "torch" if kernel is None else "q4"
+
+
+def _read_cache(cache: Path, kernel: Q4Kernel | None) -> dict[str, Int4Linear] | None:
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     try:
+        with safe_open(cache, "pt") as handle:
+            layout = (handle.metadata() or {}).get("layout", "torch")
         flat = load_file(cache)
     except Exception:  # missing, partial or unreadable: built again from the file
         return None
+    if layout != _layout(kernel):
+        return None  # packed for the other kernel
     names = {key.rpartition(".")[0] for key in flat}
     built = {}
     for name in names:
         packed, scales_zeros = flat.get(f"{name}.packed"), flat.get(f"{name}.scales_zeros")
         if packed is None or scales_zeros is None:
             return None
-        built[name] = Int4Linear(packed, scales_zeros, packed.shape[1] * 2, packed.shape[0])
+        if kernel is None:  # [N, K/2]
+            built[name] = Int4Linear(packed, scales_zeros, packed.shape[1] * 2, packed.shape[0])
+        else:  # [N/16, K/32, 16, 16]
+            blocks, groups, pairs, lanes = packed.shape
+            built[name] = Int4Linear(packed, scales_zeros, groups * pairs * 2, blocks * lanes, kernel)
     return built
 
 
-def _write_cache(cache: Path, built: dict[str, Int4Linear]) -> None:
+def _write_cache(cache: Path, built: dict[str, Int4Linear], kernel: Q4Kernel | None) -> None:
     from safetensors.torch import save_file
 
     flat = {}
@@ -148,25 +186,28 @@ def _write_cache(cache: Path, built: dict[str, Int4Linear]) -> None:
         flat[f"{name}.packed"], flat[f"{name}.scales_zeros"] = layer.packed, layer.scales_zeros
     tmp = cache.with_name(cache.name + ".tmp")
     try:
-        save_file(flat, tmp)
+        save_file(flat, tmp, metadata={"layout": _layout(kernel)})
         tmp.replace(cache)
     except OSError:
         pass  # a read-only data folder: the next start builds them again
 
 
-def swap_in_q4_1_linears(model: nn.Module, path: Path, cache: Path | None = None) -> int:
+def swap_in_q4_1_linears(
+    model: nn.Module, path: Path, cache: Path | None = None, kernel: Q4Kernel | None = None
+) -> int:
     """Replace each linear of `model` (a transformers llama loaded in bf16 from the GGUF's dequantized folder) whose
     GGUF tensor is Q4_1 with an Int4Linear built from the file's blocks; returns how many were swapped. `cache`: a
     safetensors file holding the packed layers, written at the first start and read at later ones (reading the
-    GGUF's metadata alone takes seconds)."""
-    built = _read_cache(cache) if cache is not None and cache.exists() else None
+    GGUF's metadata alone takes seconds; a cache packed for the other kernel is rewritten). `kernel`: the q4 kernel,
+    or None for torch's."""
+    built = _read_cache(cache, kernel) if cache is not None and cache.exists() else None
     modules = dict(model.named_modules())
     if built is not None and any(name not in modules for name in built):
         built = None  # another model's layers
     if built is None:
-        built = _built_q4_1_linears(model, path)
+        built = _built_q4_1_linears(model, path, kernel)
         if cache is not None and built:
-            _write_cache(cache, built)
+            _write_cache(cache, built, kernel)
     if not built:
         raise ConfigError(f"{path.name}: no Q4_1 linear layers; quant gguf keeps Q4_1 blocks only")
     for name, layer in built.items():

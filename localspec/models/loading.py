@@ -249,11 +249,12 @@ def load_causal_lm(
     if "device_map" not in kwargs:
         model = model.to(device)
     if quant == "gguf":
-        from .gguf_linear import swap_in_q4_1_linears
+        from .gguf_linear import q4_kernel_here, swap_in_q4_1_linears
 
         path = gguf_path(spec.source)
         folder = gguf_cache_folder(path)
-        swap_in_q4_1_linears(model, path, folder.with_name(folder.name + INT4_CACHE_SUFFIX))
+        cache = folder.with_name(folder.name + INT4_CACHE_SUFFIX)
+        swap_in_q4_1_linears(model, path, cache, q4_kernel_here().kernel)
     return model.eval(), folder
 
 

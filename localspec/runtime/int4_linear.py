@@ -1,13 +1,25 @@
-"""A linear layer whose weights are 4-bit codes in groups of 32, run by torch's CPU int4 weight-only kernel
-(`_weight_int4pack_mm_for_cpu`): w = (q − 8)·scale + zero per group of 32 weights along K. Its fast path wants
-bfloat16 activations, scales and zeros (float32 activations take a path ~100× slower here). models/gguf_linear.py
-builds these from a GGUF's Q4_1 blocks; the lean forward (lean_llama.py) fuses them.
+"""A linear layer whose weights are 4-bit codes in groups of 32 along K, run by one of two CPU kernels:
+
+- **q4** (q4_kernel.py, when it loads on this CPU): w = q·d + m with float16 d and m as the GGUF stores them;
+  `packed` [N/16, K/32, 16, 16] uint8 and `scales_zeros` [N/16, K/32, 2, 16] float16 (d, m); row-invariant.
+- **torch** (`_weight_int4pack_mm_for_cpu`): w = (q − 8)·scale + zero; `packed` [N, K/2] uint8 in its layout and
+  `scales_zeros` [K/32, N, 2] bfloat16 (its fast path wants bfloat16 activations, scales and zeros; float32
+  activations take a path ~100× slower here).
+
+Both compute in bfloat16 activations. models/gguf_linear.py builds these from a GGUF's Q4_1 blocks; the lean forward
+(lean_llama.py) fuses them. Under torch.compile the q4 kernel (a ctypes call) is a graph break per layer.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import nn
+
+from .q4_kernel import LANES, Q4Kernel, pack_q4
+
+Layout = Literal["torch", "q4"]
 
 GROUP = 32  # weights per scale/zero group
 COMPUTE_DTYPE = torch.bfloat16  # the kernel's fast path: bf16 activations, scales and zeros
@@ -20,12 +32,30 @@ class Int4Linear(nn.Module):
     """y = x · Wᵀ with W [N, K] as 4-bit codes in groups of 32 along K: w = (q − 8)·scale + zero, bf16 compute.
     No bias (llama's linears have none)."""
 
-    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, in_features: int, out_features: int):
+    def __init__(
+        self,
+        packed: torch.Tensor,
+        scales_zeros: torch.Tensor,
+        in_features: int,
+        out_features: int,
+        kernel: Q4Kernel | None = None,  # None: torch's kernel and layout
+    ):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.register_buffer("packed", packed)  # [N, K/2] uint8, the kernel's layout
-        self.register_buffer("scales_zeros", scales_zeros)  # [K/32, N, 2] bf16: scale, zero
+        self.kernel = kernel
+        self.register_buffer("packed", packed)  # the codes in the kernel's layout (module docstring)
+        self.register_buffer("scales_zeros", scales_zeros)  # its scales and offsets
+
+    @property
+    def layout(self) -> Layout:
+        return "torch" if self.kernel is None else "q4"
+
+    @property
+    def row_invariant(self) -> bool:
+        """A row's output is the same whatever the other rows of the call (the q4 kernel's; torch's picks tiles by
+        the row count)."""
+        return self.kernel is not None
 
     @classmethod
     def from_codes(cls, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> Int4Linear:
@@ -38,22 +68,52 @@ class Int4Linear(nn.Module):
         return cls(packed, scales_zeros, k, rows)
 
     @classmethod
+    def from_q4_1(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, kernel: Q4Kernel | None) -> Int4Linear:
+        """From a GGUF Q4_1 tensor's fields (codes [N, K] in 0..15, d and m [N, K/32] float16: w = q·d + m), on
+        `kernel` (q4 layout, d and m kept as they are) or, with None, torch's (scale = d, zero = m + 8d in bf16)."""
+        if kernel is None:
+            scale = d.float()
+            return cls.from_codes(
+                codes.to(torch.int32), scale, m.float() + 8.0 * scale
+            )  # (q − 8)·d + (m + 8d) = q·d + m
+        packed, dm = pack_q4(codes, d, m)
+        return cls(packed, dm, codes.shape[1], codes.shape[0], kernel)
+
+    @classmethod
     def concatenated(cls, layers: list[Int4Linear]) -> Int4Linear | None:
         """One layer computing `layers`' outputs side by side (their output rows stacked), or None when their
         inputs differ or a layer's rows are not whole packing blocks (the packing interleaves rows within a block of
         PACK_BLOCK_ROWS, so whole blocks stack as they are; tests/test_lean_llama.py checks both cases)."""
-        if len({layer.in_features for layer in layers}) != 1:
+        if len({layer.in_features for layer in layers}) != 1 or len({id(layer.kernel) for layer in layers}) != 1:
             return None
+        rows, kernel = sum(layer.out_features for layer in layers), layers[0].kernel
+        if kernel is not None:  # q4: blocks of 16 outputs, each with its own scales, stack as they are
+            packed = torch.cat([layer.packed for layer in layers])  # [ΣN/16, K/32, 16, 16]
+            dm = torch.cat([layer.scales_zeros for layer in layers])  # [ΣN/16, K/32, 2, 16]
+            return cls(packed, dm, layers[0].in_features, rows, kernel)
         if any(layer.out_features % PACK_BLOCK_ROWS for layer in layers):
             return None
         packed = torch.cat([layer.packed for layer in layers])  # [ΣN, K/2]
         scales_zeros = torch.cat([layer.scales_zeros for layer in layers], dim=1)  # [K/32, ΣN, 2]
-        return cls(packed, scales_zeros, layers[0].in_features, sum(layer.out_features for layer in layers))
+        return cls(packed, scales_zeros, layers[0].in_features, rows)
+
+    def share_with(self, parts: list[Int4Linear]) -> None:
+        """Rebind `parts` (the layers this one was concatenated from) to views of its storage, so the codes are
+        kept once; torch's layout interleaves scales across outputs, so there each part keeps its own."""
+        unit = 1 if self.kernel is None else LANES  # outputs per leading index of `packed`
+        sizes = [part.out_features // unit for part in parts]
+        for part, rows in zip(parts, self.packed.split(sizes), strict=True):
+            part.packed = rows
+        if self.kernel is not None:
+            for part, rows in zip(parts, self.scales_zeros.split(sizes), strict=True):
+                part.scales_zeros = rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 → [..., N] bf16
+        if self.kernel is not None:
+            return self.kernel.matmul(x, self.packed, self.scales_zeros, self.out_features)
         flat = x.reshape(-1, self.in_features)  # [rows, K]
         out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)  # [rows, N]
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int4 group {GROUP}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 group {GROUP}, {self.layout}"

@@ -78,8 +78,7 @@ def _fused(layers: list[nn.Module]) -> nn.Module | None:
     if all(isinstance(layer, Int4Linear) for layer in layers):
         fused = Int4Linear.concatenated(layers)
         if fused is not None:
-            for layer, rows in zip(layers, fused.packed.split([layer.out_features for layer in layers]), strict=True):
-                layer.packed = rows
+            fused.share_with(layers)
         return fused
     return None
 

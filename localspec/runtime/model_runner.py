@@ -11,6 +11,7 @@ import torch
 
 from .compiled import CompileMode, bucket, compile_backbone, compile_mode_from_env
 from .features import backbone_features
+from .int4_linear import Int4Linear
 from .lean_llama import ForwardKind, RowsAsPlain, backbone_for
 from .packed_linear import PackedLinear
 from .static_cache import PreallocatedCache, cache_supported
@@ -52,7 +53,8 @@ class ForwardSetup:
     def name(self) -> str:
         if self == FAST:
             return "fast"
-        rows = f"≥ {self.min_rows} rows" + (f", multiples of {self.row_multiple}" if self.row_multiple > 1 else "")
+        rows = "1-row decode" if self.min_rows == 1 else f"≥ {self.min_rows} rows"
+        rows += f", multiples of {self.row_multiple}" if self.row_multiple > 1 else ""
         plain = ", rows as plain" if self.rows_as_plain else ""
         return f"{self.attention}{' + mask' if self.explicit_mask else ''}, {rows}{plain}"
 
@@ -79,6 +81,27 @@ def exact_setup(dtype: torch.dtype) -> ForwardSetup:
     """The exact setup for a model computing in `dtype`: eager attention, the explicit mask, EXACT_ROWS padding."""
     min_rows, multiple = EXACT_ROWS.get(dtype, (4, 4))
     return ForwardSetup(attention="eager", explicit_mask=True, min_rows=min_rows, row_multiple=multiple)
+
+
+def row_invariant_layers(model: torch.nn.Module) -> bool:
+    """Whether every linear of the model's decoder layers computes a row the same whatever the row count: all are
+    Int4Linear on the q4 kernel (runtime/q4_kernel.py). Then the exact setup needs no dummy row: the dummy row was for
+    bfloat16 F.linear, which rounds a lone row differently (scripts/measure_rounding.py: on the EPYC, gguf on the q4
+    kernel with eager attention, the explicit mask and 1-row decode forwards gave chains of 2..17 rows bitwise)."""
+    decoder = getattr(getattr(model, "model", None), "layers", None)
+    if decoder is None:
+        return False
+    linears = [m for m in decoder.modules() if isinstance(m, (torch.nn.Linear, Int4Linear))]
+    return bool(linears) and all(isinstance(m, Int4Linear) and m.row_invariant for m in linears)
+
+
+def exact_setup_for(model: torch.nn.Module) -> ForwardSetup:
+    """The exact setup for this model: exact_setup of its dtype, without the dummy rows where its layers are
+    row-invariant."""
+    dtype = model.get_input_embeddings().weight.dtype
+    if row_invariant_layers(model):
+        return ForwardSetup(attention="eager", explicit_mask=True)
+    return exact_setup(dtype)
 
 
 def exact_rows_setup(dtype: torch.dtype) -> ForwardSetup:

@@ -74,21 +74,25 @@ MEASURED: dict[tuple[str, str, str, str], Rounding] = {
     ("cpu", "float32", "nf4", "fast"): Rounding(1280, None, 0.7775, 13, 0.0462, XEON),
     # LLM.int8 picks its outlier columns (|x| > 6) over all rows of a forward: K+1 rows decompose differently
     ("cpu", "float32", "int8", "fast"): Rounding(1280, None, 12.1, 85, 0.99, XEON),
-    # quant gguf (the file's Q4_1 blocks, bf16 compute): the int4 linears are bitwise the same for 1..9 rows (and a
-    # row padded to 2); the difference enters at the attention. The dense bf16 path gave 1.05 / 21 flips in the
-    # same run (assets/rounding/gguf.json holds both); the exact setup was not measured on this format
+    # quant gguf (the file's Q4_1 blocks, bf16 compute) on the q4 kernel, whose linears are row-invariant by
+    # construction: the difference enters at sdpa's attention (assets/rounding/epyc/gguf-q4-kernel.json, 3 gsm8k + 1
+    # MT-Bench + 1 HumanEval prompts no test reads × 24 tokens, R = 2..17, trees of 7 / 17 rows). The earlier
+    # torch-kernel run (1 thread, 10 prompts × 32 tokens): 1.125, 20 flips, largest gap 0.125
+    # (assets/rounding/gguf.json)
     ("cpu", "bfloat16", "gguf", "fast"): Rounding(
-        1280, None, 1.125, 20, 0.125, "AMD EPYC, 1 torch thread, torch 2.13.0+cpu; 10 prompts × 32 tokens"
+        1920, 1887, 1.0625, 1, 0.125, EPYC + "; 5 prompts × 24 tokens, q4 kernel", 240, 240, 1.125, 0.0
     ),
     # exact (eager + explicit mask + dummy rows), prompts no test reads, chains of R = 2..17 rows and trees of 7 / 17
     # rows whose path nodes each follow a sibling (scripts/measure_rounding.py; assets/rounding/epyc/)
     ("cpu", "bfloat16", "none", "exact"): Rounding(
         128, 0, 0.0, 0, 0.0, EPYC + "; 1 gsm8k prompt × 8 tokens", 16, 4, 0.125, 0.0
     ),
-    # gguf in the exact setup (the int4 linears are row-independent, so the attention setup is all that differs):
-    # chains bitwise, trees not (assets/rounding/epyc/gguf.json)
+    # gguf in the exact setup with 1-row decode forwards (exact_setup_for: the q4 kernel's linears are row-invariant,
+    # so no dummy row): chains bitwise, trees not (assets/rounding/epyc/gguf-q4-kernel.json, the sample above; with a
+    # dummy row the same figures). torch's int4 kernel with 1-row forwards: chains bitwise too, 84 of 224 tree rows
+    # unequal, ≤ 0.67 (gguf-torch-int4-1row.json); its setup keeps the dummy row (not row-invariant by construction)
     ("cpu", "bfloat16", "gguf", "exact"): Rounding(
-        256, 0, 0.0, 0, 0.0, EPYC + "; 1 gsm8k + 1 MT-Bench prompt × 8 tokens", 32, 12, 0.5625, 0.0
+        1920, 0, 0.0, 0, 0.0, EPYC + "; 5 prompts × 24 tokens, q4 kernel", 240, 59, 0.875, 0.0
     ),
     # float32 padded to multiples of 4 rows (the setup when measured; now 8, which the Xeon needs): on the real model
     # about half the rows still differ (fast: all of them), by ≤ 8.5e-05

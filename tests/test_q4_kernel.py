@@ -1,0 +1,142 @@
+"""The q4 kernel: its layout round-trips, it matches float64 within its stated bound, a row's output does not depend
+on the other rows of the call, its self-check refuses a kernel that is off by one rounding, and where it cannot run
+the reason is said and torch's kernel takes over."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from localspec.models.gguf_linear import q4_kernel_here
+from localspec.runtime import q4_kernel
+from localspec.runtime.q4_kernel import GROUP, load_q4_kernel, pack_q4, reference_and_bound, self_check, unpack_q4
+
+
+def _fields(n: int, k: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=generator)
+    d = (torch.rand(n, k // GROUP, generator=generator) * 0.02 + 1e-3).half()
+    m = (-torch.rand(n, k // GROUP, generator=generator) * 0.1).half()
+    return codes, d, m
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    load = q4_kernel_here()
+    if load.kernel is None:
+        pytest.skip(f"q4 kernel: {load.status.reason}")
+    return load.kernel
+
+
+def test_the_layout_round_trips():
+    codes, d, m = _fields(48, 96)
+    back_codes, back_d, back_m = unpack_q4(*pack_q4(codes, d, m))
+    assert torch.equal(back_codes, codes.to(torch.int32)) and torch.equal(back_d, d) and torch.equal(back_m, m)
+
+
+def test_a_layer_that_is_not_whole_blocks_is_refused():
+    with pytest.raises(ValueError, match="16·n outputs"):
+        pack_q4(*_fields(24, 64))
+
+
+def test_the_kernel_passes_its_self_check_on_other_data(kernel):
+    assert self_check(kernel, seed=7) is None
+
+
+@pytest.mark.parametrize(("n", "k"), [(576, 576), (1536, 576), (576, 1536)])  # the embedded model's shapes
+def test_rows_are_the_same_alone_and_inside_17_rows_and_within_the_rounding_bound_of_float64(kernel, n, k):
+    codes, d, m = _fields(n, k, seed=n + k)
+    packed, dm = pack_q4(codes, d, m)
+    x = torch.randn(17, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)  # [17, K]
+    full = kernel.matmul(x, packed, dm, n)  # [17, N]
+    for rows in range(1, 18):
+        assert torch.equal(kernel.matmul(x[:rows], packed, dm, n), full[:rows])
+    reference, bound = reference_and_bound(x, codes, d, m)
+    assert bool(((full.double() - reference).abs() <= bound).all())
+    assert kernel.matmul(x.reshape(17, 1, k), packed, dm, n).shape == (17, 1, n)  # leading dims kept
+    assert kernel.matmul(x[:0], packed, dm, n).shape == (0, n)
+
+
+class _OffByOneRounding:
+    """A kernel whose rows inside a call of more than one row are one bf16 ulp off: a shape-dependent kernel."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def matmul(self, x, codes, dm, out_features):
+        out = self.real.matmul(x, codes, dm, out_features)
+        if x.reshape(-1, x.shape[-1]).shape[0] > 1:
+            out = out.view(torch.int16).add(1).view(torch.bfloat16)
+        return out
+
+
+def test_the_self_check_refuses_a_kernel_whose_rows_depend_on_the_row_count(kernel):
+    problem = self_check(_OffByOneRounding(kernel))
+    assert problem is not None and "row count" in problem
+
+
+def test_where_it_cannot_run_it_says_why(monkeypatch, tmp_path):
+    load_q4_kernel.cache_clear()
+    try:
+        monkeypatch.setattr(q4_kernel, "cpu_flags", lambda: frozenset({"avx2"}))
+        load = load_q4_kernel(tmp_path)
+        assert load.kernel is None and "lacks avx512f" in load.status.reason
+        load_q4_kernel.cache_clear()
+        monkeypatch.setenv("LOCALSPEC_Q4_KERNEL", "off")
+        assert "LOCALSPEC_Q4_KERNEL=off" in load_q4_kernel(tmp_path).status.reason
+    finally:
+        load_q4_kernel.cache_clear()
+
+
+def test_a_source_that_does_not_compile_is_a_reason_not_a_crash(monkeypatch, tmp_path):
+    if q4_kernel._missing() is not None:
+        pytest.skip(f"q4 kernel: {q4_kernel._missing()}")
+    broken = tmp_path / "broken.c"
+    broken.write_text("this is not C\n")
+    load_q4_kernel.cache_clear()
+    try:
+        monkeypatch.setattr(q4_kernel, "SOURCE", broken)
+        load = load_q4_kernel(tmp_path / "build")
+        assert load.kernel is None and load.status.reason.startswith("could not build it")
+    finally:
+        load_q4_kernel.cache_clear()
+
+
+def test_the_exact_setup_drops_the_dummy_row_only_where_every_decoder_linear_is_row_invariant(kernel):
+    from torch import nn
+
+    from localspec.runtime.int4_linear import Int4Linear
+    from localspec.runtime.model_runner import exact_setup, exact_setup_for
+
+    def model_of(*linears):
+        model = nn.Module()
+        model.model = nn.Module()
+        model.model.layers = nn.ModuleList([nn.Sequential(*linears)])
+        model.embed = nn.Embedding(4, 64, dtype=torch.bfloat16)
+        model.get_input_embeddings = lambda: model.embed
+        return model
+
+    q4 = [Int4Linear.from_q4_1(*_fields(64, 64, seed=s), kernel) for s in (1, 2)]
+    torch_int4 = Int4Linear.from_q4_1(*_fields(64, 64, seed=3), None)
+    dense = nn.Linear(64, 64, bias=False, dtype=torch.bfloat16)
+    assert exact_setup_for(model_of(*q4)).padded(1) == 1
+    assert exact_setup_for(model_of(*q4)).attention == "eager" and exact_setup_for(model_of(*q4)).explicit_mask
+    for mixed in (model_of(q4[0], torch_int4), model_of(q4[0], dense)):  # one shape-dependent linear: dummy row back
+        assert exact_setup_for(mixed) == exact_setup(torch.bfloat16) and exact_setup_for(mixed).padded(1) == 2
+
+
+def test_the_cli_note_says_which_int4_kernel_runs_and_why(monkeypatch):
+    from localspec.models.gguf_linear import int4_kernel_note
+
+    load_q4_kernel.cache_clear()
+    try:
+        monkeypatch.setenv("LOCALSPEC_Q4_KERNEL", "off")
+        assert int4_kernel_note() == (
+            "int4 kernel: torch's _weight_int4pack_mm_for_cpu (the q4 kernel: turned off (LOCALSPEC_Q4_KERNEL=off))"
+        )
+        monkeypatch.delenv("LOCALSPEC_Q4_KERNEL")
+        load_q4_kernel.cache_clear()
+        here = q4_kernel_here()
+        assert int4_kernel_note().startswith("int4 kernel: q4" if here.kernel is not None else "int4 kernel: torch's")
+    finally:
+        load_q4_kernel.cache_clear()
