@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from localspec.config import ConfigError
-from localspec.runtime.int4_linear import GROUP, ROW_MULTIPLE, Int4Linear
+from localspec.runtime.int4_linear import GROUP, ROW_MULTIPLE, Int4Linear, layout_tag
 from localspec.runtime.q4_kernel import KernelLoad, Q4Kernel, load_q4_kernel
 
 from .paths import cache_dir
@@ -148,10 +148,6 @@ def _built_q4_1_linears(model: nn.Module, path: Path, kernel: Q4Kernel | None) -
     return built
 
 
-def _layout(kernel: Q4Kernel | None) -> str:
-    return "torch" if kernel is None else "q4"
-
-
 def _read_cache(cache: Path, kernel: Q4Kernel | None) -> dict[str, Int4Linear] | None:
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -162,7 +158,7 @@ def _read_cache(cache: Path, kernel: Q4Kernel | None) -> dict[str, Int4Linear] |
         flat = load_file(cache)
     except Exception:  # missing, partial or unreadable: built again from the file
         return None
-    if layout != _layout(kernel):
+    if layout != layout_tag(kernel):
         return None  # packed for the other kernel
     names = {key.rpartition(".")[0] for key in flat}
     built = {}
@@ -186,7 +182,7 @@ def _write_cache(cache: Path, built: dict[str, Int4Linear], kernel: Q4Kernel | N
         flat[f"{name}.packed"], flat[f"{name}.scales_zeros"] = layer.packed, layer.scales_zeros
     tmp = cache.with_name(cache.name + ".tmp")
     try:
-        save_file(flat, tmp, metadata={"layout": _layout(kernel)})
+        save_file(flat, tmp, metadata={"layout": layout_tag(kernel)})
         tmp.replace(cache)
     except OSError:
         pass  # a read-only data folder: the next start builds them again

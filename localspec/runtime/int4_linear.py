@@ -17,9 +17,10 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .q4_kernel import LANES, Q4Kernel, pack_q4
+from .q4_kernel import LANES, LAYOUT_VERSION, Q4Kernel, pack_q4
 
 Layout = Literal["torch", "q4"]
+
 
 GROUP = 32  # weights per scale/zero group
 COMPUTE_DTYPE = torch.bfloat16  # the kernel's fast path: bf16 activations, scales and zeros
@@ -28,9 +29,14 @@ PACK_BLOCK_ROWS = 64  # the CPU packing interleaves output rows in blocks of 64:
 INNER_K_TILES = 1  # argument of _convert_weight_to_int4pack_for_cpu; the CPU kernel ignores it for the layout
 
 
+def layout_tag(kernel: Q4Kernel | None) -> str:
+    """The name of the packed layout `kernel` reads (None: torch's), with the q4 layout's version."""
+    return "torch" if kernel is None else f"q4/{LAYOUT_VERSION}"
+
+
 class Int4Linear(nn.Module):
-    """y = x · Wᵀ with W [N, K] as 4-bit codes in groups of 32 along K: w = (q − 8)·scale + zero, bf16 compute.
-    No bias (llama's linears have none)."""
+    """y = x · Wᵀ with W [N, K] as 4-bit codes in groups of 32 along K, bf16 compute, on `kernel` (the q4 kernel:
+    w = q·d + m) or torch's (None: w = (q − 8)·scale + zero). No bias (llama's linears have none)."""
 
     def __init__(
         self,
@@ -109,8 +115,9 @@ class Int4Linear(nn.Module):
                 part.scales_zeros = rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 → [..., N] bf16
-        if self.kernel is not None:
-            return self.kernel.matmul(x, self.packed, self.scales_zeros, self.out_features)
+        if self.kernel is not None:  # buffers read from their dict: nn.Module's attribute fallback costs µs a call
+            buffers = self._buffers
+            return self.kernel.matmul(x, buffers["packed"], buffers["scales_zeros"], self.out_features)
         flat = x.reshape(-1, self.in_features)  # [rows, K]
         out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)  # [rows, N]
         return out.reshape(*x.shape[:-1], self.out_features)

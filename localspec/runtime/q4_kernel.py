@@ -34,6 +34,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c")
 GROUP = 32  # weights per (d, m) pair along K
 LANES = 16  # outputs per block: one AVX-512 register of float32
+LAYOUT_VERSION = 1  # of pack_q4's layout: a packed-layer cache written under another version is rebuilt
 MAX_CHECK_ROWS = 13  # the self-check compares rows 1..13 (one pass of 12 rows and a split into 7 + 6)
 FLOAT32_EPS = 2.0**-24  # unit roundoff of the float32 sums
 BF16_REL = 2.0**-7  # the output's rounding to bfloat16 moves it by at most this, relative
