@@ -9,15 +9,14 @@ import torch
 
 from localspec.models.gguf_linear import q4_kernel_here
 from localspec.runtime import q4_kernel
-from localspec.runtime.q4_kernel import GROUP, load_q4_kernel, pack_q4, reference_and_bound, self_check, unpack_q4
+from localspec.runtime.q4_kernel import load_q4_kernel, pack_q4, reference_and_bound, self_check, unpack_q4
+
+from .test_gguf_linear import random_blocks
 
 
 def _fields(n: int, k: int, seed: int = 0):
-    generator = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 16, (n, k), generator=generator)
-    d = (torch.rand(n, k // GROUP, generator=generator) * 0.02 + 1e-3).half()
-    m = (-torch.rand(n, k // GROUP, generator=generator) * 0.1).half()
-    return codes, d, m
+    """codes [N, K], d and m [N, K/32] float16, as test_gguf_linear's random_blocks draws them."""
+    return random_blocks(n, k, seed)[1:]
 
 
 @pytest.fixture(scope="module")

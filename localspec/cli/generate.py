@@ -94,8 +94,9 @@ def run(args) -> int:
             print(f"[dtype {session.loaded.dtype.describe()}]", file=sys.stderr)
         if session.loaded.exact is not None:
             print(f"[{session.loaded.exact.describe()}]", file=sys.stderr)
-        if _int4_kernel(session) is not None:
-            print(f"[{_int4_kernel(session)}]", file=sys.stderr)
+        kernel = _int4_kernel(session)
+        if kernel is not None:
+            print(f"[{kernel}]", file=sys.stderr)
         if stats:
             print(
                 f"[{spec.proposer} K={spec.k}] {stats.emitted} tokens, {stats.tokens_per_s:.1f} tok/s, "

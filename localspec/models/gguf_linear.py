@@ -150,16 +150,14 @@ def _built_q4_1_linears(model: nn.Module, path: Path, kernel: Q4Kernel | None) -
 
 def _read_cache(cache: Path, kernel: Q4Kernel | None) -> dict[str, Int4Linear] | None:
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     try:
         with safe_open(cache, "pt") as handle:
-            layout = (handle.metadata() or {}).get("layout", "torch")
-        flat = load_file(cache)
+            if (handle.metadata() or {}).get("layout", "torch") != layout_tag(kernel):
+                return None  # packed for the other kernel: its tensors are not read
+            flat = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (a safe_open handle)
     except Exception:  # missing, partial or unreadable: built again from the file
         return None
-    if layout != layout_tag(kernel):
-        return None  # packed for the other kernel
     names = {key.rpartition(".")[0] for key in flat}
     built = {}
     for name in names:
