@@ -18,6 +18,9 @@ Forward setups (localspec/runtime/model_runner.py ForwardSetup):
   eager-mask-4x4  the same, every forward padded to a multiple of 4 rows
   exact       model_runner.exact_setup: eager-mask with EXACT_ROWS dummy rows (at least 2; multiples of 8 in float32)
   exact-rows  model_runner.exact_rows_setup: exact, and each decode / verify row's attention in plain shapes (lean)
+  eager-mask-rows  eager-mask with each decode / verify row's attention in plain shapes (lean), 1-row decode
+  engine      model_runner.exact_setup_for(the target): what the engine's exact forwards run (on the q4 kernel: the
+              attention kernel, 1-row decode)
 
 Run: python scripts/measure_rounding.py [--paths float32,bfloat16,float16,nf4,int8,gguf] [--setups fast,exact]
          [--gsm8k 3] [--mt-bench 1] [--humaneval 1] [--tokens 24] [--json-dir assets/rounding]
@@ -69,6 +72,7 @@ def setups(dtype: torch.dtype) -> dict:
         "eager-mask-4x4": ForwardSetup(attention="eager", explicit_mask=True, min_rows=4, row_multiple=4),
         "exact": exact_setup(dtype),
         "exact-rows": exact_rows_setup(dtype),
+        "eager-mask-rows": dataclasses.replace(eager_mask, rows_as_plain=True),
     }
 
 
@@ -179,7 +183,7 @@ def measure_path(name: str, prompts: list[str], setup_names: list[str], new_toke
     from localspec.config import ModelSpec
     from localspec.models.loading import load_pair
     from localspec.models.registry import load_registry
-    from localspec.runtime.model_runner import ModelRunner
+    from localspec.runtime.model_runner import ModelRunner, exact_setup_for
 
     dtype, quant = PATHS[name]
     pair = load_registry(REPO / "models.yaml")[0]
@@ -191,7 +195,11 @@ def measure_path(name: str, prompts: list[str], setup_names: list[str], new_toke
     result = {"path": name, "dtype": dtype, "quant": quant, "prompts": len(prompts), "setups": {}}
     for setup_name in setup_names:
         started = time.perf_counter()
-        setup = setups(session.loaded.target.dtype)[setup_name]
+        setup = (
+            exact_setup_for(session.loaded.target)
+            if setup_name == "engine"
+            else setups(session.loaded.target.dtype)[setup_name]
+        )
         runner = ModelRunner(session.loaded.target, compile="off", setup=setup)
         chains: dict[int, Tally] = {r: Tally() for r in CHUNKS}
         trees: dict[int, Tally] = {d: Tally() for d in TREE_DEPTHS}
@@ -223,9 +231,8 @@ def measure_path(name: str, prompts: list[str], setup_names: list[str], new_toke
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--paths", default="float32,bfloat16,float16", help="comma-separated: " + ", ".join(PATHS))
-    parser.add_argument(
-        "--setups", default="fast,eager-mask,exact", help="comma-separated: fast, eager-mask, exact, exact-rows"
-    )
+    names = ", ".join([*setups(torch.bfloat16), "engine"])
+    parser.add_argument("--setups", default="fast,eager-mask,exact", help=f"comma-separated: {names}")
     parser.add_argument("--gsm8k", type=int, default=3, help="gsm8k train questions (default: %(default)s)")
     parser.add_argument("--mt-bench", type=int, default=1, help="MT-Bench prompts (default: %(default)s)")
     parser.add_argument("--humaneval", type=int, default=1, help="HumanEval prompts (default: %(default)s)")

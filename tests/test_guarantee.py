@@ -11,9 +11,11 @@ from localspec.verify.guarantee import MARGIN_FACTOR, MEASURED, MEASURED_BY_CPU,
 
 def _measured():
     for (device, dtype, quant, setup), rounding in MEASURED.items():
-        yield guarantee_for(dtype, quant, device, exact=setup == "exact", cpu="other"), rounding
+        kernels = setup == "exact-kernels"
+        yield guarantee_for(dtype, quant, device, exact=setup != "fast", cpu="other", kernels=kernels), rounding
     for (device, dtype, quant, setup, family), rounding in MEASURED_BY_CPU.items():
-        yield guarantee_for(dtype, quant, device, exact=setup == "exact", cpu=family), rounding
+        kernels = setup == "exact-kernels"
+        yield guarantee_for(dtype, quant, device, exact=setup != "fast", cpu=family, kernels=kernels), rounding
 
 
 def test_each_measured_path_states_identical_or_its_flip_gap_plus_the_margin():
@@ -38,6 +40,13 @@ def test_the_exact_setup_is_identical_where_it_was_measured_so_and_says_where_no
         assert guarantee_for("bfloat16", quant, "cpu", exact=False, cpu="amd-epyc").greedy == "near-tie"
         on_xeon = guarantee_for("bfloat16", quant, "cpu", exact=True, cpu="intel-xeon")
         assert on_xeon.greedy == "near-tie" and "Xeon" in on_xeon.measured_on
+
+
+def test_the_row_invariant_kernels_make_chains_and_trees_identical_on_every_cpu_family():
+    for family in ("amd-epyc", "intel-xeon", "other"):
+        stated = guarantee_for("bfloat16", "gguf", "cpu", exact=True, cpu=family, kernels=True)
+        assert stated.greedy == "identical" and stated.tree_greedy == "identical" and stated.tree_flip_bound == 0.0
+        assert "row-invariant kernels" in stated.path and "token trees too" in stated.text
 
 
 def test_unmeasured_paths_say_so_and_claim_no_bound():

@@ -12,7 +12,20 @@ from localspec.runtime import packed_linear
 from localspec.runtime.model_runner import FAST, ModelRunner, exact_setup
 from localspec.runtime.packed_linear import PackedLinear
 
-needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+def _packing_here() -> str | None:
+    """Why oneDNN cannot prepack a bf16 weight on this machine, or None: torch built without oneDNN, or a CPU
+    without what its bf16 reorder needs (AVX-512 BW/VL/DQ or AVX-NE-CONVERT: an AVX2-only Zen 3 EPYC has neither)."""
+    if not torch.backends.mkldnn.is_available():
+        return "torch built without oneDNN"
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
+    except RuntimeError as exc:
+        return f"oneDNN cannot prepack bf16 here: {str(exc).splitlines()[0]}"
+    return None
+
+
+needs_onednn = pytest.mark.skipif(_packing_here() is not None, reason=str(_packing_here()))
 
 
 def _linear(out_features: int, in_features: int, dtype=torch.bfloat16, bias: bool = False, seed: int = 0):
@@ -105,3 +118,9 @@ def test_the_runner_computes_logits_on_the_packed_head_bitwise(tiny_pair, monkey
         chunk = ids[start : start + rows]
         assert torch.equal(ours.extend(chunk).logits, plain.extend(chunk).logits), rows
         start += rows
+
+
+@pytest.mark.skipif(_packing_here() is None, reason="oneDNN packs bf16 on this machine")
+def test_where_onednn_cannot_pack_bf16_the_layer_stays_as_it_is():
+    linear = _linear(256, 64)
+    assert PackedLinear.of(linear) is linear

@@ -77,9 +77,9 @@ def test_the_self_check_refuses_a_kernel_whose_rows_depend_on_the_row_count(kern
 def test_where_it_cannot_run_it_says_why(monkeypatch, tmp_path):
     load_q4_kernel.cache_clear()
     try:
-        monkeypatch.setattr(q4_kernel, "cpu_flags", lambda: frozenset({"avx2"}))
+        monkeypatch.setattr(q4_kernel, "cpu_flags", lambda: frozenset({"sse2", "avx2", "f16c"}))  # AVX2 without FMA
         load = load_q4_kernel(tmp_path)
-        assert load.kernel is None and "lacks avx512f" in load.status.reason
+        assert load.kernel is None and "neither instruction set" in load.status.reason
         load_q4_kernel.cache_clear()
         monkeypatch.setenv("LOCALSPEC_Q4_KERNEL", "off")
         assert "LOCALSPEC_Q4_KERNEL=off" in load_q4_kernel(tmp_path).status.reason
@@ -94,7 +94,7 @@ def test_a_source_that_does_not_compile_is_a_reason_not_a_crash(monkeypatch, tmp
     broken.write_text("this is not C\n")
     load_q4_kernel.cache_clear()
     try:
-        monkeypatch.setattr(q4_kernel, "SOURCE", broken)
+        monkeypatch.setattr(q4_kernel, "SOURCES", (broken,))
         load = load_q4_kernel(tmp_path / "build")
         assert load.kernel is None and load.status.reason.startswith("could not build it")
     finally:
@@ -139,3 +139,58 @@ def test_the_cli_note_says_which_int4_kernel_runs_and_why(monkeypatch):
         assert int4_kernel_note().startswith("int4 kernel: q4" if here.kernel is not None else "int4 kernel: torch's")
     finally:
         load_q4_kernel.cache_clear()
+
+
+def _q8_fields(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-128, 128, (n, k), generator=generator).to(torch.int8)
+    d = (torch.rand(n, k // 32, generator=generator) * 0.004 + 1e-4).half()
+    return codes, d
+
+
+def test_q8_0_blocks_are_taken_apart_as_the_gguf_reader_does():
+    import gguf
+    import numpy as np
+
+    from localspec.models.gguf_linear import q8_0_fields
+
+    codes, d = _q8_fields(8, 128, seed=1)
+    blocks = torch.cat(  # ggml's block_q8_0: d, then 32 int8 codes
+        [d.view(torch.uint8).reshape(8, 4, 2), codes.view(torch.uint8).reshape(8, 4, 32)], dim=-1
+    ).reshape(8, -1)
+    back_codes, back_d = q8_0_fields(blocks)
+    assert torch.equal(back_codes, codes) and torch.equal(back_d, d)
+    theirs = gguf.dequantize(blocks.numpy(), gguf.GGMLQuantizationType.Q8_0).reshape(8, 128)
+    ours = (codes.reshape(8, 4, 32).float() * d.float()[..., None]).reshape(8, 128)
+    assert torch.equal(ours, torch.from_numpy(np.ascontiguousarray(theirs)))
+
+
+def test_the_q8_heads_rows_are_the_same_alone_and_inside_17_rows_and_within_the_bound_of_float64(kernel):
+    from localspec.runtime.q4_kernel import q8_reference_and_bound
+    from localspec.runtime.q8_head import Q8Head
+
+    codes, d = _q8_fields(4096, 576, seed=2)  # the embedded model's head: 49,152 × 576
+    head = Q8Head.from_q8_0(codes, d, kernel)
+    x = torch.randn(17, 576, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    full = head(x)  # [17, N] float32
+    assert full.dtype == torch.float32 and full.shape == (17, 4096)
+    for rows in range(1, 18):
+        assert torch.equal(head(x[:rows]), full[:rows])
+    reference, bound = q8_reference_and_bound(x, codes, d)
+    assert bool(((full.double() - reference).abs() <= bound).all())
+
+
+class _Q8OffByOneRounding:
+    """The q8 matmul one float32 ulp off for calls of more than one row."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def matmul_q8(self, x, codes, d, out_features):
+        out = self.real.matmul_q8(x, codes, d, out_features)
+        return out.view(torch.int32).add(1).view(torch.float32) if x.shape[0] > 1 else out
+
+
+def test_the_q8_self_check_refuses_a_kernel_whose_rows_depend_on_the_row_count(kernel):
+    problem = q4_kernel.q8_self_check(_Q8OffByOneRounding(kernel))
+    assert problem is not None and "row count" in problem

@@ -25,11 +25,17 @@ def bandwidth_gbs(repeats: int = 7) -> float:
 
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes a 1-token forward reads from weights: every linear's (dense, or an Int4Linear's packed codes and
-    scales/zeros) and the LM head's; the embedding is a one-row gather and is left out."""
+    scales/zeros) and the LM head's (an attached Q8Head's codes and scales in place of the dense head); the
+    embedding is a one-row gather and is left out."""
     from localspec.runtime.int4_linear import Int4Linear
+    from localspec.runtime.q8_head import attached_lm_head
 
-    total = 0
+    head = attached_lm_head(model)
+    dense_head = model.get_output_embeddings() if head is not None else None
+    total = 0 if head is None else sum(b.numel() * b.element_size() for b in (head.codes, head.scales))
     for module in model.modules():
+        if module is dense_head:
+            continue
         if isinstance(module, Int4Linear):
             total += module.packed.numel() * module.packed.element_size()
             total += module.scales_zeros.numel() * module.scales_zeros.element_size()

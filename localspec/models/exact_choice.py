@@ -6,13 +6,14 @@ In the exact setup a bfloat16 row's logits were measured bitwise equal whether t
 decoding) or inside a 2..17-row verify forward (scripts/measure_rounding.py, assets/rounding/epyc/), so greedy
 speculative chains are plain decoding's token for token (float32 / float16 come closer, not bitwise:
 verify/guarantee.py). It costs a dummy row on each 1-token forward and eager attention instead of
-sdpa; a model whose decoder linears are all row-invariant (gguf on the q4 kernel) needs no dummy row
-(model_runner.exact_setup_for), so there it costs the attention alone. At the first load of a model on a machine
+sdpa; a model whose decoder linears are all row-invariant (gguf on the q4 kernel) needs no dummy row and runs its
+decode / verify attention on the attention kernel (model_runner.exact_setup_for), which is faster than eager
+attention and, on the Zen 3 EPYC, than the fast setup too. At the first load of a model on a machine
 both setups are timed on the loaded target (the median of interleaved 1-token and (K+1)-token forwards on a
 64-token cache, as dtype_choice.py times dtypes); the exact setup is the default when neither forward costs more
-than MAX_COST times the fast one. The decision is cached beside the dtype decision (same key, plus the dtype), so
-later loads time nothing. models.yaml `exact: true` /
-`false` (or the CLI's --exact on / off) sets it without measuring.
+than MAX_COST times the fast one. The decision is cached beside the dtype decision (same key, plus the dtype and the
+exact setup's name, so a machine whose kernels change times it again), and later loads time nothing. models.yaml
+`exact: true` / `false` (or the CLI's --exact on / off) sets it without measuring.
 """
 
 from __future__ import annotations
@@ -103,7 +104,10 @@ def choose_exact(
     """The decision for the loaded target: the setting when it is on / off, else the cached or measured one."""
     if setting != "auto":
         return ExactDecision(setting == "on", "entry")
-    key = f"{cache_key(device, source, folder)} | {str(model.dtype).replace('torch.', '')}"
+    from localspec.runtime.model_runner import exact_setup_for
+
+    dtype = str(model.dtype).replace("torch.", "")
+    key = f"{cache_key(device, source, folder)} | {dtype} | {exact_setup_for(model).name}"  # another setup: timed anew
     raw = _read_cache().get(key)
     if raw is not None:
         try:

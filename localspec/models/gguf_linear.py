@@ -2,13 +2,14 @@
 
 A Q4_1 block holds 32 weights of one output row as 4-bit codes q ∈ [0, 15], an fp16 scale d and an fp16 minimum m:
 w = q·d + m (20 bytes: d, m, then 16 bytes whose low nibbles are weights 0..15 and high nibbles 16..31). The q4
-kernel (runtime/q4_kernel.py) takes d and m as they are; it is used wherever it loads (AVX-512 BF16 and a C
-compiler; LOCALSPEC_Q4_KERNEL=off turns it off). Elsewhere torch's `_weight_int4pack_mm_for_cpu` takes the same
-asymmetric group-32 layout as w = (q − 8)·scale + zero, so scale = d and zero = m + 8d, rounded to bfloat16 (its
-fast path wants bfloat16 scales and zeros): scripts/forward_costs.py measures what that changes.
+kernel (runtime/q4_kernel.py) takes d and m as they are; it is used wherever it loads (AVX-512 BF16 or AVX2 with
+FMA, and a C compiler; LOCALSPEC_Q4_KERNEL=off turns it off). Elsewhere torch's `_weight_int4pack_mm_for_cpu` takes
+the same asymmetric group-32 layout as w = (q − 8)·scale + zero, so scale = d and zero = m + 8d, rounded to
+bfloat16 (its fast path wants bfloat16 scales and zeros): scripts/forward_costs.py measures what that changes.
 
-Only the Q4_1 linears of a llama-architecture GGUF are swapped in; the Q8_0 token embedding (also the tied LM head)
-and the F32 norms stay as the cached dequantized folder loaded them.
+Only the Q4_1 linears of a llama-architecture GGUF are swapped in, and, on the q4 kernel's library, a Q8_0 token
+embedding that is also the tied LM head gets a Q8Head for the logits (runtime/q8_head.py; the embedding itself stays
+dense). The F32 norms stay as the cached dequantized folder loaded them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch import nn
 from localspec.config import ConfigError
 from localspec.runtime.int4_linear import GROUP, ROW_MULTIPLE, Int4Linear, layout_tag
 from localspec.runtime.q4_kernel import KernelLoad, Q4Kernel, load_q4_kernel
+from localspec.runtime.q8_head import Q8Head, attach_lm_head
 
 from .paths import cache_dir
 
@@ -38,6 +40,8 @@ __all__ = [
 ]
 
 Q4_1_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles (a block of GROUP weights)
+Q8_0_BYTES = 34  # fp16 d, 32 int8 codes (a block of GROUP weights)
+HEAD = "lm_head"  # the packed-layer cache's name for the Q8_0 LM head's tensors
 # GGUF tensor name within block i → the transformers llama module path within model.model.layers[i]
 LLAMA_LINEARS = {
     "attn_q": "self_attn.q_proj",
@@ -73,6 +77,18 @@ def q4_1_fields(blocks: torch.Tensor) -> Q4_1Fields:
     return Q4_1Fields(codes.reshape(rows, groups * GROUP).to(torch.int32), d, m)
 
 
+def q8_0_fields(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """blocks [N, K/32 · 34] uint8 → (codes [N, K] int8, d [N, K/32] float16); w = q·d."""
+    rows, width = blocks.shape
+    if width % Q8_0_BYTES:
+        raise ConfigError(f"a Q8_0 row is a whole number of {Q8_0_BYTES}-byte blocks; got {width} bytes")
+    groups = width // Q8_0_BYTES
+    split = blocks.reshape(rows, groups, Q8_0_BYTES)  # [N, G, 34]
+    d = split[..., 0:2].contiguous().view(torch.float16).reshape(rows, groups)  # [N, G]
+    codes = split[..., 2:].contiguous().view(torch.int8).reshape(rows, groups * GROUP)  # [N, K]
+    return codes, d
+
+
 def dequantize_q4_1(blocks: torch.Tensor) -> torch.Tensor:
     """The file's own dequantization, w = q·d + m in float32 (what gguf.dequantize and transformers compute):
     [N, K] float32."""
@@ -91,7 +107,8 @@ def int4_kernel_note() -> str:
     """Which kernel a gguf target's int4 linears run on here, and why: for the CLI and the bench reports."""
     load = q4_kernel_here()
     if load.kernel is not None:
-        return f"int4 kernel: q4 ({load.status.reason})"
+        also = "the q8 LM head and the attention kernel" if load.kernel.attention else "the q8 LM head"
+        return f"int4 kernel: q4 ({load.status.reason}), with {also}"
     return f"int4 kernel: torch's _weight_int4pack_mm_for_cpu (the q4 kernel: {load.status.reason})"
 
 
@@ -121,10 +138,36 @@ def _gguf_tensors(path: Path) -> tuple[str, dict[str, tuple[str, torch.Tensor]]]
     return arch, {t.name: (t.tensor_type.name, torch.from_numpy(np.array(t.data))) for t in reader.tensors}
 
 
-def _built_q4_1_linears(model: nn.Module, path: Path, kernel: Q4Kernel | None) -> dict[str, Int4Linear]:
-    """{module name: Int4Linear} for each linear of `model` whose GGUF tensor is Q4_1, each checked first: the
-    file's exact dequantization, rounded to the model's dtype, must equal the loaded weight bitwise (which catches a
-    wrong name map or row order)."""
+@dataclass(frozen=True)
+class PackedLayers:
+    """What quant gguf swaps into a model: its Q4_1 linears by module name, and the Q8_0 LM head (None: none)."""
+
+    linears: dict[str, Int4Linear]
+    head: Q8Head | None
+
+
+def _q8_head(model: nn.Module, tensors: dict, path: Path, kernel: Q4Kernel | None) -> Q8Head | None:
+    """A Q8Head from the GGUF's Q8_0 token_embd where it is also the model's LM head (tied, no output.weight) and the
+    q4 kernel's library runs here; checked first like the linears (the file's dequantization, rounded to the
+    model's dtype, must be the loaded embedding bitwise)."""
+    kind, raw = tensors.get("token_embd.weight", ("missing", None))
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    if kernel is None or kind != "Q8_0" or raw is None or not tied or "output.weight" in tensors:
+        return None
+    codes, d = q8_0_fields(raw)
+    if codes.shape[0] % ROW_MULTIPLE or codes.shape[1] % GROUP:
+        return None
+    dense = model.get_input_embeddings().weight.detach()
+    exact = (codes.reshape(codes.shape[0], -1, GROUP).float() * d.float()[..., None]).reshape(codes.shape)
+    if exact.shape != dense.shape or not torch.equal(exact.to(dense.dtype), dense):
+        raise ConfigError(f"{path.name}: token_embd does not match the loaded embedding; the GGUF's layout is unknown")
+    return Q8Head.from_q8_0(codes, d, kernel)
+
+
+def _built_layers(model: nn.Module, path: Path, kernel: Q4Kernel | None) -> PackedLayers:
+    """The Int4Linear for each linear of `model` whose GGUF tensor is Q4_1, each checked first: the file's exact
+    dequantization, rounded to the model's dtype, must equal the loaded weight bitwise (which catches a wrong name
+    map or row order); and the Q8_0 LM head where it applies (_q8_head)."""
     arch, tensors = _gguf_tensors(path)
     if arch != "llama":
         raise ConfigError(f"{path.name}: quant gguf runs llama-architecture GGUF files; this one is {arch!r}")
@@ -145,10 +188,10 @@ def _built_q4_1_linears(model: nn.Module, path: Path, kernel: Q4Kernel | None) -
                     "the GGUF's layout is not the one quant gguf knows"
                 )
             built[f"model.layers.{index}.{module_path}"] = int4_from_q4_1(blocks, kernel)
-    return built
+    return PackedLayers(built, _q8_head(model, tensors, path, kernel))
 
 
-def _read_cache(cache: Path, kernel: Q4Kernel | None) -> dict[str, Int4Linear] | None:
+def _read_cache(cache: Path, kernel: Q4Kernel | None) -> PackedLayers | None:
     from safetensors import safe_open
 
     try:
@@ -158,6 +201,10 @@ def _read_cache(cache: Path, kernel: Q4Kernel | None) -> dict[str, Int4Linear] |
             flat = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (a safe_open handle)
     except Exception:  # missing, partial or unreadable: built again from the file
         return None
+    head = None
+    if f"{HEAD}.codes" in flat and f"{HEAD}.scales" in flat and kernel is not None:
+        codes, scales = flat.pop(f"{HEAD}.codes"), flat.pop(f"{HEAD}.scales")
+        head = Q8Head(codes, scales, codes.shape[1] * codes.shape[2], kernel)
     names = {key.rpartition(".")[0] for key in flat}
     built = {}
     for name in names:
@@ -169,15 +216,17 @@ def _read_cache(cache: Path, kernel: Q4Kernel | None) -> dict[str, Int4Linear] |
         else:  # [N/16, K/32, 16, 16]
             blocks, groups, pairs, lanes = packed.shape
             built[name] = Int4Linear(packed, scales_zeros, groups * pairs * 2, blocks * lanes, kernel)
-    return built
+    return PackedLayers(built, head)
 
 
-def _write_cache(cache: Path, built: dict[str, Int4Linear], kernel: Q4Kernel | None) -> None:
+def _write_cache(cache: Path, layers: PackedLayers, kernel: Q4Kernel | None) -> None:
     from safetensors.torch import save_file
 
     flat = {}
-    for name, layer in built.items():
+    for name, layer in layers.linears.items():
         flat[f"{name}.packed"], flat[f"{name}.scales_zeros"] = layer.packed, layer.scales_zeros
+    if layers.head is not None:
+        flat[f"{HEAD}.codes"], flat[f"{HEAD}.scales"] = layers.head.codes, layers.head.scales
     tmp = cache.with_name(cache.name + ".tmp")
     try:
         save_file(flat, tmp, metadata={"layout": layout_tag(kernel)})
@@ -194,17 +243,21 @@ def swap_in_q4_1_linears(
     safetensors file holding the packed layers, written at the first start and read at later ones (reading the
     GGUF's metadata alone takes seconds; a cache packed for the other kernel is rewritten). `kernel`: the q4 kernel,
     or None for torch's."""
-    built = _read_cache(cache, kernel) if cache is not None and cache.exists() else None
+    layers = _read_cache(cache, kernel) if cache is not None and cache.exists() else None
     modules = dict(model.named_modules())
-    if built is not None and any(name not in modules for name in built):
-        built = None  # another model's layers
-    if built is None:
-        built = _built_q4_1_linears(model, path, kernel)
-        if cache is not None and built:
-            _write_cache(cache, built, kernel)
-    if not built:
+    if layers is not None and any(name not in modules for name in layers.linears):
+        layers = None  # another model's layers
+    if layers is not None and layers.head is not None and layers.head.out_features != model.config.vocab_size:
+        layers = None
+    if layers is None:
+        layers = _built_layers(model, path, kernel)
+        if cache is not None and layers.linears:
+            _write_cache(cache, layers, kernel)
+    if not layers.linears:
         raise ConfigError(f"{path.name}: no Q4_1 linear layers; quant gguf keeps Q4_1 blocks only")
-    for name, layer in built.items():
+    for name, layer in layers.linears.items():
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, layer)
-    return len(built)
+    if layers.head is not None:
+        attach_lm_head(model, layers.head)
+    return len(layers.linears)

@@ -13,8 +13,9 @@ for the same attention (tests/test_lean_llama.py), and adds two things:
                  same layout): one kernel call where there were three and two; each output column is computed as
                  before (checked bitwise at build, else the layers stay separate)
 
-Two per-forward choices come from the runner: `attention` (a prompt's prefill runs sdpa in every setup) and
-`rows_as_plain` (each decode / verify row's attention in plain decoding's shapes, RowsAsPlain).
+Per-forward choices come from the runner: `attention` (a prompt's prefill runs sdpa in every setup; "kernel" runs
+attention_kernel.py, each row as plain decoding computes it, with `visible` for a tree) and `rows_as_plain` (each
+decode / verify row's eager attention in plain decoding's shapes, RowsAsPlain).
 
 Words: T = rows of this forward, P = positions already cached, H / Hkv = query / key-value heads, D = head size.
 """
@@ -38,6 +39,7 @@ from .tree import causal_mask
 
 LEAN_MODEL_TYPES = ("llama",)  # architectures whose decoder layer is exactly the one below
 ForwardKind = Literal["lean", "transformers"]
+AttentionKind = Literal["sdpa", "eager", "kernel"]  # kernel: attention_kernel.py (each row as plain decoding's)
 FORWARD_KINDS: tuple[str, ...] = ("lean", "transformers")
 ENV = "LOCALSPEC_FORWARD"  # lean (the default where supported) | transformers: to compare the two
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → its LeanLlama (runners of a model share it)
@@ -111,8 +113,10 @@ class LeanLayer(nn.Module):
         self.gate_proj, self.up_proj = gate_up
         self.splits = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
         self.intermediate = mlp.gate_proj.out_features
+        on_q4 = isinstance(self.o_proj, Int4Linear) and self.o_proj.kernel is not None
+        self.attention_kernel = self.o_proj.kernel.attention if on_q4 else None  # attention_kernel.py, where it loaded
 
-    def forward(self, x, cos, sin, mask, cache_layer, eager: bool, as_plain=None):  # x [1, T, H]
+    def forward(self, x, cos, sin, mask, cache_layer, path: AttentionKind, as_plain=None, visible=None):  # x [1, T, H]
         rows, heads, kv_heads, dim = x.shape[1], self.heads, self.kv_heads, self.head_dim
         h = _rms_norm(self.input_norm, x)
         if self.qkv is not None:
@@ -125,13 +129,17 @@ class LeanLayer(nn.Module):
         q, k = qk[:, :heads], qk[:, heads:]  # [1, H, T, D], [1, Hkv, T, D]
         v = v.reshape(1, rows, kv_heads, dim).transpose(1, 2)  # [1, Hkv, T, D]
         keys, values = cache_layer.update(k, v)  # [1, Hkv, P+T, D]
-        if as_plain is not None:
-            attn = _rows_as_plain(q, keys, values, *as_plain, self.scaling)
-        elif eager:
-            attn = _eager_attention(q, keys, values, mask, self.scaling)
+        if path == "kernel":
+            attended = self.attention_kernel.attend(q, keys, values, keys.shape[2] - rows, visible, self.scaling)
         else:
-            attn = _sdpa(q, keys, values, mask)
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(1, rows, -1))  # attn [1, H, T, D] → [1, T, H·D]
+            if as_plain is not None:
+                attn = _rows_as_plain(q, keys, values, *as_plain, self.scaling)
+            elif path == "eager":
+                attn = _eager_attention(q, keys, values, mask, self.scaling)
+            else:
+                attn = _sdpa(q, keys, values, mask)
+            attended = attn.transpose(1, 2).reshape(1, rows, -1)  # [1, H, T, D] → [1, T, H·D]
+        x = x + self.o_proj(attended)
         h = _rms_norm(self.post_norm, x)
         if self.gate_up is not None:
             gate, up = self.gate_up(h).split(self.intermediate, dim=-1)
@@ -260,6 +268,11 @@ class LeanLlama(nn.Module):
         self._cos = self._sin = None  # [positions, D] in the compute dtype, grown on demand
 
     @property
+    def has_attention_kernel(self) -> bool:
+        """Whether every layer can run attention "kernel" (its linears on the q4 kernel, whose library loaded it)."""
+        return all(layer.attention_kernel is not None for layer in self.layers)
+
+    @property
     def fused(self) -> tuple[int, int]:
         """(layers whose q, k, v run fused, layers whose gate, up run fused)."""
         return sum(lay.qkv is not None for lay in self.layers), sum(lay.gate_up is not None for lay in self.layers)
@@ -289,7 +302,8 @@ class LeanLlama(nn.Module):
         output_hidden_states: bool = False,
         use_cache: bool = True,
         rows_as_plain: RowsAsPlain | None = None,  # the exact setup: real rows computed in plain decoding's shapes
-        attention: Literal["sdpa", "eager"] | None = None,  # this forward's attention (default: the model's)
+        attention: AttentionKind | None = None,  # this forward's attention (default: the model's)
+        visible: torch.Tensor | None = None,  # [T, T] bool, attention "kernel": the rows each row sees (None: causal)
         **unused,
     ) -> LeanOutput:
         if cache is None:
@@ -301,9 +315,12 @@ class LeanLlama(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(prefix, prefix + rows, device=x.device)[None]  # [1, T]
         cos, sin = self._rotary(position_ids[0], prefix + rows, x.dtype)  # a tree's positions are ≤ prefix + depth
-        eager = (attention or self.config._attn_implementation) == "eager"
-        mask = attention_mask
-        if mask is None and rows > 1:  # a chain: row i sees the cache and rows ≤ i
+        path: AttentionKind = attention or self.config._attn_implementation
+        if path == "kernel" and not self.has_attention_kernel:
+            raise ValueError("the attention kernel is not loaded for this model's layers (see attention_kernel.py)")
+        eager = path == "eager"
+        mask = None if path == "kernel" else attention_mask
+        if mask is None and rows > 1 and path != "kernel":  # a chain: row i sees the cache and rows ≤ i
             mask = causal_mask(prefix, rows, x.dtype if eager else torch.bool, x.device)  # [1, 1, T, P+T]
         if mask is not None and not eager and mask.dtype != torch.bool:
             mask = mask.to(x.dtype)
@@ -312,7 +329,7 @@ class LeanLlama(nn.Module):
             as_plain = (rows_as_plain, _row_groups(rows_as_plain, prefix, x.device))
         hidden = [x] if output_hidden_states else None
         for layer, cache_layer in zip(self.layers, cache.layers, strict=True):
-            x = layer(x, cos, sin, mask, cache_layer, eager, as_plain)
+            x = layer(x, cos, sin, mask, cache_layer, path, as_plain, visible)
             if hidden is not None:
                 hidden.append(x)
         x = _rms_norm(self.norm, x)

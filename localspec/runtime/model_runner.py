@@ -12,10 +12,10 @@ import torch
 from .compiled import CompileMode, bucket, compile_backbone, compile_mode_from_env
 from .features import backbone_features
 from .int4_linear import Int4Linear
-from .lean_llama import ForwardKind, RowsAsPlain, backbone_for
-from .packed_linear import PackedLinear
+from .lean_llama import ForwardKind, LeanLlama, RowsAsPlain, backbone_for, lean_supported
+from .q8_head import lm_head_for
 from .static_cache import PreallocatedCache, cache_supported
-from .tree import TokenTree, causal_mask, tree_attention_mask, tree_positions, tree_visible_rows
+from .tree import TokenTree, causal_mask, tree_attention_mask, tree_positions, tree_visibility, tree_visible_rows
 
 CacheKind = Literal["static", "dynamic"]
 AttentionPath = Literal["sdpa", "eager"]
@@ -43,6 +43,7 @@ class ForwardSetup:
     min_rows: int = 1
     row_multiple: int = 1  # forwards are padded up to a multiple of this many rows
     rows_as_plain: bool = False  # the lean forward computes each decode / verify row's attention in plain shapes
+    attention_kernel: bool = False  # the lean forward runs decode / verify attention on attention_kernel.py
 
     def padded(self, rows: int) -> int:
         """The row count a forward of `rows` real rows runs with (≥ min_rows, a multiple of row_multiple)."""
@@ -56,6 +57,8 @@ class ForwardSetup:
         rows = "1-row decode" if self.min_rows == 1 else f"≥ {self.min_rows} rows"
         rows += f", multiples of {self.row_multiple}" if self.row_multiple > 1 else ""
         plain = ", rows as plain" if self.rows_as_plain else ""
+        if self.attention_kernel:
+            return f"attention kernel, {rows}"
         return f"{self.attention}{' + mask' if self.explicit_mask else ''}, {rows}{plain}"
 
 
@@ -96,11 +99,16 @@ def row_invariant_layers(model: torch.nn.Module) -> bool:
 
 
 def exact_setup_for(model: torch.nn.Module) -> ForwardSetup:
-    """The exact setup for this model: exact_setup of its dtype, without the dummy rows where its layers are
-    row-invariant."""
+    """The exact setup for this model: where every decoder linear is row-invariant, 1-row decode forwards, and where
+    the lean forward can also run attention on the attention kernel (the same library), decode / verify attention
+    there: every row of a chain or a tree is then plain decoding's by construction (on the Zen 3 EPYC eager
+    attention alone left 8-23 of 120 chain rows unequal per row count; assets/rounding/). Else exact_setup of its
+    dtype, with its dummy rows."""
     dtype = model.get_input_embeddings().weight.dtype
     if row_invariant_layers(model):
-        return ForwardSetup(attention="eager", explicit_mask=True)
+        lean = backbone_for(model, None, preallocated=True)[1] if lean_supported(model) else None
+        kernel = isinstance(lean, LeanLlama) and lean.has_attention_kernel
+        return ForwardSetup(attention="eager", explicit_mask=True, attention_kernel=kernel)
     return exact_setup(dtype)
 
 
@@ -140,7 +148,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_context = int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
-        self._lm_head = PackedLinear.of(model.get_output_embeddings())  # bitwise the same, faster on a CPU in bf16
+        self._lm_head = lm_head_for(model)  # a GGUF's Q8_0 head where one is attached, else the dense one, packed
         self.cache = None
         self.cache_kind: CacheKind = cache if cache == "dynamic" or cache_supported(model.config) else "dynamic"
         self.tokens: list[int] = []
@@ -153,6 +161,8 @@ class ModelRunner:
         params = inspect.signature(self._backbone.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._unswitchable = False
+        lean = self._backbone if isinstance(self._backbone, LeanLlama) else None
+        self._attention_kernel = setup.attention_kernel and lean is not None and lean.has_attention_kernel
         self._use_attention()
 
     def _use_attention(self) -> None:
@@ -205,11 +215,14 @@ class ModelRunner:
             backbone, pad = self._compiled, padded - rows  # a verify-sized forward: the compiled graph of its bucket
         input_ids = torch.tensor([token_ids + token_ids[-1:] * pad], dtype=torch.long, device=self.device)
         kwargs = {}
-        if self.setup.rows_as_plain and self.forward_kind == "lean" and self.tokens and rows <= AS_PLAIN_MAX_ROWS:
+        on_kernel = self._on_attention_kernel(rows)
+        if on_kernel:
+            kwargs["attention"] = "kernel"  # a chain: each row sees the cache and the rows before it
+        elif self.setup.rows_as_plain and self.forward_kind == "lean" and self.tokens and rows <= AS_PLAIN_MAX_ROWS:
             kwargs["rows_as_plain"] = RowsAsPlain.for_chain(rows, self.setup.padded(1))
         if self.forward_kind == "lean" and rows > AS_PLAIN_MAX_ROWS:  # a prompt's prefill: the same in every mode
             kwargs["attention"] = "sdpa"
-        if self.setup.explicit_mask and isinstance(self.cache, PreallocatedCache):
+        if self.setup.explicit_mask and isinstance(self.cache, PreallocatedCache) and not on_kernel:
             dtype = self.model.get_input_embeddings().weight.dtype
             kwargs["attention_mask"] = causal_mask(prefix_len, rows + pad, dtype, self.device)  # [1, 1, T, P+T]
         out, features = backbone_features(
@@ -234,6 +247,12 @@ class ModelRunner:
             logits = None
         self.tokens.extend(token_ids)
         return ForwardOutput(logits=logits, hidden=features[0] if want_hidden else None)
+
+    def _on_attention_kernel(self, rows: int) -> bool:
+        """Whether a forward of `rows` rows runs its attention on the attention kernel: the setup asks for it, the
+        forward is the lean one with the kernel loaded for its layers (else the setup's eager attention and mask)
+        and the rows are decode / verify-sized (a longer prefill runs sdpa in every mode)."""
+        return self._attention_kernel and rows <= AS_PLAIN_MAX_ROWS
 
     @property
     def supports_tree(self) -> bool:
@@ -265,13 +284,16 @@ class ModelRunner:
         dtype = torch.bool if sdpa else self.model.get_input_embeddings().weight.dtype
         input_ids = torch.tensor([[pending] + tree.token_ids], dtype=torch.long, device=self.device)  # [1, N+1]
         extra = {}
-        if self.setup.rows_as_plain and self.forward_kind == "lean":  # each row as plain decoding computes it
+        on_kernel = self._on_attention_kernel(rows + pad)
+        if on_kernel:  # each row sees the prefix, its ancestors and itself
+            extra = {"attention": "kernel", "visible": tree_visibility(tree, self.device)}  # [N+1, N+1]
+        elif self.setup.rows_as_plain and self.forward_kind == "lean":  # each row as plain decoding computes it
             extra["rows_as_plain"] = RowsAsPlain.for_tree(tree_visible_rows(real), self.setup.padded(1))
         out, features = backbone_features(
             self._backbone,
             feature_layers if want_hidden else (),
             input_ids=input_ids,
-            attention_mask=tree_attention_mask(tree, prefix_len, dtype, self.device),  # [1, 1, N+1, P+N+1]
+            attention_mask=None if on_kernel else tree_attention_mask(tree, prefix_len, dtype, self.device),
             position_ids=tree_positions(tree, prefix_len, self.device),  # [1, N+1]
             use_cache=True,
             **extra,

@@ -35,7 +35,8 @@ GreedyGuarantee = Literal["identical", "near-tie"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 Quant = Literal["none", "nf4", "int8", "gguf"]  # a new weight format adds its name here and its MEASURED rows below
 DeviceType = Literal["cpu", "cuda"]
-Setup = Literal["fast", "exact"]
+Setup = Literal["fast", "exact", "exact-kernels"]  # exact-kernels: the exact setup on the row-invariant kernels
+SETUP_WORDS = {"fast": "fast", "exact": "exact", "exact-kernels": "exact (row-invariant kernels)"}
 QUANTS: tuple[str, ...] = ("none", "nf4", "int8", "gguf")
 MARGIN_FACTOR = 1.0  # the bound's slack beyond the largest flip seen: one largest rounding difference
 
@@ -44,6 +45,7 @@ XEON = (
     "transformers 5.24.0, bitsandbytes 0.50.2 without the kernels package; 10 prompts × 32 tokens, K+1 ∈ {2, 4, 6, 9}"
 )
 EPYC = "AMD EPYC (2 cores), 2 torch threads, torch 2.13.0+cpu, transformers 5.24.0"
+ZEN3 = "AMD EPYC Zen 3 (2 cores, AVX2, no AVX-512), 2 torch threads, torch 2.13.0+cpu, transformers 5.24.0"
 
 
 @dataclass(frozen=True)
@@ -75,12 +77,24 @@ MEASURED: dict[tuple[str, str, str, str], Rounding] = {
     # LLM.int8 picks its outlier columns (|x| > 6) over all rows of a forward: K+1 rows decompose differently
     ("cpu", "float32", "int8", "fast"): Rounding(1280, None, 12.1, 85, 0.99, XEON),
     # quant gguf (the file's Q4_1 blocks, bf16 compute) on the q4 kernel, whose linears are row-invariant by
-    # construction: the difference enters at sdpa's attention (assets/rounding/epyc/gguf-q4-kernel.json, 3 gsm8k + 1
-    # MT-Bench + 1 HumanEval prompts no test reads × 24 tokens, R = 2..17, trees of 7 / 17 rows). The earlier
-    # torch-kernel run (1 thread, 10 prompts × 32 tokens): 1.125, 20 flips, largest gap 0.125
+    # construction: the difference enters at sdpa's attention. Two samples pooled (the same 3 gsm8k + 1 MT-Bench +
+    # 1 HumanEval prompts no test reads × 24 tokens, R = 2..17, trees of 7 / 17 rows): the AVX-512 EPYC with the
+    # dense bf16 LM head, 1,887 / 1,920 chain rows unequal, max 1.06, 1 flip at gap 0.125, trees ≤ 1.125
+    # (assets/rounding/epyc/gguf-q4-kernel.json); the Zen 3 EPYC (AVX2 build, the q8 LM head), 1,909 / 1,920,
+    # max 1.29, 23 flips at gaps ≤ 0.058, trees ≤ 1.03 with 3 flips at ≤ 0.058 (epyc-zen3/gguf-kernels.json, setup
+    # fast). The earlier torch-kernel run (1 thread, 10 prompts × 32 tokens): 1.125, 20 flips, largest gap 0.125
     # (assets/rounding/gguf.json)
     ("cpu", "bfloat16", "gguf", "fast"): Rounding(
-        1920, 1887, 1.0625, 1, 0.125, EPYC + "; 5 prompts × 24 tokens, q4 kernel", 240, 240, 1.125, 0.0
+        3840,
+        3796,
+        1.2866,
+        24,
+        0.125,
+        "AMD EPYC (AVX-512) and " + ZEN3 + "; 5 prompts × 24 tokens each, q4 kernel",
+        480,
+        480,
+        1.125,
+        0.0584,
     ),
     # exact (eager + explicit mask + dummy rows), prompts no test reads, chains of R = 2..17 rows and trees of 7 / 17
     # rows whose path nodes each follow a sibling (scripts/measure_rounding.py; assets/rounding/epyc/)
@@ -93,6 +107,16 @@ MEASURED: dict[tuple[str, str, str, str], Rounding] = {
     # unequal, ≤ 0.67 (gguf-torch-int4-1row.json); its setup keeps the dummy row (not row-invariant by construction)
     ("cpu", "bfloat16", "gguf", "exact"): Rounding(
         1920, 0, 0.0, 0, 0.0, EPYC + "; 5 prompts × 24 tokens, q4 kernel", 240, 59, 0.875, 0.0
+    ),
+    # gguf in the exact setup on the row-invariant kernels (exact_setup_for where the q4 kernel's library also loaded
+    # the attention kernel; the LM head on its q8 kernel): every linear, the LM head and every decode / verify
+    # attention compute a row the same whatever the other rows, so chains and trees are plain decoding's by
+    # construction wherever the kernels pass their self-checks; measured on the Zen 3 EPYC (AVX2 build), where eager
+    # attention alone left 315 of 1,920 chain rows and 124 of 240 tree rows unequal (assets/rounding/epyc-zen3/:
+    # gguf-kernels.json, gguf-q4-avx2-eager.json; the sample above; gguf-kernels-dense-head.json: the same 0 / 2,160
+    # with the dense bf16 LM head)
+    ("cpu", "bfloat16", "gguf", "exact-kernels"): Rounding(
+        1920, 0, 0.0, 0, 0.0, ZEN3 + "; 5 prompts × 24 tokens, q4 kernel (avx2) + attention kernel", 240, 0, 0.0, 0.0
     ),
     # float32 padded to multiples of 4 rows (the setup when measured; now 8, which the Xeon needs): on the real model
     # about half the rows still differ (fast: all of them), by ≤ 8.5e-05
@@ -182,7 +206,7 @@ class Guarantee:
 
 def path_name(dtype: str, quant: str, device_type: str, setup: str = "fast") -> str:
     base = f"{device_type} {dtype}" if quant == "none" else f"{device_type} {quant} ({dtype} compute)"
-    return f"{base}, {setup} forwards"
+    return f"{base}, {SETUP_WORDS.get(setup, setup)} forwards"
 
 
 def _check(dtype: str, quant: str, device_type: str) -> None:
@@ -200,13 +224,19 @@ def bound(max_flip_gap: float, max_abs_diff: float) -> float:
 
 
 def guarantee_for(
-    dtype: str, quant: str, device_type: str, exact: bool = False, cpu: CpuFamily | None = None
+    dtype: str,
+    quant: str,
+    device_type: str,
+    exact: bool = False,
+    cpu: CpuFamily | None = None,
+    kernels: bool = False,
 ) -> Guarantee:
     """The guarantee speculative decoding gives on this compute path (dtype a torch dtype name, quant none / nf4 /
-    int8, device_type cpu / cuda, exact: the target runs the exact forward setup; cpu: the CPU family whose
-    measurement applies, the running one by default)."""
+    int8 / gguf, device_type cpu / cuda, exact: the target runs the exact forward setup; kernels: on the
+    row-invariant kernels (ForwardSetup.attention_kernel); cpu: the CPU family whose measurement applies, the running
+    one by default)."""
     _check(dtype, quant, device_type)
-    setup = "exact" if exact else "fast"
+    setup = ("exact-kernels" if kernels else "exact") if exact else "fast"
     path = path_name(dtype, quant, device_type, setup)
     sampling = "sampling is distribution-exact with respect to the verify forward's logits"
     family = (cpu or cpu_family()) if device_type == "cpu" else "other"
@@ -249,14 +279,18 @@ def guarantee_for(
         trees = f"token trees may part where the top two logits are within {tree_bound:.2g}"
         if rounding.tree_positions:
             trees += f" ({rounding.tree_unequal} of {rounding.tree_positions} tree rows differed, no flip seen)"
+    where = (
+        "by construction wherever the kernels pass their load-time checks"
+        if setup == "exact-kernels"
+        else "another CPU may round differently"
+    )
     return Guarantee(
         path,
         greedy,
         chain_bound,
         True,
         rounding.measured_on,
-        f"{path}: {sampling}; {chains}; {trees} (measured on {rounding.measured_on}; another CPU may round "
-        "differently)",
+        f"{path}: {sampling}; {chains}; {trees} (measured on {rounding.measured_on}; {where})",
         rounding.max_abs_diff,
         rounding.max_flip_gap,
         tree_greedy,
@@ -270,4 +304,7 @@ def dtype_name(model) -> str:
 
 
 def guarantee_for_model(model, quant: str, device_type: str, exact: bool = False) -> Guarantee:
-    return guarantee_for(dtype_name(model), quant, device_type, exact)
+    from localspec.runtime.model_runner import exact_setup_for
+
+    kernels = exact and exact_setup_for(model).attention_kernel
+    return guarantee_for(dtype_name(model), quant, device_type, exact, kernels=kernels)

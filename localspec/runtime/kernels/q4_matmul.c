@@ -1,22 +1,33 @@
 /* y = x · Wᵀ for 4-bit weights in groups of 32 along K (w = q·d + m, q in 0..15, d and m float16) and bfloat16
- * activations, on AVX-512 with BF16 dot products. Every output element is computed by one thread in one fixed order
- * whatever the row count M, so a row's result does not depend on the other rows in the call (bitwise); the weights
- * of 16 outputs are expanded once for up to CHUNK rows, which is what keeps a (K+1)-row verify cheap.
+ * activations, float32 sums. Every output element is computed by one thread in one fixed order whatever the row
+ * count M, so a row's result does not depend on the other rows in the call (bitwise); the weights of 16 outputs are
+ * expanded once for up to CHUNK rows, which is what keeps a (K+1)-row verify cheap. Two builds of the same contract,
+ * picked by the compiler's target (-march=native):
+ *
+ *   avx512bf16  AVX-512 BF16 dot products (AMD Zen 4+, Intel Sapphire Rapids+). A code q becomes the bfloat16 of
+ *               128 + q by bit pattern alone (0x4300 | q: 128..143 are exact in bfloat16), so Σ(128 + q_k)·x_k comes
+ *               from vdpbf16ps with exact products, and per group Σ w·x = d·Σ(128 + q)·x + (m − 128·d)·Σ x.
+ *   avx2        AVX2 + FMA + F16C (most desktop CPUs: Intel Haswell+, AMD Zen 1-3). Codes become float32, x
+ *               float32 (exact from bfloat16); per group Σ w·x = d·Σ q·x + m·Σ x, Σ q·x as two partial sums
+ *               (even and odd k, fused multiply-adds in k order) added at the end.
+ *
+ * The two round differently from each other (each is row-invariant on its own; a machine runs one).
  *
  * Layout (runtime/q4_kernel.py packs it):
  *   codes [N/16][K/32][16][16] uint8: block (nb, g), pair j, lane i = q[16nb+i][32g+2j] | q[16nb+i][32g+2j+1] << 4
  *   dm    [N/16][K/32][2][16]  float16: d, then m, of outputs 16nb..16nb+15 in group g
- *
- * A code q becomes the bfloat16 of 128 + q by bit pattern alone (0x4300 | q: 128..143 are exact in bfloat16), so
- * Σ_k (128 + q_k)·x_k comes from vdpbf16ps with exact products, and per group
- *   Σ_k w_k·x_k = d·Σ(128 + q_k)·x_k + (m − 128·d)·Σ x_k.
  */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+
 #define CHUNK 12 /* rows per pass over a block of weights: 2 accumulators a row, 24 of the 32 registers */
+
+const char *q4_isa(void) { return "avx512bf16"; }
+
 
 static inline __attribute__((always_inline)) void block_rows(const uint8_t *codes, const uint16_t *dm,
                                                              const uint16_t *x, const float *xsum, int k, int groups,
@@ -87,3 +98,141 @@ int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint1
     free(xsum);
     return 0;
 }
+
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+#define CHUNK 12 /* rows per pass over a block of weights (their sums live in memory, not registers) */
+
+const char *q4_isa(void) { return "avx2"; }
+
+/* The 16 pairs of a block's group as float32 codes, k-major: q[k][lane], k = 0..31, lane = 0..15. */
+static inline void expand(const uint8_t *c, float *q) {
+    const __m256i low = _mm256_set1_epi32(0x0F);
+    for (int j = 0; j < 16; j++)
+        for (int half = 0; half < 2; half++) {
+            __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + j * 16 + half * 8)));
+            _mm256_storeu_ps(q + (2 * j) * 16 + half * 8, _mm256_cvtepi32_ps(_mm256_and_si256(b, low)));
+            _mm256_storeu_ps(q + (2 * j + 1) * 16 + half * 8, _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)));
+        }
+}
+
+/* The rule every row follows, per group and lane: two partial sums of q_k·x_k by fused multiply-add in k order,
+ * even k and odd k, then acc = fma(m, Σx, fma(d, s_even + s_odd, acc)). The three functions below apply it to one
+ * row (codes expanded in registers), and to one or two rows at a time from q (expanded once for up to CHUNK rows);
+ * they differ in which registers hold what, never in the operations, so a row's bits are the same in any call
+ * (the self-check compares rows alone and inside calls of 1..13 rows). */
+static inline void finish(__m256 p[2][2], const __m256 *d, const __m256 *m, float xsum, float *acc) {
+    const __m256 xs = _mm256_set1_ps(xsum);
+    for (int half = 0; half < 2; half++) {
+        __m256 a = _mm256_fmadd_ps(d[half], _mm256_add_ps(p[0][half], p[1][half]), _mm256_loadu_ps(acc + half * 8));
+        _mm256_storeu_ps(acc + half * 8, _mm256_fmadd_ps(m[half], xs, a));
+    }
+}
+
+static inline void group_one_row(const uint8_t *c, const float *x, const __m256 *d, const __m256 *m, float xsum,
+                                 float *acc) {
+    const __m256i low = _mm256_set1_epi32(0x0F);
+    __m256 p[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    for (int j = 0; j < 16; j++) {
+        const __m256 x0 = _mm256_broadcast_ss(x + 2 * j), x1 = _mm256_broadcast_ss(x + 2 * j + 1);
+        for (int half = 0; half < 2; half++) {
+            __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + j * 16 + half * 8)));
+            p[0][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, low)), x0, p[0][half]);
+            p[1][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), x1, p[1][half]);
+        }
+    }
+    finish(p, d, m, xsum, acc);
+}
+
+static inline void group_row(const float *q, const float *x, const __m256 *d, const __m256 *m, float xsum,
+                             float *acc) {
+    __m256 p[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    for (int k = 0; k < 32; k += 2)
+        for (int e = 0; e < 2; e++) { /* e: even / odd k, a constant index once unrolled */
+            const __m256 xb = _mm256_broadcast_ss(x + k + e);
+            p[e][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (k + e) * 16), xb, p[e][0]);
+            p[e][1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (k + e) * 16 + 8), xb, p[e][1]);
+        }
+    finish(p, d, m, xsum, acc);
+}
+
+static inline void group_two_rows(const float *q, const float *x, const float *x2, const __m256 *d, const __m256 *m,
+                                  float xsum, float xsum2, float *acc, float *acc2) {
+    __m256 p[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    __m256 p2[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    for (int k = 0; k < 32; k += 2)
+        for (int e = 0; e < 2; e++) {
+            const __m256 w0 = _mm256_loadu_ps(q + (k + e) * 16), w1 = _mm256_loadu_ps(q + (k + e) * 16 + 8);
+            const __m256 xb = _mm256_broadcast_ss(x + k + e), xb2 = _mm256_broadcast_ss(x2 + k + e);
+            p[e][0] = _mm256_fmadd_ps(w0, xb, p[e][0]);
+            p[e][1] = _mm256_fmadd_ps(w1, xb, p[e][1]);
+            p2[e][0] = _mm256_fmadd_ps(w0, xb2, p2[e][0]);
+            p2[e][1] = _mm256_fmadd_ps(w1, xb2, p2[e][1]);
+        }
+    finish(p, d, m, xsum, acc);
+    finish(p2, d, m, xsum2, acc2);
+}
+
+static inline uint16_t to_bf16(float f) { /* round to nearest even (finite inputs) */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+/* x [M, K] bf16, y [M, N] bf16, both contiguous; K % 32 == 0, N % 16 == 0. Returns 0, or -1 when out of memory. */
+int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint16_t *y, int rows, int k, int n,
+              int threads) {
+    const int groups = k / 32, blocks = n / 16;
+    float *xf = malloc(sizeof(float) * ((size_t)rows * k + (size_t)rows * groups)); /* x in float32, then Σ x */
+    if (xf == NULL) return -1;
+    float *xsum = xf + (size_t)rows * k; /* [M, K/32]: Σ x over each group, in order */
+    for (size_t i = 0; i < (size_t)rows * k; i++) {
+        uint32_t bits = (uint32_t)x[i] << 16;
+        memcpy(xf + i, &bits, sizeof bits);
+    }
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < groups; g++) {
+            float s = 0.0f;
+            for (int i = 0; i < 32; i++) s += xf[(size_t)r * k + g * 32 + i];
+            xsum[(size_t)r * groups + g] = s;
+        }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int nb = 0; nb < blocks; nb++) {
+        float q[32 * 16] __attribute__((aligned(32))), acc[CHUNK * 16];
+        for (int r0 = 0; r0 < rows; r0 += CHUNK) {
+            const int count = rows - r0 < CHUNK ? rows - r0 : CHUNK;
+            memset(acc, 0, sizeof(float) * 16 * count);
+            for (int g = 0; g < groups; g++) {
+                const uint16_t *p = dm + ((size_t)nb * groups + g) * 32;
+                __m256 d[2], m[2];
+                for (int half = 0; half < 2; half++) {
+                    d[half] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + half * 8)));
+                    m[half] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 + half * 8)));
+                }
+                const uint8_t *c = codes + ((size_t)nb * groups + g) * 256;
+                if (count == 1) {
+                    group_one_row(c, xf + (size_t)r0 * k + g * 32, d, m, xsum[(size_t)r0 * groups + g], acc);
+                    continue;
+                }
+                expand(c, q);
+                int r = 0;
+                for (; r + 1 < count; r += 2) {
+                    const size_t a = (size_t)(r0 + r), b = a + 1;
+                    group_two_rows(q, xf + a * k + g * 32, xf + b * k + g * 32, d, m, xsum[a * groups + g],
+                                   xsum[b * groups + g], acc + r * 16, acc + (r + 1) * 16);
+                }
+                if (r < count)
+                    group_row(q, xf + (size_t)(r0 + r) * k + g * 32, d, m, xsum[(size_t)(r0 + r) * groups + g],
+                              acc + r * 16);
+            }
+            for (int r = 0; r < count; r++)
+                for (int i = 0; i < 16; i++) y[(size_t)(r0 + r) * n + nb * 16 + i] = to_bf16(acc[r * 16 + i]);
+        }
+    }
+    free(xf);
+    return 0;
+}
+
+#else
+#error "the q4 kernel needs AVX-512 BF16 (with F, BW, VL) or AVX2 with FMA and F16C"
+#endif

@@ -1,0 +1,110 @@
+/* y = x · Wᵀ for 8-bit weights in groups of 32 along K (GGUF Q8_0: w = q·d, q in -128..127, d float16), bfloat16
+ * activations, float32 sums and float32 outputs: the LM head of a GGUF whose token embedding is Q8_0, read as the
+ * file stores it (30 MB for SmolLM2's 49,152 × 576 instead of 57 MB of bfloat16).
+ *
+ * The rule every output follows, per group and lane: two partial sums of q_k·x_k by fused multiply-add in k order,
+ * even k and odd k, then acc = fma(d, s_even + s_odd, acc). One thread computes one output in that order whatever
+ * the row count, so a row's logits do not depend on the other rows of the call (bitwise); the codes of 16 outputs
+ * are expanded once for up to CHUNK rows. AVX2 + FMA + F16C (every CPU the q4 kernel runs on has them).
+ *
+ * Layout (runtime/q4_kernel.py pack_q8):
+ *   codes [N/16][K/32][32][16] int8: block (nb, g), k, lane i = q[16nb+i][32g+k]
+ *   d     [N/16][K/32][16]     float16: d of outputs 16nb..16nb+15 in group g
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+#define Q8_CHUNK 12
+
+static inline void q8_expand(const int8_t *c, float *q) { /* q[k][lane], k = 0..31, lane = 0..15 */
+    for (int k = 0; k < 32; k++) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)(c + k * 16));
+        _mm256_storeu_ps(q + k * 16, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+        _mm256_storeu_ps(q + k * 16 + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))));
+    }
+}
+
+static inline void q8_finish(__m256 p[2][2], const __m256 *d, float *acc) {
+    for (int half = 0; half < 2; half++)
+        _mm256_storeu_ps(acc + half * 8, _mm256_fmadd_ps(d[half], _mm256_add_ps(p[0][half], p[1][half]),
+                                                         _mm256_loadu_ps(acc + half * 8)));
+}
+
+static inline void q8_one_row(const int8_t *c, const float *x, const __m256 *d, float *acc) {
+    __m256 p[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    for (int k = 0; k < 32; k += 2)
+        for (int e = 0; e < 2; e++) { /* e: even / odd k, a constant index once unrolled */
+            const __m128i b = _mm_loadu_si128((const __m128i *)(c + (k + e) * 16));
+            const __m256 xb = _mm256_broadcast_ss(x + k + e);
+            p[e][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), xb, p[e][0]);
+            p[e][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))), xb, p[e][1]);
+        }
+    q8_finish(p, d, acc);
+}
+
+static inline void q8_rows(const float *q, const float *x, const float *x2, const __m256 *d, float *acc,
+                           float *acc2) { /* one row (x2 NULL) or two from the expanded codes */
+    __m256 p[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    __m256 p2[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    for (int k = 0; k < 32; k += 2)
+        for (int e = 0; e < 2; e++) {
+            const __m256 w0 = _mm256_loadu_ps(q + (k + e) * 16), w1 = _mm256_loadu_ps(q + (k + e) * 16 + 8);
+            const __m256 xb = _mm256_broadcast_ss(x + k + e);
+            p[e][0] = _mm256_fmadd_ps(w0, xb, p[e][0]);
+            p[e][1] = _mm256_fmadd_ps(w1, xb, p[e][1]);
+            if (x2 != NULL) {
+                const __m256 xb2 = _mm256_broadcast_ss(x2 + k + e);
+                p2[e][0] = _mm256_fmadd_ps(w0, xb2, p2[e][0]);
+                p2[e][1] = _mm256_fmadd_ps(w1, xb2, p2[e][1]);
+            }
+        }
+    q8_finish(p, d, acc);
+    if (x2 != NULL) q8_finish(p2, d, acc2);
+}
+
+/* x [M, K] bf16, y [M, N] float32, both contiguous; K % 32 == 0, N % 16 == 0. Returns 0, or -1 when out of memory. */
+int q8_matmul(const uint16_t *x, const int8_t *codes, const uint16_t *dscale, float *y, int rows, int k, int n,
+              int threads) {
+    const int groups = k / 32, blocks = n / 16;
+    float *xf = malloc(sizeof(float) * (size_t)rows * k);
+    if (xf == NULL) return -1;
+    for (size_t i = 0; i < (size_t)rows * k; i++) {
+        uint32_t bits = (uint32_t)x[i] << 16;
+        memcpy(xf + i, &bits, sizeof bits);
+    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int nb = 0; nb < blocks; nb++) {
+        float q[32 * 16] __attribute__((aligned(32))), acc[Q8_CHUNK * 16];
+        for (int r0 = 0; r0 < rows; r0 += Q8_CHUNK) {
+            const int count = rows - r0 < Q8_CHUNK ? rows - r0 : Q8_CHUNK;
+            memset(acc, 0, sizeof(float) * 16 * count);
+            for (int g = 0; g < groups; g++) {
+                const uint16_t *p = dscale + ((size_t)nb * groups + g) * 16;
+                const __m256 d[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                                     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+                const int8_t *c = codes + ((size_t)nb * groups + g) * 512;
+                const float *xr = xf + (size_t)r0 * k + g * 32;
+                if (count == 1) {
+                    q8_one_row(c, xr, d, acc);
+                    continue;
+                }
+                q8_expand(c, q);
+                int r = 0;
+                for (; r + 1 < count; r += 2) q8_rows(q, xr + (size_t)r * k, xr + (size_t)(r + 1) * k, d, acc + r * 16,
+                                                      acc + (r + 1) * 16);
+                if (r < count) q8_rows(q, xr + (size_t)r * k, NULL, d, acc + r * 16, NULL);
+            }
+            for (int r = 0; r < count; r++) memcpy(y + (size_t)(r0 + r) * n + nb * 16, acc + r * 16, sizeof(float) * 16);
+        }
+    }
+    free(xf);
+    return 0;
+}
+
+#else
+#error "the q8 kernel needs AVX2 with FMA and F16C"
+#endif

@@ -1,0 +1,145 @@
+"""The attention kernel (runtime/attention_kernel.py): a row's output is the one plain decoding computes for the same
+position whatever the other rows of the forward hold, it is within its rounding bound of float64, its self-check
+refuses a kernel whose rows change with the call, and the embedded target's chains and trees on it are plain
+decoding's rows bitwise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from localspec.models.gguf_linear import q4_kernel_here
+from localspec.runtime import attention_kernel
+from localspec.runtime.attention_kernel import reference_and_bound, self_check
+
+HEADS, KV_HEADS, DIM = 9, 3, 64  # the embedded model's attention
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    load = q4_kernel_here()
+    if load.kernel is None or load.kernel.attention is None:
+        pytest.skip(f"attention kernel: {load.status.reason}")
+    return load.kernel.attention
+
+
+def _inputs(prefix: int, rows: int, seed: int, capacity_extra: int = 5):
+    generator = torch.Generator().manual_seed(seed)
+    capacity = prefix + rows + capacity_extra  # the cache's buffer: the kernel reads views of it
+    keys = torch.randn(1, KV_HEADS, capacity, DIM, generator=generator).to(torch.bfloat16)
+    values = torch.randn(1, KV_HEADS, capacity, DIM, generator=generator).to(torch.bfloat16)
+    q = torch.randn(1, HEADS, rows, DIM, generator=generator).mul(3).to(torch.bfloat16)  # [1, H, T, D]
+    return q, keys, values
+
+
+def test_the_kernel_passes_its_self_check_on_other_data(kernel):
+    for seed in (3, 11):
+        assert self_check(kernel, seed=seed) is None
+
+
+@pytest.mark.parametrize(("prefix", "rows"), [(0, 1), (0, 7), (37, 1), (300, 5), (300, 17)])
+def test_outputs_are_within_the_rounding_bound_of_float64(kernel, prefix, rows):
+    q, keys, values = _inputs(prefix, rows, seed=prefix + rows)
+    length = prefix + rows
+    out = kernel.attend(q, keys[:, :, :length], values[:, :, :length], prefix, None, DIM**-0.5)  # [1, T, H·D]
+    reference, bound = reference_and_bound(q, keys[:, :, :length], values[:, :, :length], prefix, None, DIM**-0.5)
+    assert out.shape == (1, rows, HEADS * DIM)
+    assert bool(((out.double() - reference).abs() <= bound).all())
+
+
+def test_a_chain_row_is_the_row_alone_and_a_tree_row_ignores_what_its_siblings_hold(kernel):
+    prefix, rows, scaling = 120, 9, DIM**-0.5
+    q, keys, values = _inputs(prefix, rows, seed=5)
+    length = prefix + rows
+    chain = kernel.attend(q, keys[:, :, :length], values[:, :, :length], prefix, None, scaling)
+    for row in range(rows):  # plain decoding of position prefix + row: one row on the keys up to itself
+        seen = prefix + row + 1
+        alone = kernel.attend(q[:, :, row : row + 1], keys[:, :, :seen], values[:, :, :seen], seen - 1, None, scaling)
+        assert torch.equal(alone[0, 0], chain[0, row]), row
+    visible = torch.eye(rows, dtype=torch.bool)  # a star: every node under row 0, none sees another
+    visible[:, 0] = True
+    tree = kernel.attend(q, keys[:, :, :length], values[:, :, :length], prefix, visible, scaling)
+    changed_keys, changed_values = keys.clone(), values.clone()
+    changed_keys[:, :, prefix + 1 : prefix + 4] = 7.0  # siblings of row 5 (rows 1..3): hidden from it
+    changed_values[:, :, prefix + 1 : prefix + 4] = -7.0
+    again = kernel.attend(q, changed_keys[:, :, :length], changed_values[:, :, :length], prefix, visible, scaling)
+    assert torch.equal(again[0, 5], tree[0, 5]) and not torch.equal(again[0, 1], tree[0, 1])
+
+
+class _OffByOneRounding:
+    """An attention kernel whose rows inside a call of more than one row are one bf16 ulp off."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def attend(self, q, keys, values, prefix, visible, scaling):
+        out = self.real.attend(q, keys, values, prefix, visible, scaling)
+        return out.view(torch.int16).add(1).view(torch.bfloat16) if q.shape[2] > 1 else out
+
+
+def test_the_self_check_refuses_a_kernel_whose_rows_depend_on_the_call(kernel):
+    problem = self_check(_OffByOneRounding(kernel))
+    assert problem is not None and "decoded alone" in problem
+
+
+def test_inputs_it_cannot_read_are_refused_with_a_reason(kernel):
+    q, keys, values = _inputs(10, 2, seed=1)
+    with pytest.raises(TypeError, match="bfloat16"):
+        kernel.attend(q.float(), keys[:, :, :12], values[:, :, :12], 10, None, 0.125)
+    with pytest.raises(ValueError, match="keys"):
+        kernel.attend(q, keys[:, :, :11], values[:, :, :11], 10, None, 0.125)  # 11 keys for 10 cached + 2 rows
+
+
+def test_the_engines_exact_setup_runs_it_where_the_layers_are_on_the_q4_kernel(embedded_session, kernel):
+    from localspec.runtime.model_runner import exact_setup_for
+
+    model = embedded_session.engine.target.model
+    setup = exact_setup_for(model)
+    assert setup.attention_kernel and setup.padded(1) == 1 and setup.name == "attention kernel, 1-row decode"
+
+
+@pytest.mark.slow
+def test_the_embedded_targets_chains_and_trees_on_it_are_plain_decodings_rows_bitwise(
+    embedded_session, kernel, monkeypatch
+):
+    from localspec.runtime.model_runner import exact_setup_for
+
+    from .test_lean_llama import unequal_chain_rows, unequal_tree_rows
+
+    model = embedded_session.engine.target.model
+    setup = exact_setup_for(model)
+    calls = []
+    attend = attention_kernel.AttentionKernel.attend
+    monkeypatch.setattr(attention_kernel.AttentionKernel, "attend", lambda *a: calls.append(1) or attend(*a))
+    assert unequal_chain_rows(model, setup) == 0 and unequal_tree_rows(model, setup) == 0
+    assert calls  # the forwards ran on the kernel
+    # the same checks fail when a forward's rows are one rounding off inside multi-row calls
+    monkeypatch.setattr(
+        attention_kernel.AttentionKernel, "attend", lambda self, *a: _OffByOneRounding(_Real(attend, self)).attend(*a)
+    )
+    assert unequal_chain_rows(model, setup) > 0 and unequal_tree_rows(model, setup) > 0
+
+
+class _Real:
+    def __init__(self, attend, kernel):
+        self._attend, self._kernel = attend, kernel
+
+    def attend(self, *args):
+        return self._attend(self._kernel, *args)
+
+
+def test_a_setup_asking_for_the_kernel_on_layers_without_it_runs_their_eager_attention(tiny_pair):
+    from transformers import AutoModelForCausalLM
+
+    from localspec.runtime.model_runner import ForwardSetup, ModelRunner
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_pair["target"], dtype=torch.bfloat16).eval()  # dense layers
+    asked = ModelRunner(model, compile="off", setup=ForwardSetup("eager", True, attention_kernel=True))
+    eager = ModelRunner(model, compile="off", setup=ForwardSetup("eager", True))
+    ids = torch.randint(0, model.config.vocab_size, (30,), generator=torch.Generator().manual_seed(0)).tolist()
+    logits = []
+    for runner in (asked, eager):
+        runner.reset()
+        runner.extend(ids[:20], logits_to_keep=0)
+        logits.append(torch.cat([runner.extend(ids[20:25]).logits, runner.extend(ids[25:26]).logits]))
+    assert torch.equal(logits[0], logits[1])
