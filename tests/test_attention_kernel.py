@@ -66,6 +66,27 @@ def test_a_chain_row_is_the_row_alone_and_a_tree_row_ignores_what_its_siblings_h
     assert torch.equal(again[0, 5], tree[0, 5]) and not torch.equal(again[0, 1], tree[0, 1])
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_rows_are_the_same_whatever_the_blocks_of_rows_and_the_thread_count(kernel, threads):
+    # 40 rows: more than one block of 16 rows per key-value head at every thread count; the work split changes
+    # with the thread count and the row count, a row's output must not
+    prefix, rows, scaling = 50, 40, DIM**-0.5
+    q, keys, values = _inputs(prefix, rows, seed=8)
+    length = prefix + rows
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        chain = kernel.attend(q, keys[:, :, :length], values[:, :, :length], prefix, None, scaling)
+        for row in (0, 15, 16, 17, 39):
+            seen = prefix + row + 1
+            alone = kernel.attend(
+                q[:, :, row : row + 1], keys[:, :, :seen], values[:, :, :seen], seen - 1, None, scaling
+            )
+            assert torch.equal(alone[0, 0], chain[0, row]), row
+    finally:
+        torch.set_num_threads(before)
+
+
 class _OffByOneRounding:
     """An attention kernel whose rows inside a call of more than one row are one bf16 ulp off."""
 

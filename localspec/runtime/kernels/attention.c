@@ -9,8 +9,8 @@
  *   e_i = exp(s_i − max s)           libm's expf
  *   out = (Σ_i e_i · v_i) / Σ_i e_i  both sums in key order, fused multiply-adds per dim
  * then rounded to bfloat16 (nearest, ties to even). Nothing depends on the row count, on which rows are masked or
- * on the thread count (one thread computes a row's query heads of one key-value head, reading each key once for
- * all of them), so a row's output is a function of its query and the keys and values it sees alone. Masked keys are skipped, not added as zeros: a tree node's keys are the same
+ * on the thread count (one thread computes a block of rows' query heads of one key-value head, reading each key
+ * once for all of them), so a row's output is a function of its query and the keys and values it sees alone. Masked keys are skipped, not added as zeros: a tree node's keys are the same
  * sequence as the plain row's for the same position once the accepted path is moved down in the cache.
  *
  * Layouts (bfloat16 as uint16): q [rows][heads][dim] with strides q_row, q_head (elements, dim contiguous); keys and
@@ -48,69 +48,97 @@ static inline float dot(const float *q, const float *k, int dim) {
 }
 
 #define MAX_GROUP 16 /* query heads per key-value head computed together (each key read once for all of them) */
+#define MAX_BLOCK 16 /* rows of one call computed together (each key read once for all of them) */
+
+/* How many blocks of rows each key-value head's rows are split into: enough that every thread gets the same number
+ * of (block, key-value head) items where it can, and no block over MAX_BLOCK rows. Only the work split depends on
+ * this, never a row's arithmetic. */
+static int row_blocks(int rows, int kv_heads, int threads) {
+    int blocks = 1;
+    while (blocks < rows && (blocks * kv_heads) % threads) blocks++;
+    while ((rows + blocks - 1) / blocks > MAX_BLOCK) blocks++;
+    return blocks;
+}
 
 /* Returns 0, -1 when out of memory, -2 for a shape it does not take. */
 int exact_attention(const uint16_t *q, long q_row, long q_head, const uint16_t *keys, const uint16_t *values,
                     long kv_head, const uint8_t *visible, uint16_t *out, int rows, int heads, int kv_heads, int dim,
                     int prefix, float scaling, int threads) {
     if (dim % LANES || dim > MAX_DIM || heads % kv_heads || heads / kv_heads > MAX_GROUP) return -2;
-    const int groups = heads / kv_heads, most = prefix + rows;
+    const int groups = heads / kv_heads, most = prefix + rows, blocks = row_blocks(rows, kv_heads, threads);
+    const int per_block = (rows + blocks - 1) / blocks, width = per_block * groups; /* (row, head) pairs a block */
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        /* per (row, key-value head): the query heads of that group, together; each one's arithmetic is the rule
-         * above, whatever the grouping (the grouping only saves reading and converting each key and value) */
-        float *scores = malloc(sizeof(float) * (size_t)most * groups); /* [n][group] */
-        int *seen = malloc(sizeof(int) * (size_t)most);
-        float *query = malloc(sizeof(float) * (size_t)groups * dim), *acc = malloc(sizeof(float) * (size_t)groups * dim);
+        /* per (block of rows, key-value head): every (row, query head) pair of it together; each pair's arithmetic
+         * and key order are the rule above, whatever the grouping (the grouping only saves reading and converting
+         * each key and value once per pair) */
+        float *scores = malloc(sizeof(float) * (size_t)most * width); /* [key position][row in block][head] */
+        float *query = malloc(sizeof(float) * (size_t)width * dim), *acc = malloc(sizeof(float) * (size_t)width * dim);
+        float *top = malloc(sizeof(float) * (size_t)width), *total = malloc(sizeof(float) * (size_t)width);
         float key[MAX_DIM];
-        if (scores == NULL || seen == NULL || query == NULL || acc == NULL) {
+        const int ready = scores != NULL && query != NULL && acc != NULL && top != NULL && total != NULL;
+        if (!ready) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
-        for (int item = 0; item < rows * kv_heads; item++) {
-            if (scores == NULL || seen == NULL || query == NULL || acc == NULL) continue;
-            const int t = item / kv_heads, g = item % kv_heads;
+        for (int item = 0; item < blocks * kv_heads; item++) {
+            if (!ready) continue;
+            const int b = item / kv_heads, g = item % kv_heads;
+            const int first = b * per_block, last = first + per_block < rows ? first + per_block : rows;
+            const int count = last - first;
+            if (count <= 0) continue;
             const uint16_t *kh = keys + (size_t)g * kv_head, *vh = values + (size_t)g * kv_head;
-            for (int j = 0; j < groups; j++)
-                for (int d = 0; d < dim; d++)
-                    query[j * dim + d] = bf16_to_float(q[(size_t)t * q_row + (size_t)(g * groups + j) * q_head + d]);
-            int n = 0;
-            for (int i = 0; i < prefix; i++) seen[n++] = i;
-            for (int j = 0; j < rows; j++)
-                if (visible == NULL ? j <= t : visible[(size_t)t * rows + j]) seen[n++] = prefix + j;
-            float top[MAX_GROUP], total[MAX_GROUP];
-            for (int j = 0; j < groups; j++) top[j] = -INFINITY, total[j] = 0.0f;
-            for (int i = 0; i < n; i++) {
-                const uint16_t *k = kh + (size_t)seen[i] * dim;
+            for (int r = 0; r < count; r++)
+                for (int j = 0; j < groups; j++)
+                    for (int d = 0; d < dim; d++)
+                        query[(r * groups + j) * dim + d] =
+                            bf16_to_float(q[(size_t)(first + r) * q_row + (size_t)(g * groups + j) * q_head + d]);
+            for (int x = 0; x < count * groups; x++) top[x] = -INFINITY, total[x] = 0.0f;
+            /* keys in ascending position: the prefix (every row sees it), then this call's rows */
+            for (int i = 0; i < most; i++) {
+                const uint16_t *k = kh + (size_t)i * dim;
                 for (int d = 0; d < dim; d++) key[d] = bf16_to_float(k[d]);
-                for (int j = 0; j < groups; j++) {
-                    const float s = scaling * dot(query + j * dim, key, dim);
-                    scores[(size_t)i * groups + j] = s;
-                    top[j] = s > top[j] ? s : top[j];
+                for (int r = 0; r < count; r++) {
+                    const int t = first + r, j = i - prefix;
+                    if (j >= 0 && !(visible == NULL ? j <= t : visible[(size_t)t * rows + j])) continue;
+                    for (int h = 0; h < groups; h++) {
+                        const int x = r * groups + h;
+                        const float s = scaling * dot(query + (size_t)x * dim, key, dim);
+                        scores[(size_t)i * width + x] = s;
+                        top[x] = s > top[x] ? s : top[x];
+                    }
                 }
             }
-            for (int x = 0; x < groups * dim; x++) acc[x] = 0.0f;
-            for (int i = 0; i < n; i++) {
-                const uint16_t *v = vh + (size_t)seen[i] * dim;
+            for (int x = 0; x < count * groups * dim; x++) acc[x] = 0.0f;
+            for (int i = 0; i < most; i++) {
+                const uint16_t *v = vh + (size_t)i * dim;
                 for (int d = 0; d < dim; d++) key[d] = bf16_to_float(v[d]);
-                for (int j = 0; j < groups; j++) {
-                    const float e = expf(scores[(size_t)i * groups + j] - top[j]);
-                    total[j] += e;
-                    float *a = acc + j * dim;
-                    for (int d = 0; d < dim; d++) a[d] = fmaf(e, key[d], a[d]);
+                for (int r = 0; r < count; r++) {
+                    const int t = first + r, j = i - prefix;
+                    if (j >= 0 && !(visible == NULL ? j <= t : visible[(size_t)t * rows + j])) continue;
+                    for (int h = 0; h < groups; h++) {
+                        const int x = r * groups + h;
+                        const float e = expf(scores[(size_t)i * width + x] - top[x]);
+                        total[x] += e;
+                        float *a = acc + (size_t)x * dim;
+                        for (int d = 0; d < dim; d++) a[d] = fmaf(e, key[d], a[d]);
+                    }
                 }
             }
-            for (int j = 0; j < groups; j++) {
-                uint16_t *o = out + ((size_t)t * heads + g * groups + j) * dim;
-                for (int d = 0; d < dim; d++) o[d] = float_to_bf16(acc[j * dim + d] / total[j]);
-            }
+            for (int r = 0; r < count; r++)
+                for (int h = 0; h < groups; h++) {
+                    const int x = r * groups + h;
+                    uint16_t *o = out + ((size_t)(first + r) * heads + g * groups + h) * dim;
+                    for (int d = 0; d < dim; d++) o[d] = float_to_bf16(acc[(size_t)x * dim + d] / total[x]);
+                }
         }
         free(scores);
-        free(seen);
         free(query);
         free(acc);
+        free(top);
+        free(total);
     }
     return failed ? -1 : 0;
 }
