@@ -87,6 +87,33 @@ def test_rows_are_the_same_whatever_the_blocks_of_rows_and_the_thread_count(kern
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("march", ["x86-64", "haswell"])
+def test_a_build_for_another_instruction_set_computes_the_same_bits(kernel, march, tmp_path):
+    # every lane's arithmetic is the scalar rule (fused multiply-adds, exp_fixed), so the vector width the build picks
+    # (16 lanes with AVX-512, 8 with AVX2, 1 on plain x86-64) must not change a bit: a row is the same on every CPU
+    import ctypes
+    import subprocess
+
+    from localspec.runtime.attention_kernel import AttentionKernel
+    from localspec.runtime.q4_kernel import KERNELS, _compiler, cpu_flags
+
+    if march == "haswell" and not {"avx2", "fma", "f16c"} <= cpu_flags():
+        pytest.skip("this CPU cannot run an AVX2 build")
+    library = tmp_path / f"attention-{march}.so"
+    command = [_compiler(), "-O3", f"-march={march}", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+    subprocess.run([*command, str(KERNELS / "attention.c"), "-o", str(library), "-lm"], check=True, timeout=120)
+    other = AttentionKernel(ctypes.CDLL(str(library)))
+    prefix, rows, scaling = 70, 9, DIM**-0.5
+    q, keys, values = _inputs(prefix, rows, seed=21)
+    length = prefix + rows
+    visible = torch.eye(rows, dtype=torch.bool)
+    visible[:, 0] = True
+    visible[4:, 3] = True  # a branch: rows 4.. under row 3
+    for mask in (None, visible):
+        args = (q, keys[:, :, :length], values[:, :, :length], prefix, mask, scaling)
+        assert torch.equal(other.attend(*args), kernel.attend(*args))
+
+
 class _OffByOneRounding:
     """An attention kernel whose rows inside a call of more than one row are one bf16 ulp off."""
 

@@ -85,8 +85,8 @@ def reference_and_bound(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(float64 attention [1, T, H·D], the most the kernel may be off it): the output's bfloat16 rounding plus a
     first-order bound of its float32 arithmetic, relative to Σ_i p_i·|v_i| (p the softmax weights): the scores'
-    dot products (D/16 + 4 roundings each, scaled by |s| through exp), expf (a few ulps) and the key-order sums
-    (n roundings each), with 4× headroom over the count for expf's error."""
+    dot products (D + 1 roundings each: summed in dim order, then scaled; they reach the output scaled by |s|
+    through exp), exp_fixed (2 ulps) and the key-order sums (n roundings each), with 4× headroom over the count."""
     _, heads, rows, dim = q.shape
     groups = heads // keys.shape[1]
     k = keys.double().repeat_interleave(groups, dim=1)  # [1, H, P+T, D]
@@ -101,7 +101,7 @@ def reference_and_bound(
     magnitude = (weights @ v.abs()).transpose(1, 2).reshape(1, rows, heads * dim)
     spread = (q.double().abs() @ k.abs().transpose(2, 3) * scaling).masked_fill(~seen, 0).amax(dim=-1)  # [1, H, T]
     spread = spread.transpose(1, 2).repeat_interleave(dim, dim=2)  # [1, T, H·D]
-    relative = 4 * FLOAT32_EPS * ((dim // 16 + 4) * spread + 2 * n + 8)
+    relative = 4 * FLOAT32_EPS * ((dim + 1) * spread + 2 * n + 8)
     return reference, BF16_REL * reference.abs() + relative * magnitude
 
 
