@@ -4,14 +4,17 @@
 with the LM head (and whatever else PackedLinear takes) on oneDNN's prepacked weights against plain F.linear
 (LOCALSPEC_PACKED=off for the first runner). --compare q4: the lean gguf-int4 forward on torch's int4 kernel
 (LOCALSPEC_Q4_KERNEL=off) against the q4 kernel (runtime/q4_kernel.py): two models, the same file; their logits
-differ (the q4 kernel keeps d and m in float16 and sums in float32), so the bitwise column reads no.
+differ (the q4 kernel keeps d and m in float16 and sums in float32), so the bitwise column reads no. --compare layer:
+the exact setup's decode / verify forwards with each layer's torch ops around the kernels against the layer kernel
+(runtime/layer_kernel.py: one C call a layer); the largest logit difference is printed (its norms and SiLU round
+apart from torch's), and the fast setup, which never runs it, is skipped.
 
 For each forward setup (fast, exact) and each T = 1..9: are the second runner's T-token logits bitwise the first's
 (on a 64-token cache, after the same prefill), and the median time of each, interleaved forward by forward (the
 two runners share one model and weights), with the ratio first / second.
 
 Run: python scripts/lean_forward.py [--compare lean|packed|q4] [--format gguf-int4|bfloat16|float32] [--threads 2]
-     [--repeats 30]
+     [--repeats 30]   (--compare layer: also --compare lean's other flags)
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def main() -> int:
     parser.add_argument("--format", default="gguf-int4", choices=("gguf-int4", "bfloat16", "float32"))
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--compare", default="lean", choices=("lean", "packed", "q4"))
+    parser.add_argument("--compare", default="lean", choices=("lean", "packed", "q4", "layer"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -64,13 +67,19 @@ def main() -> int:
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
     print(f"{cpu}, {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}, {args.format} ({dtype})")
     prefix = list(range(100, 100 + PREFIX))
-    first, second = {"lean": ("transformers", "lean"), "packed": ("plain head", "packed head")}.get(
-        args.compare, ("torch int4", "q4")
-    )
-    print(f"| setup | T | bitwise | {first} ms | {second} ms | × |")
-    print("| --- | ---: | --- | ---: | ---: | ---: |")
-    for setup in (FAST, exact_setup_for(model)):
-        if args.compare == "lean":
+    first, second = {
+        "lean": ("transformers", "lean"),
+        "packed": ("plain head", "packed head"),
+        "layer": ("torch-op layers", "layer kernel"),
+    }.get(args.compare, ("torch int4", "q4"))
+    print(f"| setup | T | bitwise | max logit gap | {first} ms | {second} ms | × |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    setups = (exact_setup_for(model),) if args.compare == "layer" else (FAST, exact_setup_for(model))
+    for setup in setups:
+        if args.compare == "layer":
+            runners = {first: _WithoutLayerKernel(ModelRunner(model, compile="off", setup=setup, forward="lean"))}
+            runners[second] = ModelRunner(model, compile="off", setup=setup, forward="lean")
+        elif args.compare == "lean":
             runners = {
                 kind: ModelRunner(model, compile="off", setup=setup, forward=kind) for kind in ("transformers", "lean")
             }
@@ -99,8 +108,38 @@ def main() -> int:
                     runner.crop(PREFIX)
             a, b = (statistics.median(times[kind]) * 1e3 for kind in (first, second))
             same = torch.equal(logits[first], logits[second])
-            print(f"| {setup.name} | {rows} | {'yes' if same else 'no'} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
+            gap = float((logits[first].float() - logits[second].float()).abs().max())
+            yes = "yes" if same else "no"
+            print(f"| {setup.name} | {rows} | {yes} | {gap:.3f} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
     return 0
+
+
+class _WithoutLayerKernel:
+    """A runner whose forwards run each layer's torch ops (the layer kernel unbound for their duration)."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+
+    def _layers(self):
+        from localspec.runtime.lean_llama import backbone_for
+
+        return backbone_for(self.runner.model, "lean", preallocated=True)[1].layers
+
+    def extend(self, ids, **kwargs):
+        bound = [layer.layer_kernel for layer in self._layers()]
+        for layer in self._layers():
+            layer.layer_kernel = None
+        try:
+            return self.runner.extend(ids, **kwargs)
+        finally:
+            for layer, kernel in zip(self._layers(), bound, strict=True):
+                layer.layer_kernel = kernel
+
+    def reset(self) -> None:
+        self.runner.reset()
+
+    def crop(self, length: int) -> None:
+        self.runner.crop(length)
 
 
 if __name__ == "__main__":

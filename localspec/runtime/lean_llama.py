@@ -14,7 +14,8 @@ for the same attention (tests/test_lean_llama.py), and adds two things:
                  before (checked bitwise at build, else the layers stay separate)
 
 Per-forward choices come from the runner: `attention` (a prompt's prefill runs sdpa in every setup; "kernel" runs
-attention_kernel.py, each row as plain decoding computes it, with `visible` for a tree) and `rows_as_plain` (each
+attention_kernel.py, each row as plain decoding computes it, with `visible` for a tree, and where it loads the whole
+layer in one C call: layer_kernel.py) and `rows_as_plain` (each
 decode / verify row's eager attention in plain decoding's shapes, RowsAsPlain).
 
 Words: T = rows of this forward, P = positions already cached, H / Hkv = query / key-value heads, D = head size.
@@ -34,6 +35,7 @@ from torch import nn
 from localspec.config import ConfigError
 
 from .int4_linear import Int4Linear
+from .layer_kernel import BoundLayer, layer_weights, load_layer_kernel
 from .static_cache import PreallocatedCache
 from .tree import causal_mask
 
@@ -115,8 +117,18 @@ class LeanLayer(nn.Module):
         self.intermediate = mlp.gate_proj.out_features
         on_q4 = isinstance(self.o_proj, Int4Linear) and self.o_proj.kernel is not None
         self.attention_kernel = self.o_proj.kernel.attention if on_q4 else None  # attention_kernel.py, where it loaded
+        self.layer_kernel = self._bound_layer_kernel()  # layer_kernel.py: the whole layer of "kernel" forwards
+
+    def _bound_layer_kernel(self) -> BoundLayer | None:
+        if self.attention_kernel is None:
+            return None
+        weights = layer_weights(self, self.heads, self.kv_heads, self.head_dim, self.scaling)
+        layer = load_layer_kernel(self.o_proj.kernel)[0] if weights is not None else None
+        return layer.bind(weights) if layer is not None else None
 
     def forward(self, x, cos, sin, mask, cache_layer, path: AttentionKind, as_plain=None, visible=None):  # x [1, T, H]
+        if path == "kernel" and self.layer_kernel is not None:
+            return self.layer_kernel.run(x, cos, sin, cache_layer, visible)
         rows, heads, kv_heads, dim = x.shape[1], self.heads, self.kv_heads, self.head_dim
         h = _rms_norm(self.input_norm, x)
         if self.qkv is not None:
@@ -273,6 +285,11 @@ class LeanLlama(nn.Module):
         return all(layer.attention_kernel is not None for layer in self.layers)
 
     @property
+    def on_layer_kernel(self) -> bool:
+        """Whether attention "kernel" forwards run every layer whole on the layer kernel (layer_kernel.py)."""
+        return all(layer.layer_kernel is not None for layer in self.layers)
+
+    @property
     def fused(self) -> tuple[int, int]:
         """(layers whose q, k, v run fused, layers whose gate, up run fused)."""
         return sum(lay.qkv is not None for lay in self.layers), sum(lay.gate_up is not None for lay in self.layers)
@@ -327,6 +344,8 @@ class LeanLlama(nn.Module):
         as_plain = None
         if eager and rows_as_plain is not None:
             as_plain = (rows_as_plain, _row_groups(rows_as_plain, prefix, x.device))
+        if visible is not None:
+            visible = visible.to(torch.uint8).contiguous()  # [T, T], as the kernels read it, once per forward
         hidden = [x] if output_hidden_states else None
         for layer, cache_layer in zip(self.layers, cache.layers, strict=True):
             x = layer(x, cos, sin, mask, cache_layer, path, as_plain, visible)

@@ -34,8 +34,10 @@ from .attention_kernel import AttentionKernel
 from .attention_kernel import self_check as attention_self_check
 
 KERNELS = Path(__file__).with_name("kernels")
-# one library: the q4 matmul, the q8 matmul (a Q8_0 LM head: q8_head.py) and the attention kernel (attention_kernel.py)
-SOURCES = (KERNELS / "q4_matmul.c", KERNELS / "q8_matmul.c", KERNELS / "attention.c")
+# one library: the q4 matmul, the q8 matmul (a Q8_0 LM head: q8_head.py), the attention kernel (attention_kernel.py)
+# and the layer kernel on both (layer_kernel.py); HEADERS are what they include
+SOURCES = tuple(KERNELS / name for name in ("q4_matmul.c", "q8_matmul.c", "attention.c", "layer.c"))
+HEADERS = (KERNELS / "scalar.h",)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 ISAS = {  # the kernel's builds, best first: the /proc/cpuinfo flags each needs (kernels/q4_matmul.c picks by target)
     "avx512bf16": ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c"),
@@ -60,6 +62,7 @@ class Q4Kernel:
     d, out_features)`: the Q8_0 matmul of the same library, x [..., K] bf16 → [..., N] float32."""
 
     def __init__(self, library: ctypes.CDLL):
+        self.library = library  # the layer kernel (layer_kernel.py) loads from it too
         library.q4_isa.restype = ctypes.c_char_p
         self.isa: str = library.q4_isa().decode()  # which build of the source runs (ISAS)
         self.attention: AttentionKernel | None = None  # the same library's attention kernel, once it passed its check
@@ -202,7 +205,7 @@ def _missing() -> str | None:
 
 def _built(build_dir: Path) -> Path:
     """The shared library for these sources, compiler flags and CPU, compiled once into build_dir."""
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     cpu = platform.processor() or ""
     tag = hashlib.sha256(source + " ".join(FLAGS).encode() + cpu.encode() + ",".join(sorted(cpu_flags())).encode())
     target = build_dir / f"localspec_kernels-{tag.hexdigest()[:16]}.so"

@@ -54,10 +54,12 @@ class PreallocatedLayer(CacheLayerMixin):
         self.keys, self.values, self.capacity = keys, values, capacity
         self.allocations += 1
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    def _room(self, new: int, key_states: torch.Tensor, value_states: torch.Tensor) -> int:
+        """Positions length .. length + new made to fit (allocating or growing the buffers; the states give their
+        shape and dtype) and counted in; returns the first."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        start, new = self.length, key_states.shape[-2]
+        start = self.length
         end = start + new
         if end > self.capacity:
             if end > self.max_capacity:
@@ -66,10 +68,21 @@ class PreallocatedLayer(CacheLayerMixin):
             while capacity < end:
                 capacity *= 2
             self._allocate(key_states, value_states, min(capacity, self.max_capacity))
+        self.length = end
+        return start
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        start = self._room(key_states.shape[-2], key_states, value_states)
+        end = self.length
         self.keys[:, :, start:end].copy_(key_states)
         self.values[:, :, start:end].copy_(value_states)
-        self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def append_in_place(self, rows: int, template: torch.Tensor) -> int:
+        """Room for `rows` more positions that the caller writes into keys / values [1, Hkv, capacity, D] itself
+        (the layer kernel: layer_kernel.py); template [1, Hkv, 0, D] gives the buffers' shape and dtype when they
+        are not allocated yet. Returns the first new position."""
+        return self._room(rows, template, template)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0

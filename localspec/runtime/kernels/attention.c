@@ -5,7 +5,7 @@
  * positions 0 .. prefix-1, then prefix + j for each row j of this call with visible[t][j] (visible NULL: j <= t,
  * a chain). Over those n keys, in that order:
  *   s_i = scaling · (q · k_i)        the dot product summed in dim order, one fused multiply-add per dim
- *   e_i = exp(s_i − max s)           exp_fixed below: a fixed sequence of float32 operations (no libm), so the
+ *   e_i = exp(s_i − max s)           exp_fixed (scalar.h): a fixed sequence of float32 operations (no libm), so the
  *                                    same bits whether the compiler runs it 16 lanes at a time or one
  *   out = (Σ_i e_i · v_i) / Σ_i e_i  both sums in key order (Σ e_i·v_i: a fused multiply-add per key and dim)
  * then rounded to bfloat16 (nearest, ties to even). Nothing depends on the row count, on which rows are masked or
@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "scalar.h" /* bf16_to_float, float_to_bf16, exp_fixed */
 
 /* Vectors of VW float32 lanes for the dot products: the lanes are (row, head) pairs, each lane's sum its own, so the
  * width changes no result (a lane's fused multiply-adds are the scalar ones). */
@@ -63,43 +65,6 @@ typedef float vfloat;
 #define TILE 16 /* keys whose dot products one pass over the pairs' queries sums */
 #define KEYS 8  /* of them side by side, in registers */
 #define DIMS 8  /* output dims whose value sums run side by side, in registers */
-
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t float_to_bf16(float f) { /* round to nearest even (finite inputs) */
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-}
-
-/* exp(x) for x <= 0 (a score minus its row's maximum): 0 below -87 (exp(-87) < 2^-125: against the maximum's
- * e = 1 it is far under float32's resolution); otherwise x = n·ln 2 + r with n = round(x / ln 2) (Cody-Waite, ln 2
- * in two parts), e^r by its Taylor series to r^7 in Horner form (|r| <= ln 2 / 2: truncation under 2^-27), times
- * 2^n built in the exponent bits. Within 2 ulp of e^x; a pure function of x. */
-static inline float exp_fixed(float x) {
-    const float clamped = x < -87.0f ? -87.0f : x;
-    const float shifted = fmaf(clamped, 1.44269504088896341f, 12582912.0f); /* 1.5·2^23: rounds to an integer */
-    const float n = shifted - 12582912.0f;
-    float r = fmaf(n, -0.693145751953125f, clamped); /* ln 2's first 16 bits: n·that is exact */
-    r = fmaf(n, -1.428606765330187e-06f, r);          /* the rest of ln 2 */
-    float p = 1.0f / 5040.0f;
-    p = fmaf(p, r, 1.0f / 720.0f);
-    p = fmaf(p, r, 1.0f / 120.0f);
-    p = fmaf(p, r, 1.0f / 24.0f);
-    p = fmaf(p, r, 1.0f / 6.0f);
-    p = fmaf(p, r, 0.5f);
-    p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
-    const int32_t bits = ((int32_t)n + 127) << 23; /* n in [-126, 0]: a normal power of two */
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return x < -87.0f ? 0.0f : p * scale;
-}
 
 #define MAX_GROUP 16 /* query heads per key-value head computed together (each key read once for all of them) */
 #define MAX_BLOCK 16 /* rows of one call computed together (each key read once for all of them) */
