@@ -88,6 +88,8 @@ class VerifyCosts:
     prior_slope: float = PRIOR_VERIFY_SLOPE  # v(K) ≈ 1 + prior_slope·K, the shape the line is pulled towards
     prior_timed: bool = False  # prior_slope was timed on this machine (set_prior), not the constant guess
     tuning: Tuning = Tuning()
+    # line()'s result until a sample or the prior changes it: the controllers ask for it dozens of times a step
+    _line: tuple[float, float] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def prior_weight(self) -> float:
@@ -99,6 +101,7 @@ class VerifyCosts:
         decision's timings)."""
         self.prior_slope = max(verify_s / plain_s - 1.0, 0.0) / max(rows - 1, 1)
         self.prior_timed = True
+        self._line = None
 
     def add(self, rows: int, seconds: float) -> None:
         """One verify of `rows` rows took `seconds`; every size's weight ages by tuning.verify_age."""
@@ -106,11 +109,17 @@ class VerifyCosts:
             self.weight[n] *= self.tuning.verify_age
         self.by_rows.setdefault(rows, _RecentMedian()).add(seconds)
         self.weight[rows] = self.weight.get(rows, 0.0) + 1.0
+        self._line = None
 
     def line(self) -> tuple[float, float] | None:
         """t(n) = intercept + slope·n through the measured sizes' medians, weighted by their aged counts, with the
         slope pulled towards the prior's (ridge regression; with one size, the prior shape through it). None before
         any measurement."""
+        if self._line is None:
+            self._line = self._fit()
+        return self._line
+
+    def _fit(self) -> tuple[float, float] | None:
         points = [(n, e.value, self.weight[n]) for n, e in self.by_rows.items() if e.count > 0]
         total = sum(w for _, _, w in points)
         if not points or total <= 0:

@@ -7,6 +7,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from localspec.runtime.packed_linear import PackedLinear
+
+
+def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """layer(x); under inference mode through its oneDNN-prepacked copy (runtime/packed_linear.py: bitwise the same
+    output, about half the time for the head's bf16 shapes on a CPU). Training keeps the plain layer, which autograd
+    runs through."""
+    return (PackedLinear.of(layer) if torch.is_inference_mode_enabled() else layer)(x)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
@@ -76,25 +85,25 @@ class HeadModule(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """[..., T, H] each → (attention input [..., T, A], residual [..., T, H])."""
         if self.kind == "eagle3":
-            x = self.fc_norm(self.fc_proj(torch.cat([anchor, prev_hidden], dim=-1)))
+            x = self.fc_norm(linear(self.fc_proj, torch.cat([anchor, prev_hidden], dim=-1)))
             return torch.cat([self.input_norm(embedding), x], dim=-1), x
-        x = self.eh_proj(torch.cat([self.enorm(embedding), self.hnorm(prev_hidden)], dim=-1))
+        x = linear(self.eh_proj, torch.cat([self.enorm(embedding), self.hnorm(prev_hidden)], dim=-1))
         return self.input_layernorm(x), x
 
     def qkv(self, attn_input: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """attn_input [B, T, A] → q [B, heads, T, d], k, v [B, kv_heads, T, d] (rotary applied to q and k)."""
         b, t, _ = attn_input.shape
-        q = self.q_proj(attn_input).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(attn_input).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(attn_input).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = linear(self.q_proj, attn_input).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = linear(self.k_proj, attn_input).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = linear(self.v_proj, attn_input).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """attn_out [B, heads, T, d] → layer output [B, T, H]."""
         b, _, t, _ = attn_out.shape
-        x = residual + self.o_proj(attn_out.transpose(1, 2).reshape(b, t, -1))
+        x = residual + linear(self.o_proj, attn_out.transpose(1, 2).reshape(b, t, -1))
         h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x + linear(self.down_proj, F.silu(linear(self.gate_proj, h)) * linear(self.up_proj, h))
 
     def init_from_target_layer(self, layer: nn.Module) -> None:
         """Copy a target decoder layer's weights where the shapes match (attention and MLP; eagle3's wider q/k/v

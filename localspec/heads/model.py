@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import HeadConfig
-from .layers import HeadModule, KVCache, RMSNorm, rope_cos_sin
+from .layers import HeadModule, KVCache, RMSNorm, linear, rope_cos_sin
 
 
 class FeatureHead(nn.Module):
@@ -39,27 +39,29 @@ class FeatureHead(nn.Module):
         self.embedding = embedding.detach()  # [V, H], frozen, not a parameter
         self.lm_weight = embedding.detach()  # [V, H]
         self._draft_lm_weight = None
+        self._draft_lm = ()  # (draft_lm_weight, an nn.Linear over it) once built: a tuple, so not a submodule
 
     def _apply(self, fn, recurse: bool = True):
         """.float(), .to(device) and the like reach the frozen target matrices too: they are not parameters."""
         super()._apply(fn, recurse)
         self.embedding, self.lm_weight = fn(self.embedding), fn(self.lm_weight)
-        self._draft_lm_weight = None
+        self._draft_lm_weight, self._draft_lm = None, ()
         return self
 
     def set_lm_weight(self, weight: torch.Tensor) -> None:
         self.lm_weight = weight.detach()
-        self._draft_lm_weight = None
+        self._draft_lm_weight, self._draft_lm = None, ()
 
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
         self.draft_token_ids = token_ids.to(torch.long).to(self.draft_token_ids.device)
-        self._draft_lm_weight = None
+        self._draft_lm_weight, self._draft_lm = None, ()
 
     @property
     def draft_lm_weight(self) -> torch.Tensor:
         """[Vd, H] rows of the target's LM head for the draft vocabulary (gathered once)."""
         if self._draft_lm_weight is None or self._draft_lm_weight.shape[0] != self.draft_token_ids.shape[0]:
-            self._draft_lm_weight = self.lm_weight[self.draft_token_ids].contiguous()
+            with torch.inference_mode(False):  # a normal tensor even when first asked for while proposing
+                self._draft_lm_weight = self.lm_weight[self.draft_token_ids].contiguous()
         return self._draft_lm_weight
 
     def project_features(self, features: torch.Tensor) -> torch.Tensor:
@@ -69,7 +71,7 @@ class FeatureHead(nn.Module):
             return features
         parts = features.split(self.config.hidden_size, dim=-1)
         normed = [norm(part) for norm, part in zip(self.feature_norms, parts[:-1])]
-        return self.feature_proj(torch.cat(normed + [parts[-1]], dim=-1))
+        return linear(self.feature_proj, torch.cat(normed + [parts[-1]], dim=-1))
 
     def init_feature_proj(self) -> None:
         """Start the projection as 'read the last hidden only' (zeros on the earlier layers' columns), so a head
@@ -85,8 +87,15 @@ class FeatureHead(nn.Module):
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] → [..., Vd] logits over the draft vocabulary."""
-        return hidden @ self.draft_lm_weight.T
+        """[..., H] → [..., Vd] logits over the draft vocabulary (under inference mode as a prepacked linear)."""
+        if not torch.is_inference_mode_enabled():
+            return hidden @ self.draft_lm_weight.T
+        weight = self.draft_lm_weight
+        if not self._draft_lm or self._draft_lm[0] is not weight:
+            layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+            layer.weight = nn.Parameter(weight, requires_grad=False)
+            self._draft_lm = (weight, layer)
+        return linear(self._draft_lm[1], hidden)
 
     # ---- inference: one module, its cache, some new positions ----------------------------------------------
     def run_module(

@@ -16,7 +16,7 @@ import torch
 from localspec.config import SamplingParams
 from localspec.heads.io import load_head
 from localspec.heads.model import FeatureHead
-from localspec.runtime.sampling import logits_to_probs, sample_with_noise
+from localspec.runtime.sampling import logits_to_probs, sample_with_noise, top_logprobs
 from localspec.runtime.tree import TREE_MAX_DEPTH, TokenTree
 
 from .base import Draft, Proposer
@@ -42,38 +42,42 @@ class HeadProposer(Proposer):
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
         self.caches = self.head.new_caches()
         self.fed = 0  # real positions 1..fed are in every module's cache
-        self.pending = self._as_rows(prompt_hidden)  # [n - fed, H] target hidden at positions fed .. n-1
+        # target features at positions fed .. n-1, [t, F] each, as the target gave them: projected when the head
+        # next drafts (catch_up), all in one call, so a step the controller runs plain costs the head nothing
+        self.pending: list[torch.Tensor] = []
+        self.pending_rows = 0
+        self._add_pending(prompt_hidden)
         self.last_hidden = None  # [H] the step-1 module's output at position fed
         self.anchor = None  # [H] target hidden at position fed - 1
 
-    @torch.inference_mode()
-    def _as_rows(self, features: Optional[torch.Tensor]) -> torch.Tensor:
-        """Target features [T, F] → the hidden states [T, H] the head's modules read."""
+    def _add_pending(self, features: Optional[torch.Tensor]) -> None:
         if features is None:
-            return torch.zeros((0, self.config.hidden_size), dtype=self.dtype, device=self.device)
+            return
         rows = features.detach().to(device=self.device, dtype=self.dtype).reshape(-1, self.config.feature_size)
-        return self.head.project_features(rows)
+        self.pending.append(rows)
+        self.pending_rows += rows.shape[0]
 
     @torch.inference_mode()
     def catch_up(self, context_ids: list[int]) -> bool:
         """Feed the verified positions fed+1..n (n = len(context_ids) - 1) into every module. False when the head
         cannot draft here (no target hidden yet, or the context does not match what it was told)."""
         n = len(context_ids) - 1
-        new = self.pending.shape[0]
+        new = self.pending_rows
         if n - self.fed != new:
             return False
         if new == 0:
             return self.last_hidden is not None
+        hidden = self.head.project_features(torch.cat(self.pending))  # [new, H] the rows the modules read
         tokens = torch.tensor(context_ids[self.fed + 1 : n + 1], dtype=torch.long, device=self.device)
         positions = torch.arange(self.fed + 1, n + 1, device=self.device)
         first_module = self.config.module_for_step(1)
         for index, cache in enumerate(self.caches):
-            out = self.head.run_module(index, cache, self.pending, tokens, positions, self.pending)
+            out = self.head.run_module(index, cache, hidden, tokens, positions, hidden)
             if index == first_module:
                 self.last_hidden = out[-1]
-        self.anchor = self.pending[-1]
+        self.anchor = hidden[-1]
         self.fed = n
-        self.pending = self.pending[:0]
+        self.pending, self.pending_rows = [], 0
         return True
 
     @torch.inference_mode()
@@ -109,11 +113,14 @@ class HeadProposer(Proposer):
             cache.crop(n)  # drop the draft chain: the cache holds verified positions only
         return Draft(token_ids=token_ids, probs=torch.stack(probs_rows))
 
-    def _tree_log_probs(self, hidden: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-        """[T, H] head hiddens → [T, V] log-probabilities of the next token (the chain's distribution)."""
-        full = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32, device=self.device)
-        full[:, self.head.draft_token_ids] = self.head.draft_logits(hidden).float()  # outside the draft vocab: p = 0
-        return torch.log(logits_to_probs(full, sampling))
+    def _tree_top(self, hidden: torch.Tensor, sampling: SamplingParams, n: int) -> tuple[list, list]:
+        """[T, H] head hiddens → the n most probable next tokens of each row under the chain's distribution
+        (log-probabilities [T][n], descending, and token ids [T][n]). Tokens outside the draft vocabulary have p = 0,
+        so the distribution is computed over the draft vocabulary alone and its ids mapped back."""
+        values, slots = top_logprobs(
+            self.head.draft_logits(hidden), sampling, min(n, self.head.draft_token_ids.numel())
+        )
+        return values.tolist(), self.head.draft_token_ids[slots].tolist()
 
     @torch.inference_mode()
     def propose_tree(
@@ -135,8 +142,8 @@ class HeadProposer(Proposer):
         rows: list[list[int]] = [[] for _ in self.caches]  # per module: the candidate of each draft row in its cache
 
         def add_children(parent_ids: list[int], hiddens: torch.Tensor, depth: int) -> None:
-            top = torch.topk(self._tree_log_probs(hiddens, sampling), branch, dim=-1)  # [T, branch]
-            for parent, hidden, values, ids in zip(parent_ids, hiddens, top.values.tolist(), top.indices.tolist()):
+            top_values, top_ids = self._tree_top(hiddens, sampling, branch)  # [T][branch] each
+            for parent, hidden, values, ids in zip(parent_ids, hiddens, top_values, top_ids):
                 base = scores[parent] if parent >= 0 else 0.0
                 for value, token in zip(values, ids):
                     if value == float("-inf"):
@@ -201,7 +208,7 @@ class HeadProposer(Proposer):
         )
 
     def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:
-        self.pending = torch.cat([self.pending, self._as_rows(target_hidden)])
+        self._add_pending(target_hidden)
 
 
 # target model → {(folder, mtime, device): head}; keyed weakly, so a switched-away target (and its heads) is freed

@@ -2,10 +2,15 @@
  * activations, float32 sums and float32 outputs: the LM head of a GGUF whose token embedding is Q8_0, read as the
  * file stores it (30 MB for SmolLM2's 49,152 × 576 instead of 57 MB of bfloat16).
  *
- * The rule every output follows, per group and lane: two partial sums of q_k·x_k by fused multiply-add in k order,
- * even k and odd k, then acc = fma(d, s_even + s_odd, acc). One thread computes one output in that order whatever
- * the row count, so a row's logits do not depend on the other rows of the call (bitwise); the codes of 16 outputs
- * are expanded once for up to CHUNK rows. AVX2 + FMA + F16C (every CPU the q4 kernel runs on has them).
+ * One thread computes one output in one fixed order whatever the row count, so a row's logits do not depend on the
+ * other rows of the call (bitwise); the codes of 16 outputs are expanded once for up to Q8_CHUNK rows. Two builds of
+ * that contract, picked by the compiler's target like the q4 kernel's (a machine runs one; they round differently):
+ *
+ *   avx512bf16  per group and lane, Σ q_k·x_k from vdpbf16ps over the pairs (2j, 2j+1) in j order (a code is exact
+ *               in bfloat16, so every product is exact), then acc = fma(d, Σ, acc). A pair of codes is expanded
+ *               once for every row of the pass; a row costs a quarter of the AVX2 build's multiply-adds.
+ *   avx2        two partial sums of q_k·x_k by fused multiply-add in k order, even k and odd k, then
+ *               acc = fma(d, s_even + s_odd, acc) (every CPU the q4 kernel runs on has AVX2, FMA and F16C).
  *
  * Layout (runtime/q4_kernel.py pack_q8):
  *   codes [N/16][K/32][32][16] int8: block (nb, g), k, lane i = q[16nb+i][32g+k]
@@ -16,7 +21,64 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+
+#define Q8_CHUNK 12 /* rows per pass over a block of codes: one accumulator and one partial sum a row */
+
+/* Pair j of a group's codes as bfloat16 pairs: lane i = (q[2j][i], q[2j+1][i]) (even k in the low half). A small
+ * integer's float32 is exact, and its upper half is its bfloat16. */
+static inline __m512i q8_pair(const int8_t *c, int j) {
+    const __m512 even = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + 32 * j))));
+    const __m512 odd = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + 32 * j + 16))));
+    return _mm512_mask_blend_epi16(0xAAAAAAAAu, _mm512_srli_epi32(_mm512_castps_si512(even), 16),
+                                   _mm512_castps_si512(odd));
+}
+
+static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *codes, const uint16_t *dscale,
+                                                                const uint16_t *x, int k, int groups, int rows,
+                                                                float *y, int n, int n0) {
+    __m512 acc[Q8_CHUNK], part[Q8_CHUNK];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        const int8_t *c = codes + (size_t)g * 512;
+        const uint32_t *xg = (const uint32_t *)(x + (size_t)g * 32); /* bf16 pairs (2j, 2j+1) */
+        for (int r = 0; r < rows; r++) part[r] = _mm512_setzero_ps();
+        for (int j = 0; j < 16; j++) {
+            const __m512i w = q8_pair(c, j);
+            for (int r = 0; r < rows; r++)
+                part[r] = _mm512_dpbf16_ps(part[r], (__m512bh)w, (__m512bh)_mm512_set1_epi32(xg[(size_t)r * k / 2 + j]));
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dscale + (size_t)g * 16)));
+        for (int r = 0; r < rows; r++) acc[r] = _mm512_fmadd_ps(d, part[r], acc[r]);
+    }
+    for (int r = 0; r < rows; r++) _mm512_storeu_ps(y + (size_t)r * n + n0, acc[r]);
+}
+
+/* x [M, K] bf16, y [M, N] float32, both contiguous; K % 32 == 0, N % 16 == 0. Returns 0. */
+int q8_matmul(const uint16_t *x, const int8_t *codes, const uint16_t *dscale, float *y, int rows, int k, int n,
+              int threads) {
+    const int groups = k / 32, blocks = n / 16;
+    const int passes = (rows + Q8_CHUNK - 1) / Q8_CHUNK, per = passes ? (rows + passes - 1) / passes : 1;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int nb = 0; nb < blocks; nb++) {
+        const int8_t *c = codes + (size_t)nb * groups * 512;
+        const uint16_t *p = dscale + (size_t)nb * groups * 16;
+        for (int r0 = 0; r0 < rows; r0 += per) {
+            const int count = rows - r0 < per ? rows - r0 : per;
+            const uint16_t *xr = x + (size_t)r0 * k;
+            float *yr = y + (size_t)r0 * n;
+            switch (count) { /* a constant row count per case keeps the accumulators in registers */
+#define ROWS(R) \
+    case R: q8_block_rows(c, p, xr, k, groups, R, yr, n, nb * 16); break;
+                ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
+#undef ROWS
+            }
+        }
+    }
+    return 0;
+}
+
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #define Q8_CHUNK 12
 
