@@ -246,19 +246,25 @@ def test_summary_ratios_sweep_and_targets_from_known_numbers():
 def test_bench_reports_the_dtype_decision_the_float32_baseline_and_per_row_costs(tiny_pair, tmp_path, monkeypatch):
     from localspec.cli.main import main
     from localspec.models import dtype_choice
+    from localspec.runtime.model_runner import exact_setup
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(dtype_choice, "candidates", lambda device: ["float32", "bfloat16"])
 
-    def fake_timer(models, sizes):  # the dtype decision: bfloat16 twice as fast; the per-row table: 10 ms per row
+    per_row_setups = []
+
+    def fake_timer(
+        models, sizes, setups=None
+    ):  # the dtype decision: bf16 twice as fast; the per-row table: 10 ms a row
         if sizes == tuple(range(1, 10)):
+            per_row_setups.append(setups)
             return {name: {s: 0.01 * s for s in sizes} for name in models}
         return {name: {s: 0.02 if m.dtype == torch.bfloat16 else 0.04 for s in sizes} for name, m in models.items()}
 
     monkeypatch.setattr(dtype_choice, "time_forwards", fake_timer)
     models = tmp_path / "models.yaml"
     models.write_text(
-        f"- name: tiny-auto\n  target: {{source: {tiny_pair['target']}, dtype: auto}}\n  k: 3\n"
+        f"- name: tiny-auto\n  target: {{source: {tiny_pair['target']}, dtype: auto}}\n  k: 3\n  exact: true\n"
         "  proposers: {ngram: {min_n: 1, max_n: 3}}\n"
     )
     prompts = tmp_path / "one.jsonl"
@@ -293,6 +299,7 @@ def test_bench_reports_the_dtype_decision_the_float32_baseline_and_per_row_costs
     assert data["machine"]["dtype"]["dtype"] == "bfloat16" and data["machine"]["dtype"]["how"] == "measured"
     assert list(data["machine"]["verify_ms"]) == [str(t) for t in range(1, 10)]
     assert data["machine"]["verify_ms"]["9"] == pytest.approx(90.0)
+    assert per_row_setups == [{"target": exact_setup(torch.bfloat16)}]  # the rows timed as the engine runs them
     for prompt in data["prompts"]:
         assert 1 <= len(prompt["results"]["hf-fp32"]["token_ids"]) <= 8
     table = (out / "results.md").read_text()

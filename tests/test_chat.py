@@ -55,3 +55,30 @@ def test_detokenizer_holds_back_partial_utf8(tiny_session):
 def test_proposer_not_in_pair_is_refused(tiny_session):
     with pytest.raises(ConfigError, match="has no 'head' proposer"):
         tiny_session.make_proposer(SpecConfig(proposer="head"))
+
+
+def test_the_verify_prior_is_timed_in_the_forward_setup_the_engine_runs(monkeypatch):
+    """The adaptive controller's prior verify slope: the dtype decision's load-time timings are of the fast setup, so
+    an engine on the exact setup (another attention path, the layer kernel) times its own forwards instead."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from localspec import chat
+    from localspec.models import dtype_choice
+    from localspec.models.dtype_choice import DtypeDecision, Timing
+    from localspec.runtime.model_runner import FAST, exact_setup
+
+    calls = []
+
+    def timer(models, sizes, setups=None):
+        calls.append((sizes, setups))
+        return {"target": {1: 0.010, 4: 0.016}}
+
+    monkeypatch.setattr(dtype_choice, "time_forwards", timer)
+    decision = DtypeDecision("bfloat16", "measured", k=3, timings=(Timing("bfloat16", 0.020, 0.021, 0.0),))
+    loaded = SimpleNamespace(dtype=decision, target=object(), spec=SimpleNamespace(k=3))
+    exact = exact_setup(torch.bfloat16)
+    assert chat._verify_prior(loaded, exact) == (0.010, 0.016, 4)
+    assert calls == [((1, 4), {"target": exact})]
+    assert chat._verify_prior(loaded, FAST) == (0.020, 0.021, 4) and len(calls) == 1  # the load-time timings

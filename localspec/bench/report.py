@@ -261,8 +261,8 @@ def to_markdown(data: dict) -> str:
         values = list(rows_ms.values())
         lines += [
             (
-                "Verify cost per row count (median ms of a T-token target forward on a 64-token cache, measured "
-                "before the run):"
+                "Verify cost per row count (median ms of a T-token target forward on a 64-token cache, in the "
+                "forward setup the engine runs, measured before the run):"
             ),
             "",
             "| T tokens | " + " | ".join(rows_ms) + " |",

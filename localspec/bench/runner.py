@@ -98,10 +98,12 @@ VERIFY_ROWS = tuple(range(1, 10))  # T-token forwards timed for the report's per
 
 
 def verify_costs(session) -> dict[str, float]:
-    """Median ms of a T-token target forward on a 64-token cache, T = 1..9 (models/dtype_choice.time_forwards)."""
+    """Median ms of a T-token target forward on a 64-token cache, T = 1..9 (models/dtype_choice.time_forwards), in
+    the setup the session's engine runs its target in (the exact one on the default entry)."""
     from localspec.models.dtype_choice import time_forwards
 
-    measured = time_forwards({"target": session.loaded.target}, VERIFY_ROWS).get("target", {})
+    setups = {"target": session.engine.target.setup}
+    measured = time_forwards({"target": session.loaded.target}, VERIFY_ROWS, setups).get("target", {})
     return {str(t): s * 1e3 for t, s in measured.items()}
 
 
