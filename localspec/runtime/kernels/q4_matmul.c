@@ -60,6 +60,50 @@ static inline __attribute__((always_inline)) void block_rows(const uint8_t *code
         _mm256_storeu_si256((__m256i *)(y + (size_t)r * n + n0), (__m256i)_mm512_cvtneps_pbh(acc[r]));
 }
 
+#define FEW 3   /* row counts up to this take block_few_rows */
+#define SPREAD 4 /* groups whose dot-product chains block_few_rows runs side by side */
+
+/* The same arithmetic as block_rows, for a few rows: a group's 16 dot products are one dependent chain per row, so
+ * with one row the chain's latency, not the bytes read, set the pace. This runs SPREAD groups' chains side by side
+ * (each group's partial sum still starts at zero and takes its 16 products in j order) and folds them into acc in
+ * group order, so every output has exactly block_rows' bits. */
+static inline __attribute__((always_inline)) void block_few_rows(const uint8_t *codes, const uint16_t *dm,
+                                                                 const uint16_t *x, const float *xsum, int k,
+                                                                 int groups, int rows, uint16_t *y, int n, int n0) {
+    __m512 acc[FEW], part[SPREAD][FEW];
+    const __m512i nibbles = _mm512_set1_epi32(0x000F000F), bias = _mm512_set1_epi32(0x43004300);
+    const __m512 minus128 = _mm512_set1_ps(-128.0f);
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int g0 = 0; g0 < groups; g0 += SPREAD) {
+        const int spread = groups - g0 < SPREAD ? groups - g0 : SPREAD;
+        for (int s = 0; s < spread; s++)
+            for (int r = 0; r < rows; r++) part[s][r] = _mm512_setzero_ps();
+        for (int j = 0; j < 16; j++)
+            for (int s = 0; s < spread; s++) {
+                const int g = g0 + s;
+                __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + (size_t)g * 256 + j * 16)));
+                __m512i w = _mm512_ternarylogic_epi32(b, _mm512_slli_epi32(b, 12), nibbles, 0xA8);
+                w = _mm512_or_si512(w, bias);
+                const uint32_t *xg = (const uint32_t *)(x + (size_t)g * 32);
+                for (int r = 0; r < rows; r++)
+                    part[s][r] = _mm512_dpbf16_ps(part[s][r], (__m512bh)w,
+                                                  (__m512bh)_mm512_set1_epi32(xg[(size_t)r * k / 2 + j]));
+            }
+        for (int s = 0; s < spread; s++) {
+            const int g = g0 + s;
+            const uint16_t *p = dm + (size_t)g * 32;
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+            __m512 m = _mm512_fmadd_ps(minus128, d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 16))));
+            for (int r = 0; r < rows; r++) {
+                acc[r] = _mm512_fmadd_ps(d, part[s][r], acc[r]);
+                acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[(size_t)r * groups + g]), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        _mm256_storeu_si256((__m256i *)(y + (size_t)r * n + n0), (__m256i)_mm512_cvtneps_pbh(acc[r]));
+}
+
 /* x [M, K] bf16, y [M, N] bf16, both contiguous; K % 32 == 0, N % 16 == 0. Returns 0, or -1 when out of memory. */
 int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint16_t *y, int rows, int k, int n,
               int threads) {
@@ -88,10 +132,14 @@ int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint1
             const float *sr = xsum + (size_t)r0 * groups;
             uint16_t *yr = y + (size_t)r0 * n;
             switch (count) { /* a constant row count per case keeps the accumulators in registers */
+#define FEW_ROWS(R) \
+    case R: block_few_rows(c, p, xr, sr, k, groups, R, yr, n, nb * 16); break;
 #define ROWS(R) \
     case R: block_rows(c, p, xr, sr, k, groups, R, yr, n, nb * 16); break;
-                ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
+                FEW_ROWS(1) FEW_ROWS(2) FEW_ROWS(3)
+                ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
 #undef ROWS
+#undef FEW_ROWS
             }
         }
     }

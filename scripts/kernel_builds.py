@@ -1,0 +1,99 @@
+"""The kernels' library of the working tree against the same library built from another git revision's sources:
+whether the q4 matmul gives the same bits at every row count 1..17 (on the embedded model's linear shapes, random
+codes), and the median ms of all 120 of the model's lean linears per row count, the two builds interleaved.
+
+    python scripts/kernel_builds.py [--rev HEAD] [--threads 2] [--repeats 25]
+
+For a change that must not move a bit (a faster loop over the same arithmetic), the first line says whether it
+held; the table says what it bought.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from localspec.runtime.q4_kernel import FLAGS, HEADERS, SOURCES, Q4Kernel, _compiler, pack_q4  # noqa: E402
+from tests.test_gguf_linear import random_blocks  # noqa: E402
+
+SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # (N, K) of one SmolLM2-135M layer's lean linears
+LAYERS = 30
+ROWS = (1, 2, 3, 4, 5, 9)
+
+
+def build(sources: list[Path], out: Path) -> Q4Kernel:
+    subprocess.run([_compiler(), *FLAGS, *map(str, sources), "-o", str(out), "-lm"], check=True, timeout=120)
+    return Q4Kernel(ctypes.CDLL(str(out)))
+
+
+def sources_at(rev: str, folder: Path) -> list[Path]:
+    """The library's sources (and headers beside them) as they were at `rev`."""
+    for path in SOURCES + HEADERS:
+        relative = path.relative_to(ROOT).as_posix()
+        text = subprocess.run(["git", "show", f"{rev}:{relative}"], cwd=ROOT, capture_output=True, check=True).stdout
+        (folder / path.name).write_bytes(text)
+    return [folder / path.name for path in SOURCES]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rev", default="HEAD")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=25)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        (folder / "rev").mkdir()
+        builds = {"working tree": build(list(SOURCES), folder / "tree.so")}
+        builds[args.rev] = build(sources_at(args.rev, folder / "rev"), folder / "rev.so")
+        generator = torch.Generator().manual_seed(0)
+        same = True
+        for n, k in SHAPES:
+            _, codes, d, m = random_blocks(n, k, 7)
+            packed, dm = pack_q4(codes, d, m)
+            x = torch.randn(17, k, generator=generator).to(torch.bfloat16)
+            for rows in range(1, 18):
+                outputs = [b.matmul(x[:rows], packed, dm, n) for b in builds.values()]
+                same = same and torch.equal(outputs[0], outputs[1])
+        print(
+            f"q4 matmul, working tree vs {args.rev}, rows 1..17 on the model's shapes: "
+            + ("bitwise the same" if same else "NOT the same bits")
+        )
+        layers = []
+        for n, k in SHAPES:
+            _, codes, d, m = random_blocks(n, k, 1)
+            layers.append((n, *pack_q4(codes, d, m)))
+        print(
+            f"\nall {LAYERS * len(SHAPES)} linears, median ms of {args.repeats} interleaved passes, "
+            f"{args.threads} threads"
+        )
+        print("| rows | working tree | " + args.rev + " | ÷ |\n|---:|---:|---:|---:|")
+        for rows in ROWS:
+            x = {k: torch.randn(rows, k, generator=generator).to(torch.bfloat16) for k in (576, 1536)}
+            times = {name: [] for name in builds}
+            for _ in range(args.repeats):
+                for name, kernel in builds.items():
+                    started = time.perf_counter()
+                    for _ in range(LAYERS):
+                        for (n, packed, dm), (_, k) in zip(layers, SHAPES):
+                            kernel.matmul(x[k], packed, dm, n)
+                    times[name].append(time.perf_counter() - started)
+            tree, rev = (statistics.median(times[name]) * 1e3 for name in builds)
+            print(f"| {rows} | {tree:.2f} | {rev:.2f} | {rev / tree:.2f} |")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
