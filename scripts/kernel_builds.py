@@ -1,6 +1,7 @@
 """The kernels' library of the working tree against the same library built from another git revision's sources:
 whether the q4 matmul gives the same bits at every row count 1..17 (on the embedded model's linear shapes, random
-codes), and the median ms of all 120 of the model's lean linears per row count, the two builds interleaved.
+codes) and the attention kernel at 1..9 rows on 0..1,500 cached positions, then the median time of all 120 of the
+model's lean linears per row count and of one layer's attention per cached length, the two builds interleaved.
 
     python scripts/kernel_builds.py [--rev HEAD] [--threads 2] [--repeats 25]
 
@@ -24,12 +25,50 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from localspec.runtime.attention_kernel import AttentionKernel  # noqa: E402
 from localspec.runtime.q4_kernel import FLAGS, HEADERS, SOURCES, Q4Kernel, _compiler, pack_q4  # noqa: E402
 from tests.test_gguf_linear import random_blocks  # noqa: E402
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # (N, K) of one SmolLM2-135M layer's lean linears
 LAYERS = 30
 ROWS = (1, 2, 3, 4, 5, 9)
+HEADS, KV_HEADS, DIM = 9, 3, 64  # SmolLM2-135M's attention
+CACHED = (64, 600, 1500)
+
+
+def attention_inputs(cached: int, rows: int, generator: torch.Generator):
+    q = torch.randn(1, HEADS, rows, DIM, generator=generator).mul(3).to(torch.bfloat16)
+    keys = torch.randn(1, KV_HEADS, cached + rows, DIM, generator=generator).to(torch.bfloat16)
+    values = torch.randn(1, KV_HEADS, cached + rows, DIM, generator=generator).to(torch.bfloat16)
+    return q, keys, values, cached, None, DIM**-0.5
+
+
+def compare_attention(libraries: dict[str, Path], repeats: int) -> bool:
+    kernels = {name: AttentionKernel(ctypes.CDLL(str(path))) for name, path in libraries.items()}
+    generator = torch.Generator().manual_seed(3)
+    same = True
+    for cached in (0, 1, 15, 16, 17, 64, 600, 1500):
+        for rows in (1, 2, 5, 9):
+            args = attention_inputs(cached, rows, generator)
+            outputs = [kernel.attend(*args) for kernel in kernels.values()]
+            same = same and torch.equal(outputs[0], outputs[1])
+    print(
+        "attention kernel, rows 1..9 on 0..1,500 cached positions: "
+        + ("bitwise the same" if same else "NOT the same bits")
+    )
+    print(f"\none layer's attention, 1 row, median µs of {repeats * 8} interleaved calls")
+    print("| cached | " + " | ".join(kernels) + " | ÷ |\n|---:|---:|---:|---:|")
+    for cached in CACHED:
+        args = attention_inputs(cached, 1, generator)
+        times = {name: [] for name in kernels}
+        for _ in range(repeats * 8):
+            for name, kernel in kernels.items():
+                started = time.perf_counter()
+                kernel.attend(*args)
+                times[name].append(time.perf_counter() - started)
+        tree, rev = (statistics.median(times[name]) * 1e6 for name in kernels)
+        print(f"| {cached} | {tree:.1f} | {rev:.1f} | {rev / tree:.2f} |")
+    return same
 
 
 def build(sources: list[Path], out: Path) -> Q4Kernel:
@@ -58,6 +97,7 @@ def main() -> int:
         (folder / "rev").mkdir()
         builds = {"working tree": build(list(SOURCES), folder / "tree.so")}
         builds[args.rev] = build(sources_at(args.rev, folder / "rev"), folder / "rev.so")
+        libraries = {"working tree": folder / "tree.so", args.rev: folder / "rev.so"}
         generator = torch.Generator().manual_seed(0)
         same = True
         for n, k in SHAPES:
@@ -92,6 +132,8 @@ def main() -> int:
                     times[name].append(time.perf_counter() - started)
             tree, rev = (statistics.median(times[name]) * 1e3 for name in builds)
             print(f"| {rows} | {tree:.2f} | {rev:.2f} | {rev / tree:.2f} |")
+        print()
+        same = compare_attention(libraries, args.repeats) and same
     return 0 if same else 1
 
 

@@ -112,6 +112,9 @@ def test_a_build_for_another_instruction_set_computes_the_same_bits(kernel, marc
     for mask in (None, visible):
         args = (q, keys[:, :, :length], values[:, :, :length], prefix, mask, scaling)
         assert torch.equal(other.attend(*args), kernel.attend(*args))
+    for cached in (0, 15, 16, prefix):  # a single row takes its own layout (decode_attention): the same bits too
+        args = (q[:, :, :1], keys[:, :, : cached + 1], values[:, :, : cached + 1], cached, None, scaling)
+        assert torch.equal(other.attend(*args), kernel.attend(*args))
 
 
 class _OffByOneRounding:
