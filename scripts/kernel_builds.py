@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from localspec.runtime.attention_kernel import AttentionKernel  # noqa: E402
-from localspec.runtime.q4_kernel import FLAGS, HEADERS, SOURCES, Q4Kernel, _compiler, pack_q4  # noqa: E402
+from localspec.runtime.q4_kernel import HEADERS, SOURCES, Q4Kernel, compile_library, pack_q4  # noqa: E402
 from tests.test_gguf_linear import random_blocks  # noqa: E402
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # (N, K) of one SmolLM2-135M layer's lean linears
@@ -72,8 +72,7 @@ def compare_attention(libraries: dict[str, Path], repeats: int) -> bool:
 
 
 def build(sources: list[Path], out: Path) -> Q4Kernel:
-    subprocess.run([_compiler(), *FLAGS, *map(str, sources), "-o", str(out), "-lm"], check=True, timeout=120)
-    return Q4Kernel(ctypes.CDLL(str(out)))
+    return Q4Kernel(ctypes.CDLL(str(compile_library(sources, out))))
 
 
 def sources_at(rev: str, folder: Path) -> list[Path]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,17 +18,14 @@ from pathlib import Path
 import torch
 
 from localspec.models.gguf_linear import q4_kernel_here
-from localspec.runtime.q4_kernel import SOURCES, Q4Kernel, _compiler, cpu_flags, pack_q8, q8_self_check
+from localspec.runtime.q4_kernel import SOURCES, Q4Kernel, compile_library, cpu_flags, pack_q8, q8_self_check
 
 VOCAB, HIDDEN = 49152, 576
 ROWS = (1, 2, 3, 5, 9, 13, 17)
 
 
 def haswell_build(folder: Path) -> Q4Kernel:
-    library = folder / "kernels-haswell.so"
-    command = [_compiler(), "-O3", "-march=haswell", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
-    subprocess.run([*command, *map(str, SOURCES), "-o", str(library), "-lm"], check=True, timeout=120)
-    return Q4Kernel(ctypes.CDLL(str(library)))
+    return Q4Kernel(ctypes.CDLL(str(compile_library(SOURCES, folder / "kernels-haswell.so", march="haswell"))))
 
 
 def main() -> int:

@@ -92,16 +92,13 @@ def test_a_build_for_another_instruction_set_computes_the_same_bits(kernel, marc
     # every lane's arithmetic is the scalar rule (fused multiply-adds, exp_fixed), so the vector width the build picks
     # (16 lanes with AVX-512, 8 with AVX2, 1 on plain x86-64) must not change a bit: a row is the same on every CPU
     import ctypes
-    import subprocess
 
     from localspec.runtime.attention_kernel import AttentionKernel
-    from localspec.runtime.q4_kernel import KERNELS, _compiler, cpu_flags
+    from localspec.runtime.q4_kernel import KERNELS, compile_library, cpu_flags
 
     if march == "haswell" and not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("this CPU cannot run an AVX2 build")
-    library = tmp_path / f"attention-{march}.so"
-    command = [_compiler(), "-O3", f"-march={march}", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
-    subprocess.run([*command, str(KERNELS / "attention.c"), "-o", str(library), "-lm"], check=True, timeout=120)
+    library = compile_library([KERNELS / "attention.c"], tmp_path / f"attention-{march}.so", march=march)
     other = AttentionKernel(ctypes.CDLL(str(library)))
     prefix, rows, scaling = 70, 9, DIM**-0.5
     q, keys, values = _inputs(prefix, rows, seed=21)

@@ -200,15 +200,12 @@ def test_the_avx2_build_passes_both_self_checks_on_a_machine_that_runs_the_avx51
     """A machine runs one build of the library (-march=native); the other build's matmuls are checked here by
     compiling them for Haswell (AVX2 + FMA + F16C), on every CPU that can run it."""
     import ctypes
-    import subprocess
 
-    from localspec.runtime.q4_kernel import SOURCES, Q4Kernel, _compiler, cpu_flags, q8_self_check
+    from localspec.runtime.q4_kernel import SOURCES, Q4Kernel, compile_library, cpu_flags, q8_self_check
 
     if not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("this CPU cannot run an AVX2 build")
-    library = tmp_path / "kernels-haswell.so"
-    command = [_compiler(), "-O3", "-march=haswell", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
-    subprocess.run([*command, *map(str, SOURCES), "-o", str(library), "-lm"], check=True, timeout=120)
+    library = compile_library(SOURCES, tmp_path / "kernels-haswell.so", march="haswell")
     other = Q4Kernel(ctypes.CDLL(str(library)))
     assert other.isa == "avx2"
     for seed in (3, 4):

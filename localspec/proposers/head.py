@@ -42,32 +42,29 @@ class HeadProposer(Proposer):
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
         self.caches = self.head.new_caches()
         self.fed = 0  # real positions 1..fed are in every module's cache
-        # target features at positions fed .. n-1, [t, F] each, as the target gave them: projected when the head
-        # next drafts (catch_up), all in one call, so a step the controller runs plain costs the head nothing
+        # target features at positions fed .. n-1, [t, F] each, as the target gave them: converted and projected
+        # when the head next drafts (catch_up), all in one call, so a step the controller runs plain costs nothing
         self.pending: list[torch.Tensor] = []
-        self.pending_rows = 0
         self._add_pending(prompt_hidden)
         self.last_hidden = None  # [H] the step-1 module's output at position fed
         self.anchor = None  # [H] target hidden at position fed - 1
 
     def _add_pending(self, features: Optional[torch.Tensor]) -> None:
-        if features is None:
-            return
-        rows = features.detach().to(device=self.device, dtype=self.dtype).reshape(-1, self.config.feature_size)
-        self.pending.append(rows)
-        self.pending_rows += rows.shape[0]
+        if features is not None:
+            self.pending.append(features.detach().reshape(-1, self.config.feature_size))
 
     @torch.inference_mode()
     def catch_up(self, context_ids: list[int]) -> bool:
         """Feed the verified positions fed+1..n (n = len(context_ids) - 1) into every module. False when the head
         cannot draft here (no target hidden yet, or the context does not match what it was told)."""
         n = len(context_ids) - 1
-        new = self.pending_rows
+        new = sum(rows.shape[0] for rows in self.pending)
         if n - self.fed != new:
             return False
         if new == 0:
             return self.last_hidden is not None
-        hidden = self.head.project_features(torch.cat(self.pending))  # [new, H] the rows the modules read
+        features = torch.cat(self.pending).to(device=self.device, dtype=self.dtype)  # [new, F]
+        hidden = self.head.project_features(features)  # [new, H] the rows the modules read
         tokens = torch.tensor(context_ids[self.fed + 1 : n + 1], dtype=torch.long, device=self.device)
         positions = torch.arange(self.fed + 1, n + 1, device=self.device)
         first_module = self.config.module_for_step(1)
@@ -77,7 +74,7 @@ class HeadProposer(Proposer):
                 self.last_hidden = out[-1]
         self.anchor = hidden[-1]
         self.fed = n
-        self.pending, self.pending_rows = [], 0
+        self.pending = []
         return True
 
     @torch.inference_mode()

@@ -213,12 +213,24 @@ def _built(build_dir: Path) -> Path:
         return target
     build_dir.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    command = [_compiler(), *FLAGS, *map(str, SOURCES), "-o", str(partial), "-lm"]
+    try:
+        compile_library(SOURCES, partial)
+    except RuntimeError:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(target)
+    return target
+
+
+def compile_library(sources, target: Path, march: str = "native") -> Path:
+    """Compile kernel sources into the shared library `target` with FLAGS, for `march` (the machine's own target by
+    default; another one, e.g. "haswell", builds the AVX2 code on a machine that would run the AVX-512 one).
+    RuntimeError with the compiler's last line when it fails."""
+    flags = [f"-march={march}" if flag == "-march=native" else flag for flag in FLAGS]
+    command = [_compiler(), *flags, *map(str, sources), "-o", str(target), "-lm"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if result.returncode:
-        partial.unlink(missing_ok=True)
         raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "compiler failed")
-    partial.replace(target)
     return target
 
 

@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "scalar.h" /* rows_per_pass, float_to_bf16 */
+
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 
 #define CHUNK 12 /* rows per pass over a block of weights: 2 accumulators a row, 24 of the 32 registers */
@@ -121,7 +123,7 @@ int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint1
             }
             xsum[(size_t)r * groups + g] = s;
         }
-    const int passes = (rows + CHUNK - 1) / CHUNK, per = (rows + passes - 1) / passes;
+    const int per = rows_per_pass(rows, CHUNK);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int nb = 0; nb < blocks; nb++) {
         const uint8_t *c = codes + (size_t)nb * groups * 256;
@@ -221,12 +223,6 @@ static inline void group_two_rows(const float *q, const float *x, const float *x
     finish(p2, d, m, xsum2, acc2);
 }
 
-static inline uint16_t to_bf16(float f) { /* round to nearest even (finite inputs) */
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-}
-
 /* x [M, K] bf16, y [M, N] bf16, both contiguous; K % 32 == 0, N % 16 == 0. Returns 0, or -1 when out of memory. */
 int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint16_t *y, int rows, int k, int n,
               int threads) {
@@ -274,7 +270,7 @@ int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint1
                               acc + r * 16);
             }
             for (int r = 0; r < count; r++)
-                for (int i = 0; i < 16; i++) y[(size_t)(r0 + r) * n + nb * 16 + i] = to_bf16(acc[r * 16 + i]);
+                for (int i = 0; i < 16; i++) y[(size_t)(r0 + r) * n + nb * 16 + i] = float_to_bf16(acc[r * 16 + i]);
         }
     }
     free(xf);

@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "scalar.h" /* rows_per_pass */
+
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 
 #define Q8_CHUNK 12 /* rows per pass over a block of codes: one accumulator and one partial sum a row */
@@ -58,7 +60,7 @@ static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *co
 int q8_matmul(const uint16_t *x, const int8_t *codes, const uint16_t *dscale, float *y, int rows, int k, int n,
               int threads) {
     const int groups = k / 32, blocks = n / 16;
-    const int passes = (rows + Q8_CHUNK - 1) / Q8_CHUNK, per = passes ? (rows + passes - 1) / passes : 1;
+    const int per = rows_per_pass(rows, Q8_CHUNK);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int nb = 0; nb < blocks; nb++) {
         const int8_t *c = codes + (size_t)nb * groups * 512;

@@ -1,5 +1,6 @@
 /* Scalar helpers the kernels share: bfloat16 conversions and a fixed exp (a pure function of its input, the same
- * bits whether a compiler runs it 16 lanes at a time or one). Included by attention.c and layer.c. */
+ * bits whether a compiler runs it 16 lanes at a time or one) and the matmuls' row split. Included by every kernel
+ * source. */
 #ifndef LOCALSPEC_SCALAR_H
 #define LOCALSPEC_SCALAR_H
 #include <math.h>
@@ -20,6 +21,13 @@ static inline uint16_t float_to_bf16(float f) { /* round to nearest even (finite
 }
 
 static inline float bf16_round(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+/* Rows per pass when a matmul takes a call's rows through a block of weights at most `chunk` at a time: the fewest
+ * passes, as even as they come (13 rows, chunk 12: 7 + 6). Only the work split depends on it, never a row's bits. */
+static inline int rows_per_pass(int rows, int chunk) {
+    const int passes = (rows + chunk - 1) / chunk;
+    return passes ? (rows + passes - 1) / passes : 1;
+}
 
 /* exp(x) for x <= 0 (a score minus its row's maximum, or -|x|): 0 below -87 (exp(-87) < 2^-125: against the
  * values it is added to, far under float32's resolution); otherwise x = n·ln 2 + r with n = round(x / ln 2)
