@@ -19,8 +19,9 @@ Forward setups (localspec/runtime/model_runner.py ForwardSetup):
   exact       model_runner.exact_setup: eager-mask with EXACT_ROWS dummy rows (at least 2; multiples of 8 in float32)
   exact-rows  model_runner.exact_rows_setup: exact, and each decode / verify row's attention in plain shapes (lean)
   eager-mask-rows  eager-mask with each decode / verify row's attention in plain shapes (lean), 1-row decode
-  engine      model_runner.exact_setup_for(the target): what the engine's exact forwards run (on the q4 kernel: the
-              attention kernel, 1-row decode)
+  engine      model_runner.exact_setup_for(the target): what the engine's exact forwards run (decode / verify
+              attention on the attention kernel wherever the kernels' library loads: the loader attaches it to
+              every CPU target; on the q4 kernel also 1-row decode)
 
 Run: python scripts/measure_rounding.py [--paths float32,bfloat16,float16,nf4,int8,gguf] [--setups fast,exact]
          [--gsm8k 3] [--mt-bench 1] [--humaneval 1] [--tokens 24] [--json-dir assets/rounding]

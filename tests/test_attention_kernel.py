@@ -10,7 +10,7 @@ import torch
 
 from localspec.models.gguf_linear import q4_kernel_here
 from localspec.runtime import attention_kernel
-from localspec.runtime.attention_kernel import reference_and_bound, self_check
+from localspec.runtime.attention_kernel import DTYPES, reference_and_bound, self_check
 
 HEADS, KV_HEADS, DIM = 9, 3, 64  # the embedded model's attention
 
@@ -23,12 +23,12 @@ def kernel():
     return load.kernel.attention
 
 
-def _inputs(prefix: int, rows: int, seed: int, capacity_extra: int = 5):
+def _inputs(prefix: int, rows: int, seed: int, capacity_extra: int = 5, dtype: torch.dtype = torch.bfloat16):
     generator = torch.Generator().manual_seed(seed)
     capacity = prefix + rows + capacity_extra  # the cache's buffer: the kernel reads views of it
-    keys = torch.randn(1, KV_HEADS, capacity, DIM, generator=generator).to(torch.bfloat16)
-    values = torch.randn(1, KV_HEADS, capacity, DIM, generator=generator).to(torch.bfloat16)
-    q = torch.randn(1, HEADS, rows, DIM, generator=generator).mul(3).to(torch.bfloat16)  # [1, H, T, D]
+    keys = torch.randn(1, KV_HEADS, capacity, DIM, generator=generator).to(dtype)
+    values = torch.randn(1, KV_HEADS, capacity, DIM, generator=generator).to(dtype)
+    q = torch.randn(1, HEADS, rows, DIM, generator=generator).mul(3).to(dtype)  # [1, H, T, D]
     return q, keys, values
 
 
@@ -37,19 +37,21 @@ def test_the_kernel_passes_its_self_check_on_other_data(kernel):
         assert self_check(kernel, seed=seed) is None
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("prefix", "rows"), [(0, 1), (0, 7), (37, 1), (300, 5), (300, 17)])
-def test_outputs_are_within_the_rounding_bound_of_float64(kernel, prefix, rows):
-    q, keys, values = _inputs(prefix, rows, seed=prefix + rows)
+def test_outputs_are_within_the_rounding_bound_of_float64(kernel, prefix, rows, dtype):
+    q, keys, values = _inputs(prefix, rows, seed=prefix + rows, dtype=dtype)
     length = prefix + rows
     out = kernel.attend(q, keys[:, :, :length], values[:, :, :length], prefix, None, DIM**-0.5)  # [1, T, H·D]
     reference, bound = reference_and_bound(q, keys[:, :, :length], values[:, :, :length], prefix, None, DIM**-0.5)
-    assert out.shape == (1, rows, HEADS * DIM)
+    assert out.shape == (1, rows, HEADS * DIM) and out.dtype == dtype
     assert bool(((out.double() - reference).abs() <= bound).all())
 
 
-def test_a_chain_row_is_the_row_alone_and_a_tree_row_ignores_what_its_siblings_hold(kernel):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_chain_row_is_the_row_alone_and_a_tree_row_ignores_what_its_siblings_hold(kernel, dtype):
     prefix, rows, scaling = 120, 9, DIM**-0.5
-    q, keys, values = _inputs(prefix, rows, seed=5)
+    q, keys, values = _inputs(prefix, rows, seed=5, dtype=dtype)
     length = prefix + rows
     chain = kernel.attend(q, keys[:, :, :length], values[:, :, :length], prefix, None, scaling)
     for row in range(rows):  # plain decoding of position prefix + row: one row on the keys up to itself
@@ -101,28 +103,30 @@ def test_a_build_for_another_instruction_set_computes_the_same_bits(kernel, marc
     library = compile_library([KERNELS / "attention.c"], tmp_path / f"attention-{march}.so", march=march)
     other = AttentionKernel(ctypes.CDLL(str(library)))
     prefix, rows, scaling = 70, 9, DIM**-0.5
-    q, keys, values = _inputs(prefix, rows, seed=21)
-    length = prefix + rows
     visible = torch.eye(rows, dtype=torch.bool)
     visible[:, 0] = True
     visible[4:, 3] = True  # a branch: rows 4.. under row 3
-    for mask in (None, visible):
-        args = (q, keys[:, :, :length], values[:, :, :length], prefix, mask, scaling)
-        assert torch.equal(other.attend(*args), kernel.attend(*args))
-    for cached in (0, 15, 16, prefix):  # a single row takes its own layout (decode_attention): the same bits too
-        args = (q[:, :, :1], keys[:, :, : cached + 1], values[:, :, : cached + 1], cached, None, scaling)
-        assert torch.equal(other.attend(*args), kernel.attend(*args))
+    for dtype in DTYPES:  # float16's conversions in software on plain x86-64, F16C's where the build has it
+        q, keys, values = _inputs(prefix, rows, seed=21, dtype=dtype)
+        length = prefix + rows
+        for mask in (None, visible):
+            args = (q, keys[:, :, :length], values[:, :, :length], prefix, mask, scaling)
+            assert torch.equal(other.attend(*args), kernel.attend(*args)), dtype
+        for cached in (0, 15, 16, prefix):  # a single row takes its own layout (decode_attention): the same bits too
+            args = (q[:, :, :1], keys[:, :, : cached + 1], values[:, :, : cached + 1], cached, None, scaling)
+            assert torch.equal(other.attend(*args), kernel.attend(*args)), dtype
 
 
 class _OffByOneRounding:
-    """An attention kernel whose rows inside a call of more than one row are one bf16 ulp off."""
+    """An attention kernel whose rows inside a call of more than `plain_rows` rows are one ulp off."""
 
-    def __init__(self, real):
-        self.real = real
+    def __init__(self, real, plain_rows: int = 1):
+        self.real, self.plain_rows = real, plain_rows
 
     def attend(self, q, keys, values, prefix, visible, scaling):
         out = self.real.attend(q, keys, values, prefix, visible, scaling)
-        return out.view(torch.int16).add(1).view(torch.bfloat16) if q.shape[2] > 1 else out
+        bits = torch.int32 if out.dtype == torch.float32 else torch.int16
+        return out.view(bits).add(1).view(out.dtype) if q.shape[2] > self.plain_rows else out
 
 
 def test_the_self_check_refuses_a_kernel_whose_rows_depend_on_the_call(kernel):
@@ -159,16 +163,25 @@ def test_the_embedded_targets_chains_and_trees_on_it_are_plain_decodings_rows_bi
     setup = exact_setup_for(model)
     for layer in backbone_for(model, "lean", preallocated=True)[1].layers:  # its torch-op layers, which call attend
         monkeypatch.setattr(layer, "layer_kernel", None)
+    _assert_plain_rows_and_that_the_check_can_fail(
+        monkeypatch, lambda: (unequal_chain_rows(model, setup), unequal_tree_rows(model, setup))
+    )
+
+
+def _assert_plain_rows_and_that_the_check_can_fail(monkeypatch, count_unequal, plain_rows: int = 1) -> None:
+    """count_unequal() (the unequal rows of some checks) is all 0 on the kernel, whose attend the forwards called,
+    and all > 0 once every call of more than plain_rows rows (a plain forward's) is one ulp off."""
     calls = []
     attend = attention_kernel.AttentionKernel.attend
     monkeypatch.setattr(attention_kernel.AttentionKernel, "attend", lambda *a: calls.append(1) or attend(*a))
-    assert unequal_chain_rows(model, setup) == 0 and unequal_tree_rows(model, setup) == 0
+    assert all(count == 0 for count in count_unequal())
     assert calls  # the forwards ran on the kernel
-    # the same checks fail when a forward's rows are one rounding off inside multi-row calls
     monkeypatch.setattr(
-        attention_kernel.AttentionKernel, "attend", lambda self, *a: _OffByOneRounding(_Real(attend, self)).attend(*a)
+        attention_kernel.AttentionKernel,
+        "attend",
+        lambda self, *a: _OffByOneRounding(_Real(attend, self), plain_rows).attend(*a),
     )
-    assert unequal_chain_rows(model, setup) > 0 and unequal_tree_rows(model, setup) > 0
+    assert all(count > 0 for count in count_unequal())
 
 
 class _Real:
@@ -194,3 +207,34 @@ def test_a_setup_asking_for_the_kernel_on_layers_without_it_runs_their_eager_att
         runner.extend(ids[:20], logits_to_keep=0)
         logits.append(torch.cat([runner.extend(ids[20:25]).logits, runner.extend(ids[25:26]).logits]))
     assert torch.equal(logits[0], logits[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_dense_targets_exact_setup_takes_the_attached_kernel_and_its_trees_become_plain_rows(
+    tiny_pair, kernel, monkeypatch, dtype
+):
+    """The loader attaches the kernel to a CPU target off the q4 kernel (attach_attention_kernel): its exact setup
+    then runs decode / verify attention there, with the dtype's dummy rows for the linears, and chain and tree rows
+    (which eager attention leaves unequal on real models: assets/rounding/epyc/) are plain decoding's."""
+    from transformers import AutoModelForCausalLM
+
+    from localspec.runtime.attention_kernel import attach_attention_kernel
+    from localspec.runtime.model_runner import exact_setup, exact_setup_for
+    from localspec.verify.guarantee import guarantee_for_model
+
+    from .test_exact import unequal_rows
+    from .test_lean_llama import unequal_tree_rows
+
+    def fresh():
+        return AutoModelForCausalLM.from_pretrained(tiny_pair["target"], dtype=dtype).eval()
+
+    bare, model = fresh(), fresh()
+    attach_attention_kernel(model, kernel)
+    assert exact_setup_for(bare) == exact_setup(dtype)  # nothing attached: eager attention
+    setup = exact_setup_for(model)
+    plain_rows = exact_setup(dtype).padded(1)
+    assert setup.attention_kernel and setup.padded(1) == plain_rows and setup.name.startswith("attention kernel")
+    assert "attention kernel" in guarantee_for_model(model, "none", "cpu", exact=True).path
+    _assert_plain_rows_and_that_the_check_can_fail(
+        monkeypatch, lambda: (unequal_rows(model, setup), unequal_tree_rows(model, setup)), plain_rows
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -147,7 +148,9 @@ def test_bench_end_to_end_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
     from localspec.verify.guarantee import guarantee_for
 
     exact = data["guarantee"]["path"].endswith("exact forwards")  # exact: auto decides per machine, at load
-    stated = guarantee_for("float32", "none", "cpu", exact)  # the tiny pair's path: what "same as hf" means
+    stated = guarantee_for(
+        "float32", "none", "cpu", "exact" if exact else "fast"
+    )  # the tiny pair's path: what "same as hf" means
     assert data["guarantee"] == stated.to_dict() and stated.text in table
     for name in ("tokens_per_s.png", "acceptance_by_position.png", "k_sweep.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -299,7 +302,12 @@ def test_bench_reports_the_dtype_decision_the_float32_baseline_and_per_row_costs
     assert data["machine"]["dtype"]["dtype"] == "bfloat16" and data["machine"]["dtype"]["how"] == "measured"
     assert list(data["machine"]["verify_ms"]) == [str(t) for t in range(1, 10)]
     assert data["machine"]["verify_ms"]["9"] == pytest.approx(90.0)
-    assert per_row_setups == [{"target": exact_setup(torch.bfloat16)}]  # the rows timed as the engine runs them
+    from localspec.models.gguf_linear import q4_kernel_here
+
+    load = q4_kernel_here()  # where the attention kernel loads, the loader attached it: the exact setup runs on it
+    on_kernel = load.kernel is not None and load.kernel.attention is not None
+    engine_setup = dataclasses.replace(exact_setup(torch.bfloat16), attention_kernel=on_kernel)
+    assert per_row_setups == [{"target": engine_setup}]  # the rows timed as the engine runs them
     for prompt in data["prompts"]:
         assert 1 <= len(prompt["results"]["hf-fp32"]["token_ids"]) <= 8
     table = (out / "results.md").read_text()

@@ -11,11 +11,9 @@ from localspec.verify.guarantee import MARGIN_FACTOR, MEASURED, MEASURED_BY_CPU,
 
 def _measured():
     for (device, dtype, quant, setup), rounding in MEASURED.items():
-        kernels = setup == "exact-kernels"
-        yield guarantee_for(dtype, quant, device, exact=setup != "fast", cpu="other", kernels=kernels), rounding
+        yield guarantee_for(dtype, quant, device, setup, cpu="other"), rounding
     for (device, dtype, quant, setup, family), rounding in MEASURED_BY_CPU.items():
-        kernels = setup == "exact-kernels"
-        yield guarantee_for(dtype, quant, device, exact=setup != "fast", cpu=family, kernels=kernels), rounding
+        yield guarantee_for(dtype, quant, device, setup, cpu=family), rounding
 
 
 def test_each_measured_path_states_identical_or_its_flip_gap_plus_the_margin():
@@ -36,17 +34,36 @@ def test_the_exact_setup_is_identical_where_it_was_measured_so_and_says_where_no
     what makes them equal); on the Sapphire Rapids Xeon the exact setup's chains were not all equal, and the
     guarantee read there says so."""
     for quant in ("none", "gguf"):
-        assert guarantee_for("bfloat16", quant, "cpu", exact=True, cpu="amd-epyc").greedy == "identical"
-        assert guarantee_for("bfloat16", quant, "cpu", exact=False, cpu="amd-epyc").greedy == "near-tie"
-        on_xeon = guarantee_for("bfloat16", quant, "cpu", exact=True, cpu="intel-xeon")
+        assert guarantee_for("bfloat16", quant, "cpu", "exact", cpu="amd-epyc").greedy == "identical"
+        assert guarantee_for("bfloat16", quant, "cpu", "fast", cpu="amd-epyc").greedy == "near-tie"
+        on_xeon = guarantee_for("bfloat16", quant, "cpu", "exact", cpu="intel-xeon")
         assert on_xeon.greedy == "near-tie" and "Xeon" in on_xeon.measured_on
 
 
 def test_the_row_invariant_kernels_make_chains_and_trees_identical_on_every_cpu_family():
     for family in ("amd-epyc", "intel-xeon", "other"):
-        stated = guarantee_for("bfloat16", "gguf", "cpu", exact=True, cpu=family, kernels=True)
+        stated = guarantee_for("bfloat16", "gguf", "cpu", "exact-kernels", cpu=family)
         assert stated.greedy == "identical" and stated.tree_greedy == "identical" and stated.tree_flip_bound == 0.0
         assert "row-invariant kernels" in stated.path and "token trees too" in stated.text
+
+
+def test_the_attention_kernel_makes_every_cpu_path_but_int8_identical_for_chains_and_trees():
+    """Measured: with decode / verify attention on the attention kernel, bf16, float32, float16 and nf4 rows were all
+    plain decoding's (the exact setup without it left them unequal, but bf16 chains); int8's outlier columns keep
+    it near-tie."""
+    for dtype, quant in (("bfloat16", "none"), ("float32", "none"), ("float16", "none"), ("float32", "nf4")):
+        stated = guarantee_for(dtype, quant, "cpu", "exact-attention", cpu="amd-epyc")
+        assert stated.greedy == "identical" and stated.tree_greedy == "identical", (dtype, quant)
+        assert "attention kernel" in stated.path and "linears as measured" in stated.text
+        without = guarantee_for(dtype, quant, "cpu", "exact", cpu="amd-epyc")
+        assert without.tree_greedy == "near-tie" and without.tree_flip_bound > 0
+    int8 = guarantee_for("float32", "int8", "cpu", "exact-attention", cpu="amd-epyc")
+    assert int8.greedy == "near-tie" and int8.flip_bound > 1
+
+
+def test_an_unknown_setup_is_refused():
+    with pytest.raises(ConfigError, match="forward setup"):
+        guarantee_for("bfloat16", "none", "cpu", "exactish")
 
 
 def test_unmeasured_paths_say_so_and_claim_no_bound():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from localspec.config import SamplingParams, SpecConfig
-from localspec.verify.guarantee import guarantee_for
+from localspec.verify.guarantee import guarantee_for, guarantee_for_model
 
 from .conftest import shared_prompts
 from .lossless import assert_within_guarantee
@@ -67,22 +67,31 @@ def exact_session(dtype: str, exact: str = "on"):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_exact_forwards_give_plain_decodings_greedy_tokens_on_every_cpu_dtype(dtype):
     """Each CPU dtype explicitly (not only what dtype: auto picks here): with the exact setup, greedy n-gram chains
-    of every K are plain decoding's tokens (== where the path is measured identical, else within its bound), and
-    seeded sampling is plain seeded sampling for another K and under adaptive K."""
+    of every K and n-gram token trees are plain decoding's tokens (== where the path is measured identical, else
+    within its bound), and seeded sampling is plain seeded sampling for another K, under adaptive K and with trees.
+    Where the attention kernel loads (the kernels' library builds here) the exact setup runs on it and every path
+    is stated identical, chains and trees."""
     session = exact_session(dtype)
     assert session.engine.target.setup.padded(1) > 1  # the exact setup is what runs
+    stated = guarantee_for_model(session.loaded.target, "none", "cpu", exact=True)
+    if session.engine.target.setup.attention_kernel:
+        assert stated.greedy == "identical" and stated.tree_greedy == "identical", stated.text
+    tree = SpecConfig(proposer="ngram", k=4, tree_nodes=8)
     for n, text in enumerate(shared_prompts(limit_mt=2, limit_code=1)):
         prompt_ids = session.prompt_ids([{"role": "user", "content": text}], NEW_TOKENS)[0]
         baseline = ids_of(session, prompt_ids, SpecConfig(proposer="none"))
         for k in KS:
             got = ids_of(session, prompt_ids, SpecConfig(proposer="ngram", k=k))
             assert_within_guarantee(session, prompt_ids, baseline, got, f"{dtype} prompt {n} ngram K={k}")
-        if guarantee_for(dtype, "none", "cpu", exact=True).greedy != "identical":
+        got = ids_of(session, prompt_ids, tree)
+        assert_within_guarantee(session, prompt_ids, baseline, got, f"{dtype} prompt {n} ngram tree", tree=True)
+        if stated.greedy != "identical":
             continue  # seeded equality needs bitwise-equal logits
         sampled = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, seed=42)
         plain = session.stream_ids(prompt_ids, sampled, SpecConfig(proposer="none"))
         plain_ids = [t.token_id for e in plain for t in e.tokens]
-        for spec in (SpecConfig(proposer="ngram", k=3), SpecConfig(proposer="ngram", k=4, adaptive=True)):
+        specs = [SpecConfig(proposer="ngram", k=3), SpecConfig(proposer="ngram", k=4, adaptive=True)]
+        for spec in specs + ([tree] if stated.tree_greedy == "identical" else []):
             events = session.stream_ids(prompt_ids, sampled, spec)
             assert [t.token_id for e in events for t in e.tokens] == plain_ids, f"{dtype} prompt {n} seeded {spec}"
 
@@ -107,7 +116,7 @@ def check_speculative_equals_plain(dtype: str, quant: str, limit_mt: int, limit_
         assert isinstance(up_proj, Int4Linear)
     elif quant != "none":
         assert "bitsandbytes" in type(up_proj).__module__
-    assert guarantee_for(dtype, quant, "cpu", exact=False).measured
+    assert guarantee_for(dtype, quant, "cpu", "fast").measured
     for n, text in enumerate(shared_prompts(limit_mt=limit_mt, limit_code=limit_code)):
         prompt_ids = session.prompt_ids([{"role": "user", "content": text}], NEW_TOKENS)[0]
         baseline = ids_of(session, prompt_ids, SpecConfig(proposer="none"))

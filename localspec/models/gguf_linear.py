@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from localspec.config import ConfigError
+from localspec.runtime.attention_kernel import attach_attention_kernel
 from localspec.runtime.int4_linear import GROUP, ROW_MULTIPLE, Int4Linear, layout_tag
 from localspec.runtime.q4_kernel import KernelLoad, Q4Kernel, load_q4_kernel
 from localspec.runtime.q8_head import Q8Head, attach_lm_head
@@ -101,6 +102,15 @@ def dequantize_q4_1(blocks: torch.Tensor) -> torch.Tensor:
 def q4_kernel_here() -> KernelLoad:
     """The q4 kernel of this machine, built into the data folder's cache at first use, or why there is none."""
     return load_q4_kernel(cache_dir() / "kernels")
+
+
+def attach_attention_kernel_here(model: torch.nn.Module) -> None:
+    """Offer this machine's attention kernel (the q4 kernel's library) to a CPU target's lean forward whose linears
+    are not on the q4 kernel, where the library loads and its attention self-check passed; elsewhere the exact setup
+    keeps eager attention."""
+    load = q4_kernel_here()
+    if load.kernel is not None and load.kernel.attention is not None:
+        attach_attention_kernel(model, load.kernel.attention)
 
 
 def int4_kernel_note() -> str:

@@ -8,34 +8,52 @@ A row t sees positions 0..P-1 and the forward rows j ≤ t (a chain) or those `v
 and its ancestors); masked keys are skipped, so after keep_path moves an accepted path down the cache, each of its
 rows saw exactly the keys plain decoding's row at that position sees, in the same order.
 
-It is built into the same library as the q4 kernel (runtime/q4_kernel.py builds, loads and checks both) and runs
-only where every decoder linear is row-invariant too (model_runner.exact_setup_for).
+Every number is computed in float32; q, keys, values and the output are bfloat16, float32 or float16 alike (one C
+body per element type). It is built into the same library as the q4 kernel (runtime/q4_kernel.py builds, loads and
+checks both). The exact setup runs its decode / verify attention there wherever the lean forward has it
+(model_runner.exact_setup_for): a gguf target's layers take it from their q4 kernel, and the loader attaches it to
+any other CPU target (attach_attention_kernel), whose linears keep their dummy rows.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+import weakref
 
 import torch
+from torch import nn
 
 MAX_DIM = 512  # kernels/attention.c: head sizes up to this, multiples of 16
 MAX_GROUP = 16  # and up to this many query heads per key-value head
 CHECK_ROWS = 9  # the self-check's forward: a pending token and 8 tree nodes
 FLOAT32_EPS = 2.0**-24
-BF16_REL = 2.0**-7
+DTYPES = (torch.bfloat16, torch.float32, torch.float16)  # kernels/attention.c: exact_attention_bf16 / _f32 / _f16
+SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32", torch.float16: "f16"}
+# the output's rounding to the element type, allowed twice over: (relative, absolute: float16's subnormal spacing)
+OUTPUT_ROUNDING = {torch.bfloat16: (2.0**-7, 0.0), torch.float32: (0.0, 0.0), torch.float16: (2.0**-10, 2.0**-24)}
 
 
 class AttentionKernel:
-    """`attend(q, keys, values, prefix, visible, scaling)`: q [1, H, T, D] bf16 (D contiguous), keys and values the
-    cache's [1, Hkv, P+T, D] bf16 views (rows contiguous), visible [T, T] bool or None (a chain) → [1, T, H·D]."""
+    """`attend(q, keys, values, prefix, visible, scaling)`: q [1, H, T, D] (D contiguous), keys and values the cache's
+    [1, Hkv, P+T, D] views (rows contiguous), all bfloat16, float32 or float16, visible [T, T] bool or None (a chain)
+    → [1, T, H·D] in that dtype."""
 
     def __init__(self, library: ctypes.CDLL):
-        self._fn = library.exact_attention
-        self._fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-        self._fn.argtypes += [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 5
-        self._fn.argtypes += [ctypes.c_float, ctypes.c_int]
-        self._fn.restype = ctypes.c_int
+        self._fns = {}
+        for dtype in DTYPES:
+            fn = getattr(library, f"exact_attention_{SUFFIX[dtype]}")
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+            fn.argtypes += [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 5
+            fn.argtypes += [ctypes.c_float, ctypes.c_int]
+            fn.restype = ctypes.c_int
+            self._fns[dtype] = fn
+
+    @staticmethod
+    def fits(heads: int, kv_heads: int, dim: int, dtype: torch.dtype) -> bool:
+        """Whether the kernel takes a model with these attention shapes and compute dtype (attend raises on others)."""
+        shapes = dim % 16 == 0 and dim <= MAX_DIM and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP
+        return shapes and dtype in DTYPES
 
     def attend(
         self,
@@ -48,15 +66,16 @@ class AttentionKernel:
     ) -> torch.Tensor:
         _, heads, rows, dim = q.shape
         kv_heads = keys.shape[1]
-        if q.dtype != torch.bfloat16 or keys.dtype != torch.bfloat16 or values.dtype != torch.bfloat16:
-            raise TypeError("the attention kernel takes bfloat16 queries, keys and values")
+        fn = self._fns.get(q.dtype)
+        if fn is None or keys.dtype != q.dtype or values.dtype != q.dtype:
+            raise TypeError("the attention kernel takes bfloat16, float32 or float16 queries, keys and values alike")
         if q.stride(3) != 1 or keys.stride()[2:] != (dim, 1) or values.stride() != keys.stride():
             raise ValueError("the attention kernel reads contiguous head rows and a [Hkv, capacity, D] cache layout")
         if keys.shape[2] != prefix + rows or heads % kv_heads or dim % 16 or dim > MAX_DIM:
             raise ValueError(f"attention kernel: {heads} heads over {kv_heads}, D = {dim}, {keys.shape[2]} keys")
         mask = None if visible is None else visible.to(torch.uint8).contiguous()  # [T, T]
         out = q.new_empty((1, rows, heads, dim))  # [1, T, H, D]
-        status = self._fn(
+        status = fn(
             q.data_ptr(),
             q.stride(2),
             q.stride(1),
@@ -80,13 +99,28 @@ class AttentionKernel:
         return out.reshape(1, rows, heads * dim)
 
 
+_ATTACHED: weakref.WeakKeyDictionary[nn.Module, AttentionKernel] = weakref.WeakKeyDictionary()
+
+
+def attach_attention_kernel(model: nn.Module, kernel: AttentionKernel) -> None:
+    """Offer `kernel` to the lean forward of a model whose linears are not on the q4 kernel (a dense or bitsandbytes
+    one): its layers run decode / verify attention there in the setups that ask for it. Attach before the first
+    runner (the lean forward is built once per model)."""
+    _ATTACHED[model] = kernel
+
+
+def attached_attention_kernel(model: nn.Module) -> AttentionKernel | None:
+    return _ATTACHED.get(model)
+
+
 def reference_and_bound(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefix: int, visible: torch.Tensor | None, scaling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float64 attention [1, T, H·D], the most the kernel may be off it): the output's bfloat16 rounding plus a
-    first-order bound of its float32 arithmetic, relative to Σ_i p_i·|v_i| (p the softmax weights): the scores'
-    dot products (D + 1 roundings each: summed in dim order, then scaled; they reach the output scaled by |s|
-    through exp), exp_fixed (2 ulps) and the key-order sums (n roundings each), with 4× headroom over the count."""
+    """(float64 attention [1, T, H·D], the most the kernel may be off it): the output's rounding to q's dtype
+    (OUTPUT_ROUNDING) plus a first-order bound of its float32 arithmetic, relative to Σ_i p_i·|v_i| (p the softmax
+    weights): the scores' dot products (D + 1 roundings each: summed in dim order, then scaled; they reach the output
+    scaled by |s| through exp), exp_fixed (2 ulps) and the key-order sums (n roundings each), with 4× headroom over
+    the count."""
     _, heads, rows, dim = q.shape
     groups = heads // keys.shape[1]
     k = keys.double().repeat_interleave(groups, dim=1)  # [1, H, P+T, D]
@@ -102,20 +136,29 @@ def reference_and_bound(
     spread = (q.double().abs() @ k.abs().transpose(2, 3) * scaling).masked_fill(~seen, 0).amax(dim=-1)  # [1, H, T]
     spread = spread.transpose(1, 2).repeat_interleave(dim, dim=2)  # [1, T, H·D]
     relative = 4 * FLOAT32_EPS * ((dim + 1) * spread + 2 * n + 8)
-    return reference, BF16_REL * reference.abs() + relative * magnitude
+    rounding, floor = OUTPUT_ROUNDING[q.dtype]
+    return reference, rounding * reference.abs() + floor + relative * magnitude
 
 
 def self_check(kernel: AttentionKernel, seed: int = 0) -> str | None:
-    """None when each row of a tree-masked 9-row call is bitwise the same row computed alone on the keys it sees (the
-    plain decode of that position), the chain form agrees with the tree form of a chain, and every output is within
-    reference_and_bound of float64; otherwise what failed."""
+    """None when, in each element type, each row of a tree-masked 9-row call is bitwise the same row computed alone
+    on the keys it sees (the plain decode of that position), the chain form agrees with the tree form of a chain,
+    and every output is within reference_and_bound of float64; otherwise what failed."""
+    for dtype in DTYPES:
+        problem = _self_check_in(kernel, seed, dtype)
+        if problem is not None:
+            return f"{SUFFIX[dtype]}: {problem}"
+    return None
+
+
+def _self_check_in(kernel: AttentionKernel, seed: int, dtype: torch.dtype) -> str | None:
     generator = torch.Generator().manual_seed(seed)
     heads, kv_heads, dim, prefix, rows = 6, 2, 64, 21, CHECK_ROWS
     scaling = dim**-0.5
     capacity = prefix + rows + 3
-    keys = torch.randn(1, kv_heads, capacity, dim, generator=generator).to(torch.bfloat16)  # [1, Hkv, cap, D]
-    values = torch.randn(1, kv_heads, capacity, dim, generator=generator).to(torch.bfloat16)
-    q = torch.randn(1, heads, rows, dim, generator=generator).mul(2).to(torch.bfloat16)  # [1, H, T, D]
+    keys = torch.randn(1, kv_heads, capacity, dim, generator=generator).to(dtype)  # [1, Hkv, cap, D]
+    values = torch.randn(1, kv_heads, capacity, dim, generator=generator).to(dtype)
+    q = torch.randn(1, heads, rows, dim, generator=generator).mul(2).to(dtype)  # [1, H, T, D]
     parents = [-1, 0, 0, 1, 1, 2, 3, 5]  # 8 nodes under the pending row 0
     visible = torch.eye(rows, dtype=torch.bool)
     visible[:, 0] = True

@@ -34,6 +34,7 @@ from torch import nn
 
 from localspec.config import ConfigError
 
+from .attention_kernel import AttentionKernel, attached_attention_kernel
 from .int4_linear import Int4Linear
 from .layer_kernel import BoundLayer, layer_weights, load_layer_kernel
 from .static_cache import PreallocatedCache
@@ -98,7 +99,9 @@ def _columns_unchanged(fused: nn.Module, parts: list[nn.Module], x: torch.Tensor
 
 
 class LeanLayer(nn.Module):
-    def __init__(self, layer: nn.Module, config, probe: torch.Tensor) -> None:  # probe [2, H] in the compute dtype
+    def __init__(
+        self, layer: nn.Module, config, probe: torch.Tensor, attached: AttentionKernel | None = None
+    ) -> None:  # probe [2, H] in the compute dtype; attached: the model's attention kernel (a dense model's, or None)
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
@@ -116,7 +119,12 @@ class LeanLayer(nn.Module):
         self.splits = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
         self.intermediate = mlp.gate_proj.out_features
         on_q4 = isinstance(self.o_proj, Int4Linear) and self.o_proj.kernel is not None
-        self.attention_kernel = self.o_proj.kernel.attention if on_q4 else None  # attention_kernel.py, where it loaded
+        kernel = self.o_proj.kernel.attention if on_q4 else attached
+        if kernel is not None and not (
+            kernel.fits(self.heads, self.kv_heads, self.head_dim, probe.dtype) and probe.is_cpu
+        ):
+            kernel = None
+        self.attention_kernel = kernel  # attention_kernel.py, where it loaded and takes this model
         self.layer_kernel = self._bound_layer_kernel()  # layer_kernel.py: the whole layer of "kernel" forwards
 
     def _bound_layer_kernel(self) -> BoundLayer | None:
@@ -273,7 +281,8 @@ class LeanLlama(nn.Module):
         self.norm = base.norm
         generator = torch.Generator().manual_seed(0)
         probe = torch.randn(2, config.hidden_size, generator=generator).to(self.embed.weight)  # [2, H], compute dtype
-        self.layers = nn.ModuleList(LeanLayer(layer, config, probe) for layer in base.layers)
+        attached = attached_attention_kernel(model)
+        self.layers = nn.ModuleList(LeanLayer(layer, config, probe, attached) for layer in base.layers)
         rotary = base.rotary_emb
         self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)  # [D/2]
         self.attention_scaling = float(rotary.attention_scaling)
@@ -281,7 +290,8 @@ class LeanLlama(nn.Module):
 
     @property
     def has_attention_kernel(self) -> bool:
-        """Whether every layer can run attention "kernel" (its linears on the q4 kernel, whose library loaded it)."""
+        """Whether every layer can run attention "kernel": its linears on the q4 kernel, whose library loaded it, or
+        a dense model's with the kernel attached at load (attention_kernel.attach_attention_kernel)."""
         return all(layer.attention_kernel is not None for layer in self.layers)
 
     @property

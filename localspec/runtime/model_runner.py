@@ -99,17 +99,18 @@ def row_invariant_layers(model: torch.nn.Module) -> bool:
 
 
 def exact_setup_for(model: torch.nn.Module) -> ForwardSetup:
-    """The exact setup for this model: where every decoder linear is row-invariant, 1-row decode forwards, and where
-    the lean forward can also run attention on the attention kernel (the same library), decode / verify attention
-    there: every row of a chain or a tree is then plain decoding's by construction (on the Zen 3 EPYC eager
-    attention alone left 8-23 of 120 chain rows unequal per row count; assets/rounding/). Else exact_setup of its
-    dtype, with its dummy rows."""
+    """The exact setup for this model: where every decoder linear is row-invariant, 1-row decode forwards, else
+    exact_setup of its dtype, with its dummy rows. Where the lean forward can also run attention on the attention
+    kernel (the q4 kernel's library; a dense bfloat16 model's attached at load), decode / verify attention runs
+    there: a chain row or a tree node then attends as plain decoding's row at that position, whatever the other rows
+    (on the Zen 3 EPYC eager attention alone left 8-23 of 120 chain rows unequal per row count; the dense bfloat16
+    model's trees 61 of 240 on the AVX-512 EPYC: assets/rounding/)."""
     dtype = model.get_input_embeddings().weight.dtype
+    lean = backbone_for(model, None, preallocated=True)[1] if lean_supported(model) else None
+    kernel = isinstance(lean, LeanLlama) and lean.has_attention_kernel
     if row_invariant_layers(model):
-        lean = backbone_for(model, None, preallocated=True)[1] if lean_supported(model) else None
-        kernel = isinstance(lean, LeanLlama) and lean.has_attention_kernel
         return ForwardSetup(attention="eager", explicit_mask=True, attention_kernel=kernel)
-    return exact_setup(dtype)
+    return dataclasses.replace(exact_setup(dtype), attention_kernel=kernel)
 
 
 def exact_rows_setup(dtype: torch.dtype) -> ForwardSetup:

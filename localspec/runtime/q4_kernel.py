@@ -37,7 +37,7 @@ KERNELS = Path(__file__).with_name("kernels")
 # one library: the q4 matmul, the q8 matmul (a Q8_0 LM head: q8_head.py), the attention kernel (attention_kernel.py)
 # and the layer kernel on both (layer_kernel.py); HEADERS are what they include
 SOURCES = tuple(KERNELS / name for name in ("q4_matmul.c", "q8_matmul.c", "attention.c", "layer.c"))
-HEADERS = (KERNELS / "scalar.h",)
+HEADERS = (KERNELS / "scalar.h", KERNELS / "attention_body.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 ISAS = {  # the kernel's builds, best first: the /proc/cpuinfo flags each needs (kernels/q4_matmul.c picks by target)
     "avx512bf16": ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "f16c"),

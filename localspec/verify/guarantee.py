@@ -2,9 +2,11 @@
 
 Speculative decoding scores K+1 tokens in one forward; plain decoding scores one token per forward. Both compute the
 same function, but a CPU's kernels (and cuBLAS) pick their blocking by the row count, so the logits at the same
-position can differ by rounding. The exact forward setup (engine/model_runner.py exact_setup: eager attention, an
-explicit additive mask, dummy rows up to 2 rows, or to a multiple of 8 in float32) removes that on the paths where
-it was measured to. Per path and setup (fast = transformers' defaults, exact):
+position can differ by rounding. The exact forward setup (runtime/model_runner.py exact_setup_for: an explicit
+additive mask, dummy rows up to 2 rows in bf16, a multiple of 8 in float32 and of 4 in float16, and decode / verify
+attention on the attention kernel where its library loads, else eager) removes that on the paths where it was
+measured to. Setups (Setup): fast = transformers' defaults; exact = eager attention; exact-attention = the attention
+kernel, torch's or bitsandbytes' linears; exact-kernels = gguf on the q4, q8 and attention kernels. Per path, setup:
 
   greedy "identical":  every row of 2..17-row chain forwards was measured bitwise equal to the 1-row forward's, so
                        greedy chains (and seeded sampling with one-hot drafts) give plain decoding's tokens; the tests
@@ -14,13 +16,14 @@ it was measured to. Per path and setup (fast = transformers' defaults, exact):
                        argmax flips measured + MARGIN_FACTOR × the largest |Δlogit| measured (prompts no test reads,
                        2 torch threads, R = 2..17 and trees: scripts/measure_rounding.py, assets/rounding/).
   trees:               token trees are stated apart (tree_greedy, tree_flip_bound): a node's ancestors are not
-                       contiguous rows, so its attention sums run in another order than plain decoding's.
+                       contiguous rows, so eager attention's sums run in another order than plain decoding's (the
+                       attention kernel's do not).
 
 Sampling is distribution-exact with respect to the verify forward's logits on every path. The figures come from one
 CPU (Rounding.measured_on); another CPU runs other kernels, so a path's guarantee is a measurement, not a proof.
 Paths not measured (CUDA, another quantization) get flip_bound = inf and say so. A new weight format (e.g. GGUF int4
 kept packed) gets its rows by adding its name to Quant and scripts/measure_rounding.py PATHS, running the script,
-and adding MEASURED rows for both setups.
+and adding MEASURED rows for each setup.
 """
 
 from __future__ import annotations
@@ -35,16 +38,23 @@ GreedyGuarantee = Literal["identical", "near-tie"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 Quant = Literal["none", "nf4", "int8", "gguf"]  # a new weight format adds its name here and its MEASURED rows below
 DeviceType = Literal["cpu", "cuda"]
-Setup = Literal["fast", "exact", "exact-kernels"]  # exact-kernels: the exact setup on the row-invariant kernels
-SETUP_WORDS = {"fast": "fast", "exact": "exact", "exact-kernels": "exact (row-invariant kernels)"}
+# exact-kernels: the exact setup on the row-invariant kernels (q4 linears, q8 head, attention kernel);
+# exact-attention: the exact setup with decode / verify attention on the attention kernel, torch's linears
+Setup = Literal["fast", "exact", "exact-kernels", "exact-attention"]
+SETUP_WORDS = {
+    "fast": "fast",
+    "exact": "exact",
+    "exact-kernels": "exact (row-invariant kernels)",
+    "exact-attention": "exact (attention kernel)",
+}
 QUANTS: tuple[str, ...] = ("none", "nf4", "int8", "gguf")
 MARGIN_FACTOR = 1.0  # the bound's slack beyond the largest flip seen: one largest rounding difference
 
-XEON = (
-    "Intel(R) Xeon(R) Processor (AVX-512 with BF16, FP16 and VNNI; AMX), 1 torch thread, torch 2.13.0+cpu, "
-    "transformers 5.24.0, bitsandbytes 0.50.2 without the kernels package; 10 prompts × 32 tokens, K+1 ∈ {2, 4, 6, 9}"
-)
 EPYC = "AMD EPYC (2 cores), 2 torch threads, torch 2.13.0+cpu, transformers 5.24.0"
+ZEN4 = (
+    "AMD EPYC Zen 4 (2 cores, AVX-512 BF16), 2 torch threads, torch 2.13.0+cpu, transformers 5.24.0, bitsandbytes "
+    "0.50.2 without the kernels package; 5 prompts no test reads × 24 tokens, R = 2..17, trees of 7 / 17 rows"
+)
 ZEN3 = "AMD EPYC Zen 3 (2 cores, AVX2, no AVX-512), 2 torch threads, torch 2.13.0+cpu, transformers 5.24.0"
 
 
@@ -66,16 +76,18 @@ class Rounding:
 
 # (device type, compute dtype, quant, setup) → measurement (raw figures: assets/rounding/; epyc/ for the exact setup)
 MEASURED: dict[tuple[str, str, str, str], Rounding] = {
-    # fast (sdpa, 1-row decode forwards), measured before trees were measured apart (tree_positions 0: the chain
-    # figures stand for trees too). The bf16 sample on the EPYC (1 unseen prompt × 8 tokens, R = 2..17): 120 / 128
-    # rows unequal, max |Δ| 0.38, no flip: within these figures.
-    ("cpu", "float32", "none", "fast"): Rounding(1280, None, 4.77e-05, 0, 0.0, XEON),
-    ("cpu", "bfloat16", "none", "fast"): Rounding(1280, None, 1.094, 29, 0.25, XEON),
-    ("cpu", "float16", "none", "fast"): Rounding(384, None, 0.1328, 1, 0.0, XEON + " (3 prompts)"),
+    # fast (sdpa, 1-row decode forwards) on the AVX-512 EPYC, 2026-12-04 (scripts/measure_rounding.py --paths
+    # bfloat16,float32,float16,nf4,int8 --setups fast,exact: 3 gsm8k + 1 MT-Bench + 1 HumanEval prompts no test
+    # reads; assets/rounding/epyc/<path>.json). The earlier Intel Xeon figures (1 thread, the tests' own 10 prompts,
+    # K+1 ∈ {2, 4, 6, 9}: assets/rounding/<path>.json) lie within these bounds: bf16 1.09 with flips at gaps ≤ 0.25,
+    # nf4 0.78 (≤ 0.046), int8 12.1 (≤ 0.99: its bound is no greedy identity either way), float32 4.8e-05.
+    ("cpu", "float32", "none", "fast"): Rounding(1920, 1920, 8.39e-05, 0, 0.0, ZEN4, 240, 240, 7.53e-05, 0.0),
+    ("cpu", "bfloat16", "none", "fast"): Rounding(1920, 1902, 1.125, 0, 0.0, ZEN4, 240, 240, 0.954, 0.0),
+    ("cpu", "float16", "none", "fast"): Rounding(1920, 1859, 0.1255, 0, 0.0, ZEN4, 240, 240, 0.1035, 0.0),
     # bitsandbytes' CPU 4-bit kernel (gemv_4bit_inference_cpu_nf4_bf16) casts the activations to bfloat16
-    ("cpu", "float32", "nf4", "fast"): Rounding(1280, None, 0.7775, 13, 0.0462, XEON),
+    ("cpu", "float32", "nf4", "fast"): Rounding(1920, 1920, 0.5666, 25, 0.0667, ZEN4, 240, 240, 0.5104, 0.0667),
     # LLM.int8 picks its outlier columns (|x| > 6) over all rows of a forward: K+1 rows decompose differently
-    ("cpu", "float32", "int8", "fast"): Rounding(1280, None, 12.1, 85, 0.99, XEON),
+    ("cpu", "float32", "int8", "fast"): Rounding(1920, 1920, 5.23, 69, 0.5365, ZEN4, 240, 240, 4.592, 0.4501),
     # quant gguf (the file's Q4_1 blocks, bf16 compute) on the q4 kernel, whose linears are row-invariant by
     # construction: the difference enters at sdpa's attention. Two samples pooled (the same 3 gsm8k + 1 MT-Bench +
     # 1 HumanEval prompts no test reads × 24 tokens, R = 2..17, trees of 7 / 17 rows): the AVX-512 EPYC with the
@@ -96,10 +108,26 @@ MEASURED: dict[tuple[str, str, str, str], Rounding] = {
         1.125,
         0.0584,
     ),
-    # exact (eager + explicit mask + dummy rows), prompts no test reads, chains of R = 2..17 rows and trees of 7 / 17
-    # rows whose path nodes each follow a sibling (scripts/measure_rounding.py; assets/rounding/epyc/)
-    ("cpu", "bfloat16", "none", "exact"): Rounding(
-        128, 0, 0.0, 0, 0.0, EPYC + "; 1 gsm8k prompt × 8 tokens", 16, 4, 0.125, 0.0
+    # exact (eager + explicit mask + dummy rows) where the attention kernel is not there, the same sample: chains
+    # bitwise in bf16 only; what is left is eager attention, whose sums over keys MKL / oneDNN block by the key
+    # count (the first tensor to differ is o_proj's input, on a 206-token prompt in float32) and, in trees, by
+    # where the siblings sit (scripts/measure_rounding.py --setups exact; assets/rounding/epyc/<path>.json)
+    ("cpu", "bfloat16", "none", "exact"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 61, 0.6875, 0.0),
+    ("cpu", "float32", "none", "exact"): Rounding(1920, 377, 6.48e-05, 0, 0.0, ZEN4, 240, 231, 5.72e-05, 0.0),
+    ("cpu", "float16", "none", "exact"): Rounding(1920, 95, 0.0781, 0, 0.0, ZEN4, 240, 222, 0.1172, 0.0),
+    ("cpu", "float32", "nf4", "exact"): Rounding(1920, 269, 0.3568, 0, 0.0, ZEN4, 240, 184, 0.4162, 0.0298),
+    ("cpu", "float32", "int8", "exact"): Rounding(1920, 1920, 6.097, 96, 0.6861, ZEN4, 240, 240, 5.169, 0.2767),
+    # exact with decode / verify attention on the attention kernel (exact_setup_for where the loader attached it:
+    # any CPU target off the q4 kernel), the same sample: every chain row and tree row bitwise for bf16, float32,
+    # float16 and nf4 (the linears with their dummy rows were already row-invariant here; the attention was the
+    # rest). int8 stays inexact: its outlier columns depend on every row (scripts/measure_rounding.py --setups
+    # engine; assets/rounding/epyc/<path>-attention-kernel.json)
+    ("cpu", "bfloat16", "none", "exact-attention"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
+    ("cpu", "float32", "none", "exact-attention"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
+    ("cpu", "float16", "none", "exact-attention"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
+    ("cpu", "float32", "nf4", "exact-attention"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
+    ("cpu", "float32", "int8", "exact-attention"): Rounding(
+        1920, 1920, 5.141, 66, 0.6176, ZEN4, 240, 240, 5.157, 0.4576
     ),
     # gguf in the exact setup with 1-row decode forwards (exact_setup_for: the q4 kernel's linears are row-invariant,
     # so no dummy row): chains bitwise, trees not (assets/rounding/epyc/gguf-q4-kernel.json, the sample above; with a
@@ -117,15 +145,6 @@ MEASURED: dict[tuple[str, str, str, str], Rounding] = {
     # with the dense bf16 LM head)
     ("cpu", "bfloat16", "gguf", "exact-kernels"): Rounding(
         1920, 0, 0.0, 0, 0.0, ZEN3 + "; 5 prompts × 24 tokens, q4 kernel (avx2) + attention kernel", 240, 0, 0.0, 0.0
-    ),
-    # float32 padded to multiples of 4 rows (the setup when measured; now 8, which the Xeon needs): on the real model
-    # about half the rows still differ (fast: all of them), by ≤ 8.5e-05
-    ("cpu", "float32", "none", "exact"): Rounding(
-        512, 253, 8.54e-05, 0, 0.0, EPYC + "; 1 gsm8k + 1 HumanEval prompt × 16 tokens", 64, 62, 5.72e-05, 0.0
-    ),
-    # float16 padded to multiples of 4 rows: 3 of 128 chain rows still unequal (with ≥ 2 rows: 104 of 128, 0.066)
-    ("cpu", "float16", "none", "exact"): Rounding(
-        128, 3, 0.0508, 0, 0.0, EPYC + "; 1 gsm8k prompt × 8 tokens", 16, 12, 0.0586, 0.0
     ),
 }
 
@@ -224,19 +243,14 @@ def bound(max_flip_gap: float, max_abs_diff: float) -> float:
 
 
 def guarantee_for(
-    dtype: str,
-    quant: str,
-    device_type: str,
-    exact: bool = False,
-    cpu: CpuFamily | None = None,
-    kernels: bool = False,
+    dtype: str, quant: str, device_type: str, setup: Setup = "fast", cpu: CpuFamily | None = None
 ) -> Guarantee:
     """The guarantee speculative decoding gives on this compute path (dtype a torch dtype name, quant none / nf4 /
-    int8 / gguf, device_type cpu / cuda, exact: the target runs the exact forward setup; kernels: on the
-    row-invariant kernels (ForwardSetup.attention_kernel); cpu: the CPU family whose measurement applies, the running
-    one by default)."""
+    int8 / gguf, device_type cpu / cuda, setup: the target's forward setup as setup_name names it; cpu: the CPU
+    family whose measurement applies, the running one by default)."""
     _check(dtype, quant, device_type)
-    setup = ("exact-kernels" if kernels else "exact") if exact else "fast"
+    if setup not in SETUP_WORDS:
+        raise ConfigError(f"unknown forward setup {setup!r}; choose one of {', '.join(SETUP_WORDS)}")
     path = path_name(dtype, quant, device_type, setup)
     sampling = "sampling is distribution-exact with respect to the verify forward's logits"
     family = (cpu or cpu_family()) if device_type == "cpu" else "other"
@@ -279,11 +293,10 @@ def guarantee_for(
         trees = f"token trees may part where the top two logits are within {tree_bound:.2g}"
         if rounding.tree_positions:
             trees += f" ({rounding.tree_unequal} of {rounding.tree_positions} tree rows differed, no flip seen)"
-    where = (
-        "by construction wherever the kernels pass their load-time checks"
-        if setup == "exact-kernels"
-        else "another CPU may round differently"
-    )
+    where = {
+        "exact-kernels": "by construction wherever the kernels pass their load-time checks",
+        "exact-attention": "the attention by construction, the linears as measured: another CPU may round differently",
+    }.get(setup, "another CPU may round differently")
     return Guarantee(
         path,
         greedy,
@@ -303,8 +316,17 @@ def dtype_name(model) -> str:
     return str(model.dtype).replace("torch.", "")
 
 
-def guarantee_for_model(model, quant: str, device_type: str, exact: bool = False) -> Guarantee:
-    from localspec.runtime.model_runner import exact_setup_for
+def setup_name(model, exact: bool) -> Setup:
+    """The measurement a target's forwards fall under: fast, or its exact setup (model_runner.exact_setup_for) on the
+    row-invariant kernels, with only the attention kernel, or on torch's ops."""
+    from localspec.runtime.model_runner import exact_setup_for, row_invariant_layers
 
-    kernels = exact and exact_setup_for(model).attention_kernel
-    return guarantee_for(dtype_name(model), quant, device_type, exact, kernels=kernels)
+    if not exact:
+        return "fast"
+    if not exact_setup_for(model).attention_kernel:
+        return "exact"
+    return "exact-kernels" if row_invariant_layers(model) else "exact-attention"
+
+
+def guarantee_for_model(model, quant: str, device_type: str, exact: bool = False) -> Guarantee:
+    return guarantee_for(dtype_name(model), quant, device_type, setup_name(model, exact))

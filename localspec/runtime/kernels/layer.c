@@ -7,7 +7,7 @@
  *   qkv  = h · W_qkvᵀ                                    q4_matmul, q, k and v side by side
  *   q, k = bf16(bf16(q·cos) + bf16(roll(q, D/2)·sin))    rotary (sin carries rotate_half's sign); k and v are
  *                                                        written to the cache at position prefix + t, in place
- *   a    = attention(q; the keys the row sees)           exact_attention: visible, or causal when NULL
+ *   a    = attention(q; the keys the row sees)           exact_attention_bf16: visible, or causal when NULL
  *   x'   = bf16(x + a · W_oᵀ)
  *   h'   = w_post · bf16(x' / sqrt(mean(x'²) + eps))
  *   g, u = h' · W_gate_upᵀ
@@ -26,9 +26,9 @@
 
 int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint16_t *y, int rows, int k, int n,
               int threads);
-int exact_attention(const uint16_t *q, long q_row, long q_head, const uint16_t *keys, const uint16_t *values,
-                    long kv_head, const uint8_t *visible, uint16_t *out, int rows, int heads, int kv_heads, int dim,
-                    int prefix, float scaling, int threads);
+int exact_attention_bf16(const uint16_t *q, long q_row, long q_head, const uint16_t *keys, const uint16_t *values,
+                         long kv_head, const uint8_t *visible, uint16_t *out, int rows, int heads, int kv_heads,
+                         int dim, int prefix, float scaling, int threads);
 
 /* Shared with runtime/layer_kernel.py (a ctypes Structure of the same fields, in this order). */
 typedef struct {
@@ -106,7 +106,7 @@ int lean_layer(const LayerArgs *a) {
                    sizeof(uint16_t) * dim);
         }
     }
-    status = exact_attention(qkv, width, dim, a->keys, a->values, a->kv_head, a->visible, att, rows, a->heads,
+    status = exact_attention_bf16(qkv, width, dim, a->keys, a->values, a->kv_head, a->visible, att, rows, a->heads,
                              a->kv_heads, dim, a->prefix, a->scaling, a->threads);
     if (status) goto done;
     if ((status = q4_matmul(att, a->o_codes, a->o_dm, mid, rows, q_width, hidden, a->threads))) goto done;
