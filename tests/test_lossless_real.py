@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from localspec.config import SamplingParams, SpecConfig
-from localspec.verify.guarantee import guarantee_for, guarantee_for_model
+from localspec.verify.guarantee import guarantee_for_model
 
 from .conftest import shared_prompts
 from .lossless import assert_within_guarantee
@@ -96,7 +96,7 @@ def test_exact_forwards_give_plain_decodings_greedy_tokens_on_every_cpu_dtype(dt
             assert [t.token_id for e in events for t in e.tokens] == plain_ids, f"{dtype} prompt {n} seeded {spec}"
 
 
-def check_speculative_equals_plain(dtype: str, quant: str, limit_mt: int, limit_code: int, ks=KS):
+def check_speculative_equals_plain(dtype: str, quant: str, limit_mt: int, limit_code: int, ks=KS, exact="off"):
     import dataclasses
     from pathlib import Path
 
@@ -107,8 +107,8 @@ def check_speculative_equals_plain(dtype: str, quant: str, limit_mt: int, limit_
 
     pair = load_registry(Path(__file__).resolve().parents[1] / "models.yaml")[0]
     target = ModelSpec(pair.target.source, quant, dtype, pair.target.trust_remote_code)
-    loaded = load_pair(dataclasses.replace(pair, target=target), device="cpu", load_draft=False, exact="off")
-    session = ChatSession(loaded)  # the fast setup: its measured bound (the exact setup has its own test above)
+    loaded = load_pair(dataclasses.replace(pair, target=target), device="cpu", load_draft=False, exact=exact)
+    session = ChatSession(loaded)  # exact off: the fast setup, its measured bound
     up_proj = session.loaded.target.model.layers[0].mlp.up_proj
     if quant == "gguf":
         from localspec.models.gguf_linear import Int4Linear
@@ -116,17 +116,30 @@ def check_speculative_equals_plain(dtype: str, quant: str, limit_mt: int, limit_
         assert isinstance(up_proj, Int4Linear)
     elif quant != "none":
         assert "bitsandbytes" in type(up_proj).__module__
-    assert guarantee_for(dtype, quant, "cpu", "fast").measured
+    stated = guarantee_for_model(session.loaded.target, quant, "cpu", exact=exact == "on")
+    assert stated.measured, stated.text
     for n, text in enumerate(shared_prompts(limit_mt=limit_mt, limit_code=limit_code)):
         prompt_ids = session.prompt_ids([{"role": "user", "content": text}], NEW_TOKENS)[0]
         baseline = ids_of(session, prompt_ids, SpecConfig(proposer="none"))
         for k in ks:
             got = ids_of(session, prompt_ids, SpecConfig(proposer="ngram", k=k))
             assert_within_guarantee(session, prompt_ids, baseline, got, f"{quant}/{dtype} prompt {n} ngram K={k}")
+        if exact == "on":
+            got = ids_of(session, prompt_ids, SpecConfig(proposer="ngram", k=4, tree_nodes=8))
+            assert_within_guarantee(session, prompt_ids, baseline, got, f"{quant}/{dtype} prompt {n} tree", tree=True)
+    return stated
 
 
 def test_nf4_speculative_equals_nf4_plain():
-    check_speculative_equals_plain("float32", "nf4", limit_mt=6, limit_code=4)
+    check_speculative_equals_plain("float32", "nf4", limit_mt=4, limit_code=2)
+
+
+def test_nf4_exact_forwards_give_nf4_plain_decodings_tokens_chains_and_trees():
+    """bitsandbytes' nf4 linears with float32's dummy rows and the attention kernel: measured bitwise (chains and
+    trees, assets/rounding/epyc/nf4-attention-kernel.json), so == wherever the kernel loads."""
+    stated = check_speculative_equals_plain("float32", "nf4", limit_mt=1, limit_code=1, ks=(3, 5), exact="on")
+    if "attention kernel" in stated.path:
+        assert stated.greedy == "identical" and stated.tree_greedy == "identical"
 
 
 def test_int8_speculative_equals_int8_plain():

@@ -255,12 +255,10 @@ def load_causal_lm(
         folder = gguf_cache_folder(path)
         cache = folder.with_name(folder.name + INT4_CACHE_SUFFIX)
         swap_in_q4_1_linears(model, path, cache, q4_kernel_here().kernel)
-    elif role == "target" and device.type == "cpu":
+    elif role == "target" and device.type == "cpu":  # the exact setup's decode / verify attention (exact_setup_for)
         from .gguf_linear import attach_attention_kernel_here
 
-        attach_attention_kernel_here(
-            model
-        )  # the exact setup's decode / verify attention (model_runner.exact_setup_for)
+        attach_attention_kernel_here(model)
     return model.eval(), folder
 
 

@@ -74,9 +74,9 @@ FAST = ForwardSetup()  # transformers' defaults: sdpa, its own mask, 1-row decod
 # rows come in blocks of 4 and a block's remainder rows (and 1-3 row products) round differently, so (4, 4) was
 # bitwise on the tiny test model; on the Sapphire Rapids Xeon (4, 4) left 260 of 320 rows unequal and every setup
 # from 8 rows up (8, 1), (8, 8), (16, 16) none, so (8, 8) serves both (tests/test_exact.py runs it on whichever CPU
-# CI has). On the real model about half the float32 rows still differ, by ≤ 8.5e-05 (EPYC). float16 is not exact
-# with either on the real model: (4, 4) left 3 of 128 chain rows unequal, (2, 1) 104 of 128 (verify/guarantee.py
-# states its bound) (scripts/measure_rounding.py, assets/rounding/epyc/)
+# CI has). float16: (4, 4); (2, 1) left 104 of 128 chain rows unequal. On eager attention some real-model rows
+# still differ (float32 377 of 1,920 chain rows, float16 95), from attention's sums over keys; with decode / verify
+# attention on the attention kernel none do, chains or trees (scripts/measure_rounding.py, assets/rounding/epyc/)
 EXACT_ROWS = {torch.float32: (8, 8), torch.bfloat16: (2, 1), torch.float16: (4, 4)}
 
 
@@ -101,10 +101,11 @@ def row_invariant_layers(model: torch.nn.Module) -> bool:
 def exact_setup_for(model: torch.nn.Module) -> ForwardSetup:
     """The exact setup for this model: where every decoder linear is row-invariant, 1-row decode forwards, else
     exact_setup of its dtype, with its dummy rows. Where the lean forward can also run attention on the attention
-    kernel (the q4 kernel's library; a dense bfloat16 model's attached at load), decode / verify attention runs
-    there: a chain row or a tree node then attends as plain decoding's row at that position, whatever the other rows
-    (on the Zen 3 EPYC eager attention alone left 8-23 of 120 chain rows unequal per row count; the dense bfloat16
-    model's trees 61 of 240 on the AVX-512 EPYC: assets/rounding/)."""
+    kernel (the q4 kernel's library: a gguf target's layers take it from their q4 kernel, any other CPU target's is
+    attached at load), decode / verify attention runs there: a chain row or a tree node then attends as plain
+    decoding's row at that position, whatever the other rows (eager attention left the Zen 3 EPYC's gguf chains
+    8-23 of 120 rows unequal per row count, the AVX-512 EPYC's dense bf16 trees 61 of 240, float32 chains 377 of
+    1,920: assets/rounding/)."""
     dtype = model.get_input_embeddings().weight.dtype
     lean = backbone_for(model, None, preallocated=True)[1] if lean_supported(model) else None
     kernel = isinstance(lean, LeanLlama) and lean.has_attention_kernel
