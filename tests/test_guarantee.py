@@ -61,6 +61,17 @@ def test_the_attention_kernel_makes_every_cpu_path_but_int8_identical_for_chains
     assert int8.greedy == "near-tie" and int8.flip_bound > 1
 
 
+def test_a_cpu_family_the_attention_kernel_was_not_measured_on_reads_the_exact_setups_measurement():
+    """On the Xeon the exact setup on eager attention was measured inexact; the kernel is not measured there, so
+    its guarantee is the eager setup's (the kernel removes attention's differences, never adds any)."""
+    on_xeon = guarantee_for("bfloat16", "none", "cpu", "exact-attention", cpu="intel-xeon")
+    eager = guarantee_for("bfloat16", "none", "cpu", "exact", cpu="intel-xeon")
+    assert on_xeon.greedy == eager.greedy == "near-tie" and on_xeon.flip_bound == eager.flip_bound
+    assert "not measured on this CPU" in on_xeon.text and on_xeon.measured
+    elsewhere = guarantee_for("float32", "none", "cpu", "exact-attention", cpu="other")
+    assert elsewhere.flip_bound == guarantee_for("float32", "none", "cpu", "exact", cpu="other").flip_bound
+
+
 def test_an_unknown_setup_is_refused():
     with pytest.raises(ConfigError, match="forward setup"):
         guarantee_for("bfloat16", "none", "cpu", "exactish")

@@ -117,18 +117,6 @@ MEASURED: dict[tuple[str, str, str, str], Rounding] = {
     ("cpu", "float16", "none", "exact"): Rounding(1920, 95, 0.0781, 0, 0.0, ZEN4, 240, 222, 0.1172, 0.0),
     ("cpu", "float32", "nf4", "exact"): Rounding(1920, 269, 0.3568, 0, 0.0, ZEN4, 240, 184, 0.4162, 0.0298),
     ("cpu", "float32", "int8", "exact"): Rounding(1920, 1920, 6.097, 96, 0.6861, ZEN4, 240, 240, 5.169, 0.2767),
-    # exact with decode / verify attention on the attention kernel (exact_setup_for where the loader attached it:
-    # any CPU target off the q4 kernel), the same sample: every chain row and tree row bitwise for bf16, float32,
-    # float16 and nf4 (the linears with their dummy rows were already row-invariant here; the attention was the
-    # rest). int8 stays inexact: its outlier columns depend on every row (scripts/measure_rounding.py --setups
-    # engine; assets/rounding/epyc/<path>-attention-kernel.json)
-    ("cpu", "bfloat16", "none", "exact-attention"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
-    ("cpu", "float32", "none", "exact-attention"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
-    ("cpu", "float16", "none", "exact-attention"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
-    ("cpu", "float32", "nf4", "exact-attention"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
-    ("cpu", "float32", "int8", "exact-attention"): Rounding(
-        1920, 1920, 5.141, 66, 0.6176, ZEN4, 240, 240, 5.157, 0.4576
-    ),
     # gguf in the exact setup with 1-row decode forwards (exact_setup_for: the q4 kernel's linears are row-invariant,
     # so no dummy row): chains bitwise, trees not (assets/rounding/epyc/gguf-q4-kernel.json, the sample above; with a
     # dummy row the same figures). torch's int4 kernel with 1-row forwards: chains bitwise too, 84 of 224 tree rows
@@ -156,6 +144,19 @@ XEON_2T = "Intel(R) Xeon(R) Processor (Sapphire Rapids: AVX-512 BF16/FP16, AMX),
 # made them (and trees) bitwise there, 0 of 1,152 (assets/rounding/xeon/, 2 gsm8k + 1 MT-Bench + 1 HumanEval
 # prompts no test reads × 16 tokens, R = 2..17, trees of 7 / 17 rows)
 MEASURED_BY_CPU: dict[tuple[str, str, str, str, str], Rounding] = {
+    # exact with decode / verify attention on the attention kernel (exact_setup_for where the loader attached it:
+    # any CPU target off the q4 kernel), measured on the AVX-512 EPYC only (MEASURED's sample; another family reads
+    # the exact setup's row: REFINES): every chain row and tree row bitwise for bf16, float32, float16 and nf4 (the
+    # linears with their dummy rows were already row-invariant here; the attention was the rest). int8 stays
+    # inexact: its outlier columns depend on every row (scripts/measure_rounding.py --setups engine;
+    # assets/rounding/epyc/<path>-attention-kernel.json)
+    ("cpu", "bfloat16", "none", "exact-attention", "amd-epyc"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
+    ("cpu", "float32", "none", "exact-attention", "amd-epyc"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
+    ("cpu", "float16", "none", "exact-attention", "amd-epyc"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
+    ("cpu", "float32", "nf4", "exact-attention", "amd-epyc"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
+    ("cpu", "float32", "int8", "exact-attention", "amd-epyc"): Rounding(
+        1920, 1920, 5.141, 66, 0.6176, ZEN4, 240, 240, 5.157, 0.4576
+    ),
     ("cpu", "bfloat16", "none", "exact", "intel-xeon"): Rounding(
         1024, 43, 0.8828, 0, 0.0, XEON_2T + "; 4 prompts × 16 tokens", 128, 58, 0.6875, 0.0
     ),
@@ -163,6 +164,25 @@ MEASURED_BY_CPU: dict[tuple[str, str, str, str, str], Rounding] = {
         1024, 319, 0.5781, 0, 0.0, XEON_2T + "; 4 prompts × 16 tokens", 128, 79, 0.7031, 0.0
     ),
 }
+
+
+# a setup not measured on a CPU family is stated by the measurement of the setup it refines there: the attention
+# kernel takes attention's rounding differences out of the exact setup and leaves the linears' as they were, so the
+# exact setup's measured figures bound it
+REFINES: dict[str, str] = {"exact-attention": "exact"}
+
+
+def measurement(device_type: str, dtype: str, quant: str, setup: str, family: str) -> tuple[Rounding | None, str]:
+    """(the measurement that states this path and setup on this CPU family, the setup it was measured in)."""
+    for name in (setup, REFINES.get(setup)):
+        if name is None:
+            continue
+        found = MEASURED_BY_CPU.get((device_type, dtype, quant, name, family)) or MEASURED.get(
+            (device_type, dtype, quant, name)
+        )
+        if found is not None:
+            return found, name
+    return None, setup
 
 
 def cpu_family() -> CpuFamily:
@@ -254,9 +274,7 @@ def guarantee_for(
     path = path_name(dtype, quant, device_type, setup)
     sampling = "sampling is distribution-exact with respect to the verify forward's logits"
     family = (cpu or cpu_family()) if device_type == "cpu" else "other"
-    rounding = MEASURED_BY_CPU.get((device_type, dtype, quant, setup, family)) or MEASURED.get(
-        (device_type, dtype, quant, setup)
-    )
+    rounding, measured_in = measurement(device_type, dtype, quant, setup, family)
     if rounding is None:
         return Guarantee(
             path,
@@ -292,11 +310,14 @@ def guarantee_for(
     else:
         trees = f"token trees may part where the top two logits are within {tree_bound:.2g}"
         if rounding.tree_positions:
-            trees += f" ({rounding.tree_unequal} of {rounding.tree_positions} tree rows differed, no flip seen)"
+            flips = "no flip seen" if rounding.tree_max_flip_gap == 0 else "flips seen"
+            trees += f" ({rounding.tree_unequal} of {rounding.tree_positions} tree rows differed, {flips})"
     where = {
         "exact-kernels": "by construction wherever the kernels pass their load-time checks",
         "exact-attention": "the attention by construction, the linears as measured: another CPU may round differently",
     }.get(setup, "another CPU may round differently")
+    if measured_in != setup:  # stated by the setup it refines (REFINES)
+        where = f"the {SETUP_WORDS[measured_in]} setup's measurement: {SETUP_WORDS[setup]} not measured on this CPU"
     return Guarantee(
         path,
         greedy,
