@@ -49,7 +49,8 @@ def test_speculative_equals_transformers_generate(embedded_session, prompts):
             assert_within_guarantee(embedded_session, prompt_ids, baseline, got, f"prompt {n} ngram K={k}")
 
 
-def exact_session(dtype: str, exact: str = "on"):
+def embedded_as(dtype: str, quant: str = "none", exact: str = "on"):
+    """A session on the embedded model loaded as `quant` in `dtype`, with the exact setup on or off."""
     import dataclasses
     from pathlib import Path
 
@@ -59,7 +60,7 @@ def exact_session(dtype: str, exact: str = "on"):
     from localspec.models.registry import load_registry
 
     pair = load_registry(Path(__file__).resolve().parents[1] / "models.yaml")[0]
-    target = ModelSpec(pair.target.source, "none", dtype, pair.target.trust_remote_code)
+    target = ModelSpec(pair.target.source, quant, dtype, pair.target.trust_remote_code)
     loaded = load_pair(dataclasses.replace(pair, target=target), device="cpu", load_draft=False, exact=exact)
     return ChatSession(loaded)
 
@@ -71,7 +72,7 @@ def test_exact_forwards_give_plain_decodings_greedy_tokens_on_every_cpu_dtype(dt
     within its bound), and seeded sampling is plain seeded sampling for another K, under adaptive K and with trees.
     Where the attention kernel loads (the kernels' library builds here) the exact setup runs on it, and on the CPU
     family it was measured on every path is stated identical, chains and trees."""
-    session = exact_session(dtype)
+    session = embedded_as(dtype)
     assert session.engine.target.setup.padded(1) > 1  # the exact setup is what runs
     stated = guarantee_for_model(session.loaded.target, "none", "cpu", exact=True)
     if session.engine.target.setup.attention_kernel and cpu_family() == "amd-epyc":
@@ -97,18 +98,7 @@ def test_exact_forwards_give_plain_decodings_greedy_tokens_on_every_cpu_dtype(dt
 
 
 def check_speculative_equals_plain(dtype: str, quant: str, limit_mt: int, limit_code: int, ks=KS, exact="off"):
-    import dataclasses
-    from pathlib import Path
-
-    from localspec.chat import ChatSession
-    from localspec.config import ModelSpec
-    from localspec.models.loading import load_pair
-    from localspec.models.registry import load_registry
-
-    pair = load_registry(Path(__file__).resolve().parents[1] / "models.yaml")[0]
-    target = ModelSpec(pair.target.source, quant, dtype, pair.target.trust_remote_code)
-    loaded = load_pair(dataclasses.replace(pair, target=target), device="cpu", load_draft=False, exact=exact)
-    session = ChatSession(loaded)  # exact off: the fast setup, its measured bound
+    session = embedded_as(dtype, quant, exact)  # exact off: the fast setup, its measured bound
     up_proj = session.loaded.target.model.layers[0].mlp.up_proj
     if quant == "gguf":
         from localspec.models.gguf_linear import Int4Linear

@@ -71,8 +71,11 @@ class AttentionKernel:
             raise TypeError("the attention kernel takes bfloat16, float32 or float16 queries, keys and values alike")
         if q.stride(3) != 1 or keys.stride()[2:] != (dim, 1) or values.stride() != keys.stride():
             raise ValueError("the attention kernel reads contiguous head rows and a [Hkv, capacity, D] cache layout")
-        if keys.shape[2] != prefix + rows or heads % kv_heads or dim % 16 or dim > MAX_DIM:
-            raise ValueError(f"attention kernel: {heads} heads over {kv_heads}, D = {dim}, {keys.shape[2]} keys")
+        if keys.shape[2] != prefix + rows or not self.fits(heads, kv_heads, dim, q.dtype):
+            raise ValueError(
+                f"attention kernel: {heads} query heads over {kv_heads} (at most {MAX_GROUP} a group), D = {dim} (a "
+                f"multiple of 16, at most {MAX_DIM}), {keys.shape[2]} keys for {prefix} cached + {rows} rows"
+            )
         mask = None if visible is None else visible.to(torch.uint8).contiguous()  # [T, T]
         out = q.new_empty((1, rows, heads, dim))  # [1, T, H, D]
         status = fn(
@@ -92,9 +95,7 @@ class AttentionKernel:
             scaling,
             torch.get_num_threads(),
         )
-        if status == -2:
-            raise ValueError(f"attention kernel: {heads} query heads over {kv_heads} (at most {MAX_GROUP} a group)")
-        if status:
+        if status:  # -1; -2 (a shape it does not take) is what fits() refused above
             raise MemoryError("attention kernel: out of memory for the scores")
         return out.reshape(1, rows, heads * dim)
 

@@ -107,7 +107,7 @@ int lean_layer(const LayerArgs *a) {
         }
     }
     status = exact_attention_bf16(qkv, width, dim, a->keys, a->values, a->kv_head, a->visible, att, rows, a->heads,
-                             a->kv_heads, dim, a->prefix, a->scaling, a->threads);
+                                  a->kv_heads, dim, a->prefix, a->scaling, a->threads);
     if (status) goto done;
     if ((status = q4_matmul(att, a->o_codes, a->o_dm, mid, rows, q_width, hidden, a->threads))) goto done;
     for (size_t i = 0; i < (size_t)rows * hidden; i++) mid[i] = float_to_bf16(bf16_to_float(a->x[i]) + bf16_to_float(mid[i]));
