@@ -200,9 +200,9 @@ def test_weight_bytes_count_int4_codes_and_scales_and_dense_weights(kernel):
 
 
 def test_the_gguf_guarantee_names_the_machine_it_was_measured_on():
-    from localspec.verify.guarantee import ZEN4, guarantee_for
+    from localspec.verify.guarantee import guarantee_for
 
     guarantee = guarantee_for("bfloat16", "gguf", "cpu", cpu="amd-epyc")
     assert guarantee.measured and guarantee.path.startswith("cpu gguf (bfloat16 compute")
     assert guarantee.measured_on.startswith("AMD EPYC") and "AMD EPYC" in guarantee.text
-    assert guarantee_for("bfloat16", "none", "cpu", cpu="amd-epyc").measured_on == ZEN4
+    assert guarantee_for("bfloat16", "none", "cpu", cpu="amd-epyc").measured_on.startswith("AMD EPYC Zen 4")

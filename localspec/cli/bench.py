@@ -7,7 +7,10 @@ from pathlib import Path
 
 from localspec.config import ConfigError, check_k
 
+from . import bench_kernels, bench_rounding
 from .common import add_model_options
+
+TOOLS = {"kernels": bench_kernels, "rounding": bench_rounding}  # `localspec bench kernels`, `localspec bench rounding`
 
 # every mode but head-tree (the trees rows: the n-gram's, ngram+head's and the default setting's, adaptive-tree)
 DEFAULT_MODES = (
@@ -35,6 +38,9 @@ def add_parser(sub) -> None:
         "writes results.json, results.md and PNG plots into --out.",
     )
     add_model_options(parser)
+    tools = parser.add_subparsers(dest="bench_command", metavar="{kernels,rounding}", title="measurement tools")
+    for tool in TOOLS.values():
+        tool.add_parser(tools)
     parser.add_argument(
         "--prompts",
         nargs="+",
@@ -104,6 +110,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    if getattr(args, "bench_command", None):
+        return TOOLS[args.bench_command].run(args)
     from localspec.bench import load_prompts, parse_modes, run_bench
     from localspec.bench.report import to_markdown, write_report
 

@@ -11,6 +11,17 @@ from localspec.config import PROPOSERS, QUANTS, SAMPLERS
 DEFAULT_MODELS_YAML = Path(__file__).resolve().parents[2] / "models.yaml"
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer ≥ 1, else argparse's own message."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1 (got {value})")
+    return value
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default=str(DEFAULT_MODELS_YAML), help="models.yaml to read (default: %(default)s)")
     parser.add_argument("--model", default=None, help="model pair name from models.yaml (default: the first entry)")

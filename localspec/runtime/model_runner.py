@@ -9,6 +9,8 @@ from typing import Literal
 
 import torch
 
+from localspec.measured import exact_rows
+
 from .compiled import CompileMode, bucket, compile_backbone, compile_mode_from_env
 from .features import backbone_features
 from .int4_linear import Int4Linear
@@ -24,10 +26,9 @@ AttentionPath = Literal["sdpa", "eager"]
 @dataclass(frozen=True)
 class ForwardSetup:
     """How every forward of a runner is computed. The kernels a CPU (or cuBLAS) picks depend on the row count, so a
-    row's logits can round differently alone than inside a (K+1)-row verify forward (scripts/measure_rounding.py,
-    assets/rounding/): with eager attention, an explicit additive mask and at least 2 rows per forward (a 1-token
-    forward gets one dummy row after it, whose cache row is dropped) each bfloat16 chain row of the real model was
-    measured bitwise equal to the same row inside 2..17-row forwards (float32 / float16: see EXACT_ROWS).
+    row's logits can round differently alone than inside a (K+1)-row verify forward (`localspec bench rounding`,
+    assets/rounding/): with eager attention, an explicit additive mask and EXACT_ROWS dummy rows per forward (a
+    1-token forward gets dummy rows after it, whose cache rows are dropped) a row rounds as it does alone.
 
     attention: the transformers attention implementation. explicit_mask: pass the causal additive mask built here
     instead of transformers' own (preallocated cache only: a dynamic cache may hold sliding-window layers, whose
@@ -35,8 +36,8 @@ class ForwardSetup:
     min_rows / row_multiple: the dummy rows (the last token repeated) after the real ones; causal attention keeps
     them out of the real rows, and their cache rows are dropped. rows_as_plain (lean forward only): each real row of
     a decode or verify forward gets its own attention in plain decoding's shapes (lean_llama.RowsAsPlain), which
-    made token trees and, on the Sapphire Rapids Xeon, chains bitwise too, at about 2× the verify cost (README:
-    Guarantees), so exact_setup leaves it off and exact_rows_setup turns it on."""
+    made token trees and, on the Sapphire Rapids Xeon, chains bitwise too, at about 2× the verify cost
+    (docs/exactness.md), so exact_setup leaves it off and exact_rows_setup turns it on."""
 
     attention: AttentionPath = "sdpa"
     explicit_mask: bool = False
@@ -68,29 +69,22 @@ class ForwardSetup:
 # the same prompt, so the lean forward runs its attention on sdpa in every setup (1.5x eager at 1,024 tokens)
 AS_PLAIN_MAX_ROWS = 64
 FAST = ForwardSetup()  # transformers' defaults: sdpa, its own mask, 1-row decode forwards
-# (min_rows, row_multiple) from which a row's result no longer depends on the row count, per compute dtype, measured
-# on the CPU: bf16 matmuls round a 1-row product differently from the same row among ≥ 2 (bitwise on the real
-# model, AMD EPYC and Intel Sapphire Rapids). float32 (MKL sgemm) picks its row blocking by CPU: on the AMD EPYC
-# rows come in blocks of 4 and a block's remainder rows (and 1-3 row products) round differently, so (4, 4) was
-# bitwise on the tiny test model; on the Sapphire Rapids Xeon (4, 4) left 260 of 320 rows unequal and every setup
-# from 8 rows up (8, 1), (8, 8), (16, 16) none, so (8, 8) serves both (tests/test_exact.py runs it on whichever CPU
-# CI has). float16: (4, 4); (2, 1) left 104 of 128 chain rows unequal. On eager attention some real-model rows
-# still differ (float32 377 of 1,920 chain rows, float16 95), from attention's sums over keys; with decode / verify
-# attention on the attention kernel none do, chains or trees (scripts/measure_rounding.py, assets/rounding/epyc/)
-EXACT_ROWS = {torch.float32: (8, 8), torch.bfloat16: (2, 1), torch.float16: (4, 4)}
+# (min_rows, row_multiple) per compute dtype: the fewest rows per forward, and their multiple, from which a row's result
+# was measured not to depend on the row count; what was measured where is in assets/rounding/exact_rows.json
+_EXACT_ROWS_BY_NAME, EXACT_ROWS_DEFAULT = exact_rows()
+EXACT_ROWS = {getattr(torch, name): rows for name, rows in _EXACT_ROWS_BY_NAME.items()}
 
 
 def exact_setup(dtype: torch.dtype) -> ForwardSetup:
     """The exact setup for a model computing in `dtype`: eager attention, the explicit mask, EXACT_ROWS padding."""
-    min_rows, multiple = EXACT_ROWS.get(dtype, (4, 4))
+    min_rows, multiple = EXACT_ROWS.get(dtype, EXACT_ROWS_DEFAULT)
     return ForwardSetup(attention="eager", explicit_mask=True, min_rows=min_rows, row_multiple=multiple)
 
 
 def row_invariant_layers(model: torch.nn.Module) -> bool:
     """Whether every linear of the model's decoder layers computes a row the same whatever the row count: all are
     Int4Linear on the q4 kernel (runtime/q4_kernel.py). Then the exact setup needs no dummy row: the dummy row was for
-    bfloat16 F.linear, which rounds a lone row differently (scripts/measure_rounding.py: on the EPYC, gguf on the q4
-    kernel with eager attention, the explicit mask and 1-row decode forwards gave chains of 2..17 rows bitwise)."""
+    bfloat16 F.linear, which rounds a lone row differently (docs/exactness.md)."""
     decoder = getattr(getattr(model, "model", None), "layers", None)
     if decoder is None:
         return False
@@ -103,9 +97,8 @@ def exact_setup_for(model: torch.nn.Module) -> ForwardSetup:
     exact_setup of its dtype, with its dummy rows. Where the lean forward can also run attention on the attention
     kernel (the q4 kernel's library: a gguf target's layers take it from their q4 kernel, any other CPU target's is
     attached at load), decode / verify attention runs there: a chain row or a tree node then attends as plain
-    decoding's row at that position, whatever the other rows (eager attention left the Zen 3 EPYC's gguf chains
-    8-23 of 120 rows unequal per row count, the AVX-512 EPYC's dense bf16 trees 61 of 240, float32 chains 377 of
-    1,920: assets/rounding/)."""
+    decoding's row at that position, whatever the other rows (eager attention's sums over keys are blocked by the
+    key count: docs/exactness.md)."""
     dtype = model.get_input_embeddings().weight.dtype
     lean = backbone_for(model, None, preallocated=True)[1] if lean_supported(model) else None
     kernel = isinstance(lean, LeanLlama) and lean.has_attention_kernel

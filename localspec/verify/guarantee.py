@@ -14,16 +14,17 @@ kernel, torch's or bitsandbytes' linears; exact-kernels = gguf on the q4, q8 and
   greedy "near-tie":   rows differed; greedy output may part from plain decoding only at a position whose top-2
                        logit gap (plain decoding's logits) is below flip_bound = the largest top-2 gap among the
                        argmax flips measured + MARGIN_FACTOR × the largest |Δlogit| measured (prompts no test reads,
-                       2 torch threads, R = 2..17 and trees: scripts/measure_rounding.py, assets/rounding/).
+                       2 torch threads, R = 2..17 and trees: `localspec bench rounding`, assets/rounding/).
   trees:               token trees are stated apart (tree_greedy, tree_flip_bound): a node's ancestors are not
                        contiguous rows, so eager attention's sums run in another order than plain decoding's (the
                        attention kernel's do not).
 
 Sampling is distribution-exact with respect to the verify forward's logits on every path. The figures come from one
 CPU (Rounding.measured_on); another CPU runs other kernels, so a path's guarantee is a measurement, not a proof.
-Paths not measured (CUDA, another quantization) get flip_bound = inf and say so. A new weight format (e.g. GGUF int4
-kept packed) gets its rows by adding its name to Quant and scripts/measure_rounding.py PATHS, running the script,
-and adding MEASURED rows for each setup.
+Paths not measured (CUDA, another quantization) get flip_bound = inf and say so. The figures are data: each row of
+assets/rounding/index.json names the measurement files it pools (localspec/measured.py reads them at import). A new
+weight format gets its rows by adding its name to Quant and to localspec/bench/rounding.py PATHS, running
+`localspec bench rounding --json-dir assets/rounding/<machine>`, and naming the files in index.json.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from localspec.config import ConfigError
+from localspec.measured import Row, rounding_rows
 
 GreedyGuarantee = Literal["identical", "near-tie"]
 Dtype = Literal["float32", "bfloat16", "float16"]
-Quant = Literal["none", "nf4", "int8", "gguf"]  # a new weight format adds its name here and its MEASURED rows below
+Quant = Literal["none", "nf4", "int8", "gguf"]  # a new weight format adds its name here and its rows to index.json
 DeviceType = Literal["cpu", "cuda"]
 # exact-kernels: the exact setup on the row-invariant kernels (q4 linears, q8 head, attention kernel);
 # exact-attention: the exact setup with decode / verify attention on the attention kernel, torch's linears
@@ -50,20 +52,13 @@ SETUP_WORDS = {
 QUANTS: tuple[str, ...] = ("none", "nf4", "int8", "gguf")
 MARGIN_FACTOR = 1.0  # the bound's slack beyond the largest flip seen: one largest rounding difference
 
-EPYC = "AMD EPYC (2 cores), 2 torch threads, torch 2.13.0+cpu, transformers 5.24.0"
-ZEN4 = (
-    "AMD EPYC Zen 4 (2 cores, AVX-512 BF16), 2 torch threads, torch 2.13.0+cpu, transformers 5.24.0, bitsandbytes "
-    "0.50.2 without the kernels package; 5 prompts no test reads × 24 tokens, R = 2..17, trees of 7 / 17 rows"
-)
-ZEN3 = "AMD EPYC Zen 3 (2 cores, AVX2, no AVX-512), 2 torch threads, torch 2.13.0+cpu, transformers 5.24.0"
-
 
 @dataclass(frozen=True)
 class Rounding:
     """One path and setup's measurement: 1-token forwards vs the same rows in multi-row chains and in trees."""
 
     positions: int  # chain positions compared (over every row count)
-    unequal: int | None  # chain positions whose logits were not bitwise equal (None: not counted, only max |Δ| > 0)
+    unequal: int  # chain positions whose logits were not bitwise equal
     max_abs_diff: float  # the largest chain |Δlogit|
     flips: int  # chain positions whose argmax differed
     max_flip_gap: float  # the largest top-2 gap (plain decoding's logits) among the chain flips; 0.0 with none
@@ -73,97 +68,32 @@ class Rounding:
     tree_max_abs_diff: float = 0.0
     tree_max_flip_gap: float = 0.0
 
+    @classmethod
+    def of(cls, row: Row) -> Rounding:
+        chains, trees = row.chains, row.trees
+        return cls(
+            chains.positions,
+            chains.unequal,
+            chains.max_abs_diff,
+            chains.flips,
+            chains.max_flip_gap,
+            row.measured_on,
+            trees.positions,
+            trees.unequal,
+            trees.max_abs_diff,
+            trees.max_flip_gap,
+        )
 
-# (device type, compute dtype, quant, setup) → measurement (raw figures: assets/rounding/; epyc/ for the exact setup)
+
+# (device type, compute dtype, quant, setup) → measurement, and per CPU family where a family's figures differ (read
+# before MEASURED): assets/rounding/index.json names the measurement files each row pools
 MEASURED: dict[tuple[str, str, str, str], Rounding] = {
-    # fast (sdpa, 1-row decode forwards) on the AVX-512 EPYC, 2026-12-04 (scripts/measure_rounding.py --paths
-    # bfloat16,float32,float16,nf4,int8 --setups fast,exact: 3 gsm8k + 1 MT-Bench + 1 HumanEval prompts no test
-    # reads; assets/rounding/epyc/<path>.json). The earlier Intel Xeon figures (1 thread, the tests' own 10 prompts,
-    # K+1 ∈ {2, 4, 6, 9}: assets/rounding/<path>.json) lie within these bounds: bf16 1.09 with flips at gaps ≤ 0.25,
-    # nf4 0.78 (≤ 0.046), int8 12.1 (≤ 0.99: its bound is no greedy identity either way), float32 4.8e-05.
-    ("cpu", "float32", "none", "fast"): Rounding(1920, 1920, 8.39e-05, 0, 0.0, ZEN4, 240, 240, 7.53e-05, 0.0),
-    ("cpu", "bfloat16", "none", "fast"): Rounding(1920, 1902, 1.125, 0, 0.0, ZEN4, 240, 240, 0.954, 0.0),
-    ("cpu", "float16", "none", "fast"): Rounding(1920, 1859, 0.1255, 0, 0.0, ZEN4, 240, 240, 0.1035, 0.0),
-    # bitsandbytes' CPU 4-bit kernel (gemv_4bit_inference_cpu_nf4_bf16) casts the activations to bfloat16
-    ("cpu", "float32", "nf4", "fast"): Rounding(1920, 1920, 0.5666, 25, 0.0667, ZEN4, 240, 240, 0.5104, 0.0667),
-    # LLM.int8 picks its outlier columns (|x| > 6) over all rows of a forward: K+1 rows decompose differently
-    ("cpu", "float32", "int8", "fast"): Rounding(1920, 1920, 5.23, 69, 0.5365, ZEN4, 240, 240, 4.592, 0.4501),
-    # quant gguf (the file's Q4_1 blocks, bf16 compute) on the q4 kernel, whose linears are row-invariant by
-    # construction: the difference enters at sdpa's attention. Two samples pooled (the same 3 gsm8k + 1 MT-Bench +
-    # 1 HumanEval prompts no test reads × 24 tokens, R = 2..17, trees of 7 / 17 rows): the AVX-512 EPYC with the
-    # dense bf16 LM head, 1,887 / 1,920 chain rows unequal, max 1.06, 1 flip at gap 0.125, trees ≤ 1.125
-    # (assets/rounding/epyc/gguf-q4-kernel.json); the Zen 3 EPYC (AVX2 build, the q8 LM head), 1,909 / 1,920,
-    # max 1.29, 23 flips at gaps ≤ 0.058, trees ≤ 1.03 with 3 flips at ≤ 0.058 (epyc-zen3/gguf-kernels.json, setup
-    # fast). The earlier torch-kernel run (1 thread, 10 prompts × 32 tokens): 1.125, 20 flips, largest gap 0.125
-    # (assets/rounding/gguf.json)
-    ("cpu", "bfloat16", "gguf", "fast"): Rounding(
-        3840,
-        3796,
-        1.2866,
-        24,
-        0.125,
-        "AMD EPYC (AVX-512) and " + ZEN3 + "; 5 prompts × 24 tokens each, q4 kernel",
-        480,
-        480,
-        1.125,
-        0.0584,
-    ),
-    # exact (eager + explicit mask + dummy rows) where the attention kernel is not there, the same sample: chains
-    # bitwise in bf16 only; what is left is eager attention, whose sums over keys MKL / oneDNN block by the key
-    # count (the first tensor to differ is o_proj's input, on a 206-token prompt in float32) and, in trees, by
-    # where the siblings sit (scripts/measure_rounding.py --setups exact; assets/rounding/epyc/<path>.json)
-    ("cpu", "bfloat16", "none", "exact"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 61, 0.6875, 0.0),
-    ("cpu", "float32", "none", "exact"): Rounding(1920, 377, 6.48e-05, 0, 0.0, ZEN4, 240, 231, 5.72e-05, 0.0),
-    ("cpu", "float16", "none", "exact"): Rounding(1920, 95, 0.0781, 0, 0.0, ZEN4, 240, 222, 0.1172, 0.0),
-    ("cpu", "float32", "nf4", "exact"): Rounding(1920, 269, 0.3568, 0, 0.0, ZEN4, 240, 184, 0.4162, 0.0298),
-    ("cpu", "float32", "int8", "exact"): Rounding(1920, 1920, 6.097, 96, 0.6861, ZEN4, 240, 240, 5.169, 0.2767),
-    # gguf in the exact setup with 1-row decode forwards (exact_setup_for: the q4 kernel's linears are row-invariant,
-    # so no dummy row): chains bitwise, trees not (assets/rounding/epyc/gguf-q4-kernel.json, the sample above; with a
-    # dummy row the same figures). torch's int4 kernel with 1-row forwards: chains bitwise too, 84 of 224 tree rows
-    # unequal, ≤ 0.67 (gguf-torch-int4-1row.json); its setup keeps the dummy row (not row-invariant by construction)
-    ("cpu", "bfloat16", "gguf", "exact"): Rounding(
-        1920, 0, 0.0, 0, 0.0, EPYC + "; 5 prompts × 24 tokens, q4 kernel", 240, 59, 0.875, 0.0
-    ),
-    # gguf in the exact setup on the row-invariant kernels (exact_setup_for where the q4 kernel's library also loaded
-    # the attention kernel; the LM head on its q8 kernel): every linear, the LM head and every decode / verify
-    # attention compute a row the same whatever the other rows, so chains and trees are plain decoding's by
-    # construction wherever the kernels pass their self-checks; measured on the Zen 3 EPYC (AVX2 build), where eager
-    # attention alone left 315 of 1,920 chain rows and 124 of 240 tree rows unequal (assets/rounding/epyc-zen3/:
-    # gguf-kernels.json, gguf-q4-avx2-eager.json; the sample above; gguf-kernels-dense-head.json: the same 0 / 2,160
-    # with the dense bf16 LM head)
-    ("cpu", "bfloat16", "gguf", "exact-kernels"): Rounding(
-        1920, 0, 0.0, 0, 0.0, ZEN3 + "; 5 prompts × 24 tokens, q4 kernel (avx2) + attention kernel", 240, 0, 0.0, 0.0
-    ),
+    (r.device, r.dtype, r.quant, r.setup): Rounding.of(r) for r in rounding_rows() if r.family is None
 }
-
-CpuFamily = Literal["amd-epyc", "intel-xeon", "other"]
-XEON_2T = "Intel(R) Xeon(R) Processor (Sapphire Rapids: AVX-512 BF16/FP16, AMX), 2 torch threads, torch 2.13.0+cpu"
-# measurements that differ by CPU family: (device type, dtype, quant, setup, family) → measurement, read before
-# MEASURED. On the Sapphire Rapids Xeon the exact setup's chains are not all bitwise (oneDNN picks the attention
-# matmuls' blocking by shape, the row count and the key count among it): exact_rows_setup
-# made them (and trees) bitwise there, 0 of 1,152 (assets/rounding/xeon/, 2 gsm8k + 1 MT-Bench + 1 HumanEval
-# prompts no test reads × 16 tokens, R = 2..17, trees of 7 / 17 rows)
 MEASURED_BY_CPU: dict[tuple[str, str, str, str, str], Rounding] = {
-    # exact with decode / verify attention on the attention kernel (exact_setup_for where the loader attached it:
-    # any CPU target off the q4 kernel), measured on the AVX-512 EPYC only (MEASURED's sample; another family reads
-    # the exact setup's row: REFINES): every chain row and tree row bitwise for bf16, float32, float16 and nf4 (the
-    # linears with their dummy rows were already row-invariant here; the attention was the rest). int8 stays
-    # inexact: its outlier columns depend on every row (scripts/measure_rounding.py --setups engine;
-    # assets/rounding/epyc/<path>-attention-kernel.json)
-    ("cpu", "bfloat16", "none", "exact-attention", "amd-epyc"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
-    ("cpu", "float32", "none", "exact-attention", "amd-epyc"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
-    ("cpu", "float16", "none", "exact-attention", "amd-epyc"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
-    ("cpu", "float32", "nf4", "exact-attention", "amd-epyc"): Rounding(1920, 0, 0.0, 0, 0.0, ZEN4, 240, 0, 0.0, 0.0),
-    ("cpu", "float32", "int8", "exact-attention", "amd-epyc"): Rounding(
-        1920, 1920, 5.141, 66, 0.6176, ZEN4, 240, 240, 5.157, 0.4576
-    ),
-    ("cpu", "bfloat16", "none", "exact", "intel-xeon"): Rounding(
-        1024, 43, 0.8828, 0, 0.0, XEON_2T + "; 4 prompts × 16 tokens", 128, 58, 0.6875, 0.0
-    ),
-    ("cpu", "bfloat16", "gguf", "exact", "intel-xeon"): Rounding(
-        1024, 319, 0.5781, 0, 0.0, XEON_2T + "; 4 prompts × 16 tokens", 128, 79, 0.7031, 0.0
-    ),
+    (r.device, r.dtype, r.quant, r.setup, r.family): Rounding.of(r) for r in rounding_rows() if r.family is not None
 }
+CpuFamily = Literal["amd-epyc", "intel-xeon", "other"]
 
 
 # a setup not measured on a CPU family is stated by the measurement of the setup it refines there: the attention

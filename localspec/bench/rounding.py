@@ -23,29 +23,30 @@ Forward setups (localspec/runtime/model_runner.py ForwardSetup):
               attention on the attention kernel wherever the kernels' library loads: the loader attaches it to
               every CPU target; on the q4 kernel also 1-row decode)
 
-Run: python scripts/measure_rounding.py [--paths float32,bfloat16,float16,nf4,int8,gguf] [--setups fast,exact]
-         [--gsm8k 3] [--mt-bench 1] [--humaneval 1] [--tokens 24] [--json-dir assets/rounding]
-The figures go into localspec/verify/guarantee.py (MEASURED) and the README's per-path table.
+Run: localspec bench rounding [--paths float32 bfloat16 ...] [--setups fast exact ...] [--json-dir DIR]
+A file written to assets/rounding/<machine>/ states a guarantee once assets/rounding/index.json names it
+(localspec/measured.py reads the figures at import).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gzip
 import json
 import platform
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from localspec.measured import Tally
 
-SHARED_DATA = REPO.parent / "shared" / "data"
+from .interleave import table
+from .prompts import default_data_dir
+
+MODELS_YAML = Path(__file__).resolve().parents[2] / "models.yaml"
+
 CHUNKS = tuple(range(2, 18))  # R = K + 1 for K = 1..16
 TREE_DEPTHS = (3, 8)  # 2D + 1 = 7 and 17 rows
 MT_BENCH_FIRST = 20  # tests read MT-Bench items 0..5 and HumanEval items 0..3 (tests/conftest.py shared_prompts)
@@ -90,14 +91,15 @@ def cpu_name() -> str:
 
 def unseen_prompts(gsm8k: int, mt_bench: int, humaneval: int) -> list[str]:
     """Prompts no test reads: gsm8k train questions from GSM8K_FIRST, MT-Bench / HumanEval items from *_FIRST."""
+    data = default_data_dir()
     prompts = []
-    with open(SHARED_DATA / "gsm8k_train_400.jsonl") as fh:
+    with open(data / "gsm8k_train_400.jsonl") as fh:
         lines = fh.readlines()[GSM8K_FIRST : GSM8K_FIRST + gsm8k]
     prompts += [json.loads(line)["question"] for line in lines]
-    with open(SHARED_DATA / "mt_bench_question.jsonl") as fh:
+    with open(data / "mt_bench_question.jsonl") as fh:
         lines = fh.readlines()[MT_BENCH_FIRST : MT_BENCH_FIRST + mt_bench]
     prompts += [json.loads(line)["turns"][0] for line in lines]
-    with gzip.open(SHARED_DATA / "HumanEval.jsonl.gz", "rt") as fh:
+    with gzip.open(data / "HumanEval.jsonl.gz", "rt") as fh:
         lines = fh.readlines()[HUMANEVAL_FIRST : HUMANEVAL_FIRST + humaneval]
     prompts += ["Complete this Python function:\n" + json.loads(line)["prompt"] for line in lines]
     return prompts
@@ -162,21 +164,16 @@ def tree_logits(runner, prompt_ids: list[int], fed: list[int], depth: int, vocab
     return torch.cat(rows)[: len(fed)]
 
 
-@dataclasses.dataclass
-class Tally:
-    positions: int = 0
-    unequal: int = 0  # positions whose logits are not bitwise equal to plain decoding's
-    max_abs_diff: float = 0.0
-    flips: int = 0
-    max_flip_gap: float = 0.0
-
-    def add(self, got: torch.Tensor, plain: torch.Tensor, gaps: list[float]) -> None:
-        self.positions += len(plain)
-        self.unequal += int((got != plain).any(-1).sum())
-        self.max_abs_diff = max(self.max_abs_diff, float((got - plain).abs().max()))
-        flipped = (got.argmax(-1) != plain.argmax(-1)).nonzero().flatten().tolist()
-        self.flips += len(flipped)
-        self.max_flip_gap = max([self.max_flip_gap] + [gaps[j] for j in flipped])
+def tally(got: torch.Tensor, plain: torch.Tensor, gaps: list[float]) -> Tally:
+    """Rows got [T, V] against plain decoding's rows [T, V] (gaps: plain decoding's top-2 gap per row)."""
+    flipped = (got.argmax(-1) != plain.argmax(-1)).nonzero().flatten().tolist()
+    return Tally(
+        len(plain),
+        int((got != plain).any(-1).sum()),
+        float((got - plain).abs().max()),
+        len(flipped),
+        max([0.0] + [gaps[j] for j in flipped]),
+    )
 
 
 def measure_path(name: str, prompts: list[str], setup_names: list[str], new_tokens: int) -> dict:
@@ -187,7 +184,7 @@ def measure_path(name: str, prompts: list[str], setup_names: list[str], new_toke
     from localspec.runtime.model_runner import ModelRunner, exact_setup_for
 
     dtype, quant = PATHS[name]
-    pair = load_registry(REPO / "models.yaml")[0]
+    pair = load_registry(MODELS_YAML)[0]
     target = ModelSpec(pair.target.source, quant, dtype, pair.target.trust_remote_code)
     pair = dataclasses.replace(pair, target=target)
     session = ChatSession(load_pair(pair, device="cpu", load_draft=False))
@@ -210,17 +207,13 @@ def measure_path(name: str, prompts: list[str], setup_names: list[str], new_toke
             gaps = [top2_gap(row) for row in plain]
             min_gap = min(min_gap, *gaps)
             for r in CHUNKS:
-                chains[r].add(chunked_logits(runner, ids, fed, r), plain, gaps)
+                chains[r] += tally(chunked_logits(runner, ids, fed, r), plain, gaps)
             if runner.supports_tree:
                 for d in TREE_DEPTHS:
-                    trees[d].add(tree_logits(runner, ids, fed, d, runner.vocab_size), plain, gaps)
-        every = list(chains.values()) + list(trees.values())
+                    trees[d] += tally(tree_logits(runner, ids, fed, d, runner.vocab_size), plain, gaps)
+        every = Tally.pooled([*chains.values(), *trees.values()])
         result["setups"][setup_name] = {
-            "positions": sum(t.positions for t in every),
-            "unequal": sum(t.unequal for t in every),
-            "max_abs_diff": max(t.max_abs_diff for t in every),
-            "flips": sum(t.flips for t in every),
-            "max_flip_gap": max(t.max_flip_gap for t in every),
+            **dataclasses.asdict(every),
             "smallest_top2_gap": min_gap,
             "chains": {r: dataclasses.asdict(t) for r, t in chains.items()},
             "trees": {2 * d + 1: dataclasses.asdict(t) for d, t in trees.items()},
@@ -229,51 +222,42 @@ def measure_path(name: str, prompts: list[str], setup_names: list[str], new_toke
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--paths", default="float32,bfloat16,float16", help="comma-separated: " + ", ".join(PATHS))
-    names = ", ".join([*setups(torch.bfloat16), "engine"])
-    parser.add_argument("--setups", default="fast,eager-mask,exact", help=f"comma-separated: {names}")
-    parser.add_argument("--gsm8k", type=int, default=3, help="gsm8k train questions (default: %(default)s)")
-    parser.add_argument("--mt-bench", type=int, default=1, help="MT-Bench prompts (default: %(default)s)")
-    parser.add_argument("--humaneval", type=int, default=1, help="HumanEval prompts (default: %(default)s)")
-    parser.add_argument("--tokens", type=int, default=24, help="greedy tokens per prompt (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=THREADS, help="torch threads (default: %(default)s)")
-    parser.add_argument("--json-dir", type=Path, help="write <path>.json per path here (e.g. assets/rounding)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    prompts = unseen_prompts(args.gsm8k, args.mt_bench, args.humaneval)
+def measure(
+    paths: list[str],
+    setup_names: list[str],
+    prompts: list[str],
+    new_tokens: int,
+    json_dir: Path | None = None,
+    print_row=print,
+) -> str:
+    """Measure each path in each setup; print a table row per (path, setup) as it lands, write <path>.json per path
+    into json_dir, and return the table."""
     import transformers
 
     machine = (
         f"{cpu_name()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
         f"transformers {transformers.__version__}"
     )
-    print(
+    print_row(
         f"# rounding: 1-token forwards vs chains of R = 2..17 rows and trees of 7 / 17 rows, {len(prompts)} prompts "
-        f"no test reads × {args.tokens} tokens, SmolLM2-135M-Instruct on CPU ({machine})"
+        f"no test reads × {new_tokens} tokens, SmolLM2-135M-Instruct on CPU ({machine})"
     )
-    print("| path | setup | positions not bitwise equal | max abs logit diff | flips | largest flip gap |")
-    print("|---|---|---:|---:|---:|---:|")
-    for name in args.paths.split(","):
+    header = ["path", "setup", "positions not bitwise equal", "max abs logit diff", "flips", "largest flip gap"]
+    rows = []
+    for name in paths:
         try:
-            result = measure_path(name, prompts, args.setups.split(","), args.tokens)
+            result = measure_path(name, prompts, setup_names, new_tokens)
         except Exception as exc:  # one path that does not run here must not hide the others
             result = {"path": name, "error": f"{type(exc).__name__}: {exc}"}
-            print(f"| {name} | | does not run: {result['error'][:80]} | | | |", flush=True)
+            rows.append([name, "", f"does not run: {result['error'][:80]}", "", "", ""])
+            print_row(f"{name}: does not run: {result['error']}")
         else:
             for setup_name, s in result["setups"].items():
-                print(
-                    f"| {name} | {setup_name} | {s['unequal']} / {s['positions']} | {s['max_abs_diff']:.3g} | "
-                    f"{s['flips']} | {s['max_flip_gap']:.3g} |",
-                    flush=True,
-                )
-        if args.json_dir:
-            args.json_dir.mkdir(parents=True, exist_ok=True)
-            meta = {"machine": machine, "new_tokens": args.tokens, "prompt_texts": prompts, "chunks": CHUNKS}
-            (args.json_dir / f"{name}.json").write_text(json.dumps(meta | result, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+                rows.append([name, setup_name, f"{s['unequal']} / {s['positions']}", f"{s['max_abs_diff']:.3g}",
+                             s["flips"], f"{s['max_flip_gap']:.3g}"])  # fmt: skip
+                print_row(" | ".join(map(str, rows[-1])))
+        if json_dir:
+            json_dir.mkdir(parents=True, exist_ok=True)
+            meta = {"machine": machine, "new_tokens": new_tokens, "prompt_texts": prompts, "chunks": CHUNKS}
+            (json_dir / f"{name}.json").write_text(json.dumps(meta | result, indent=1))
+    return table(header, rows)
