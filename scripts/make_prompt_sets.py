@@ -1,8 +1,8 @@
 """Writes the tuning and evaluation prompt sets (assets/prompts/{tune,eval}/<task type>.jsonl).
 
-The rule they serve (README, "Tuning and evaluation"): a prompt that trained, tuned or was looked at while choosing
+The rule they serve (docs/usage.md: tuning, evaluation): a prompt that trained, tuned or was looked at while choosing
 anything (a template, a constant, a threshold) belongs to the tuning set; the evaluation set is used for the
-README's figures and nothing else. Both cover the task types a chat app meets: translation, summarization, short
+docs/ figures, nothing else. Both cover the task types a chat app meets: translation, summarization, short
 factual questions, math word problems, questions over a pasted document, extraction, everyday chat and multi-turn
 chat. The texts are written here by hand; the pasted documents are docstrings of Python's standard library (PSF
 licence) read from the running interpreter, so the files are reproducible. The math tuning prompts are the GSM8K

@@ -6,7 +6,7 @@ them (started from what the load timed, nothing learnt). One constant changes at
   python scripts/sweep_adaptive.py --prompts assets/prompts/tune/*.jsonl --math 2 --limit 2 --repeat 2 --threads 2
 
 Prints, per variant, the median over the repeats of its tok/s ÷ the default constants' tok/s in the same run (with
-the spread), overall and on its slowest task type. The evaluation set is never read here (README, "Tuning and
+the spread), overall and on its slowest task type. The evaluation set is never read here (docs/usage.md, "Tuning and
 evaluation")."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ def assert_within_guarantee(session, prompt_ids, expected, got, label, exact=Non
     if (guarantee.tree_greedy if tree else guarantee.greedy) == "identical":  # bitwise equal: no bound, no flip
         assert got == expected, f"{label}: {guarantee.path} is bitwise identical, yet {compare_detail(got, expected)}"
         return
-    assert guarantee.measured, f"{guarantee.path} has no measured bound: measure it (scripts/measure_rounding.py)"
+    assert guarantee.measured, f"{guarantee.path} has no measured bound: measure it (localspec bench rounding)"
     result = compare_greedy(loaded.target, prompt_ids, expected, got, guarantee, tree)
     assert result.ok, f"{label}: {result.detail}"
     if result.at is not None:

@@ -543,7 +543,7 @@ def test_nan_logits_from_the_draft(tiny_session):
     assert_session_usable(tiny_session)
 
 
-# -- the window, the API and the CLI: the rows README's Troubleshooting table gained with issue 19 -----------------
+# -- the window, the API and the CLI: the rows docs/troubleshooting.md's table gained with issue 19 -----------------
 
 
 def _manager(tiny_session, broken=()):

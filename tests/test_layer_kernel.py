@@ -122,7 +122,8 @@ def test_the_embedded_targets_layers_run_on_it_and_stay_close_to_their_torch_ops
     finally:
         for layer, kernel in zip(layers, bound, strict=True):
             layer.layer_kernel = kernel
-    # scripts/lean_forward.py --compare layer measured at most 0.474 on the AVX-512 EPYC (other ids: 100..163 then
+    # lean_forward.py --compare layer (git show 7b6297d:scripts/lean_forward.py) measured at most 0.474 on the
+    # AVX-512 EPYC (other ids: 100..163 then
     # 300..308); the bound is twice that. A wrong step (a norm, the rotary, a residual) moves logits by whole units
     gap = float((on_kernel - torch_ops).abs().max())
     assert 0 < gap <= 0.95 and bool((on_kernel.argmax(-1) == torch_ops.argmax(-1)).float().mean() >= 0.8)

@@ -42,7 +42,8 @@ def idle_rss_kib(pid: int) -> int:
 
 def two_pairs_yaml(tiny_pair, folder: Path) -> Path:
     """The tiny pairs on the fast forward setup, named: `exact: auto` would pick a path by timing it, so a soak would
-    test one path on one run and the other on the next (the exact path's RSS is an open finding: README)."""
+    test one path on one run and the other on the next (the exact path's RSS is an open finding:
+    docs/performance.md)."""
     path = tiny_models_yaml(tiny_pair, folder)
     root = Path(tiny_pair["root"])
     text = path.read_text().replace("- name: tiny\n", "- name: tiny\n  exact: false\n", 1)

@@ -1,5 +1,5 @@
 """What a forward must read and how fast the machine reads it: weight bytes per token and memory bandwidth, for the
-bench's bytes-read bound (scripts/forward_costs.py prints the same per weight format)."""
+bench's bytes-read bound (docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ TREE_MODES = {  # mode → its proposer
     "history-tree": "history",
 }
 # history: the bench answers with an empty history (its index fills in the app, from saved conversations), so it
-# measures the lookup over the current prompt; scripts/bench_history.py measures it with a history
+# measures the lookup over the current prompt; docs/usage.md records it measured with a history
 ENGINE_MODES = ("none", "ngram", "draft", "head", "ngram+head", "history", *TREE_MODES, "adaptive", "adaptive-tree")
 ALL_MODES = HF_MODES + ENGINE_MODES + LLAMA_MODES
 SWEPT = ("ngram", "draft", "head", "ngram+head", "history")  # run once per K of --k

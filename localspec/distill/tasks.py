@@ -7,7 +7,8 @@ user sends, either one message (str) or a conversation (tuple of turns, user fir
 
 What stays out: the modules whose docstrings the tuning and evaluation sets paste (`PROMPT_SET_MODULES`), so no
 document of the evaluation set is ever trained on; the asks below were written for this corpus, not taken from
-either set. Math comes from the GSM8K training questions in ../shared/data (a tuning source by the README's rule).
+either set. Math comes from the GSM8K training questions in ../shared/data (a tuning source by the rule in
+docs/usage.md).
 """
 
 from __future__ import annotations

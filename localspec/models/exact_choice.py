@@ -3,7 +3,7 @@ explicit additive mask, at least 2 rows per forward, multiples of 8 in float32 a
 cost is small.
 
 In the exact setup a bfloat16 row's logits were measured bitwise equal whether the row is computed alone (plain
-decoding) or inside a 2..17-row verify forward (scripts/measure_rounding.py, assets/rounding/epyc/), so greedy
+decoding) or inside a 2..17-row verify forward (`localspec bench rounding`, assets/rounding/epyc/), so greedy
 speculative chains are plain decoding's token for token (float32 / float16 come closer, not bitwise:
 verify/guarantee.py). It costs a dummy row on each 1-token forward and eager attention instead of
 sdpa; a model whose decoder linears are all row-invariant (gguf on the q4 kernel) needs no dummy row and runs its

@@ -5,7 +5,7 @@ w = q·d + m (20 bytes: d, m, then 16 bytes whose low nibbles are weights 0..15 
 kernel (runtime/q4_kernel.py) takes d and m as they are; it is used wherever it loads (AVX-512 BF16 or AVX2 with
 FMA, and a C compiler; LOCALSPEC_Q4_KERNEL=off turns it off). Elsewhere torch's `_weight_int4pack_mm_for_cpu` takes
 the same asymmetric group-32 layout as w = (q − 8)·scale + zero, so scale = d and zero = m + 8d, rounded to
-bfloat16 (its fast path wants bfloat16 scales and zeros): scripts/forward_costs.py measures what that changes.
+bfloat16 (its fast path wants bfloat16 scales and zeros): docs/kernels.md states what that changes.
 
 Only the Q4_1 linears of a llama-architecture GGUF are swapped in, and, on the q4 kernel's library, a Q8_0 token
 embedding that is also the tied LM head gets a Q8Head for the logits (runtime/q8_head.py; the embedding itself stays
