@@ -42,26 +42,26 @@ def test_ids_past_the_vocabulary_never_reach_the_model(tiny_pair, tmp_path):
     manager = ModelManager(pairs, lambda pair, progress: ChatSession(load_pair(pair, device="cpu")))
     manager.load(name)
     session = manager.session
-    vocab = session.vocab_size
+    vocab = session.engine.target.vocab_size
     prompt, _ = session.prompt_ids([{"role": "user", "content": "abc abc abc"}], 16)
     store = ConversationStore(tmp_path / "conversations.db")
     answered(store, name, "earlier", prompt[-2:] + [1, 2])
     tokenize = lambda text: session.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    first = PairHistory(store, name, tokenize, tmp_path / "history", vocab)
-    assert first.rebuilt and first.problems == []
+    first = PairHistory(store, name, tokenize, tmp_path / "history")
+    assert first.rebuilt
     with np.load(first.path) as data:
         tokens = data["tokens"].copy()
     tokens[-2:] = [vocab + 5, vocab + 6]  # the answer's last two ids, now past the vocabulary
     rewrite(first.path, tokens=tokens)
     manager.attach_history(HistoryBook(store, tmp_path / "history"))
-    held = manager.history.pairs[name]
-    assert held.rebuilt and any(f"token id {vocab + 5}" in p for p in held.problems)
-    assert len(session.history) == 2  # rebuilt from the database: both messages still drafted from
     spec = session.default_spec(proposer="history", k=2, tree_nodes=0, adaptive=False)
     sampling = SamplingParams(max_new_tokens=8)
     events = list(session.engine.generate(prompt, sampling, spec, session.make_proposer(spec)))
     plain = list(session.engine.generate(prompt, sampling, session.default_spec(proposer="none"), None))
     assert [t.token_id for e in events for t in e.tokens] == [t.token_id for e in plain for t in e.tokens]
+    held = manager.history.pairs[name]
+    assert held.rebuilt and any(f"token id {vocab + 5}" in p for p in held.problems)
+    assert len(session.history) == 2  # rebuilt from the database: both messages still drafted from
 
 
 def test_a_saved_answer_with_ids_past_the_vocabulary_is_left_out_and_the_rest_kept(tmp_path):
