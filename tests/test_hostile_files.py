@@ -291,3 +291,28 @@ def test_a_gguf_array_count_beyond_the_file_is_refused(tmp_path):
         fh.write(struct.pack("<IIQ", 9, 8, 1 << 40) + b"\0" * 40)
     with pytest.raises(ValueError, match="past the end"):
         read_header(path)
+
+
+@pytest.mark.slow  # converts a GGUF file
+def test_a_found_model_whose_name_is_not_utf8_loads_and_answers(tmp_path, monkeypatch):
+    from localspec.chat import ChatSession
+    from localspec.config import SamplingParams
+    from localspec.models.loading import load_pair
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "data"))
+    made = write_gguf(tmp_path / "made.gguf", layers=1, hidden=32)
+    copy_to(made, os.path.join(os.fsencode(tmp_path / "cache" / "llama.cpp"), NOT_UTF8_FILE))
+    catalog = load_all(REPO / "models.yaml", propose_pairs_in(tmp_path / "cache" / "llama.cpp"), tmp_path / "no.yaml")
+    pair = next(p for p in catalog[0] if p.name == "\\xff\\xfe-bad-name")
+    messages: list[str] = []
+    session = ChatSession(load_pair(pair, device="cpu", progress=messages.append))
+    assert all(m.encode("utf-8") for m in messages)  # progress lines name the file escaped
+    ids, _notice = session.prompt_ids([{"role": "user", "content": "Hello"}], 4)
+    events = session.engine.generate(ids, SamplingParams(max_new_tokens=4), session.default_spec(), None)
+    assert sum(len(e.tokens) for e in events) == 4
+
+
+def propose_pairs_in(folder: Path):
+    from localspec.models.discovery import propose_pairs
+
+    return propose_pairs(discover((Root("llama.cpp", folder),)).models)

@@ -81,7 +81,7 @@ def materialise_gguf(path: Path, progress: Optional[Progress] = None) -> Path:
     tmp = folder.with_name(folder.name + ".tmp")
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / "done").write_text(str(path))
+    (tmp / "done").write_text(shown(path), encoding="utf-8")
     if folder.exists():
         import shutil
 
