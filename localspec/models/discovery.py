@@ -219,16 +219,16 @@ def _ollama(root: Root, skipped: list[Skipped]) -> Iterator[tuple[Layout, Path, 
             manifest = folder / tag
             try:
                 digest = _model_digest(read_json(manifest, MANIFEST_BYTES))
-            except (OSError, ValueError) as exc:
-                why = shown(str(exc)) if isinstance(exc, HostileFile) else type(exc).__name__
-                skipped.append(Skipped(manifest, f"not an Ollama manifest with a model layer ({why})"[:300]))
+            except (OSError, ValueError) as exc:  # not a regular file, too large or deep, not JSON, no model layer
+                why = f"not an Ollama manifest with a model layer ({shown(str(exc))})"
+                skipped.append(Skipped(manifest, why[:300]))
                 continue
             blob = root.path / "blobs" / digest.replace(":", "-")
             if not blob.is_file():
                 skipped.append(Skipped(manifest, f"its model layer {shown(digest)} has no blob at {shown(blob)}"))
                 continue
-            model, namespace, tag = label(folder.name) or "?", label(folder.parent.name) or "?", label(tag) or "?"
-            name = f"{model}:{tag}" if namespace == "library" else f"{namespace}/{model}:{tag}"
+            model, namespace, version = (label(part) or "?" for part in (folder.name, folder.parent.name, tag))
+            name = f"{model}:{version}" if namespace == "library" else f"{namespace}/{model}:{version}"
             yield "ollama", blob, name
 
 
