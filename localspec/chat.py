@@ -100,6 +100,11 @@ class ChatSession:
         self.history = SuffixIndex()
 
     @property
+    def vocab_size(self) -> int:
+        """Rows of the target's output: every token id the session emits or drafts is below it."""
+        return self.engine.target.vocab_size
+
+    @property
     def proposers(self) -> tuple[str, ...]:
         """The entry's proposers that loaded (a draft or head that failed is left out; see loaded.notices)."""
         return self.loaded.proposers

@@ -83,12 +83,43 @@ def resolve_pair(args, read=None):
     if args.model_file:
         from localspec.models.user_models import file_entry
 
-        return parse_pair(file_entry(Path(args.model_file).expanduser().resolve()), 0, Path.cwd())
+        return parse_pair(file_entry(model_file(args.model_file)), 0, Path.cwd())
     pairs, broken = read if read is not None else read_pairs(args.models)
     asked = next((b for b in broken if args.model is not None and b.name == args.model), None)
     if asked is not None:
         raise ConfigError(asked.error)
     return find_pair(pairs, args.model)
+
+
+def model_file(text: str) -> Path:
+    """--model-file's path, resolved: a readable file, or a folder with a config.json; else a one-line ConfigError
+    that says what is wrong with it (missing, a symlink loop, a folder, unreadable, a FIFO)."""
+    import errno
+    import stat
+
+    from localspec.config import ConfigError
+    from localspec.models.untrusted import kind_of, open_regular, shown
+
+    where = f"--model-file {shown(text)}"
+    try:
+        path = Path(text).expanduser().resolve(strict=True)
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            if not (path / "config.json").is_file():
+                raise ConfigError(f"{where} is a folder without config.json; give a GGUF file or a transformers folder")
+        elif stat.S_ISREG(mode):
+            open_regular(path).close()
+        else:
+            raise ConfigError(f"{where} is {kind_of(mode)}, not a model file")
+    except FileNotFoundError:
+        raise ConfigError(f"{where} does not exist") from None
+    except RuntimeError as exc:  # a symlink loop (Python < 3.13), ~nosuchuser
+        why = "is a symlink loop" if "loop" in str(exc).lower() else f"is not a usable path ({exc})"
+        raise ConfigError(f"{where} {why}") from None
+    except OSError as exc:
+        why = "is a symlink loop" if exc.errno == errno.ELOOP else f"cannot be read: {exc.strerror or exc}"
+        raise ConfigError(f"{where} {why}") from None
+    return path
 
 
 def check_spec_options(args, pair) -> None:

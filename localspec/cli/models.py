@@ -18,10 +18,13 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from localspec.config import ConfigError
     from localspec.models.discovery import discover, human_size, propose_pairs
-    from localspec.models.user_models import add_user_pair
+    from localspec.models.untrusted import shown
+    from localspec.models.user_models import add_user_pair, found_pairs
 
     found = discover()
     pairs = propose_pairs(found.models)
+    skipped = list(found.skipped)
+    found_pairs(pairs, set(), set(), skipped)  # the pairs the app could not offer, with their reasons
     if args.add is not None:
         if not 1 <= args.add <= len(pairs):
             raise ConfigError(f"--add takes a pair number from 1 to {len(pairs)} (got {args.add})")
@@ -33,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
             "models": [
                 {
                     "name": m.name,
-                    "path": str(m.path),
+                    "path": shown(m.path),
                     "layout": m.layout,
                     "format": m.format,
                     "size_bytes": m.size_bytes,
@@ -46,18 +49,19 @@ def run(args: argparse.Namespace) -> int:
                 for m in found.models
             ],
             "pairs": [{"target": p.target.name, "draft": p.draft.name if p.draft else None} for p in pairs],
-            "skipped": [{"path": str(s.path), "reason": s.reason} for s in found.skipped],
+            "skipped": [{"path": shown(s.path), "reason": s.reason} for s in skipped],
         }
         print(json.dumps(record, indent=2))
         return 0
-    searched = ", ".join(str(r.path) for r in found.roots)
+    searched = ", ".join(shown(r.path) for r in found.roots)
     if not found.models:
         print(f"no models found (searched {searched})")
     for m in found.models:
         note = "" if m.loadable is None else f"  ✗ {m.loadable}"
-        print(f"{m.name}  [{m.layout}] {m.architecture} {m.quantization}, {human_size(m.size_bytes)}  {m.path}{note}")
-    for s in found.skipped:
-        print(f"skipped {s.path}: {s.reason}")
+        size = human_size(m.size_bytes)
+        print(f"{m.name}  [{m.layout}] {m.architecture} {m.quantization}, {size}  {shown(m.path)}{note}")
+    for s in skipped:
+        print(f"skipped {shown(s.path)}: {s.reason}")
     if pairs:
         print("\nproposed pairs (n-gram lookup always available; `localspec models --add N` adds one):")
         for i, pair in enumerate(pairs, 1):

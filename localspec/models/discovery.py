@@ -7,21 +7,36 @@ token as the target's (`ProposedPair`).
 
 Discovery only reads: it never moves, copies or writes a file it finds. It reads headers, never weights: a GGUF's
 key-value section and tensor table (gguf.GGUFReader memory-maps the file and parses only those), a snapshot's
-config.json and tokenizer.json. Every failure (a corrupt file, an unreadable folder, a symlink loop, a manifest that
-names a missing blob) becomes a `Skipped` record with its reason; nothing raises out of `discover`.
+config.json and tokenizer.json. Every file is hostile input (untrusted.py): only regular files are opened, every
+read is bounded in bytes, depth and count before it allocates, and a name that is not UTF-8 is shown escaped while its
+path stays usable. Every failure (a corrupt file, a FIFO, an unreadable folder, a symlink loop, a manifest that names
+a missing blob) becomes a `Skipped` record with its reason; one model failing never stops the others, and nothing
+raises out of `discover`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import itertools
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
 
 from .gguf_header import GGUFHeader, read_header
+from .untrusted import (
+    CONFIG_BYTES,
+    MANIFEST_BYTES,
+    MAX_VOCAB,
+    TOKENIZER_BYTES,
+    HostileFile,
+    kind_of,
+    label,
+    read_json,
+    shown,
+)
 
 Layout = Literal["lmstudio", "ollama", "llama.cpp", "huggingface"]
 Format = Literal["gguf", "transformers"]
@@ -120,15 +135,24 @@ def discover(roots: Optional[tuple[Root, ...]] = None) -> Discovery:
             try:
                 real = path.resolve()
             except (OSError, RuntimeError) as exc:  # a symlink loop, a vanished file
-                skipped.append(Skipped(path, f"cannot be resolved: {exc}"))
+                skipped.append(Skipped(path, f"cannot be resolved: {shown(str(exc))}"))
                 continue
             if real in seen:
                 continue
             seen.add(real)
             try:
-                found = read_gguf(path, layout, name) if path.is_file() else read_snapshot(path, layout, name)
+                mode = os.stat(path).st_mode
+                if stat.S_ISREG(mode):
+                    found = read_gguf(path, layout, name)
+                elif stat.S_ISDIR(mode):
+                    found = read_snapshot(path, layout, name)
+                else:
+                    raise HostileFile(f"{shown(path)} is {kind_of(mode)}, not a model file; not opened")
+            except HostileFile as exc:
+                skipped.append(Skipped(path, str(exc)[:300]))
+                continue
             except Exception as exc:  # a corrupt header must not end the scan
-                skipped.append(Skipped(path, f"not readable as a model: {type(exc).__name__}: {exc}"[:300]))
+                skipped.append(Skipped(path, f"not readable as a model: {type(exc).__name__}: {shown(str(exc))}"[:300]))
                 continue
             models.append(found)
     models.sort(key=lambda m: (-m.parameters, m.name))
@@ -140,7 +164,7 @@ def _walk(root: Path, skipped: list[Skipped]) -> Iterator[tuple[Path, list[str],
     count = 0
 
     def noted(exc: OSError) -> None:
-        skipped.append(Skipped(Path(exc.filename or root), f"folder not readable: {exc.strerror or exc}"))
+        skipped.append(Skipped(Path(exc.filename or root), f"folder not readable: {shown(exc.strerror or str(exc))}"))
 
     for folder, dirs, files in os.walk(root, followlinks=False, onerror=noted):
         depth = len(Path(folder).relative_to(root).parts)
@@ -163,8 +187,10 @@ def _candidates(root: Root, skipped: list[Skipped]) -> Iterator[tuple[Layout, Pa
         for name in sorted(files):
             if name.lower().endswith(".gguf") and not _is_split_tail(name):
                 path = folder / name
-                label = f"{_hub_id(folder)}/{name}" if root.layout == "huggingface" else Path(name).stem
-                yield root.layout, path, label
+                if root.layout == "huggingface":
+                    yield root.layout, path, f"{_hub_id(folder)}/{label(name)}"
+                else:  # a stem of spaces names the file by its whole name
+                    yield root.layout, path, label(Path(name).stem, name)
 
 
 def _is_split_tail(name: str) -> bool:
@@ -178,8 +204,8 @@ def _hub_id(folder: Path) -> str:
     """models--owner--name/snapshots/<rev> → owner/name."""
     for part in folder.parts:
         if part.startswith("models--"):
-            return part[len("models--") :].replace("--", "/")
-    return folder.name
+            return label(part[len("models--") :].replace("--", "/"), part)
+    return label(folder.name) or "snapshot"
 
 
 def _ollama(root: Root, skipped: list[Skipped]) -> Iterator[tuple[Layout, Path, str]]:
@@ -192,26 +218,36 @@ def _ollama(root: Root, skipped: list[Skipped]) -> Iterator[tuple[Layout, Path, 
         for tag in sorted(files):
             manifest = folder / tag
             try:
-                layers = json.loads(manifest.read_text(encoding="utf-8")).get("layers", [])
-                digest = next(layer["digest"] for layer in layers if layer.get("mediaType") == OLLAMA_MODEL_MEDIA)
-            except (OSError, ValueError, AttributeError, KeyError, TypeError, StopIteration) as exc:
-                skipped.append(Skipped(manifest, f"not an Ollama manifest with a model layer ({type(exc).__name__})"))
+                digest = _model_digest(read_json(manifest, MANIFEST_BYTES))
+            except (OSError, ValueError) as exc:  # not a regular file, too large or deep, not JSON, no model layer
+                why = f"not an Ollama manifest with a model layer ({shown(str(exc))})"
+                skipped.append(Skipped(manifest, why[:300]))
                 continue
-            blob = root.path / "blobs" / str(digest).replace(":", "-")
+            blob = root.path / "blobs" / digest.replace(":", "-")
             if not blob.is_file():
-                skipped.append(Skipped(manifest, f"its model layer {digest} has no blob at {blob}"))
+                skipped.append(Skipped(manifest, f"its model layer {shown(digest)} has no blob at {shown(blob)}"))
                 continue
-            model = folder.name
-            namespace = folder.parent.name
-            name = f"{model}:{tag}" if namespace == "library" else f"{namespace}/{model}:{tag}"
+            model, namespace, version = (label(part) or "?" for part in (folder.name, folder.parent.name, tag))
+            name = f"{model}:{version}" if namespace == "library" else f"{namespace}/{model}:{version}"
             yield "ollama", blob, name
+
+
+def _model_digest(manifest: object) -> str:
+    """The digest of a manifest's model layer (sha256:<hex>); ValueError when it has none."""
+    layers = manifest.get("layers") if isinstance(manifest, dict) else None
+    for layer in layers if isinstance(layers, list) else ():
+        if isinstance(layer, dict) and layer.get("mediaType") == OLLAMA_MODEL_MEDIA:
+            digest = layer.get("digest")
+            if isinstance(digest, str) and digest and "/" not in digest and "\0" not in digest:
+                return digest
+    raise ValueError("no model layer")
 
 
 def read_gguf(path: Path, layout: Layout, name: str) -> FoundModel:
     """A GGUF file's header: architecture, file type, vocabulary, weight count (the weights are not read)."""
     header = read_header(path)
     fields = header.fields
-    architecture = str(fields.get("general.architecture", "unknown"))
+    architecture = shown(str(fields.get("general.architecture", "unknown")))[:100]
     file_type = fields.get("general.file_type")
     quantization = _file_type_name(file_type) if isinstance(file_type, int) else _majority_type(header)
     tokens = tuple(fields.get("tokenizer.ggml.tokens") or ())
@@ -275,46 +311,67 @@ def gguf_loadable(architecture: str, header: GGUFHeader, tokens: tuple[str, ...]
 
 def read_snapshot(folder: Path, layout: Layout, name: str) -> FoundModel:
     """A transformers snapshot folder: config.json's model type and dtype, tokenizer.json's vocabulary."""
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config = read_json(folder / "config.json", CONFIG_BYTES)
     if not isinstance(config, dict):
         raise ValueError("config.json is not an object")
-    weights = [p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file()]
+    listed = itertools.islice(folder.iterdir(), MAX_FILES)
+    weights = [p for p in listed if p.suffix in (".safetensors", ".bin") and p.is_file()]
     size = sum(p.stat().st_size for p in weights)
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
-    method = (config.get("quantization_config") or {}).get("quant_method") if isinstance(config, dict) else None
+    quantization = config.get("quantization_config")
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
     bytes_per_weight = {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 2)
-    tokens = _snapshot_tokens(folder)
+    declared = config.get("vocab_size")
+    tokens, why = _snapshot_tokens(folder, declared if isinstance(declared, int) and declared > 0 else 0)
     loadable = None if weights else "no .safetensors or .bin weights in the snapshot"
     if loadable is None and not tokens:
-        loadable = "no readable tokenizer.json"
+        loadable = why
     return FoundModel(
         name=name,
         path=folder,
         layout=layout,
         format="transformers",
         size_bytes=size,
-        architecture=str(config.get("model_type", "unknown")),
-        quantization=str(method or dtype),
+        architecture=shown(str(config.get("model_type", "unknown")))[:100],
+        quantization=shown(str(method or dtype))[:100],
         parameters=size // bytes_per_weight,
         tokens=tokens,
         loadable=loadable,
     )
 
 
-def _snapshot_tokens(folder: Path) -> tuple[str, ...]:
+def _snapshot_tokens(folder: Path, declared: int) -> tuple[tuple[str, ...], str]:
+    """tokenizer.json's tokens by id, or () and why not. Ids are checked against the vocabulary's size (its entries,
+    or config.json's vocab_size when larger, at most MAX_VOCAB) before a list of that length is made."""
     path = folder / "tokenizer.json"
     if not path.is_file():
-        return ()
-    data = json.loads(path.read_text(encoding="utf-8"))
-    vocab = dict(data.get("model", {}).get("vocab") or {})
-    for added in data.get("added_tokens") or []:
-        vocab[added["content"]] = added["id"]
-    if not vocab or not all(isinstance(i, int) for i in vocab.values()):
-        return ()
-    by_id = [""] * (max(vocab.values()) + 1)
-    for token, index in vocab.items():
+        return (), "no readable tokenizer.json"
+    try:
+        data = read_json(path, TOKENIZER_BYTES)
+    except (OSError, ValueError) as exc:
+        return (), f"tokenizer.json not read: {shown(str(exc))}"[:300]
+    model = data.get("model") if isinstance(data, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if not isinstance(vocab, dict):
+        return (), "tokenizer.json has no token → id vocabulary"
+    entries = dict(vocab)
+    added = data.get("added_tokens")
+    for token in added if isinstance(added, list) else ():
+        if isinstance(token, dict) and isinstance(token.get("content"), str):
+            entries[token["content"]] = token.get("id")
+    if not entries or not all(type(i) is int and i >= 0 for i in entries.values()):
+        return (), "tokenizer.json's ids are not all whole numbers ≥ 0"
+    size = min(max(len(entries), declared), MAX_VOCAB)
+    token, top = max(entries.items(), key=lambda item: item[1])
+    if top >= size:
+        return (), (
+            f"tokenizer.json gives {shown(token)[:40]!r} the id {top}, beyond its vocabulary of {len(entries)} "
+            f"tokens (config.json vocab_size {declared or 'absent'}, at most {MAX_VOCAB})"
+        )
+    by_id = [""] * (top + 1)
+    for token, index in entries.items():
         by_id[index] = token
-    return tuple(by_id)
+    return tuple(by_id), ""
 
 
 def same_tokenizer(target: FoundModel, draft: FoundModel) -> bool:

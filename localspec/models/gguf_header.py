@@ -3,7 +3,9 @@
 gguf.GGUFReader builds an array view for every element of every field (SmolLM2's 49k tokens and 49k merges take
 seconds); discovery needs a few scalars, the token list and the tensor types, so this reads the header in one pass
 with struct over a memory map, decoding only the strings it is asked for. Every size is checked against the file,
-so a truncated or garbage file raises ValueError instead of reading past its end.
+so a truncated or garbage file raises ValueError instead of reading past its end, and every count is checked before
+anything is allocated for it: against what the rest of the file can hold (each element takes at least its smallest
+encoding) and against what a real model has (a sparse file of zeros holds millions of well-formed empty tensors).
 """
 
 from __future__ import annotations
@@ -14,10 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .untrusted import MAX_VOCAB, open_regular
+
 MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-MAX_COUNT = 1 << 28  # no real header holds more elements in one array or tensors in one file
+MAX_TENSORS = 1 << 17  # real files: ~300 (7B) to ~13,000 (a MoE with its experts stored one by one)
+MAX_FIELDS = 1 << 16  # real files: ~40 keys
+MAX_ARRAY = 1 << 20  # elements in one array: the largest real ones (merges, tokens) hold ~500k
+MAX_NESTING = 3  # arrays of arrays: real files have none
+# the fewest bytes one element takes: a string is its 8-byte length, an array its 4-byte type and 8-byte count, a
+# field its key (8), type (4) and a 1-byte value, a tensor's info its name (8), dims (4), type (4) and offset (8)
+_MIN_STRING, _MIN_ARRAY, _MIN_FIELD, _MIN_TENSOR = 8, 12, 13, 24
 
 
 @dataclass(frozen=True)
@@ -57,34 +67,49 @@ class _Cursor:
     def unpack(self, fmt: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
 
-    def count(self) -> int:
+    def count(self, what: str, each: int, most: int) -> int:
+        """A count read from the file, refused unless the rest of the file can hold that many elements of at least
+        `each` bytes and it is at most `most`."""
+        at = self.pos
         n = self.unpack("<Q")
-        if n > MAX_COUNT:
-            raise ValueError(f"implausible element count {n} at byte {self.pos}")
+        room = (len(self.buf) - self.pos) // each
+        if n > room:
+            raise ValueError(f"the header claims {n} {what} at byte {at}, past the end of the file (room for {room})")
+        if n > most:
+            raise ValueError(f"the header claims {n} {what} at byte {at}, more than the {most} a model has")
         return n
 
     def string(self, decode: bool = True) -> str | None:
-        raw = self.take(self.count())
+        raw = self.take(self.count("bytes of text", 1, len(self.buf)))
         return raw.decode("utf-8", errors="replace") if decode else None
 
-    def value(self, type_id: int, keep: bool) -> Any:
+    def value(self, type_id: int, keep: bool, nesting: int = 0) -> Any:
         if type_id in _SCALARS:
             return self.unpack(_SCALARS[type_id])
         if type_id == _STRING:
             return self.string(keep)
         if type_id == _ARRAY:
-            elem, n = self.unpack("<I"), self.count()
+            if nesting >= MAX_NESTING:
+                raise ValueError(f"arrays nest more than {MAX_NESTING} deep at byte {self.pos}")
+            elem = self.unpack("<I")
+            each = _MIN_STRING if elem == _STRING else _MIN_ARRAY
+            if elem in _SCALARS:
+                each = struct.calcsize(_SCALARS[elem])
+            n = self.count("array elements", each, MAX_VOCAB if keep else MAX_ARRAY)
             if elem in _SCALARS and not keep:  # skipped whole
-                self.take(n * struct.calcsize(_SCALARS[elem]))
+                self.take(n * each)
                 return None
-            values = [self.value(elem, keep) for _ in range(n)]
-            return values if keep else None
+            if not keep:
+                for _ in range(n):
+                    self.value(elem, False, nesting + 1)
+                return None
+            return [self.value(elem, True, nesting + 1) for _ in range(n)]
         raise ValueError(f"unknown GGUF value type {type_id} at byte {self.pos}")
 
 
 def read_header(path: Path, arrays: frozenset[str] = frozenset({"tokenizer.ggml.tokens"})) -> GGUFHeader:
     """The header of the GGUF file at `path`; array fields other than `arrays` are skipped (not decoded)."""
-    with path.open("rb") as fh:
+    with open_regular(path) as fh:
         if fh.read(4) != MAGIC:
             raise ValueError("not a GGUF file (no 'GGUF' magic)")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
@@ -96,7 +121,8 @@ def _parse(cur: _Cursor, arrays: frozenset[str]) -> GGUFHeader:
     version = cur.unpack("<I")
     if version not in (2, 3):
         raise ValueError(f"GGUF version {version} is not one this reader knows (2, 3)")
-    n_tensors, n_fields = cur.count(), cur.count()
+    n_tensors = cur.count("tensors", _MIN_TENSOR, MAX_TENSORS)
+    n_fields = cur.count("key-value fields", _MIN_FIELD, MAX_FIELDS)
     fields: dict[str, Any] = {}
     for _ in range(n_fields):
         key = cur.string()

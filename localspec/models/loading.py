@@ -22,6 +22,7 @@ from .dtype_choice import choose_dtype, fixed_decision, format_fields
 from .exact_choice import choose_exact
 from .paths import cache_dir, writable_folder
 from .registry import GGUF_PREFIX, looks_like_path
+from .untrusted import shown
 
 Progress = Callable[[str], None]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,8 +59,8 @@ def gguf_file(source: str) -> Path:
 
 def gguf_cache_folder(path: Path) -> Path:
     stat = path.stat()
-    key = hashlib.sha256(f"{path.name}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
-    return writable_folder(cache_dir() / "gguf", "The converted GGUF model") / f"{path.stem}-{key}"
+    key = hashlib.sha256(os.fsencode(path.name) + f":{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
+    return writable_folder(cache_dir() / "gguf", "The converted GGUF model") / f"{shown(path.stem)}-{key}"
 
 
 def materialise_gguf(path: Path, progress: Optional[Progress] = None) -> Path:
@@ -69,7 +70,7 @@ def materialise_gguf(path: Path, progress: Optional[Progress] = None) -> Path:
         return folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _say(progress, f"First start: converting {path.name} to a cached safetensors folder (once)…")
+    _say(progress, f"First start: converting {shown(path.name)} to a cached safetensors folder (once)…")
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     packed = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     config = packed.config
@@ -80,7 +81,7 @@ def materialise_gguf(path: Path, progress: Optional[Progress] = None) -> Path:
     tmp = folder.with_name(folder.name + ".tmp")
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / "done").write_text(str(path))
+    (tmp / "done").write_text(shown(path), encoding="utf-8")
     if folder.exists():
         import shutil
 
@@ -104,10 +105,10 @@ def gguf_path(source: str) -> Optional[Path]:
         with path.open("rb") as fh:
             magic = fh.read(4)
     except OSError as exc:
-        raise ConfigError(f"model file {path} cannot be read: {exc.strerror or exc}") from None
+        raise ConfigError(f"model file {shown(path)} cannot be read: {exc.strerror or exc}") from None
     if magic != GGUF_MAGIC:
         raise ConfigError(
-            f"{path} is a file but not a GGUF model (it does not start with 'GGUF'); point at a GGUF file "
+            f"{shown(path)} is a file but not a GGUF model (it does not start with 'GGUF'); point at a GGUF file "
             "or a transformers model folder"
         )
     return path
@@ -118,11 +119,13 @@ def check_gguf_loads(path: Path) -> None:
     from .discovery import read_gguf
 
     try:
-        found = read_gguf(path, "llama.cpp", path.name)
+        found = read_gguf(path, "llama.cpp", shown(path.name))
     except Exception as exc:
-        raise ConfigError(f"{path} is not a readable GGUF file: {type(exc).__name__}: {exc}") from None
+        raise ConfigError(f"{shown(path)} is not a readable GGUF file: {type(exc).__name__}: {exc}") from None
     if found.loadable is not None:
-        raise ConfigError(f"{path} ({found.architecture}, {found.quantization}) cannot be loaded: {found.loadable}")
+        raise ConfigError(
+            f"{shown(path)} ({found.architecture}, {found.quantization}) cannot be loaded: {found.loadable}"
+        )
 
 
 def resolve_folder(spec: ModelSpec, what: str, progress: Optional[Progress] = None) -> str:

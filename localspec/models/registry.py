@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,14 +63,16 @@ def _resolve_source(source: Any, base_dir: Path, where: str, field: str) -> str:
     if source.startswith(GGUF_PREFIX):
         return source
     try:
-        source.encode("utf-8")
+        os.fsencode(source)  # a path may hold bytes that are not UTF-8 (as surrogate escapes, the way os reads it)
         path = Path(source).expanduser()
-        if not path.is_absolute():
-            candidate = base_dir / path
-            if candidate.exists() or looks_like_path(source):
-                return str(candidate.resolve())
-        return str(path) if path.is_absolute() else source
-    except (OSError, ValueError, RuntimeError) as exc:  # NUL bytes, surrogates, ~nosuchuser, names too long
+        if path.is_absolute():
+            return str(path)
+        candidate = base_dir / path
+        if candidate.exists() or looks_like_path(source):
+            return str(candidate.resolve())
+        source.encode("utf-8")  # a hub id is text
+        return source
+    except (OSError, ValueError, RuntimeError) as exc:  # NUL bytes, lone surrogates, ~nosuchuser, names too long
         raise ConfigError(f"{where}: field '{field}.source' is not a usable path or hub id ({exc})") from None
 
 
@@ -115,11 +118,12 @@ def _text(raw: Any, where: str, field: str) -> str:
     return str(raw)
 
 
-def parse_pair(raw: Any, index: int, base_dir: Path) -> PairSpec:
+def parse_pair(raw: Any, index: int, base_dir: Path, where: str | None = None) -> PairSpec:
+    """One entry; errors start with `where` (default: "models.yaml entry N (name)")."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{_where(index, None)}: each entry must be a mapping with at least 'name' and 'target'")
     name = raw.get("name")
-    where = _where(index, name if isinstance(name, str) else None)
+    where = where or _where(index, name if isinstance(name, str) else None)
     _check_keys(raw, PAIR_KEYS, where, "entry")
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"{where}: field 'name' is missing or empty")
@@ -293,9 +297,14 @@ def load_registry(path: str | Path) -> list[PairSpec]:
 def load_registry_lenient(path: str | Path) -> tuple[list[PairSpec], list[BrokenEntry]]:
     """The valid entries and the broken ones (the app: one bad entry never blocks the others)."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"model list {path} not found")
-    return parse_registry_lenient(path.read_text(encoding="utf-8", errors="replace"), path.parent.resolve(), str(path))
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")  # may be a pipe on purpose: --models <(...)
+        base = path.parent.resolve()
+    except FileNotFoundError:
+        raise ConfigError(f"model list {path} not found") from None
+    except (OSError, RuntimeError) as exc:  # a folder, unreadable, a symlink loop
+        raise ConfigError(f"model list {path} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    return parse_registry_lenient(text, base, str(path))
 
 
 def find_pair(pairs: list[PairSpec], name: str | None) -> PairSpec:

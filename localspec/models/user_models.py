@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,10 @@ import yaml
 
 from localspec.config import ConfigError, PairSpec
 
-from .discovery import Discovery, ProposedPair, discover, propose_pairs
+from .discovery import Discovery, ProposedPair, Skipped, discover, propose_pairs
 from .paths import home
 from .registry import BrokenEntry, load_registry_lenient, parse_pair
+from .untrusted import shown
 
 
 def user_models_path() -> Path:
@@ -48,13 +49,22 @@ def file_entry(path: Path) -> dict[str, Any]:
     return {"name": path.name, "target": {"source": str(path)}, "proposers": {"ngram": {}}, "adaptive": True}
 
 
-def found_pairs(proposed: Sequence[ProposedPair], taken: set[str], sources: set[str]) -> list[PairSpec]:
-    """The proposed pairs as PairSpecs, leaving out names already taken and targets an entry already runs."""
+def found_pairs(
+    proposed: Sequence[ProposedPair], taken: set[str], sources: set[str], skipped: list[Skipped] | None = None
+) -> list[PairSpec]:
+    """The proposed pairs as PairSpecs, leaving out names already taken and targets an entry already runs. A pair
+    that cannot be offered is left out too, with its reason in `skipped`: one found model never stops the others."""
     specs = []
     for i, pair in enumerate(proposed):
         if pair.name in taken or pair.target.source in sources:
             continue
-        spec = parse_pair(pair_entry(pair), i, pair.target.path.parent)
+        where = f"found pair {pair.name!r} ({shown(pair.target.path)})"
+        try:
+            spec = parse_pair(pair_entry(pair), i, pair.target.path.parent, where)
+        except (ConfigError, OSError, ValueError) as exc:
+            if skipped is not None:
+                skipped.append(Skipped(pair.target.path, f"not offered: {shown(str(exc))}"[:300]))
+            continue
         specs.append(spec)
         taken.add(spec.name)
     return specs
@@ -95,9 +105,13 @@ def add_user_pair(pair: ProposedPair, path: Path | None = None) -> Path:
 
 
 def load_all(
-    shipped: str | Path, proposed: Sequence[ProposedPair] = (), user: Path | None = None
+    shipped: str | Path,
+    proposed: Sequence[ProposedPair] = (),
+    user: Path | None = None,
+    skipped: list[Skipped] | None = None,
 ) -> tuple[list[PairSpec], list[BrokenEntry]]:
-    """Shipped entries, then the user's, then the pairs the found models make (propose_pairs)."""
+    """Shipped entries, then the user's, then the pairs the found models make (propose_pairs); the found pairs
+    that cannot be offered go to `skipped` with their reasons."""
     pairs, broken = load_registry_lenient(shipped)
     user = user_models_path() if user is None else user
     if user.exists() and Path(shipped).resolve() != user.resolve():
@@ -117,7 +131,7 @@ def load_all(
                 continue
             names.add(pair.name)
             pairs.append(pair)
-    pairs += found_pairs(proposed, {p.name for p in pairs}, {p.target.source for p in pairs})
+    pairs += found_pairs(proposed, {p.name for p in pairs}, {p.target.source for p in pairs}, skipped)
     return pairs, broken
 
 
@@ -140,5 +154,8 @@ class Catalog:
     def read(self) -> CatalogRead:
         found = discover() if self.scan else None
         proposed = propose_pairs(found.models) if found is not None else []  # tokenizers compared once per read
-        pairs, broken = load_all(self.shipped, proposed)
+        not_offered: list[Skipped] = []
+        pairs, broken = load_all(self.shipped, proposed, skipped=not_offered)
+        if found is not None and not_offered:  # listed where the places that could not be read are
+            found = replace(found, skipped=found.skipped + tuple(not_offered))
         return CatalogRead(pairs, broken, found, proposed)

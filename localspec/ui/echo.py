@@ -40,6 +40,7 @@ class EchoSession:
     Its speculation defaults are its entry's (default proposer, K, tree nodes, adaptive)."""
 
     notices: tuple[str, ...] = ()  # nothing of a pair failed to load
+    vocab_size: Optional[int] = None  # no model: its history index holds no ids to check
 
     def __init__(self, step_s: float = 0.0, pair: PairSpec = ECHO_PAIR) -> None:
         self.step_s = step_s

@@ -10,6 +10,7 @@ import gradio as gr
 
 from localspec.config import ConfigError
 from localspec.models.discovery import human_size
+from localspec.models.untrusted import shown
 from localspec.models.user_models import CatalogRead, add_user_pair, user_pair_names
 
 from .manager import ModelManager
@@ -23,13 +24,13 @@ def found_html(read: CatalogRead | None) -> str:
         return f'<div class="ls-found">{NOT_SCANNED}</div>'
     found = read.found
     if not found.models:
-        searched = ", ".join(html.escape(str(r.path)) for r in found.roots)
+        searched = ", ".join(html.escape(shown(r.path)) for r in found.roots)
         return f'<div class="ls-found">No models found. Searched: {searched}.</div>'
     rows = []
     for m in found.models:
         why = "" if m.loadable is None else f'<div class="ls-found-why">cannot load: {html.escape(m.loadable)}</div>'
         rows.append(
-            f'<tr><td title="{html.escape(str(m.path))}">{html.escape(m.name)}{why}</td><td>{html.escape(m.layout)}'
+            f'<tr><td title="{html.escape(shown(m.path))}">{html.escape(m.name)}{why}</td><td>{html.escape(m.layout)}'
             f"</td><td>{html.escape(m.architecture)}</td><td>{html.escape(m.quantization)}</td>"
             f"<td>{human_size(m.size_bytes)}</td></tr>"
         )

@@ -136,7 +136,9 @@ class ModelManager:
         if self.history is None:
             return
         tokenizer = session.tokenizer
-        session.history = self.history.index_for(name, lambda text: tokenizer.encode(text, add_special_tokens=False))
+        session.history = self.history.index_for(
+            name, lambda text: tokenizer.encode(text, add_special_tokens=False), session.vocab_size
+        )
 
     # ---- model pairs -------------------------------------------------------------------------------------
     def pair(self, name: Optional[str]) -> PairSpec:
