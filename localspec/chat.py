@@ -21,6 +21,7 @@ from localspec.engine.policy import drafts_trees
 from localspec.models.chat_template import template_ids
 from localspec.models.loading import LoadedPair
 from localspec.models.stop_tokens import stop_token_ids
+from localspec.models.work_budget import BudgetSpent, WorkBudget
 from localspec.proposers import DraftModelProposer, NgramProposer
 from localspec.proposers.base import Proposer
 from localspec.proposers.history import HistoryProposer, SuffixIndex
@@ -32,6 +33,7 @@ TRUNCATION_POLICY = (
     "messages and your latest message are kept); a single message longer than the context keeps only its end."
 )
 MAX_MESSAGE_CHARS = 200_000
+PROMPT_LIMIT_S = 20.0  # the most a prompt's template, tokenization and truncation may take, together
 
 
 class PromptTooLong(ConfigError):
@@ -170,35 +172,45 @@ class ChatSession:
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
     def prompt_ids(
-        self, messages: list[dict], max_new_tokens: int, truncate: bool = True
+        self,
+        messages: list[dict],
+        max_new_tokens: int,
+        truncate: bool = True,
+        cancel: Optional[threading.Event] = None,
     ) -> tuple[list[int], Optional[str]]:
         """Apply the chat template, every system message in its place (merged at the start, and said so, when the
         template refuses that). When the prompt does not fit: with truncate, drop the oldest turns (then cut the last
-        message) in one pass; without, raise PromptTooLong. Returns (ids, notice)."""
+        message) in one pass; without, raise PromptTooLong. Returns (ids, notice).
+
+        The model's template and the user's text are outside input: the whole of it runs within PROMPT_LIMIT_S and
+        stops when `cancel` is set (BudgetSpent, a ConfigError naming the template when that was running)."""
         from localspec.store.validation import validate_messages
 
+        budget = WorkBudget("building the prompt", PROMPT_LIMIT_S, cancel)
         messages = validate_messages(messages)
         check_max_new_tokens(max_new_tokens)
         if not messages or not str(messages[-1].get("content", "")).strip():
             raise ConfigError("the message is empty; type something to send")
         reserved = min(max_new_tokens, self.engine.max_context // 2)
-        budget = self.engine.max_context - reserved
+        room = self.engine.max_context - reserved
         messages = [{"role": m["role"], "content": str(m["content"])[-MAX_MESSAGE_CHARS:]} for m in messages]
-        messages, ids, merged = self._with_systems(messages)
-        if len(ids) <= budget:
+        messages, ids, merged = self._with_systems(messages, budget)
+        if len(ids) <= room:
             return ids, merged
         if not truncate:
-            raise PromptTooLong(len(ids), budget, self.engine.max_context, reserved)
-        ids, notice = self._fit(messages, ids, budget)
+            raise PromptTooLong(len(ids), room, self.engine.max_context, reserved)
+        ids, notice = self._fit(messages, ids, room, budget)
         return ids, " ".join(n for n in (merged, notice) if n)
 
-    def _with_systems(self, messages: list[dict]) -> tuple[list[dict], list[int], Optional[str]]:
+    def _with_systems(self, messages: list[dict], budget: WorkBudget) -> tuple[list[dict], list[int], Optional[str]]:
         """(messages, their ids, notice): as given when the template takes them; otherwise every system message
         joined, in order, into one at the start (templates that allow a single leading system message)."""
         systems = [m for m in messages if m["role"] == "system"]
         in_place = len(systems) <= 1 and (not systems or messages[0]["role"] == "system")
         try:
-            return messages, self._template(messages), None
+            return messages, self._template(messages, budget), None
+        except BudgetSpent:
+            raise
         except Exception:  # the template's own refusal (jinja raise_exception): retried merged, else reported
             if in_place:
                 raise
@@ -208,69 +220,84 @@ class ChatSession:
             f"This model's chat template takes one system message at the start: the {len(systems)} system "
             "messages were joined there, in their order."
         )
-        return merged, self._template(merged), notice
+        return merged, self._template(merged, budget), notice
 
-    def _fit(self, messages: list[dict], ids: list[int], budget: int) -> tuple[list[int], str]:
+    def _fit(self, messages: list[dict], ids: list[int], room: int, budget: WorkBudget) -> tuple[list[int], str]:
         """Leave out the oldest turns, then cut the last message, until the prompt fits: each turn is tokenized
         once, and the template is applied again only to correct the estimate (each time dropping ≥ 1 more turn),
         so the work is linear in the conversation (system messages and the last message are always kept)."""
         last = len(messages) - 1
         droppable = [i for i, m in enumerate(messages[:last]) if m["role"] != "system"]
-        overhead = self._message_overhead()
-        cost = {
-            i: len(self.tokenizer.encode(messages[i]["content"], add_special_tokens=False)) + overhead
-            for i in droppable
-        }
+        overhead = self._message_overhead(budget)
+        cost = {i: len(self._encode(messages[i]["content"], budget)) + overhead for i in droppable}
         dropped: set[int] = set()
         notice = ""
-        while len(ids) > budget and len(dropped) < len(droppable):
-            over = len(ids) - budget
+        while len(ids) > room and len(dropped) < len(droppable):
+            over = len(ids) - room
             for i in droppable:
                 if over <= 0:
                     break
                 if i not in dropped:
                     dropped.add(i)
                     over -= cost[i]
-            ids = self._template([m for i, m in enumerate(messages) if i not in dropped])
+            ids = self._template([m for i, m in enumerate(messages) if i not in dropped], budget)
             notice = "Older turns were left out to fit the context. " + TRUNCATION_POLICY
-        if len(ids) <= budget:
+        if len(ids) <= room:
             return ids, notice
         kept = [m for i, m in enumerate(messages) if i not in dropped]
         if len(kept) == 1 and kept[0]["role"] == "system":
             raise ConfigError("the system prompt is longer than this model's context; shorten it")
-        content_ids = self.tokenizer.encode(kept[-1]["content"], add_special_tokens=False)
+        content_ids = self._encode(kept[-1]["content"], budget)
         margin = 8  # re-tokenizing the kept end can merge differently at its first character
         for _attempt in range(4):
-            overflow = len(ids) - budget
+            overflow = len(ids) - room
             if overflow <= 0:
                 return ids, "Your message was longer than the context; only its end was kept. " + TRUNCATION_POLICY
             if overflow + margin >= len(content_ids):
                 break
             content_ids = content_ids[overflow + margin :]
             kept[-1] = {"role": kept[-1]["role"], "content": self.tokenizer.decode(content_ids)}
-            ids = self._template(kept)
+            ids = self._template(kept, budget)
             margin *= 2
         raise ConfigError("the conversation's fixed parts do not fit this model's context")
 
-    def _message_overhead(self) -> int:
+    def _message_overhead(self, budget: WorkBudget) -> int:
         """Tokens the template adds around one message's content (role markers), measured on two short turns."""
         one = [{"role": "user", "content": "a"}]
         two = one + [{"role": "assistant", "content": "a"}]
         try:
-            extra = len(self._template(two)) - len(self._template(one))
+            extra = len(self._template(two, budget)) - len(self._template(one, budget))
+        except BudgetSpent:
+            raise
         except Exception:  # a template that refuses the pair: an estimate only (the loop corrects it)
             return 4
         return max(0, extra - len(self.tokenizer.encode("a", add_special_tokens=False)))
 
-    def _template(self, messages: list[dict]) -> list[int]:
-        return template_ids(self.tokenizer, messages, add_generation_prompt=True)
+    def _template(self, messages: list[dict], budget: Optional[WorkBudget] = None) -> list[int]:
+        """The chat template applied under the budget (a template is a program the model file brings); alone, under
+        a budget of its own."""
+        part = f"the chat template of {self.loaded.spec.name!r}"
+        budget = budget or WorkBudget("applying the chat template", PROMPT_LIMIT_S)
+        try:
+            return budget.run(template_ids, self.tokenizer, messages, add_generation_prompt=True, part=part)
+        except BudgetSpent as exc:
+            if exc.reason == "cancelled":
+                raise
+            raise BudgetSpent(f"{exc}; the template is broken or hostile: choose another model", exc.reason) from None
+
+    def _encode(self, text: str, budget: WorkBudget) -> list[int]:
+        """A message's tokens (native code, bounded by the text's size): the budget is looked at before and after."""
+        budget.check()
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        budget.check()
+        return ids
 
     def stream(
         self, messages: list[dict], sampling: SamplingParams, spec: SpecConfig, cancel: Optional[threading.Event] = None
     ) -> Iterator[StepEvent]:
         """Yield the engine's step events with each token's text filled in."""
         sampling.validate()
-        ids, _notice = self.prompt_ids(messages, sampling.max_new_tokens)
+        ids, _notice = self.prompt_ids(messages, sampling.max_new_tokens, cancel=cancel)
         yield from self.stream_ids(ids, sampling, spec, cancel)
 
     def stream_ids(

@@ -47,9 +47,9 @@ def test_truncation_is_one_pass(tiny_session, monkeypatch):
     calls = {"template": 0}
     template = tiny_session._template
 
-    def counting(messages):
+    def counting(messages, budget=None):
         calls["template"] += 1
-        return template(messages)
+        return template(messages, budget)
 
     monkeypatch.setattr(tiny_session, "_template", counting)
     turn = "word " * 60

@@ -13,7 +13,7 @@ from typing import Optional, Union
 
 import torch
 
-from localspec.runtime.sampling import top_logprobs
+from localspec.runtime.sampling import chosen_and_top_logprobs
 from localspec.runtime.tree import TokenTree
 from localspec.verify import VerifyOutput
 from localspec.verify.one_hot import verify_one_hot
@@ -158,10 +158,12 @@ def tree_token_events(verdict: TreeVerdict, tree: TokenTree) -> list[TokenEvent]
     return tokens
 
 
-def read_top_logprobs(logits: torch.Tensor, run: Run) -> list[TopLogprobs]:
-    """Each row's top-n (n = sampling.top_logprobs) from the kept rows of the verify forward's logits [rows, V], in
-    one host read."""
+def read_top_logprobs(logits: torch.Tensor, run: Run, token_ids: list[int]) -> list[tuple[float, TopLogprobs]]:
+    """Each row's emitted token's log-probability and its top-n (n = sampling.top_logprobs), from the kept rows of
+    the verify forward's logits [rows, V] and one log-softmax (so the two agree exactly), in one host read."""
     n = min(run.sampling.top_logprobs, logits.shape[-1])
-    values, ids = top_logprobs(logits, run.sampling, n)
-    packed = torch.cat([ids.to(torch.float64), values.to(torch.float64)], dim=-1).tolist()  # [rows, 2n]
-    return [tuple((int(row[i]), row[n + i]) for i in range(n)) for row in packed]
+    chosen = torch.tensor(token_ids, dtype=torch.long, device=logits.device)  # [rows]
+    own, values, ids = chosen_and_top_logprobs(logits, run.sampling, chosen, n)
+    packed = [own.to(torch.float64).unsqueeze(-1), values.to(torch.float64), ids.to(torch.float64)]
+    rows = torch.cat(packed, dim=-1)  # [rows, 1 + 2n]
+    return [(row[0], tuple((int(row[1 + n + i]), row[1 + i]) for i in range(n))) for row in rows.tolist()]

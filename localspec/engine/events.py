@@ -29,6 +29,7 @@ class TokenEvent:
     # (token id, log-probability) of the n most likely tokens at this position under the distribution the sampler
     # used, most likely first; None unless SamplingParams.top_logprobs > 0
     top_logprobs: Optional[tuple[tuple[int, float], ...]] = None
+    logprob: Optional[float] = None  # its own log-probability, read with top_logprobs (equal to its entry there)
     branch: int = 0  # a token tree's accepted node: its index among its siblings (0 = the proposer's first choice)
     text: str = ""  # filled by the chat layer; the engine knows only ids
 

@@ -22,6 +22,8 @@ from .policy import Controllers, StepPolicy
 from .run import Run
 from .step import step
 
+PREFILL_CHUNK = 512  # prompt tokens per prefill forward: a cancel is looked at between them
+
 
 class Engine:
     """Pairs a target model with proposers. One answer at a time (the caller serialises requests)."""
@@ -54,7 +56,9 @@ class Engine:
         run, policy = self._start(prompt_ids, sampling, spec, None if spec.proposer == "none" else proposer)
         try:
             with self.lock:
-                self._prefill(run, prompt_ids)
+                if not self._prefill(run, prompt_ids, cancel):
+                    yield StepEvent.finished_early(run.snapshot(), "cancelled")
+                    return
                 yield from self._steps(run, policy, cancel)
         except Exception as exc:  # a model that breaks mid-answer ends the answer with a message, not a traceback
             yield StepEvent.finished_early(run.snapshot(), "error", f"generation failed: {type(exc).__name__}: {exc}")
@@ -67,15 +71,23 @@ class Engine:
         run = Run.start(prompt_ids, sampling, spec, proposer, verify, device, limit)
         return run, StepPolicy(self.controllers, spec, proposer, run.max_k, self.target.supports_tree)
 
-    def _prefill(self, run: Run, prompt_ids: list[int]) -> None:
-        """Cache the prompt but its last token (whose logits are the first verified position); start the proposer."""
+    def _prefill(self, run: Run, prompt_ids: list[int], cancel: Optional[threading.Event] = None) -> bool:
+        """Cache the prompt but its last token (whose logits are the first verified position); start the proposer.
+        A long prompt runs in forwards of PREFILL_CHUNK tokens; False when `cancel` was set between two of them."""
         self.target.reset()
         started = time.perf_counter()
         cached = prompt_ids[:-1]  # its logits are never read (logits_to_keep 0)
-        hidden = self.target.extend(cached, run.wants_hidden, 0, run.feature_layers).hidden if cached else None
+        hiddens = []
+        for start in range(0, len(cached), PREFILL_CHUNK):
+            if start and cancel is not None and cancel.is_set():
+                return False
+            chunk = cached[start : start + PREFILL_CHUNK]
+            hiddens.append(self.target.extend(chunk, run.wants_hidden, 0, run.feature_layers).hidden)
+        hidden = (hiddens[0] if len(hiddens) == 1 else torch.cat(hiddens)) if run.wants_hidden and hiddens else None
         if run.proposer is not None:
             run.proposer.begin(list(prompt_ids), hidden)
         run.stats = replace(run.stats, prefill_s=time.perf_counter() - started)
+        return True
 
     def _steps(self, run: Run, policy: StepPolicy, cancel: Optional[threading.Event]) -> Iterator[StepEvent]:
         while run.produced < run.max_new:

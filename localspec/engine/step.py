@@ -56,8 +56,8 @@ def step(
         return StepEvent.finished_early(run.snapshot(), "error", NON_FINITE, drafted=draft.drafted, plan=plan)
     tokens = verdict.tokens
     if run.sampling.top_logprobs:  # asked for: a second read, of the emitted positions only
-        top = read_top_logprobs(forward.logits[verdict.rows], run)
-        tokens = [replace(token, top_logprobs=t) for token, t in zip(tokens, top)]
+        read = read_top_logprobs(forward.logits[verdict.rows], run, [token.token_id for token in tokens])
+        tokens = [replace(token, logprob=own, top_logprobs=top) for token, (own, top) in zip(tokens, read)]
     sampler_s = time.perf_counter() - scored
 
     # 4. advance

@@ -46,6 +46,16 @@ def top_logprobs(logits: torch.Tensor, params: SamplingParams, n: int) -> tuple[
     return values, ids
 
 
+def chosen_and_top_logprobs(
+    logits: torch.Tensor, params: SamplingParams, chosen: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """top_logprobs plus each row's chosen token's own log-probability ([...] float32), read from the same
+    log-softmax: a chosen token among the top n has there exactly the value it has itself. chosen: [...] int64."""
+    logprobs = torch.log_softmax(process_logits(logits, params), dim=-1)  # [..., V]
+    values, ids = torch.topk(logprobs, n, dim=-1)
+    return logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1), values, ids
+
+
 def sample_with_noise(probs: torch.Tensor, exponential_noise: torch.Tensor) -> torch.Tensor:
     """Draw one token per row: argmax(probs / E) with E ~ Exp(1) is an exact sample from probs, with no host sync.
 

@@ -1,7 +1,9 @@
 """First come, first served admission to the one engine, shared by the chat window and the API.
 
-The engine answers one request at a time. Each caller takes a Ticket; tickets are served in the order they were
-taken, whoever took them, and at most `max_waiting` may wait at once (one more is refused with QueueFull, which the
+The engine answers one request at a time. Each caller takes a Ticket (enter), builds its prompt, then waits for the
+engine (wait); tickets are served in the order they were taken among those whose prompt is ready, whoever took them,
+so a prompt still being built (a model's chat template, a long conversation's truncation) never holds up the ones
+behind it. At most `max_waiting` may wait or prepare at once (one more is refused with QueueFull, which the
 API turns into 429 + Retry-After and the chat window into a message). Loading a model pair uses the Lock-like
 acquire/release: a non-blocking acquire succeeds only when nobody holds or waits, so it never jumps the queue.
 """
@@ -31,9 +33,10 @@ class QueueFull(ConfigError):
 class Ticket:
     """A place in the queue. `source` says who took it (chat / api / load), for the metrics and messages."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, ready: bool = False) -> None:
         self.source = source
         self.created = time.perf_counter()
+        self.ready = ready  # its prompt is built: it waits for the engine (set by Admission.wait)
 
 
 class Workers:
@@ -104,22 +107,40 @@ class Admission:
             self._cond.notify_all()
         return ticket
 
+    def _first_ready(self) -> Ticket | None:
+        return next((t for t in self._queue if t.ready), None)
+
     def wait(self, ticket: Ticket, timeout: float | None = None) -> bool:
-        """Block until it is this ticket's turn and take the engine (True), or until timeout (False, place kept)."""
+        """Mark the ticket ready and block until it is the first ready one with the engine free, then take the engine
+        (True); or until timeout (False, place kept)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             if self._holder is ticket:
                 return True
-            while not (self._holder is None and self._queue and self._queue[0] is ticket):
+            if not ticket.ready:
+                ticket.ready = True
+                self._cond.notify_all()
+            while not (self._holder is None and self._first_ready() is ticket):
                 if ticket not in self._queue:
                     raise ValueError("this ticket has left the queue")
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
                 self._cond.wait(remaining)
-            self._queue.popleft()
+            self._queue.remove(ticket)
             self._holder = ticket
             return True
+
+    def step_back(self, ticket: Ticket) -> None:
+        """Give the engine back and stand first in line again, not ready: the holder found its prompt out of date (a
+        pair loaded while it waited) and builds it again without holding the engine."""
+        with self._cond:
+            if self._holder is not ticket:
+                raise ValueError("step_back by a ticket that does not hold the engine")
+            self._holder = None
+            ticket.ready = False
+            self._queue.appendleft(ticket)
+            self._cond.notify_all()
 
     def leave(self, ticket: Ticket) -> None:
         """Give the engine back (when held) or the place up (when waiting). Safe to call twice. The last answer
@@ -146,7 +167,7 @@ class Admission:
                     self._holder = Ticket("load")
                     return True
                 return False
-            ticket = Ticket("load")
+            ticket = Ticket("load", ready=True)
             self._queue.append(ticket)  # a blocking acquire waits its turn without counting against the bound
         if self.wait(ticket, None if timeout < 0 else timeout):
             return True

@@ -231,8 +231,9 @@ def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorde
                 raise item[1]
             if not collector.done:  # the engine ended without a finished event
                 collector.finish_reason, collector.done = collector.finish_reason or "stop", True
+            body = collector.final(job.prompt_tokens)  # the whole answer is delivered with it
             record(job, collector)
-            return JSONResponse(collector.final(job.prompt_tokens))
+            return JSONResponse(body)
         except APIError as exc:
             record(job, collector, "error")
             return error_response(exc)
@@ -255,6 +256,7 @@ def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorde
                     job.cancel.set()
                 if piece or (tokens and collector.shows_tokens):
                     yield sse(collector.chunk(piece, tokens, offset=offset))
+                collector.mark_delivered()  # reached only when the client took the chunk
                 if collector.done:
                     break
                 item = await job.items.get()

@@ -7,7 +7,9 @@ evil.example that re-resolves its name to 127.0.0.1 still sends `Host: evil.exam
 non-loopback --host without allowed names every Host is accepted (the password / API key guards that server).
 
 Cross-origin requests follow one rule (Starlette's CORSMiddleware): the origins the user allows (--cors-origin /
-LOCALSPEC_CORS_ORIGINS), plus loopback origins for a loopback server, none by default on another host. A request
+LOCALSPEC_CORS_ORIGINS), plus loopback origins for a loopback server, none by default on another host; on the chat
+app's server the rule covers the API's routes only (API_PATHS), and Gradio's own routes (the conversations, their
+export and deletion) answer the app's own origin alone, so a page on another loopback port reads nothing. A request
 that carries an `Origin` outside that rule and is not same-origin is refused before it runs, so a page cannot spend
 the engine with a "simple" request that a browser sends without a preflight. Inner CORS headers (Gradio's own
 middleware echoes a foreign origin when the Host is not a loopback name) are dropped, so only this rule answers.
@@ -19,7 +21,7 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from starlette.middleware.cors import CORSMiddleware
@@ -29,6 +31,7 @@ from .auth import is_loopback
 ALLOWED_HOSTS_ENV = "LOCALSPEC_ALLOWED_HOSTS"
 CORS_ORIGINS_ENV = "LOCALSPEC_CORS_ORIGINS"
 LOOPBACK_ORIGIN = r"https?://(localhost|127(\.\d{1,3}){3}|\[::1\])(:\d{1,5})?"
+API_PATHS = ("/v1/", "/v1", "/health", "/metrics")  # the API's routes (server/app.py): '/v1/' a prefix, others exact
 
 
 def split_host(value: str) -> tuple[str, int | None]:
@@ -64,6 +67,7 @@ class AccessPolicy:
     bind_host: str
     allowed_hosts: tuple[str, ...] = ()  # 'name' (any port) or 'name:port'
     cors_origins: tuple[str, ...] = ()  # 'scheme://name[:port]', or '*'
+    cross_origin_paths: tuple[str, ...] | None = None  # the paths other origins may call (API_PATHS); None: every one
 
     @classmethod
     def configured(
@@ -99,7 +103,20 @@ class AccessPolicy:
     def origin_regex(self) -> str | None:
         return LOOPBACK_ORIGIN if self.loopback else None
 
-    def origin_allowed(self, origin: str) -> bool:
+    def for_chat_app(self) -> AccessPolicy:
+        """The policy of the chat app's server: other origins reach the API's routes only, never Gradio's."""
+        return replace(self, cross_origin_paths=API_PATHS)
+
+    def crosses(self, path: str) -> bool:
+        """Whether a page of another origin may call `path` at all (the rule below then says which origins)."""
+        if self.cross_origin_paths is None:
+            return True
+        return any(path == p or (p.endswith("/") and path.startswith(p)) for p in self.cross_origin_paths)
+
+    def origin_allowed(self, origin: str, path: str | None = None) -> bool:
+        """Whether a page at `origin` may call this server (at `path`, when given)."""
+        if path is not None and not self.crosses(path):
+            return False
         origin = origin.rstrip("/")
         if "*" in self.cors_origins or origin in self.cors_origins:
             return True
@@ -178,7 +195,12 @@ class HostGuard:
             )
         origin = headers.get("origin")
         scheme = scope.get("scheme", "http")
-        if origin is not None and not self.policy.origin_allowed(origin) and not same_origin(origin, host, scheme):
+        path = scope.get("path", "")
+        if (
+            origin is not None
+            and not self.policy.origin_allowed(origin, path)
+            and not same_origin(origin, host, scheme)
+        ):
             return await self._refuse(
                 scope,
                 send,
@@ -220,8 +242,9 @@ def add_access_options(parser) -> None:
         action="append",
         default=[],
         metavar="ORIGIN",
-        help=f"a web page origin (scheme://name[:port]) whose scripts may call this server; repeatable; also "
-        f"{CORS_ORIGINS_ENV}=a,b (loopback origins are allowed for a loopback server)",
+        help=f"a web page origin (scheme://name[:port]) whose scripts may call the API (/v1, /health, /metrics); "
+        f"repeatable; also {CORS_ORIGINS_ENV}=a,b (loopback origins are allowed for a loopback server; the chat "
+        "window's own routes answer only its own page)",
     )
 
 
@@ -230,7 +253,8 @@ def policy_for(args) -> AccessPolicy:
 
 
 def guard_lifespan(policy: AccessPolicy):
-    """A lifespan for Gradio's launch(app_kwargs={'lifespan': …}): wraps the app's whole middleware stack.
+    """A lifespan for Gradio's launch(app_kwargs={'lifespan': …}): wraps the app's whole middleware stack, with
+    cross-origin calls allowed on the API's routes only (AccessPolicy.for_chat_app).
 
     Gradio adds its own CORS middleware outside the app's `middleware` list, so the guard goes around the built
     stack instead (Starlette builds it before the lifespan runs; the stack serves every later request).
@@ -240,7 +264,7 @@ def guard_lifespan(policy: AccessPolicy):
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if not isinstance(app.middleware_stack, HostGuard):
-            app.middleware_stack = HostGuard(app.middleware_stack, policy)
+            app.middleware_stack = HostGuard(app.middleware_stack, policy.for_chat_app())
         yield
 
     return lifespan

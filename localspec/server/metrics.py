@@ -2,12 +2,16 @@
 
 Names (prefix `localspec:`), matched to vLLM's v1 metrics:
   spec_decode_num_drafts_total                  steps that drafted (vLLM: number of drafts)
-  spec_decode_num_draft_tokens_total            draft tokens proposed
-  spec_decode_num_accepted_tokens_total         draft tokens the target accepted
+  spec_decode_num_draft_tokens_total            draft positions: a chain's tokens, a token tree's depth (usage's
+                                                drafted_tokens)
+  spec_decode_num_accepted_tokens_total         of those, kept: a tree's accepted path (usage's accepted_tokens)
   spec_decode_num_accepted_tokens_per_pos_total{position}  accepted tokens at draft position 0, 1, …
+  spec_decode_num_draft_tree_nodes_total        every node of the token trees drafted, siblings included (localspec's)
   request_success_total{finished_reason}        finished answers (stop, length; cancelled and error too here)
-  prompt_tokens_total, generation_tokens_total  tokens in and out
-  (each request is counted once, with the finish_reason and completion_tokens its response carried: Outcome)
+  prompt_tokens_total, generation_tokens_total  tokens in and out; generation counts the tokens delivered
+  (each request is counted once, when it ends, with what its response carried: Outcome. The counters are the sums
+  of the responses' usage, exactly; a non-streamed answer whose client left before its body was sent delivered
+  nothing and counts 0 generated and drafted tokens, as request_success_total{finished_reason="cancelled"})
   time_to_first_token_seconds, e2e_request_latency_seconds (histograms)
   num_requests_running, num_requests_waiting    the shared FIFO queue (gauges)
 localspec's own (vLLM has none):
@@ -32,7 +36,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from localspec.engine.events import StepEvent
+from localspec.engine.events import StatsSnapshot, StepEvent
 
 prometheus_client.disable_created_metrics()  # no *_created series (vLLM's exposition has none either)
 
@@ -48,8 +52,9 @@ class Outcome:
 
     finish_reason: str  # stop | length | cancelled | error
     prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: int  # delivered to the client
     elapsed_s: float
+    stats: StatsSnapshot = StatsSnapshot()  # the drafting of what was delivered (the usage's drafted / accepted)
 
 
 class MetricsRecorder:
@@ -64,8 +69,13 @@ class MetricsRecorder:
             return Counter(PREFIX + name, doc, labels, registry=reg)
 
         self.num_drafts = counter("spec_decode_num_drafts", "Number of spec decoding drafts (steps that drafted).")
-        self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.num_draft_tokens = counter(
+            "spec_decode_num_draft_tokens", "Number of draft positions (a token tree counts its depth)."
+        )
         self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        self.num_tree_nodes = counter(
+            "spec_decode_num_draft_tree_nodes", "Number of token-tree nodes drafted, siblings included."
+        )
         self.accepted_per_pos = counter(
             "spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.", ("model_name", "position")
         )
@@ -73,7 +83,7 @@ class MetricsRecorder:
             "request_success", "Count of finished requests.", ("model_name", "finished_reason", "source")
         )
         self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Number of generation tokens delivered.")
         self.ttft = Histogram(
             PREFIX + "time_to_first_token_seconds",
             "Time to first token in seconds.",
@@ -112,15 +122,9 @@ class MetricsRecorder:
             reg.register(QueueGauges(admission, lambda: self.model_name()))
 
     def observe_step(self, event: StepEvent, *, model: str) -> None:
-        """Count one engine step: drafts, acceptance, step times, the controller's latest K (never the request)."""
+        """One engine step's times and the controller's latest K (the counts are the request's: observe_end)."""
         model = model or "unknown"
         with self._lock:
-            if event.propose_token_num > 0:
-                self.num_drafts.labels(model).inc()
-                self.num_draft_tokens.labels(model).inc(event.propose_token_num)
-                self.num_accepted_tokens.labels(model).inc(event.accept_token_num)
-                for position in range(event.accept_token_num):
-                    self.accepted_per_pos.labels(model, str(position)).inc()
             if event.tokens:
                 for phase, us in (
                     ("propose", event.propose_time_us),
@@ -138,18 +142,28 @@ class MetricsRecorder:
     def observe_end(self, outcome: Outcome, *, model: str, source: str) -> None:
         """Count one finished request with what its client was told (the one source of both)."""
         model = model or "unknown"
+        stats = outcome.stats
         with self._lock:
             self.requests.labels(model, outcome.finish_reason, source).inc()
             self.prompt_tokens.labels(model).inc(outcome.prompt_tokens)
             self.generation_tokens.labels(model).inc(outcome.completion_tokens)
             self.e2e.labels(model).observe(outcome.elapsed_s)
+            if stats.drafted:
+                self.num_drafts.labels(model).inc(stats.per_position_drafted[0])
+                self.num_draft_tokens.labels(model).inc(stats.drafted)
+                self.num_accepted_tokens.labels(model).inc(stats.accepted)
+                self.num_tree_nodes.labels(model).inc(stats.tree_nodes_drafted)
+                for position, accepted in enumerate(stats.per_position_accepted):
+                    if accepted:
+                        self.accepted_per_pos.labels(model, str(position)).inc(accepted)
 
     def observe(self, event: StepEvent, *, model: str, source: str, prompt_tokens: int) -> None:
         """A chat-window step; its last event (finished) also counts the request: there the engine's finish reason
         and token count are what the window shows."""
         self.observe_step(event, model=model)
         if event.finished:
-            outcome = Outcome(event.finish_reason or "stop", prompt_tokens, event.stats.emitted, event.stats.elapsed_s)
+            stats = event.stats
+            outcome = Outcome(event.finish_reason or "stop", prompt_tokens, stats.emitted, stats.elapsed_s, stats)
             self.observe_end(outcome, model=model, source=source)
 
     def exposition(self) -> bytes:

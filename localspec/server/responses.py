@@ -24,6 +24,12 @@ def logprob(p: float) -> float:
     return math.log(p) if p > 0 else LOGPROB_FLOOR
 
 
+def token_logprob(tok: TokenEvent) -> float:
+    """The token's log-probability: the one read with its top_logprobs when they were asked for (the same value as
+    its entry there), else log p_target."""
+    return finite(tok.logprob) if tok.logprob is not None else logprob(tok.target_prob)
+
+
 def finite(lp: float) -> float:
     """A log-probability as JSON can carry it: log 0 (a token top-k / top-p masked out) becomes the floor."""
     return lp if math.isfinite(lp) else LOGPROB_FLOOR
@@ -46,6 +52,8 @@ class Collector:
         self.cut: int | None = None  # where a stop string begins
         self.finish_reason: str | None = None
         self.stats = StatsSnapshot()
+        self.delivered = 0  # tokens of the released ones whose chunk (or body) was handed to the client
+        self.delivered_stats = StatsSnapshot()  # the stats as of the last delivery: what its usage says
         self.done = False
         self.id = ("chatcmpl-" if request.endpoint == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
@@ -115,7 +123,7 @@ class Collector:
             content.append(
                 {
                     "token": text,
-                    "logprob": logprob(tok.target_prob),
+                    "logprob": token_logprob(tok),
                     "bytes": list(text.encode("utf-8")),
                     "top_logprobs": top,
                 }
@@ -130,7 +138,7 @@ class Collector:
             at += len(text)
         return {
             "tokens": texts,
-            "token_logprobs": [logprob(t.target_prob) for t in tokens],
+            "token_logprobs": [token_logprob(t) for t in tokens],
             "top_logprobs": [self._top_by_text(t) for t in tokens] if self.request.sampling.top_logprobs else None,
             "text_offset": offsets,
         }
@@ -164,11 +172,15 @@ class Collector:
         """Whether a chunk with tokens but no text carries anything (logprobs or provenance were asked for)."""
         return self.request.logprobs or self.request.extension.provenance
 
+    def mark_delivered(self) -> None:
+        """Everything released so far reached the client (a chunk was sent, or the whole body is being)."""
+        self.delivered, self.delivered_stats = self.released, self.stats
+
     def outcome(self, prompt_tokens: int, finish_reason: str | None = None) -> Outcome:
-        """What this response told its client, for the metrics (the one source of finish reason and tokens)."""
-        return Outcome(
-            finish_reason or self.finish_reason or "cancelled", prompt_tokens, self.released, self.stats.elapsed_s
-        )
+        """What this response told its client, for the metrics (the one source of finish reason and tokens): the
+        tokens delivered and their drafting, never those generated for a client that left before they were sent."""
+        reason = finish_reason or self.finish_reason or "cancelled"
+        return Outcome(reason, prompt_tokens, self.delivered, self.stats.elapsed_s, self.delivered_stats)
 
     def _decorate(self, choice: dict, tokens: list[TokenEvent], offset: int) -> dict:
         if self.request.logprobs:
@@ -225,4 +237,5 @@ class Collector:
         body.update(choices=[self._decorate(choice, tokens, 0)], usage=self.usage(prompt_tokens))
         if self.notice:
             body["localspec"] = {"notice": self.notice}
+        self.mark_delivered()
         return body

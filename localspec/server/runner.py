@@ -109,7 +109,7 @@ class Job:
 
     def _run(self) -> None:
         try:
-            prompt = self._prompt()  # before the engine slot: a long prompt never holds up the request in front
+            prompt = self._prompt()  # not ready yet: the requests behind this one go first (admission.py)
             while not self.admission.wait(self.ticket, POLL_S):
                 if self.cancel.is_set():
                     return
@@ -135,7 +135,10 @@ class Job:
         if request.endpoint == "chat":
             try:
                 ids, self.notice = session.prompt_ids(
-                    list(request.messages), request.sampling.max_new_tokens, truncate=request.extension.truncate
+                    list(request.messages),
+                    request.sampling.max_new_tokens,
+                    truncate=request.extension.truncate,
+                    cancel=self.cancel,
                 )
             except PromptTooLong as exc:
                 raise APIError(

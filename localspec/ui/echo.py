@@ -62,7 +62,9 @@ class EchoSession:
         """Echo drafts nothing; it reports the tree size asked for, as a proposer that drafts trees would."""
         return spec if spec.proposer != "none" else replace(spec, tree_nodes=0)
 
-    def prompt_ids(self, messages: list[dict], max_new_tokens: int) -> tuple[list[int], Optional[str]]:
+    def prompt_ids(
+        self, messages: list[dict], max_new_tokens: int, truncate: bool = True, cancel: Optional[threading.Event] = None
+    ) -> tuple[list[int], Optional[str]]:
         self._text = str(messages[-1].get("content", ""))
         return [0], None
 

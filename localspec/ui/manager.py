@@ -254,18 +254,10 @@ class ModelManager:
             except QueueFull as exc:
                 out.put(Message("error", text=str(exc)))
                 return
-            early = (self.session, self._prompt(self.session, messages, sampling))  # before the engine slot
-            told_waiting = False
-            while not self._lock.wait(ticket, timeout=0.1):
-                if not told_waiting:
-                    out.put(Message("waiting"))
-                    told_waiting = True
-                if cancel.is_set():
-                    self._lock.leave(ticket)
-                    out.put(Message("error", text="stopped while waiting for the model"))
-                    return
             try:
-                self._answer_locked(messages, sampling, spec_for, cancel, out, early, first_source)
+                early = self._prompt_then_wait(ticket, messages, sampling, cancel, out)
+                if early is not None:
+                    self._answer_locked(messages, sampling, spec_for, cancel, out, early, first_source)
             finally:
                 self._lock.leave(ticket)
         finally:
@@ -274,21 +266,48 @@ class ModelManager:
                 self._busy_owners.discard(owner)
             out.put(Message("done"))
 
+    def _prompt_then_wait(self, ticket, messages, sampling, cancel, out):
+        """Build the prompt without holding the engine (the ticket is not ready: the answers behind it go first),
+        then wait for the engine. (session, (ids, notice) | None) once held; None when the prompt failed or Stop was
+        pressed (the error is sent). A pair loaded while it waited: the engine is given back and the prompt built
+        again on the new pair."""
+        told_waiting = False
+        while True:
+            session = self.session
+            prompt = self._prompt(session, messages, sampling, cancel)
+            if isinstance(prompt, Exception):
+                text = (
+                    str(prompt)
+                    if isinstance(prompt, ConfigError)
+                    else f"the answer failed: {type(prompt).__name__}: {prompt}"
+                )
+                out.put(Message("error", text=text))
+                return None
+            while not self._lock.wait(ticket, timeout=0.1):
+                if not told_waiting:
+                    out.put(Message("waiting"))
+                    told_waiting = True
+                if cancel.is_set():
+                    out.put(Message("error", text="stopped while waiting for the model"))
+                    return None
+            if self.session is session:
+                return session, prompt
+            self._lock.step_back(ticket)
+
     @staticmethod
-    def _prompt(session, messages, sampling):
-        """(ids, notice) of the chat on this session, or the exception it raised (reported after the wait, where
-        the other refusals are); None without a session."""
+    def _prompt(session, messages, sampling, cancel=None):
+        """(ids, notice) of the chat on this session, or the exception it raised; None without a session."""
         if session is None:
             return None
         try:
-            return session.prompt_ids(messages, sampling.max_new_tokens)
+            return session.prompt_ids(messages, sampling.max_new_tokens, cancel=cancel)
         except Exception as exc:
             return exc
 
-    def _answer_locked(self, messages, sampling, spec_for, cancel, out, early=(None, None), first_source=()) -> None:
-        """Answer with the engine held. `early`: (session, prompt) tokenized before the wait; a pair loaded in
-        between (the wait was behind its load) tokenizes again. first_source: see answer()."""
-        session = self.session
+    def _answer_locked(self, messages, sampling, spec_for, cancel, out, early, first_source=()) -> None:
+        """Answer with the engine held. `early`: (session, prompt) built before the wait (_prompt_then_wait), the
+        session still loaded. first_source: see answer()."""
+        session, prompt = early
         if session is None:
             out.put(Message("error", text=self.load_error or "no model is loaded; choose a model pair"))
             return
@@ -297,9 +316,6 @@ class ModelManager:
             require_proposer(self.name or "", spec.proposer, tuple(session.proposers))
             spec = session.answer_spec(spec)  # as the engine runs it: the one record 'started' carries
             sampling.validate()
-            prompt = early[1] if early[0] is session else self._prompt(session, messages, sampling)
-            if isinstance(prompt, Exception):
-                raise prompt
             ids, notice = prompt
             out.put(Message("started", text=self.name or "", spec=spec))
             if notice:
