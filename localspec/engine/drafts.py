@@ -13,6 +13,7 @@ from typing import Optional, Union
 
 import torch
 
+from localspec.proposers.base import DraftNoise
 from localspec.runtime.sampling import top_logprobs
 from localspec.runtime.tree import TokenTree
 from localspec.verify import VerifyOutput
@@ -60,7 +61,7 @@ def draft_chain(run: Run, asked: int) -> Draft:
     started = time.perf_counter()
     token_ids, probs = [], None
     if run.proposer is not None and asked > 0:
-        draft = run.proposer.propose(run.context, asked, run.sampling, run.generator)
+        draft = run.proposer.propose(run.context, asked, run.sampling, draft_noise(run))
         token_ids = list(draft.token_ids[:asked])
         if draft.probs is not None and token_ids:
             probs = draft.probs[: len(token_ids)].unsqueeze(0)  # [1, K, V]
@@ -73,12 +74,20 @@ def draft_chain(run: Run, asked: int) -> Draft:
 def draft_tree(run: Run, n_nodes: int) -> Optional[Draft]:
     """A tree of up to n_nodes, cut to the depth the token budget allows; None when the proposer drafted none."""
     started = time.perf_counter()
-    tree = run.proposer.propose_tree(run.context, n_nodes, run.sampling, run.generator) if run.proposer else None
+    noise = draft_noise(run)
+    tree = run.proposer.propose_tree(run.context, n_nodes, run.sampling, noise) if run.proposer else None
     if tree is None or tree.size == 0:
         return None
     whole = tree.max_depth <= run.room
     tree = tree.within_depth(run.room)
     return Draft([], None, tree, time.perf_counter() - started, whole)
+
+
+def draft_noise(run: Run) -> DraftNoise:
+    """The noise this step's sampled drafts are drawn with: with a seed, each output position's own (the target's
+    draw there), so soft drafts agree with it as often as their distribution allows; else the answer's generator."""
+    seeded = run.sampling.seeded and not run.sampling.greedy
+    return DraftNoise(run.generator, run.sampling.seed if seeded else None, run.produced)
 
 
 def verify_chain(run: Run, logits: torch.Tensor, draft: Draft) -> Verdict:
@@ -90,8 +99,10 @@ def verify_chain(run: Run, logits: torch.Tensor, draft: Draft) -> Verdict:
         None if run.sampling.greedy else position_draws(run.sampling.seed, run.produced, k, logits.shape[-1], device)
     )
     drafts = torch.tensor([draft.token_ids], dtype=torch.long, device=device).view(1, k)
-    one_hot = draft.probs is None and not run.sampling.greedy  # sampled one-hot drafts: the target's own draw
-    verify = verify_one_hot if one_hot else run.verify
+    # sampled, the target's own draw decides one-hot drafts, and with a seed every draft (the answer is then plain
+    # seeded sampling's); soft drafts without a seed take the full rejection sampler, which keeps more of them
+    own_draw = not run.sampling.greedy and (draft.probs is None or run.sampling.seeded)
+    verify = verify_one_hot if own_draw else run.verify
     result = verify(logits, drafts, draft.probs, run.sampling, draws)
     finite = torch.isfinite(logits).all()
     verdict = VerifyOutput.from_host(result.to_host(finite), k)  # the step's one host read

@@ -26,10 +26,8 @@ from typing import Optional
 import torch
 
 from localspec.config import SamplingParams
-from localspec.runtime.sampling import logits_to_probs, sample_with_noise
+from localspec.runtime.sampling import logits_to_probs, position_draw, sample_with_noise
 from localspec.runtime.tree import TokenTree
-
-from .types import position_draw
 
 
 @dataclass(frozen=True)
