@@ -48,6 +48,14 @@ def tree_position_draws(seed: int, start: int, tree: TokenTree, vocab: int, devi
     return TreeDraws(uniforms=uniforms, noise=torch.stack([draws[d][1] for d in rows]))
 
 
+def verify_tree_at(logits: torch.Tensor, tree: TokenTree, sampling: SamplingParams, start: int) -> TreeVerdict:
+    """verify_tree with the draws of output positions start, start + 1, … (row 0 is position `start`)."""
+    draws = (
+        None if sampling.greedy else tree_position_draws(sampling.seed, start, tree, logits.shape[-1], logits.device)
+    )
+    return verify_tree(logits, tree, sampling, draws)
+
+
 def make_tree_draws(generator: torch.Generator, n_nodes: int, vocab: int, device: torch.device | str) -> TreeDraws:
     uniforms = torch.rand((n_nodes,), generator=generator, device=device, dtype=torch.float32)
     noise = torch.empty((n_nodes + 1, vocab), device=device, dtype=torch.float32).exponential_(generator=generator)
