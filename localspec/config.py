@@ -111,6 +111,10 @@ class SamplingParams:
     top_p: float = 1.0  # 1.0 = off
     max_new_tokens: int = 256
     seed: int = 0
+    # the seed was asked for: the answer must be plain seeded sampling's, whatever the engine drafts (the target's
+    # own seeded draw decides every position). False (an API request without a seed, which gets a drawn one): drafts
+    # with their own distribution may go through the full rejection sampler, which keeps more of them
+    seeded: bool = True
     # per emitted token, the n most likely tokens and their log-probabilities under the distribution the sampler
     # used (logits_to_probs); 0 computes and transfers nothing more
     top_logprobs: int = 0
@@ -129,6 +133,8 @@ class SamplingParams:
         for name in ("top_k", "seed", "top_logprobs"):
             whole_number(getattr(self, name), FIELD_LABELS.get(name, name))
         check_seed(self.seed)
+        if not isinstance(self.seeded, bool):
+            raise ConfigError(f"seeded must be true or false (got {self.seeded!r})")
         if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= TEMPERATURE_MAX:
             raise ConfigError(
                 f"temperature must be between 0 and {TEMPERATURE_MAX:g} (got {self.temperature!r}); 0 means greedy"

@@ -10,7 +10,7 @@ from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.engine.loop import Engine
 from localspec.heads.config import HeadConfig, target_shapes
 from localspec.heads.io import load_head, save_head
-from localspec.proposers.base import Proposer
+from localspec.proposers.base import DraftNoise, Proposer
 from localspec.proposers.head import HeadProposer, load_head_proposer
 from localspec.runtime.model_runner import ModelRunner
 from tests.support import DRAFT_VOCAB, HELLO_PROMPT, make_head
@@ -65,7 +65,7 @@ def test_draft_probabilities_are_distributions_over_the_draft_vocab(tiny_models)
     hidden = runner.extend(PROMPT[:-1], want_hidden=True).hidden
     proposer.begin(PROMPT, hidden)
     sampling = SamplingParams(temperature=0.8, top_p=0.9)
-    draft = proposer.propose(PROMPT, 4, sampling, torch.Generator().manual_seed(0))
+    draft = proposer.propose(PROMPT, 4, sampling, DraftNoise(torch.Generator().manual_seed(0)))
     assert len(draft.token_ids) == 4 and draft.probs.shape == (4, target.config.vocab_size)
     torch.testing.assert_close(draft.probs.sum(-1), torch.ones(4))
     outside = torch.ones(target.config.vocab_size, dtype=torch.bool)

@@ -23,6 +23,7 @@ from localspec.chat import ChatSession
 from localspec.config import ConfigError, ModelSpec, NgramSpec, PairSpec, SamplingParams, SpecConfig
 from localspec.heads.io import save_head
 from localspec.models.loading import load_pair
+from localspec.proposers.base import DraftNoise
 from localspec.runtime.model_runner import ModelRunner
 from localspec.testing import FAMILY_VOCABS, make_family_model, make_tiny_tokenizer
 from localspec.verify import get_verifier
@@ -136,7 +137,7 @@ def _check_greedy(session, ids, plain, guarantee):
 def _chi_square(session, proposer_name):
     """p-values at temperature 1 on the cell's own distributions (see the module docstring)."""
     sampling = SamplingParams(temperature=1.0)
-    gen = torch.Generator().manual_seed(7)
+    noise = DraftNoise(torch.Generator().manual_seed(7))
     runner = ModelRunner(session.loaded.target)
     runner.reset()
     proposer = session.make_proposer(SpecConfig(proposer=proposer_name, k=K))
@@ -145,7 +146,7 @@ def _chi_square(session, proposer_name):
     draft_ids, draft_probs = [], None
     if proposer is not None:
         proposer.begin(list(PROMPT), hidden)
-        draft = proposer.propose(list(PROMPT), K, sampling, gen)
+        draft = proposer.propose(list(PROMPT), K, sampling, noise)
         draft_ids, draft_probs = list(draft.token_ids), draft.probs
     logits = runner.extend([PROMPT[-1]] + draft_ids).logits.float()  # [k+1, V]
     vocab = logits.shape[-1]

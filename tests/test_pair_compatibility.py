@@ -12,7 +12,7 @@ import torch
 from localspec.config import ModelSpec, PairSpec, SamplingParams, SpecConfig
 from localspec.engine.loop import Engine
 from localspec.heads.io import save_head
-from localspec.proposers.base import Draft, Proposer
+from localspec.proposers.base import Draft, DraftNoise, Proposer
 from localspec.proposers.head import load_head_proposer
 from localspec.testing import make_family_model, make_tiny_tokenizer
 from tests.support import HELLO_PROMPT as PROMPT
@@ -127,7 +127,9 @@ def _check_padded(session, sampler, max_new):
         )
     )
     assert sampled[-1].finish_reason == "length", sampled[-1].error
-    draft = proposer.propose(list(PROMPT), 2, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    draft = proposer.propose(
+        list(PROMPT), 2, SamplingParams(temperature=1.0), DraftNoise(torch.Generator().manual_seed(0))
+    )
     assert draft.probs.shape == (2, 152064)
     assert float(draft.probs[:, 151936:].abs().max()) == 0.0
 

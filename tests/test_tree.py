@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
-from localspec.engine.drafts import tree_token_events
 from localspec.engine.events import TokenEvent
 from localspec.engine.loop import Engine
+from localspec.engine.tokens import tree_token_events
 from localspec.proposers.head import HeadProposer
 from localspec.runtime.model_runner import ModelRunner
 from localspec.runtime.sampling import logits_to_probs

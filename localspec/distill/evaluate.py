@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from localspec.config import DEFAULT_K, SamplingParams, SpecConfig
+from localspec.proposers.base import DraftNoise
 from localspec.runtime.model_runner import ModelRunner
 
 
@@ -53,12 +54,12 @@ def measure_c(target, proposer_factory, prompt_ids: list[int], k: int, repeats: 
     hidden = runner.extend(prefix, want_hidden=True, feature_layers=proposer.feature_layers).hidden
     proposer.begin(list(prompt_ids), hidden)
     sampling = SamplingParams()
-    generator = torch.Generator()
-    proposer.propose(list(prompt_ids), k, sampling, generator)  # warm-up (and the prompt's catch-up)
+    noise = DraftNoise(torch.Generator())
+    proposer.propose(list(prompt_ids), k, sampling, noise)  # warm-up (and the prompt's catch-up)
     head_s, target_s = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        proposer.propose(list(prompt_ids), k, sampling, generator)  # cache cropped each time: same work
+        proposer.propose(list(prompt_ids), k, sampling, noise)  # cache cropped each time: same work
         t1 = time.perf_counter()
         runner.extend([prompt_ids[-1]])
         t2 = time.perf_counter()

@@ -1,13 +1,18 @@
-"""The speculative decoding loop, over token ids only, one StepEvent per target forward: the policy plans the step
-(policy.py: plain, a chain of K or a tree of N nodes) → the step runs it (step.py: draft → forward → verify →
-advance → event) → the policy learns its outcome. Run (run.py) carries the answer's own state from step to step."""
+"""The speculative decoding loop, over token ids only, one StepEvent per target forward. The loop owns each step's
+three phases, in one direction:
+
+1. plan     the policy plans (policy.py: plain, a chain of K or a tree of N nodes) and the proposer drafts it
+            (drafts.py); a tree plan whose proposer drafts no tree here becomes the policy's chain plan
+2. step     the step runs the draft (step.py: forward → verify → advance) and returns what it did
+3. observe  the policy learns the outcome, the answer's statistics fold it in (Run.record), the event carries both
+
+Run (run.py) carries the answer's own state from step to step."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -17,7 +22,9 @@ from localspec.proposers.base import Proposer
 from localspec.runtime.model_runner import FAST, ModelRunner, exact_setup_for
 from localspec.verify import get_verifier
 
+from .drafts import Draft, draft_for
 from .events import StepEvent
+from .plan import StepPlan
 from .policy import Controllers, StepPolicy
 from .run import Run
 from .step import step
@@ -86,7 +93,7 @@ class Engine:
         hidden = (hiddens[0] if len(hiddens) == 1 else torch.cat(hiddens)) if run.wants_hidden and hiddens else None
         if run.proposer is not None:
             run.proposer.begin(list(prompt_ids), hidden)
-        run.stats = replace(run.stats, prefill_s=time.perf_counter() - started)
+        run.prefilled(time.perf_counter() - started)
         return True
 
     def _steps(self, run: Run, policy: StepPolicy, cancel: Optional[threading.Event]) -> Iterator[StepEvent]:
@@ -94,9 +101,26 @@ class Engine:
             if cancel is not None and cancel.is_set():
                 yield StepEvent.finished_early(run.snapshot(), "cancelled")
                 return
-            event = step(self.target, run, policy.plan(run), policy, self.stop_token_ids)
-            if event is None:  # the proposer drafted no tree: this step drafts a chain
-                event = step(self.target, run, policy.plan(run, trees=False), policy, self.stop_token_ids)
+            # 1. plan
+            plan, draft = planned_draft(run, policy)
+            # 2. step
+            result = step(self.target, run, draft, self.stop_token_ids)
+            # 3. observe (a step whose logits were not finite teaches nothing and ends the answer)
+            counted = result.error is None
+            run.record(result.outcome, policy.observe(plan, result.outcome) if counted else None, counted)
+            event = result.event(plan, run)
             yield event
             if event.finished:
                 return
+
+
+def planned_draft(run: Run, policy: StepPolicy) -> tuple[StepPlan, Draft]:
+    """This step's plan and its draft. A tree plan whose proposer drafts no tree here becomes the policy's chain
+    plan (decided only then: choosing a chain moves the adaptive controller's on/off count)."""
+    plan = policy.plan(run)
+    draft = draft_for(run, plan)
+    if draft is None:
+        plan = policy.chain_plan(run)
+        draft = draft_for(run, plan)
+        assert draft is not None  # a chain or plain plan always drafts (maybe nothing)
+    return plan, draft

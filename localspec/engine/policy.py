@@ -81,21 +81,26 @@ class StepPolicy:
         self.chain: Optional[AdaptiveController] = None  # the controllers that decided the last plan
         self.tree: Optional[TreeSizeController] = None
 
-    def plan(self, run: Run, trees: bool = True) -> StepPlan:
-        """This step's plan. Never drafts past the token budget (K+1 tokens may be emitted); trees False: a chain
-        or plain step (the tree proposer drafted nothing for this step)."""
-        room = run.room
-        budget_k = min(self.max_k, room)
+    def plan(self, run: Run) -> StepPlan:
+        """This step's plan. Never drafts past the token budget (K+1 tokens may be emitted)."""
         if self.proposer is None:
             return PLAIN
-        part = self.proposer.part(run.context)
-        if trees and self.trees and room >= 1:
-            self.tree = self._tree_controller(part)
+        if self.trees and run.room >= 1:
+            self.tree = self._tree_controller(self.proposer.part(run.context))
             if not self.spec.adaptive:
                 return StepPlan("tree", self.spec.tree_nodes)
             shape, size = self.tree.choose()
+            budget_k = min(self.max_k, run.room)
             return StepPlan("tree", size) if shape == "tree" else StepPlan.chain(min(budget_k, size))
-        self.chain, self.tree = self._chain_controller(part), None
+        return self.chain_plan(run)
+
+    def chain_plan(self, run: Run) -> StepPlan:
+        """A chain or plain plan, decided by the chain controller of the step's part: every step's without trees,
+        and a tree plan's when the proposer drafts no tree here."""
+        if self.proposer is None:
+            return PLAIN
+        budget_k = min(self.max_k, run.room)
+        self.chain, self.tree = self._chain_controller(self.proposer.part(run.context)), None
         return StepPlan.chain(min(budget_k, self.chain.choose_k()) if self.spec.adaptive else budget_k)
 
     def observe(self, plan: StepPlan, outcome: StepOutcome) -> Optional[Reading]:

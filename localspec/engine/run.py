@@ -1,11 +1,11 @@
-"""One answer in progress (Run): its settings, where it stands and its statistics; nothing about how steps are
-decided (policy.py) or run (step.py)."""
+"""One answer in progress (Run): its settings, where it stands and its statistics, which only its own methods write
+(prefilled, record); nothing about how steps are decided (policy.py) or run (step.py)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -14,6 +14,10 @@ from localspec.proposers.base import Proposer
 from localspec.verify import Verifier
 
 from .metrics import StatsSnapshot
+from .plan import StepOutcome
+
+if TYPE_CHECKING:
+    from .policy import Reading
 
 
 @dataclass
@@ -78,6 +82,31 @@ class Run:
     def feature_layers(self) -> tuple[int, ...]:
         """The earlier target layers a head reads besides the last (multi-layer features), from the same forwards."""
         return tuple(self.proposer.feature_layers) if self.wants_hidden else ()
+
+    def prefilled(self, seconds: float) -> None:
+        self.stats = replace(self.stats, prefill_s=seconds)
+
+    def record(self, outcome: StepOutcome, reading: Optional[Reading], counted: bool = True) -> None:
+        """Fold one step into the statistics: what the controllers now say (reading) and, when the step counted
+        (its forward gave finite logits), its counts and times. A dropped draft counts either way."""
+        stats = self.stats
+        if outcome.dropped:
+            stats = replace(stats, dropped_drafts=stats.dropped_drafts + 1)
+        if reading is not None:
+            stats = replace(stats, k=reading.k, paused=reading.paused)
+            if reading.predicted_speedup is not None:
+                stats = replace(stats, predicted_speedup=reading.predicted_speedup)
+        if counted:
+            stats = stats.after_step(
+                outcome.drafted,
+                outcome.num_accepted,
+                outcome.emitted,
+                outcome.propose_s,
+                outcome.score_s,
+                outcome.sampler_s,
+                outcome.depth,
+            )
+        self.stats = stats
 
     def snapshot(self) -> StatsSnapshot:
         return replace(self.stats, elapsed_s=time.perf_counter() - self.started)

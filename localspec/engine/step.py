@@ -1,16 +1,16 @@
-"""One step of the engine loop, for any plan (plan.py), in five phases:
+"""One step over a drafted plan, in three phases (the loop, loop.py, plans and drafts before and learns after):
 
-1. draft    the proposer drafts the plan's chain or tree (drafts.py); a plain step drafts nothing
-2. forward  one target forward over the pending token and every draft (a tree under its tree mask)
-3. verify   the rejection sampler (chain) or the tree walk keeps what the target accepts, in one host read
-4. advance  the cache keeps the accepted rows; the tokens up to a stop token are emitted; the proposer is told
-5. event    the policy learns the outcome; the statistics and the StepEvent carry what the step did
+1. forward  one target forward over the pending token and every draft (a tree under its tree mask)
+2. verify   verify/ keeps what the target accepts, in one host read (tokens.py: the emitted tokens' events)
+3. advance  the cache keeps the accepted rows; the tokens up to a stop token are emitted; the proposer is told
+
+It returns what it did (StepResult); it neither teaches the policy nor writes the answer's statistics.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -18,26 +18,49 @@ import torch
 from localspec.runtime.model_runner import ModelRunner
 from localspec.runtime.timing import synced_clock
 
-from .drafts import Draft, Verdict, draft_chain, draft_tree, read_top_logprobs, verify_chain, verify_tree_draft
+from .drafts import Draft
 from .events import FinishReason, StepEvent, TokenEvent
 from .plan import StepOutcome, StepPlan
-from .policy import StepPolicy
 from .run import Run
+from .tokens import Verdict, judge, with_top_logprobs
 
 NON_FINITE = "the target produced NaN or infinite logits; the answer was stopped"
 
 
-def step(
-    target: ModelRunner, run: Run, plan: StepPlan, policy: StepPolicy, stop_token_ids: frozenset[int]
-) -> Optional[StepEvent]:
-    """Run `plan`; None when it is a tree and the proposer drafted none (the loop then plans without trees)."""
-    # 1. draft
-    room = run.room
-    draft = draft_tree(run, plan.size) if plan.shape == "tree" else draft_chain(run, plan.size)
-    if draft is None:
-        return None
+@dataclass(frozen=True)
+class StepResult:
+    """What one step emitted and measured; error set (and nothing emitted) when the target's logits were not
+    finite."""
 
-    # 2. forward
+    tokens: tuple[TokenEvent, ...]
+    finish_reason: Optional[FinishReason]
+    outcome: StepOutcome
+    error: Optional[str] = None
+
+    def event(self, plan: StepPlan, run: Run) -> StepEvent:
+        """The step's event, with the answer's statistics as of now (after Run.record)."""
+        if self.error is not None:
+            return StepEvent.finished_early(run.snapshot(), "error", self.error, self.outcome.drafted, plan)
+        outcome = self.outcome
+        return StepEvent(
+            self.tokens,
+            outcome.propose_s * 1e6,
+            outcome.score_s * 1e6,
+            outcome.sampler_s * 1e6,
+            propose_token_num=outcome.drafted,
+            accept_token_num=outcome.num_accepted,
+            stats=run.snapshot(),
+            finished=self.finish_reason is not None,
+            finish_reason=self.finish_reason,
+            plan=plan,
+        )
+
+
+def step(target: ModelRunner, run: Run, draft: Draft, stop_token_ids: frozenset[int]) -> StepResult:
+    """Verify `draft` (the plan's, drafted by the loop) and advance the answer by what the target kept."""
+    room = run.room
+
+    # 1. forward
     device, prefix_len = target.device, len(target.tokens)
     wants, layers = run.wants_hidden, run.feature_layers
     started = synced_clock(device)
@@ -47,45 +70,36 @@ def step(
         forward = target.extend([run.pending] + draft.token_ids, want_hidden=wants, feature_layers=layers)
     scored = synced_clock(device)  # the forward has finished: the split is right on a GPU
 
-    # 3. verify
-    if draft.tree is not None:
-        verdict = verify_tree_draft(run, forward.logits, draft.tree)
-    else:
-        verdict = verify_chain(run, forward.logits, draft)
-    if not verdict.finite:
-        return StepEvent.finished_early(run.snapshot(), "error", NON_FINITE, drafted=draft.drafted, plan=plan)
+    # 2. verify
+    verdict = judge(forward.logits, draft, run.sampling, run.produced, run.verify)
+    depth = draft.tree.max_depth if draft.tree is not None else None
+    measured = dict(
+        drafted=draft.drafted,
+        propose_s=draft.propose_s,
+        score_s=scored - started,
+        room=room,
+        whole=draft.whole,
+        depth=depth,
+        dropped=draft.dropped,
+    )
+    if verdict is None:
+        outcome = StepOutcome(num_accepted=0, emitted=0, sampler_s=time.perf_counter() - scored, **measured)
+        return StepResult((), "error", outcome, NON_FINITE)
     tokens = verdict.tokens
     if run.sampling.top_logprobs:  # asked for: a second read, of the emitted positions only
-        read = read_top_logprobs(forward.logits[verdict.rows], run, [token.token_id for token in tokens])
-        tokens = [replace(token, logprob=own, top_logprobs=top) for token, (own, top) in zip(tokens, read)]
+        tokens = with_top_logprobs(tokens, forward.logits[verdict.rows], run.sampling)
     sampler_s = time.perf_counter() - scored
 
-    # 4. advance
+    # 3. advance
     tokens, finish_reason = advance(target, run, draft, verdict, tokens, prefix_len, forward.hidden, stop_token_ids)
-
-    # 5. event
-    depth = draft.tree.max_depth if draft.tree is not None else None
     outcome = StepOutcome(
-        draft.drafted,
-        verdict.num_accepted,
-        draft.propose_s,
-        scored - started,
-        sampler_s,
-        room,
-        draft.whole,
-        depth,
-        verdict.first_branch,
+        num_accepted=verdict.num_accepted,
+        emitted=len(tokens),
+        sampler_s=sampler_s,
+        first_branch=verdict.first_branch,
+        **measured,
     )
-    reading = policy.observe(plan, outcome)
-    stats = run.stats
-    if reading is not None:
-        stats = replace(stats, k=reading.k, paused=reading.paused)
-        if reading.predicted_speedup is not None:
-            stats = replace(stats, predicted_speedup=reading.predicted_speedup)
-    run.stats = stats.after_step(
-        outcome.drafted, outcome.num_accepted, len(tokens), outcome.propose_s, outcome.score_s, sampler_s, depth
-    )
-    return step_event(tokens, plan, outcome, run, finish_reason)
+    return StepResult(tuple(tokens), finish_reason, outcome)
 
 
 def advance(
@@ -122,22 +136,3 @@ def cut_at_stop(tokens: list[TokenEvent], stop_token_ids: frozenset[int]) -> tup
         if token.token_id in stop_token_ids:
             return tokens[: i + 1], True
     return tokens, False
-
-
-def step_event(
-    tokens: list[TokenEvent], plan: StepPlan, outcome: StepOutcome, run: Run, finish_reason: Optional[FinishReason]
-) -> StepEvent:
-    """The event of one step that kept `tokens`: its plan, its time split, its draft counts and the answer's
-    statistics."""
-    return StepEvent(
-        tuple(tokens),
-        outcome.propose_s * 1e6,
-        outcome.score_s * 1e6,
-        outcome.sampler_s * 1e6,
-        propose_token_num=outcome.drafted,
-        accept_token_num=outcome.num_accepted,
-        stats=run.snapshot(),
-        finished=finish_reason is not None,
-        finish_reason=finish_reason,
-        plan=plan,
-    )

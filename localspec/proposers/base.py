@@ -8,6 +8,7 @@ from typing import Optional, Protocol, runtime_checkable
 import torch
 
 from localspec.config import SamplingParams
+from localspec.runtime.sampling import position_draw, sample_with_noise
 from localspec.runtime.tree import TokenTree
 
 
@@ -17,6 +18,28 @@ class Draft:
 
     token_ids: list[int]  # K ids (may be fewer than asked, or empty: then the step is a plain target step)
     probs: Optional[torch.Tensor] = None  # [K, V] float32 under the shared logits_to_probs; None = one-hot (n-gram)
+
+
+@dataclass(frozen=True)
+class DraftNoise:
+    """The noise a proposer samples a step's i-th draft token with: token = argmax(probs / E_i), E_i ~ Exp(1).
+
+    Seeded (seed given): E_i is output position start + i's own noise, the one the target draws that position with
+    (verify/one_hot.py), so a draft is kept exactly where it equals the target's seeded draw, which it does more
+    often the closer the draft's distribution is to the target's (a draft equal to the target is always kept). Not
+    seeded: fresh noise from the answer's generator, independent of the rejection sampler's draws."""
+
+    generator: torch.Generator
+    seed: Optional[int] = None  # None: not seeded
+    start: int = 0  # the output position of the step's first draft token
+
+    def sample(self, i: int, probs: torch.Tensor) -> torch.Tensor:
+        """The i-th draft token ([] int64) from probs [V]."""
+        if self.seed is None:
+            noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        else:
+            noise = position_draw(self.seed, self.start + i, probs.shape[-1], probs.device)[1]
+        return sample_with_noise(probs, noise)
 
 
 @runtime_checkable
@@ -47,11 +70,12 @@ class Proposer(Protocol):
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
         """A new answer starts. prompt_hidden: [len(prompt_ids) - 1, F] for the prefilled prompt, or None."""
 
-    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
-        """Draft up to k tokens that follow context_ids (the prompt plus everything emitted so far)."""
+    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, noise: DraftNoise) -> Draft:
+        """Draft up to k tokens that follow context_ids (the prompt plus everything emitted so far); a sampled
+        draft token i is noise.sample(i, its probabilities)."""
 
     def propose_tree(
-        self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, generator: torch.Generator
+        self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, noise: DraftNoise
     ) -> Optional[TokenTree]:
         """Draft a tree of up to n_nodes nodes that follows context_ids; None: no tree here (a plain step)."""
         return None

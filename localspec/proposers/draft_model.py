@@ -8,9 +8,9 @@ import torch
 
 from localspec.config import SamplingParams
 from localspec.runtime.model_runner import ModelRunner
-from localspec.runtime.sampling import logits_to_probs, sample_with_noise
+from localspec.runtime.sampling import logits_to_probs
 
-from .base import Draft, Proposer
+from .base import Draft, DraftNoise, Proposer
 
 
 class DraftModelProposer(Proposer):
@@ -37,7 +37,7 @@ class DraftModelProposer(Proposer):
         self.runner.reset()
 
     @torch.inference_mode()
-    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, noise: DraftNoise) -> Draft:
         runner = self.runner
         keep = min(runner.common_prefix(context_ids), len(context_ids) - 1)
         runner.crop(keep)
@@ -46,11 +46,7 @@ class DraftModelProposer(Proposer):
         probs_rows: list[torch.Tensor] = []
         for step in range(k):
             probs = logits_to_probs(logits, sampling)  # [V]
-            if sampling.greedy:
-                token = torch.argmax(logits, dim=-1)
-            else:
-                noise = torch.empty_like(probs).exponential_(generator=generator)
-                token = sample_with_noise(probs, noise)
+            token = torch.argmax(logits, dim=-1) if sampling.greedy else noise.sample(step, probs)
             probs_rows.append(probs)
             token_ids.append(token)
             if step < k - 1:

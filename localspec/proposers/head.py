@@ -16,10 +16,10 @@ import torch
 from localspec.config import SamplingParams
 from localspec.heads.io import load_head
 from localspec.heads.model import FeatureHead
-from localspec.runtime.sampling import logits_to_probs, sample_with_noise, top_logprobs
+from localspec.runtime.sampling import logits_to_probs, top_logprobs
 from localspec.runtime.tree import TREE_MAX_DEPTH, TokenTree
 
-from .base import Draft, Proposer
+from .base import Draft, DraftNoise, Proposer
 
 TREE_WIDTH = 4  # nodes expanded per depth: the most probable there, by cumulative draft probability
 TREE_BRANCH = 4  # children drafted per expanded node: its most probable tokens
@@ -78,7 +78,7 @@ class HeadProposer(Proposer):
         return True
 
     @torch.inference_mode()
-    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, noise: DraftNoise) -> Draft:
         if k <= 0 or not self.catch_up(context_ids):
             return Draft(token_ids=[])
         head, n = self.head, self.fed
@@ -89,11 +89,7 @@ class HeadProposer(Proposer):
             full_logits = torch.full((self.vocab_size,), float("-inf"), dtype=torch.float32, device=self.device)
             full_logits[head.draft_token_ids] = head.draft_logits(hidden).float()  # outside the draft vocab: p = 0
             probs = logits_to_probs(full_logits, sampling)  # [V]
-            if sampling.greedy:
-                token = int(torch.argmax(full_logits))
-            else:
-                noise = torch.empty_like(probs).exponential_(generator=generator)
-                token = int(sample_with_noise(probs, noise))
+            token = int(torch.argmax(full_logits) if sampling.greedy else noise.sample(step - 1, probs))
             token_ids.append(token)
             probs_rows.append(probs)
             if step < k:
@@ -121,7 +117,7 @@ class HeadProposer(Proposer):
 
     @torch.inference_mode()
     def propose_tree(
-        self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, generator: torch.Generator
+        self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, noise: DraftNoise
     ) -> Optional[TokenTree]:
         """EAGLE-2's dynamic tree: at each depth expand the TREE_WIDTH most probable nodes (by cumulative draft
         log-probability) by their TREE_BRANCH most probable tokens, all of a depth's nodes in one head call under a

@@ -26,7 +26,7 @@ import torch
 from localspec.config import SamplingParams
 from localspec.runtime.tree import TREE_MAX_DEPTH, TokenTree
 
-from .base import Draft, Proposer
+from .base import Draft, DraftNoise, Proposer
 from .ngram import TREE_OCCURRENCES, longest_match, trie_from_continuations
 
 MAX_MATCH = 16  # longest suffix compared: a longer match picks the occurrence that continues the same text
@@ -143,12 +143,12 @@ class HistoryProposer(Proposer):
         longest = max(f[0] for f in found)
         return [(source, c) for n, source, c in found if n == longest]  # sources stay in priority order
 
-    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, noise: DraftNoise) -> Draft:
         found = self.candidates(context_ids, k)
         return Draft(token_ids=found[0][1][:k] if found else [])
 
     def propose_tree(
-        self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, generator: torch.Generator
+        self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, noise: DraftNoise
     ) -> Optional[TokenTree]:
         found = self.candidates(context_ids, min(TREE_MAX_DEPTH, n_nodes))
         weighted = [(c, SOURCE_WEIGHT[source]) for source, c in found]

@@ -6,7 +6,7 @@ the answer while the lookup is drafting (the head feeds the positions it missed 
 asked).
 
 Lossless: which of the two drafts is decided by the context alone (a deterministic peek at the lookup, drawing
-nothing from the step's generator), before any random draw of this step, and each draft carries its own draft
+nothing from the step's noise), before any random draw of this step, and each draft carries its own draft
 distribution (the lookup's is one-hot, probs None), which is all the rejection sampler needs. Token trees
 (propose_tree) follow the same rule: the lookup's tree when it has a match, else the model's; a part without trees
 offers its chain as a one-branch tree, whose nodes the tree verifier treats as one-hot drafts like every tree node
@@ -26,10 +26,10 @@ import torch
 from localspec.config import SamplingParams
 from localspec.runtime.tree import TokenTree
 
-from .base import Draft, Proposer
+from .base import Draft, DraftNoise, Proposer
 
 _PEEK = SamplingParams()  # the lookup is deterministic: peeking at it draws nothing
-_PEEK_GENERATOR = torch.Generator()
+_PEEK_NOISE = DraftNoise(torch.Generator())
 
 
 class LookupFirstProposer(Proposer):
@@ -51,7 +51,7 @@ class LookupFirstProposer(Proposer):
 
     def _lookup_matches(self, context_ids: list[int]) -> bool:
         if self._peeked is None or self._peeked[0] != len(context_ids):
-            peek = self.lookup.propose(context_ids, 1, _PEEK, _PEEK_GENERATOR)
+            peek = self.lookup.propose(context_ids, 1, _PEEK, _PEEK_NOISE)
             self._peeked = (len(context_ids), bool(peek.token_ids))
         return self._peeked[1]
 
@@ -60,34 +60,34 @@ class LookupFirstProposer(Proposer):
         self.lookup.begin(prompt_ids, prompt_hidden)
         self.model.begin(prompt_ids, prompt_hidden)
 
-    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, noise: DraftNoise) -> Draft:
         if self._peeked != (len(context_ids), False):
-            draft = self.lookup.propose(context_ids, k, sampling, generator)
+            draft = self.lookup.propose(context_ids, k, sampling, noise)
             if draft.token_ids:
                 return draft
-        return self.model.propose(context_ids, k, sampling, generator)
+        return self.model.propose(context_ids, k, sampling, noise)
 
     def propose_tree(
-        self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, generator: torch.Generator
+        self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, noise: DraftNoise
     ) -> Optional[TokenTree]:
         """The lookup's tree when the lookup matches the context, else the model's; a part without trees gives its
         chain of n_nodes drafts as a one-branch tree. None: neither drafts here (the step runs plain)."""
         if self._lookup_matches(context_ids):
-            tree = self._tree_of(self.lookup, context_ids, n_nodes, sampling, generator)
+            tree = self._tree_of(self.lookup, context_ids, n_nodes, sampling, noise)
             if tree is not None:
                 return tree
-        return self._tree_of(self.model, context_ids, n_nodes, sampling, generator)
+        return self._tree_of(self.model, context_ids, n_nodes, sampling, noise)
 
     @staticmethod
     def _tree_of(
-        part: Proposer, context_ids: list[int], n_nodes: int, sampling: SamplingParams, generator: torch.Generator
+        part: Proposer, context_ids: list[int], n_nodes: int, sampling: SamplingParams, noise: DraftNoise
     ) -> Optional[TokenTree]:
         if part.supports_tree:
-            tree = part.propose_tree(context_ids, n_nodes, sampling, generator)
+            tree = part.propose_tree(context_ids, n_nodes, sampling, noise)
             if tree is not None and tree.size:
                 return tree
             return None
-        token_ids = part.propose(context_ids, n_nodes, sampling, generator).token_ids[:n_nodes]
+        token_ids = part.propose(context_ids, n_nodes, sampling, noise).token_ids[:n_nodes]
         return TokenTree.chain(token_ids) if token_ids else None
 
     def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:

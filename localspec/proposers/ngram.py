@@ -18,7 +18,7 @@ import torch
 from localspec.config import SamplingParams
 from localspec.runtime.tree import TREE_MAX_DEPTH, TokenTree
 
-from .base import Draft, Proposer
+from .base import Draft, DraftNoise, Proposer
 
 TREE_OCCURRENCES = 32  # most recent occurrences of the matched suffix whose continuations build the tree
 
@@ -98,13 +98,13 @@ class NgramProposer(Proposer):
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
         self._context = np.asarray(prompt_ids, dtype=np.int64)
 
-    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, noise: DraftNoise) -> Draft:
         if len(context_ids) != len(self._context):
             self._context = np.asarray(context_ids, dtype=np.int64)
         return Draft(token_ids=find_continuation(self._context, k, self.min_n, self.max_n))
 
     def propose_tree(
-        self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, generator: torch.Generator
+        self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, noise: DraftNoise
     ) -> Optional[TokenTree]:
         if len(context_ids) != len(self._context):
             self._context = np.asarray(context_ids, dtype=np.int64)

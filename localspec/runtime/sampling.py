@@ -1,4 +1,5 @@
-"""Logits → probabilities, shared by every proposer and the target so both see the same distribution."""
+"""Logits → probabilities, shared by every proposer and the target so both see the same distribution; and the
+random draws of an output position, keyed to (seed, position) so the proposers and the verifiers draw alike."""
 
 from __future__ import annotations
 
@@ -62,3 +63,20 @@ def sample_with_noise(probs: torch.Tensor, exponential_noise: torch.Tensor) -> t
     probs may be unnormalised (any non-negative weights). probs, exponential_noise: [..., V] → [...] int64.
     """
     return torch.argmax(probs / exponential_noise, dim=-1)
+
+
+def position_generator(seed: int, position: int, device: torch.device | str) -> torch.Generator:
+    """The generator of output position `position` of an answer seeded with `seed` (a fixed mix of the two)."""
+    key = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) % (2**63)
+    return torch.Generator(device=device).manual_seed(key)
+
+
+def position_draw(
+    seed: int, position: int, vocab: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output position `position`'s draws: (a uniform [] in [0, 1), exponential noise [V]), the same whichever step
+    and whichever row of a forward the position falls in."""
+    generator = position_generator(seed, position, device)
+    uniform = torch.rand((), generator=generator, device=device, dtype=torch.float32)
+    noise = torch.empty((vocab,), device=device, dtype=torch.float32).exponential_(generator=generator)
+    return uniform, noise

@@ -232,6 +232,7 @@ def _sampling(body: dict, top_logprobs: int, top_param: str) -> SamplingParams:
         "top_k": top_k,
         "max_new_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
         "seed": secrets.randbelow(2**63) if seed is None else seed,
+        "seeded": seed is not None,
         "top_logprobs": top_logprobs,
     }
     values = {k: (SamplingParams.__dataclass_fields__[k].default if v is None else v) for k, v in values.items()}

@@ -26,10 +26,8 @@ from typing import Optional
 import torch
 
 from localspec.config import SamplingParams
-from localspec.runtime.sampling import logits_to_probs, sample_with_noise
+from localspec.runtime.sampling import logits_to_probs, position_draw, sample_with_noise
 from localspec.runtime.tree import TokenTree
-
-from .types import position_draw
 
 
 @dataclass(frozen=True)
@@ -48,6 +46,14 @@ def tree_position_draws(seed: int, start: int, tree: TokenTree, vocab: int, devi
     rows = [0] + tree.depth  # [N+1] the depth of each row
     uniforms = torch.stack([draws[d - 1][0] for d in tree.depth]) if tree.size else torch.zeros(0, device=device)
     return TreeDraws(uniforms=uniforms, noise=torch.stack([draws[d][1] for d in rows]))
+
+
+def verify_tree_at(logits: torch.Tensor, tree: TokenTree, sampling: SamplingParams, start: int) -> TreeVerdict:
+    """verify_tree with the draws of output positions start, start + 1, … (row 0 is position `start`)."""
+    draws = (
+        None if sampling.greedy else tree_position_draws(sampling.seed, start, tree, logits.shape[-1], logits.device)
+    )
+    return verify_tree(logits, tree, sampling, draws)
 
 
 def make_tree_draws(generator: torch.Generator, n_nodes: int, vocab: int, device: torch.device | str) -> TreeDraws:

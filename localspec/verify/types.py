@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from localspec.runtime.sampling import position_draw
+
 
 @dataclass(frozen=True)
 class SamplerDraws:
@@ -75,23 +77,6 @@ def make_draws(generator: torch.Generator, batch: int, k: int, vocab: int, devic
     noise = torch.empty((batch, k + 1, vocab), device=device, dtype=torch.float32)
     noise.exponential_(generator=generator)
     return SamplerDraws(uniforms=uniforms, noise=noise)
-
-
-def position_generator(seed: int, position: int, device: torch.device | str) -> torch.Generator:
-    """The generator of output position `position` of an answer seeded with `seed` (a fixed mix of the two)."""
-    key = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) % (2**63)
-    return torch.Generator(device=device).manual_seed(key)
-
-
-def position_draw(
-    seed: int, position: int, vocab: int, device: torch.device | str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Output position `position`'s draws: (a uniform [] in [0, 1), exponential noise [V]), the same whichever step
-    and whichever row of a forward the position falls in."""
-    generator = position_generator(seed, position, device)
-    uniform = torch.rand((), generator=generator, device=device, dtype=torch.float32)
-    noise = torch.empty((vocab,), device=device, dtype=torch.float32).exponential_(generator=generator)
-    return uniform, noise
 
 
 def position_draws(seed: int, start: int, k: int, vocab: int, device: torch.device | str) -> SamplerDraws:
