@@ -1,8 +1,11 @@
-"""Frozen configuration records shared by the engine, the CLI and the UI."""
+"""Frozen configuration records shared by the engine, the CLI and the UI, and the one reader of the environment
+(Environment: every LOCALSPEC_* variable, parsed by one rule)."""
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -233,3 +236,90 @@ class PairSpec:
         if self.head is not None and self.ngram is not None:
             names.append("history+head")
         return tuple(names)
+
+
+# ---- the environment -------------------------------------------------------------------------------------------------
+ForwardKind = Literal["lean", "transformers"]  # lean: runtime/lean_llama.py where it applies; transformers' own
+CompileMode = Literal["off", "default", "reduce-overhead"]  # runtime/compiled.py
+FORWARD_KINDS: tuple[ForwardKind, ...] = get_args(ForwardKind)
+COMPILE_MODES: tuple[CompileMode, ...] = get_args(CompileMode)
+SWITCH_ON, SWITCH_OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+# every variable the app reads, and what it does (`localspec --help` and docs/ name them from here)
+ENVIRONMENT = {
+    "LOCALSPEC_HOME": "the data folder (conversations, caches, built kernels); default: the user data folder",
+    "LOCALSPEC_ALLOW_DOWNLOAD": "switch, off: let transformers fetch a model from the hub (else HF_HUB_OFFLINE=1)",
+    "LOCALSPEC_API_KEY": "the key API clients send as 'Authorization: Bearer <key>' (needed on a non-loopback host)",
+    "LOCALSPEC_PASSWORD": "the chat window's password on a non-loopback host",
+    "LOCALSPEC_ALLOWED_HOSTS": "list: more Host names the server answers (server/guard.py)",
+    "LOCALSPEC_CORS_ORIGINS": "list: more origins a browser may call the API from (server/guard.py)",
+    "LOCALSPEC_BENCH_DATA": "the folder of the benchmark prompts (bench/prompts.py)",
+    "LOCALSPEC_Q4_KERNEL": "switch, on: the kernels' library (runtime/library.py); off keeps torch's kernels",
+    "LOCALSPEC_LAYER_KERNEL": "switch, on: the whole-layer kernel (runtime/layer_kernel.py); off keeps torch ops",
+    "LOCALSPEC_PACKED": "switch, on: oneDNN-prepacked bf16 linears (runtime/packed_linear.py)",
+    "LOCALSPEC_FORWARD": "lean (default) | transformers: the backbone forward (runtime/lean_llama.py)",
+    "LOCALSPEC_COMPILE": "off (default) | default | reduce-overhead: torch.compile of verify forwards",
+    "LOCALSPEC_WRITE_SCREENSHOT": "switch, off: tests/test_browser.py rewrites the README's screenshot",
+}
+
+
+def env_switch(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """The one rule for an on/off variable: unset or blank → default; 1/on/true/yes or 0/off/false/no (any case);
+    anything else is a ConfigError naming the variable."""
+    raw = environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in SWITCH_ON or raw in SWITCH_OFF:
+        return raw in SWITCH_ON
+    raise ConfigError(f"{name}={shown(raw)} is not a switch; use on or off (also 1/0, true/false, yes/no)")
+
+
+def env_list(environ: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """The one rule for a list variable: comma-separated, blanks dropped."""
+    return tuple(part.strip() for part in environ.get(name, "").split(",") if part.strip())
+
+
+def env_choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = environ.get(name, "").strip() or default
+    if raw not in choices:
+        raise ConfigError(f"{name}={shown(raw)} is not one of {', '.join(choices)}")
+    return raw
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Every LOCALSPEC_* variable (ENVIRONMENT says what each does), read and parsed here only. Modules take the
+    value they need from `Environment.read()` (or a record a test builds), never from os.environ."""
+
+    home: str | None = None
+    allow_download: bool = False
+    api_key: str | None = None
+    password: str | None = None
+    allowed_hosts: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    bench_data: str | None = None
+    q4_kernel: bool = True
+    layer_kernel: bool = True
+    packed: bool = True
+    forward: ForwardKind = "lean"
+    compile: CompileMode = "off"
+    write_screenshot: bool = False
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] | None = None) -> Environment:
+        env = os.environ if environ is None else environ
+        text = lambda name: env.get(name) or None  # noqa: E731
+        return cls(
+            home=text("LOCALSPEC_HOME"),
+            allow_download=env_switch(env, "LOCALSPEC_ALLOW_DOWNLOAD", False),
+            api_key=text("LOCALSPEC_API_KEY"),
+            password=text("LOCALSPEC_PASSWORD"),
+            allowed_hosts=env_list(env, "LOCALSPEC_ALLOWED_HOSTS"),
+            cors_origins=env_list(env, "LOCALSPEC_CORS_ORIGINS"),
+            bench_data=text("LOCALSPEC_BENCH_DATA"),
+            q4_kernel=env_switch(env, "LOCALSPEC_Q4_KERNEL", True),
+            layer_kernel=env_switch(env, "LOCALSPEC_LAYER_KERNEL", True),
+            packed=env_switch(env, "LOCALSPEC_PACKED", True),
+            forward=env_choice(env, "LOCALSPEC_FORWARD", FORWARD_KINDS, "lean"),  # type: ignore[arg-type]
+            compile=env_choice(env, "LOCALSPEC_COMPILE", COMPILE_MODES, "off"),  # type: ignore[arg-type]
+            write_screenshot=env_switch(env, "LOCALSPEC_WRITE_SCREENSHOT", False),
+        )

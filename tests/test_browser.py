@@ -628,7 +628,9 @@ def take_screenshot(browser, out: Path) -> Path:
 
 @pytest.mark.slow
 def test_screenshot_of_the_embedded_default(browser, tmp_path):
-    write = os.environ.get("LOCALSPEC_WRITE_SCREENSHOT") == "1"
+    from localspec.config import Environment
+
+    write = Environment.read().write_screenshot
     out = REPO / "assets" / "screenshot.png" if write else tmp_path / "screenshot.png"
     assert take_screenshot(browser, out) is not None, "the answer had no coloured code block or no accepted token"
     assert out.stat().st_size > 10_000
