@@ -287,39 +287,58 @@ def env_choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...], 
 
 @dataclass(frozen=True)
 class Environment:
-    """Every LOCALSPEC_* variable (ENVIRONMENT says what each does), read and parsed here only. Modules take the
-    value they need from `Environment.read()` (or a record a test builds), never from os.environ."""
+    """Every LOCALSPEC_* variable (ENVIRONMENT says what each does), read here only: `Environment.read()` takes them
+    from os.environ (or a mapping a test gives) at once, and each typed field parses its own variable by the one rule
+    of its kind when asked for, so a malformed switch is a ConfigError where it is used and never stops the rest
+    (the data folder, the server's keys). Modules take their values from here, never from os.environ."""
 
-    home: str | None = None
-    allow_download: bool = False
-    api_key: str | None = None
-    password: str | None = None
-    allowed_hosts: tuple[str, ...] = ()
-    cors_origins: tuple[str, ...] = ()
-    bench_data: str | None = None
-    q4_kernel: bool = True
-    layer_kernel: bool = True
-    packed: bool = True
-    forward: ForwardKind = "lean"
-    compile: CompileMode = "off"
-    write_screenshot: bool = False
+    raw: tuple[tuple[str, str], ...] = ()  # the LOCALSPEC_* variables as set, sorted
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> Environment:
         env = os.environ if environ is None else environ
-        text = lambda name: env.get(name) or None  # noqa: E731
-        return cls(
-            home=text("LOCALSPEC_HOME"),
-            allow_download=env_switch(env, "LOCALSPEC_ALLOW_DOWNLOAD", False),
-            api_key=text("LOCALSPEC_API_KEY"),
-            password=text("LOCALSPEC_PASSWORD"),
-            allowed_hosts=env_list(env, "LOCALSPEC_ALLOWED_HOSTS"),
-            cors_origins=env_list(env, "LOCALSPEC_CORS_ORIGINS"),
-            bench_data=text("LOCALSPEC_BENCH_DATA"),
-            q4_kernel=env_switch(env, "LOCALSPEC_Q4_KERNEL", True),
-            layer_kernel=env_switch(env, "LOCALSPEC_LAYER_KERNEL", True),
-            packed=env_switch(env, "LOCALSPEC_PACKED", True),
-            forward=env_choice(env, "LOCALSPEC_FORWARD", FORWARD_KINDS, "lean"),  # type: ignore[arg-type]
-            compile=env_choice(env, "LOCALSPEC_COMPILE", COMPILE_MODES, "off"),  # type: ignore[arg-type]
-            write_screenshot=env_switch(env, "LOCALSPEC_WRITE_SCREENSHOT", False),
-        )
+        return cls(tuple(sorted((k, v) for k, v in env.items() if k.startswith("LOCALSPEC_"))))
+
+    def _text(self, name: str) -> str | None:
+        return dict(self.raw).get(name) or None
+
+    home = property(lambda self: self._text("LOCALSPEC_HOME"))
+    api_key = property(lambda self: self._text("LOCALSPEC_API_KEY"))
+    password = property(lambda self: self._text("LOCALSPEC_PASSWORD"))
+    bench_data = property(lambda self: self._text("LOCALSPEC_BENCH_DATA"))
+
+    @property
+    def allow_download(self) -> bool:
+        return env_switch(dict(self.raw), "LOCALSPEC_ALLOW_DOWNLOAD", False)
+
+    @property
+    def allowed_hosts(self) -> tuple[str, ...]:
+        return env_list(dict(self.raw), "LOCALSPEC_ALLOWED_HOSTS")
+
+    @property
+    def cors_origins(self) -> tuple[str, ...]:
+        return env_list(dict(self.raw), "LOCALSPEC_CORS_ORIGINS")
+
+    @property
+    def q4_kernel(self) -> bool:
+        return env_switch(dict(self.raw), "LOCALSPEC_Q4_KERNEL", True)
+
+    @property
+    def layer_kernel(self) -> bool:
+        return env_switch(dict(self.raw), "LOCALSPEC_LAYER_KERNEL", True)
+
+    @property
+    def packed(self) -> bool:
+        return env_switch(dict(self.raw), "LOCALSPEC_PACKED", True)
+
+    @property
+    def forward(self) -> ForwardKind:
+        return env_choice(dict(self.raw), "LOCALSPEC_FORWARD", FORWARD_KINDS, "lean")  # type: ignore[return-value]
+
+    @property
+    def compile(self) -> CompileMode:
+        return env_choice(dict(self.raw), "LOCALSPEC_COMPILE", COMPILE_MODES, "off")  # type: ignore[return-value]
+
+    @property
+    def write_screenshot(self) -> bool:
+        return env_switch(dict(self.raw), "LOCALSPEC_WRITE_SCREENSHOT", False)

@@ -244,14 +244,14 @@ def test_the_embedded_targets_rows_as_plain_trees_are_bitwise(embedded_session):
 def test_a_long_prefill_runs_sdpa_in_the_exact_setup_and_the_rows_after_it_stay_plain(tiny_by_dtype, monkeypatch):
     # a prompt's prefill is the same forward in plain decoding and in speculation, so the exact setup need not run it
     # eagerly; the decode and verify rows after it must still round as plain decoding's
-    from localspec.runtime.model_runner import AS_PLAIN_MAX_ROWS
+    from localspec.runtime.plan import DECODE_MAX_ROWS
 
     model = tiny_by_dtype["bfloat16"]
     calls = []
     sdpa = lean_llama._sdpa
     monkeypatch.setattr(lean_llama, "_sdpa", lambda *args: calls.append(args[0].shape[2]) or sdpa(*args))
     runner = ModelRunner(model, compile="off", setup=exact_setup(model.dtype), forward="lean")
-    prompt_len = AS_PLAIN_MAX_ROWS + 36
+    prompt_len = DECODE_MAX_ROWS + 36
     ids = _ids(prompt_len + 20, model.config.vocab_size, seed=4)
     runner.reset()
     runner.extend(ids[:prompt_len], logits_to_keep=0)

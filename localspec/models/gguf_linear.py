@@ -106,12 +106,6 @@ def library_here_now() -> LibraryLoad:
     return library_here(cache_dir() / "kernels")
 
 
-def offer_library(model: torch.nn.Module) -> None:
-    """Offer this machine's kernels' library to a CPU target the loader did not build from a GGUF (its plan may run
-    decode / verify attention there); elsewhere the exact setup keeps eager attention."""
-    record_load(model, LoadRecord(library_here_now().library))
-
-
 def int4_kernel_note() -> str:
     """Which kernel a gguf target's int4 linears run on here, and why: for the CLI and the bench reports."""
     load = library_here_now()

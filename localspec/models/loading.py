@@ -255,8 +255,8 @@ def load_causal_lm(
         folder = gguf_cache_folder(path)
         cache = folder.with_name(folder.name + INT4_CACHE_SUFFIX)
         swap_in_q4_1_linears(model, path, cache, library_here_now())
-    elif role == "target" and device.type == "cpu":  # its forward plan may run decode / verify attention there
-        from .gguf_linear import offer_library
+    elif role == "target":  # its forward plan may run decode / verify attention there (runtime/plan.py)
+        from localspec.runtime.plan import offer_library
 
         offer_library(model)
     return model.eval(), folder

@@ -52,6 +52,7 @@ class Int4Linear(nn.Module):
         self.kernel = kernel
         self.register_buffer("packed", packed)  # the codes in the kernel's layout (module docstring)
         self.register_buffer("scales_zeros", scales_zeros)  # its scales and offsets
+        self._matmul = self._on_q4 if kernel is not None else self._on_torch  # the kernel it was built for
 
     @property
     def layout(self) -> Layout:
@@ -115,9 +116,13 @@ class Int4Linear(nn.Module):
                 part.scales_zeros = rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 → [..., N] bf16
-        if self.kernel is not None:  # buffers read from their dict: nn.Module's attribute fallback costs µs a call
-            buffers = self._buffers
-            return self.kernel.matmul(x, buffers["packed"], buffers["scales_zeros"], self.out_features)
+        return self._matmul(x)
+
+    def _on_q4(self, x: torch.Tensor) -> torch.Tensor:
+        buffers = self._buffers  # read from their dict: nn.Module's attribute fallback costs µs a call
+        return self.kernel.matmul(x, buffers["packed"], buffers["scales_zeros"], self.out_features)
+
+    def _on_torch(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # [rows, K]
         out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)  # [rows, N]
         return out.reshape(*x.shape[:-1], self.out_features)

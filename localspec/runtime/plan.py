@@ -82,8 +82,13 @@ def tensor_kernel(block_type: str, role: str, library: KernelLibrary | None, why
     return Choice(row.kernel, f"{block_type}: {row.why}")
 
 
-def library_here(build_dir, env: Environment | None = None) -> LibraryLoad:
-    """This machine's kernels' library under the environment's switches (load_library caches by them)."""
+def library_here(build_dir=None, env: Environment | None = None) -> LibraryLoad:
+    """This machine's kernels' library (built into the data folder's cache, or build_dir) under the environment's
+    switches (load_library caches by them, so a changed switch is read at the next load)."""
+    if build_dir is None:
+        from localspec.models.paths import cache_dir
+
+        build_dir = cache_dir() / "kernels"
     env = env or Environment.read()
     return load_library(build_dir, env.q4_kernel, env.layer_kernel)
 
@@ -107,6 +112,13 @@ def record_load(model: nn.Module, record: LoadRecord) -> None:
 
 def load_record(model: nn.Module) -> LoadRecord:
     return getattr(model, LOAD_ATTR, None) or LoadRecord(None)
+
+
+def offer_library(model: nn.Module) -> None:
+    """Offer this machine's library to a target the loader did not build from a GGUF: a CPU model's plan may run
+    decode / verify attention there (where it fits); another device's is offered none."""
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    record_load(model, LoadRecord(library_here().library if on_cpu else None))
 
 
 # ---- the forward setups -----------------------------------------------------------------------------------------
@@ -228,9 +240,7 @@ def offered_library(model: nn.Module, env: Environment | None = None) -> KernelL
     record = load_record(model)
     if record.library is not None or not row_invariant_layers(model):
         return record.library
-    from localspec.models.paths import cache_dir
-
-    return library_here(cache_dir() / "kernels", env).library
+    return library_here(env=env).library
 
 
 def exact_setup_for(model: nn.Module, library: KernelLibrary | None | bool = True) -> ForwardSetup:

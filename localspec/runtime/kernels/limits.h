@@ -4,7 +4,8 @@
  * Instruction sets, best first, picked by the compiler's target (-march=native):
  *   avx512bf16  AVX-512 BF16 with F, BW, VL (AMD Zen 4+, Intel Sapphire Rapids+)
  *   avx2        AVX2 with FMA and F16C (most desktop CPUs: Intel Haswell+, AMD Zen 1-3)
- * A target with neither does not compile (the #error below is the reason the loader reports). */
+ * The library does not compile for a target with neither (limits.c's #error is the reason the loader reports);
+ * the attention kernel alone also builds for plain x86-64 (its lanes are the scalar rule). */
 #ifndef LOCALSPEC_LIMITS_H
 #define LOCALSPEC_LIMITS_H
 
@@ -14,8 +15,6 @@
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LOCALSPEC_AVX2 1
 #define LOCALSPEC_ISA "avx2"
-#else
-#error "this CPU has neither instruction set the kernels are built for (AVX-512 BF16 with F, BW, VL; or AVX2 with FMA and F16C)"
 #endif
 
 #define LOCALSPEC_GROUP 32      /* weights per scale (and offset) along K: a GGUF block of Q4_1 or Q8_0 */
