@@ -96,11 +96,11 @@ def test_a_build_for_another_instruction_set_computes_the_same_bits(kernel, marc
     import ctypes
 
     from localspec.runtime.attention_kernel import AttentionKernel
-    from localspec.runtime.library import KERNELS, compile_library, cpu_flags
+    from localspec.runtime.library import SOURCE_DIR, compile_library, cpu_flags
 
     if march == "haswell" and not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("this CPU cannot run an AVX2 build")
-    library = compile_library([KERNELS / "attention.c"], tmp_path / f"attention-{march}.so", march=march)
+    library = compile_library([SOURCE_DIR / "attention.c"], tmp_path / f"attention-{march}.so", march=march)
     other = AttentionKernel(ctypes.CDLL(str(library)), kernel.limits)
     prefix, rows, scaling = 70, 9, DIM**-0.5
     visible = torch.eye(rows, dtype=torch.bool)

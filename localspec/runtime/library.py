@@ -33,9 +33,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-KERNELS = Path(__file__).with_name("kernels")
-SOURCES = tuple(KERNELS / name for name in ("limits.c", "q4_matmul.c", "q8_matmul.c", "attention.c", "layer.c"))
-HEADERS = tuple(KERNELS / name for name in ("limits.h", "scalar.h", "attention_body.h"))
+SOURCE_DIR = Path(__file__).with_name("kernels")  # the C sources
+SOURCES = tuple(SOURCE_DIR / name for name in ("limits.c", "q4_matmul.c", "q8_matmul.c", "attention.c", "layer.c"))
+HEADERS = tuple(SOURCE_DIR / name for name in ("limits.h", "scalar.h", "attention_body.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 DIGEST = ".sha256"  # the sidecar beside a built library: the sha256 of its bytes, hex
 

@@ -149,12 +149,17 @@ class ForwardSetup:
         whole = -(-rows // self.row_multiple) * self.row_multiple
         return max(whole, self.min_rows) if rows else 0
 
+    @property
+    def rows(self) -> str:
+        """The rows of its forwards in words: '1-row decode', '≥ 8 rows, multiples of 8'."""
+        rows = "1-row decode" if self.min_rows == 1 else f"≥ {self.min_rows} rows"
+        return rows + (f", multiples of {self.row_multiple}" if self.row_multiple > 1 else "")
+
     def describe(self) -> str:
         """The setup in words, e.g. 'eager + mask, ≥ 2 rows' or 'attention kernel, 1-row decode'."""
         if self == FAST:
             return "fast"
-        rows = "1-row decode" if self.min_rows == 1 else f"≥ {self.min_rows} rows"
-        rows += f", multiples of {self.row_multiple}" if self.row_multiple > 1 else ""
+        rows = self.rows
         if self.attention_kernel:
             return f"attention kernel, {rows}"
         plain = ", rows as plain" if self.rows_as_plain else ""
@@ -243,12 +248,16 @@ def offered_library(model: nn.Module, env: Environment | None = None) -> KernelL
     return library_here(env=env).library
 
 
-def exact_setup_for(model: nn.Module, library: KernelLibrary | None | bool = True) -> ForwardSetup:
+def exact_setup_for(
+    model: nn.Module, library: KernelLibrary | None | bool = True, env: Environment | None = None
+) -> ForwardSetup:
     """The exact setup for this model: where every decoder linear is row-invariant, 1-row decode forwards, else
     exact_setup of its dtype with its dummy rows; decode / verify attention on the attention kernel wherever the
-    lean forward can run it (library: the offered one by default)."""
-    library = offered_library(model) if library is True else library or None
-    kernel = lean_supported(model) and _attention_kernel_fits(model, library)[0]
+    lean forward can run it (library: the offered one by default; the lean forward unless LOCALSPEC_FORWARD says
+    otherwise)."""
+    env = env or Environment.read()
+    library = offered_library(model, env) if library is True else library or None
+    kernel = env.forward == "lean" and lean_supported(model) and _attention_kernel_fits(model, library)[0]
     if row_invariant_layers(model):
         return ForwardSetup(attention="eager", explicit_mask=True, attention_kernel=kernel)
     dtype = model.get_input_embeddings().weight.dtype
@@ -372,7 +381,7 @@ def plan_forward(
     record = load_record(model)
     library = offered_library(model, env)
     if setup is None:
-        setup = exact_setup_for(model, library) if exact else FAST
+        setup = exact_setup_for(model, library, env) if exact else FAST
     cache = cache if cache == "dynamic" or cache_supported(model.config) else "dynamic"
     compile = env.compile if compile is None else compile
     wanted = env.forward if forward is None else forward
@@ -401,18 +410,23 @@ def plan_forward(
         rows_why = "every decoder linear is row-invariant" if row_invariant and setup != FAST else "the fast setup"
         dummy = Choice("no dummy rows", rows_why)
     else:
-        dummy = Choice(setup.describe().split(", ", 1)[-1], "torch's matmuls round a row by the row count (EXACT_ROWS)")
+        dummy = Choice(setup.rows, "torch's matmuls round a row by the row count (EXACT_ROWS)")
     layer_on = decode.value == "kernel" and row_invariant and library is not None and library.layer is not None
-    layer = Choice("on" if layer_on else "off", "whole layers in one C call (bf16 layers on q4)" if layer_on
-                   else ("; ".join(library.notes) or "decode attention is not on the kernel") if library is not None
-                   else "no library")  # fmt: skip
+    if layer_on:
+        layer = Choice("on", "whole layers in one C call (bf16 layers on q4, fused)")
+    elif library is None or decode.value != "kernel":
+        layer = Choice("off", "decode / verify attention is not on the attention kernel")
+    elif not row_invariant:
+        layer = Choice("off", "the decoder linears are not all on the q4 kernel")
+    else:
+        layer = Choice("off", "; ".join(library.notes))
     if record.head is not None:
         head = Choice("q8", "the file's Q8_0 token embedding, tied: " + KERNELS["Q8_0"].why)
     else:
         head = packing(env)
     return ForwardPlan(
         setup=setup,
-        setup_id=setup_id(setup, row_invariant),
+        setup_id=setup_id(dataclasses.replace(setup, attention_kernel=decode.value == "kernel"), row_invariant),
         forward="lean" if lean else "transformers",
         forward_reason=why_forward,
         cache=cache,
