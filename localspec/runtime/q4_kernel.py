@@ -27,45 +27,41 @@ FLOAT32_EPS = 2.0**-24  # unit roundoff of the float32 sums
 BF16_REL = 2.0**-7  # the output's rounding to bfloat16 moves it by at most this, relative
 
 
-def _matmul_fn(fn):
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-    fn.restype = ctypes.c_int
-    return fn
+class BlockMatmul:
+    """A matmul of the library on weights packed in blocks: `matmul(x, codes, scales, out_features)`: x [..., K]
+    bf16 → [..., N] in OUT. A block type's kernel is a subclass naming its C function (kernels/<KIND>_matmul.c)."""
 
-
-def _run(fn, what: str, x: torch.Tensor, codes, scales, out_features: int, out_dtype: torch.dtype) -> torch.Tensor:
-    if x.dtype != torch.bfloat16:
-        raise TypeError(f"the {what} kernel takes bfloat16 activations, not {x.dtype}")
-    x = x if x.is_contiguous() else x.contiguous()  # [..., K]
-    k = x.shape[-1]
-    rows = x.numel() // k if k else 0
-    out = x.new_empty((*x.shape[:-1], out_features), dtype=out_dtype)  # [..., N]
-    args = (x.data_ptr(), codes.data_ptr(), scales.data_ptr(), out.data_ptr(), rows, k, out_features)
-    if rows and fn(*args, torch.get_num_threads()):
-        raise MemoryError(f"{what} kernel: out of memory for the row sums")
-    return out
-
-
-class Q4Matmul:
-    """The library's q4 matmul: `matmul(x, codes, dm, out_features)`: x [..., K] bf16 → [..., N] bf16 (pack_q4's
-    layout)."""
+    KIND = ""
+    OUT = torch.bfloat16
 
     def __init__(self, library: ctypes.CDLL):
-        self._fn = _matmul_fn(library.q4_matmul)
+        self._fn = getattr(library, f"{self.KIND}_matmul")
+        self._fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+        self._fn.restype = ctypes.c_int
 
-    def matmul(self, x: torch.Tensor, codes: torch.Tensor, dm: torch.Tensor, out_features: int) -> torch.Tensor:
-        return _run(self._fn, "q4", x, codes, dm, out_features, torch.bfloat16)
+    def matmul(self, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out_features: int) -> torch.Tensor:
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"the {self.KIND} kernel takes bfloat16 activations, not {x.dtype}")
+        x = x if x.is_contiguous() else x.contiguous()  # [..., K]
+        k = x.shape[-1]
+        rows = x.numel() // k if k else 0
+        out = x.new_empty((*x.shape[:-1], out_features), dtype=self.OUT)  # [..., N]
+        args = (x.data_ptr(), codes.data_ptr(), scales.data_ptr(), out.data_ptr(), rows, k, out_features)
+        if rows and self._fn(*args, torch.get_num_threads()):
+            raise MemoryError(f"{self.KIND} kernel: out of memory for the row sums")
+        return out
 
 
-class Q8Matmul:
-    """The library's q8 matmul: `matmul(x, codes, d, out_features)`: x [..., K] bf16 → [..., N] float32 (pack_q8's
-    layout)."""
+class Q4Matmul(BlockMatmul):
+    """The q4 matmul: codes and dm in pack_q4's layout, bf16 outputs."""
 
-    def __init__(self, library: ctypes.CDLL):
-        self._fn = _matmul_fn(library.q8_matmul)
+    KIND, OUT = "q4", torch.bfloat16
 
-    def matmul(self, x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, out_features: int) -> torch.Tensor:
-        return _run(self._fn, "q8", x, codes, d, out_features, torch.float32)
+
+class Q8Matmul(BlockMatmul):
+    """The q8 matmul: codes and d in pack_q8's layout, float32 outputs (logits)."""
+
+    KIND, OUT = "q8", torch.float32
 
 
 def pack_q4(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
