@@ -290,5 +290,6 @@ def swap_in_q4_1_linears(
     for name, layer in layers.linears.items():
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, layer)
-    record_load(model, LoadRecord(library, layers.choices, layers.head))
+    linears = tuple((name, choice) for name, choice in layers.choices if name != "lm_head")  # the head: the plan's
+    record_load(model, LoadRecord(library, linears, layers.head))
     return len(layers.linears)
