@@ -26,7 +26,7 @@ from localspec.proposers import DraftModelProposer, NgramProposer
 from localspec.proposers.base import Proposer
 from localspec.proposers.history import HistoryProposer, SuffixIndex
 from localspec.proposers.lookup_first import LookupFirstProposer
-from localspec.runtime.model_runner import FAST, ForwardSetup
+from localspec.runtime.plan import ForwardPlan
 
 TRUNCATION_POLICY = (
     "When a conversation no longer fits the model's context, the oldest turns are left out first (the system "
@@ -68,18 +68,18 @@ class IncrementalDetokenizer:
 LOOKUP_FIRST_MIN_N = 2  # ngram+head: shortest n-gram match the lookup drafts from before the head takes over
 
 
-def _verify_prior(loaded: LoadedPair, setup: ForwardSetup) -> tuple[float, float, int] | None:
+def _verify_prior(loaded: LoadedPair, plan: ForwardPlan) -> tuple[float, float, int] | None:
     """(1-token seconds, (K+1)-token seconds, K+1) of the target in the setup its engine runs: the dtype
     decision's load-time timings where they are of that setup (the fast one), else timed now (about 20 forwards:
     the exact setup's rows cost another share of a step, on the layer kernel more than the fast setup's)."""
-    if setup == FAST:
+    if plan.setup_id == "fast":
         decision = loaded.dtype
         timed = [t for t in decision.timings if t.dtype == decision.dtype] if decision is not None else []
         return (timed[0].plain_s, timed[0].verify_s, decision.k + 1) if timed else None
     from localspec.models.dtype_choice import time_forwards
 
     rows = max(loaded.spec.k, 1) + 1
-    measured = time_forwards({"target": loaded.target}, (1, rows), setups={"target": setup}).get("target")
+    measured = time_forwards({"target": loaded.target}, (1, rows), setups={"target": plan.setup}).get("target")
     return (measured[1], measured[rows], rows) if measured else None
 
 
@@ -90,7 +90,7 @@ class ChatSession:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.engine = Engine(loaded.target, stop_token_ids(self.tokenizer), exact=loaded.exact_on)
-        prior = _verify_prior(loaded, self.engine.target.setup)
+        prior = _verify_prior(loaded, self.engine.target.plan)
         if prior is not None:  # the target's own 1-token and (K+1)-token forwards, timed on this machine
             self.engine.controllers.verify.set_prior(*prior)
         from localspec.verify.warmup import warm_up_sampler

@@ -1,8 +1,11 @@
-"""Frozen configuration records shared by the engine, the CLI and the UI."""
+"""Frozen configuration records shared by the engine, the CLI and the UI, and the one reader of the environment
+(Environment: every LOCALSPEC_* variable, parsed by one rule)."""
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -239,3 +242,109 @@ class PairSpec:
         if self.head is not None and self.ngram is not None:
             names.append("history+head")
         return tuple(names)
+
+
+# ---- the environment -------------------------------------------------------------------------------------------------
+ForwardKind = Literal["lean", "transformers"]  # lean: runtime/lean_llama.py where it applies; transformers' own
+CompileMode = Literal["off", "default", "reduce-overhead"]  # runtime/compiled.py
+FORWARD_KINDS: tuple[ForwardKind, ...] = get_args(ForwardKind)
+COMPILE_MODES: tuple[CompileMode, ...] = get_args(CompileMode)
+SWITCH_ON, SWITCH_OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+# every variable the app reads, and what it does (`localspec --help` and docs/ name them from here)
+ENVIRONMENT = {
+    "LOCALSPEC_HOME": "the data folder (conversations, caches, built kernels); default: the user data folder",
+    "LOCALSPEC_ALLOW_DOWNLOAD": "switch, off: let transformers fetch a model from the hub (else HF_HUB_OFFLINE=1)",
+    "LOCALSPEC_API_KEY": "the key API clients send as 'Authorization: Bearer <key>' (needed on a non-loopback host)",
+    "LOCALSPEC_PASSWORD": "the chat window's password on a non-loopback host",
+    "LOCALSPEC_ALLOWED_HOSTS": "list: more Host names the server answers (server/guard.py)",
+    "LOCALSPEC_CORS_ORIGINS": "list: more origins a browser may call the API from (server/guard.py)",
+    "LOCALSPEC_BENCH_DATA": "the folder of the benchmark prompts (bench/prompts.py)",
+    "LOCALSPEC_Q4_KERNEL": "switch, on: the kernels' library (runtime/library.py); off keeps torch's kernels",
+    "LOCALSPEC_LAYER_KERNEL": "switch, on: the whole-layer kernel (runtime/layer_kernel.py); off keeps torch ops",
+    "LOCALSPEC_PACKED": "switch, on: oneDNN-prepacked bf16 linears (runtime/packed_linear.py)",
+    "LOCALSPEC_FORWARD": "lean (default) | transformers: the backbone forward (runtime/lean_llama.py)",
+    "LOCALSPEC_COMPILE": "off (default) | default | reduce-overhead: torch.compile of verify forwards",
+    "LOCALSPEC_WRITE_SCREENSHOT": "switch, off: tests/test_browser.py rewrites the README's screenshot",
+}
+
+
+def env_switch(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """The one rule for an on/off variable: unset or blank → default; 1/on/true/yes or 0/off/false/no (any case);
+    anything else is a ConfigError naming the variable."""
+    raw = environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in SWITCH_ON or raw in SWITCH_OFF:
+        return raw in SWITCH_ON
+    raise ConfigError(f"{name}={shown(raw)} is not a switch; use on or off (also 1/0, true/false, yes/no)")
+
+
+def env_list(environ: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """The one rule for a list variable: comma-separated, blanks dropped."""
+    return tuple(part.strip() for part in environ.get(name, "").split(",") if part.strip())
+
+
+def env_choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = environ.get(name, "").strip() or default
+    if raw not in choices:
+        raise ConfigError(f"{name}={shown(raw)} is not one of {', '.join(choices)}")
+    return raw
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Every LOCALSPEC_* variable (ENVIRONMENT says what each does), read here only: `Environment.read()` takes them
+    from os.environ (or a mapping a test gives) at once, and each typed field parses its own variable by the one rule
+    of its kind when asked for, so a malformed switch is a ConfigError where it is used and never stops the rest
+    (the data folder, the server's keys). Modules take their values from here, never from os.environ."""
+
+    raw: tuple[tuple[str, str], ...] = ()  # the LOCALSPEC_* variables as set, sorted
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] | None = None) -> Environment:
+        env = os.environ if environ is None else environ
+        return cls(tuple(sorted((k, v) for k, v in env.items() if k.startswith("LOCALSPEC_"))))
+
+    def _text(self, name: str) -> str | None:
+        return dict(self.raw).get(name) or None
+
+    home = property(lambda self: self._text("LOCALSPEC_HOME"))
+    api_key = property(lambda self: self._text("LOCALSPEC_API_KEY"))
+    password = property(lambda self: self._text("LOCALSPEC_PASSWORD"))
+    bench_data = property(lambda self: self._text("LOCALSPEC_BENCH_DATA"))
+
+    @property
+    def allow_download(self) -> bool:
+        return env_switch(dict(self.raw), "LOCALSPEC_ALLOW_DOWNLOAD", False)
+
+    @property
+    def allowed_hosts(self) -> tuple[str, ...]:
+        return env_list(dict(self.raw), "LOCALSPEC_ALLOWED_HOSTS")
+
+    @property
+    def cors_origins(self) -> tuple[str, ...]:
+        return env_list(dict(self.raw), "LOCALSPEC_CORS_ORIGINS")
+
+    @property
+    def q4_kernel(self) -> bool:
+        return env_switch(dict(self.raw), "LOCALSPEC_Q4_KERNEL", True)
+
+    @property
+    def layer_kernel(self) -> bool:
+        return env_switch(dict(self.raw), "LOCALSPEC_LAYER_KERNEL", True)
+
+    @property
+    def packed(self) -> bool:
+        return env_switch(dict(self.raw), "LOCALSPEC_PACKED", True)
+
+    @property
+    def forward(self) -> ForwardKind:
+        return env_choice(dict(self.raw), "LOCALSPEC_FORWARD", FORWARD_KINDS, "lean")  # type: ignore[return-value]
+
+    @property
+    def compile(self) -> CompileMode:
+        return env_choice(dict(self.raw), "LOCALSPEC_COMPILE", COMPILE_MODES, "off")  # type: ignore[return-value]
+
+    @property
+    def write_screenshot(self) -> bool:
+        return env_switch(dict(self.raw), "LOCALSPEC_WRITE_SCREENSHOT", False)

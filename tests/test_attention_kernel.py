@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localspec.models.gguf_linear import q4_kernel_here
+from localspec.models.gguf_linear import library_here_now
 from localspec.runtime import attention_kernel
 from localspec.runtime.attention_kernel import DTYPES, reference_and_bound, self_check
 
@@ -17,10 +17,10 @@ HEADS, KV_HEADS, DIM = 9, 3, 64  # the embedded model's attention
 
 @pytest.fixture(scope="module")
 def kernel():
-    load = q4_kernel_here()
-    if load.kernel is None or load.kernel.attention is None:
+    load = library_here_now()
+    if load.library is None or load.library.attention is None:
         pytest.skip(f"attention kernel: {load.status.reason}")
-    return load.kernel.attention
+    return load.library.attention
 
 
 def _inputs(prefix: int, rows: int, seed: int, capacity_extra: int = 5, dtype: torch.dtype = torch.bfloat16):
@@ -96,12 +96,12 @@ def test_a_build_for_another_instruction_set_computes_the_same_bits(kernel, marc
     import ctypes
 
     from localspec.runtime.attention_kernel import AttentionKernel
-    from localspec.runtime.q4_kernel import KERNELS, compile_library, cpu_flags
+    from localspec.runtime.library import SOURCE_DIR, compile_library, cpu_flags
 
     if march == "haswell" and not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("this CPU cannot run an AVX2 build")
-    library = compile_library([KERNELS / "attention.c"], tmp_path / f"attention-{march}.so", march=march)
-    other = AttentionKernel(ctypes.CDLL(str(library)))
+    library = compile_library([SOURCE_DIR / "attention.c"], tmp_path / f"attention-{march}.so", march=march)
+    other = AttentionKernel(ctypes.CDLL(str(library)), kernel.limits)
     prefix, rows, scaling = 70, 9, DIM**-0.5
     visible = torch.eye(rows, dtype=torch.bool)
     visible[:, 0] = True
@@ -147,7 +147,7 @@ def test_the_engines_exact_setup_runs_it_where_the_layers_are_on_the_q4_kernel(e
 
     model = embedded_session.engine.target.model
     setup = exact_setup_for(model)
-    assert setup.attention_kernel and setup.padded(1) == 1 and setup.name == "attention kernel, 1-row decode"
+    assert setup.attention_kernel and setup.padded(1) == 1 and setup.describe() == "attention kernel, 1-row decode"
 
 
 @pytest.mark.slow
@@ -156,12 +156,14 @@ def test_the_embedded_targets_chains_and_trees_on_it_are_plain_decodings_rows_bi
 ):
     from localspec.runtime.lean_llama import backbone_for
     from localspec.runtime.model_runner import exact_setup_for
+    from localspec.runtime.plan import plan_forward
 
     from .test_lean_llama import unequal_chain_rows, unequal_tree_rows
 
     model = embedded_session.engine.target.model
     setup = exact_setup_for(model)
-    for layer in backbone_for(model, "lean", preallocated=True)[1].layers:  # its torch-op layers, which call attend
+    lean = backbone_for(model, plan_forward(model, forward="lean"))[1]
+    for layer in lean.layers:  # its torch-op layers, which call attend
         monkeypatch.setattr(layer, "layer_kernel", None)
     _assert_plain_rows_and_that_the_check_can_fail(
         monkeypatch, lambda: (unequal_chain_rows(model, setup), unequal_tree_rows(model, setup))
@@ -213,13 +215,13 @@ def test_a_setup_asking_for_the_kernel_on_layers_without_it_runs_their_eager_att
 def test_a_dense_targets_exact_setup_takes_the_attached_kernel_and_its_trees_become_plain_rows(
     tiny_pair, kernel, monkeypatch, dtype
 ):
-    """The loader attaches the kernel to a CPU target off the q4 kernel (attach_attention_kernel): its exact setup
+    """The loader offers the library to a CPU target off the q4 kernel (gguf_linear.offer_library): its exact setup
     then runs decode / verify attention there, with the dtype's dummy rows for the linears, and chain and tree rows
     (which eager attention leaves unequal on real models: assets/rounding/epyc/) are plain decoding's."""
     from transformers import AutoModelForCausalLM
 
-    from localspec.runtime.attention_kernel import attach_attention_kernel
     from localspec.runtime.model_runner import exact_setup, exact_setup_for
+    from localspec.runtime.plan import LoadRecord, record_load
     from localspec.verify.guarantee import guarantee_for_model
 
     from .test_exact import unequal_rows
@@ -229,11 +231,11 @@ def test_a_dense_targets_exact_setup_takes_the_attached_kernel_and_its_trees_bec
         return AutoModelForCausalLM.from_pretrained(tiny_pair["target"], dtype=dtype).eval()
 
     bare, model = fresh(), fresh()
-    attach_attention_kernel(model, kernel)
-    assert exact_setup_for(bare) == exact_setup(dtype)  # nothing attached: eager attention
+    record_load(model, LoadRecord(library_here_now().library))
+    assert exact_setup_for(bare) == exact_setup(dtype)  # nothing offered: eager attention
     setup = exact_setup_for(model)
     plain_rows = exact_setup(dtype).padded(1)
-    assert setup.attention_kernel and setup.padded(1) == plain_rows and setup.name.startswith("attention kernel")
+    assert setup.attention_kernel and setup.padded(1) == plain_rows and setup.describe().startswith("attention kernel")
     assert "attention kernel" in guarantee_for_model(model, "none", "cpu", exact=True).path
     _assert_plain_rows_and_that_the_check_can_fail(
         monkeypatch, lambda: (unequal_rows(model, setup), unequal_tree_rows(model, setup)), plain_rows

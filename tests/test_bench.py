@@ -302,10 +302,10 @@ def test_bench_reports_the_dtype_decision_the_float32_baseline_and_per_row_costs
     assert data["machine"]["dtype"]["dtype"] == "bfloat16" and data["machine"]["dtype"]["how"] == "measured"
     assert list(data["machine"]["verify_ms"]) == [str(t) for t in range(1, 10)]
     assert data["machine"]["verify_ms"]["9"] == pytest.approx(90.0)
-    from localspec.models.gguf_linear import q4_kernel_here
+    from localspec.models.gguf_linear import library_here_now
 
-    load = q4_kernel_here()  # where the attention kernel loads, the loader attached it: the exact setup runs on it
-    on_kernel = load.kernel is not None and load.kernel.attention is not None
+    load = library_here_now()  # where the attention kernel loads, the loader offered it: the exact setup runs on it
+    on_kernel = load.library is not None and load.library.attention is not None
     engine_setup = dataclasses.replace(exact_setup(torch.bfloat16), attention_kernel=on_kernel)
     assert per_row_setups == [{"target": engine_setup}]  # the rows timed as the engine runs them
     for prompt in data["prompts"]:

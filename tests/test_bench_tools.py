@@ -73,7 +73,7 @@ def test_bench_rounding_parses_its_options_and_names_what_the_measurement_knows(
 def test_bench_kernels_runs_a_small_case(tmp_path, capsys):
     """One build, the q8 head at 1 row, one round: the table lands in --out (compiles the library: slow)."""
     pytest.importorskip("ctypes")
-    from localspec.runtime.q4_kernel import _missing
+    from localspec.runtime.library import _missing
 
     if _missing() is not None:
         pytest.skip(f"the kernels' library cannot be built here: {_missing()}")

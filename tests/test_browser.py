@@ -8,7 +8,6 @@ rewrites assets/screenshot.png from the embedded default model.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -601,7 +600,9 @@ def take_screenshot(browser, out: Path) -> Path:
     measured costs, and where verify rows cost much, as on the AVX2-only Zen 3 EPYC, it can run a whole answer plain:
     a picture of accepted tokens then needs speculation kept on.)"""
     # a fresh data folder (no saved conversations, no logs left behind) sharing the converted-model cache
-    cache = Path(os.environ.get("LOCALSPEC_HOME", REPO / ".localspec-home")) / "cache"
+    from localspec.config import Environment
+
+    cache = Path(Environment.read().home or REPO / ".localspec-home") / "cache"
     cache.mkdir(parents=True, exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="localspec-screenshot-"))
     (home / "cache").symlink_to(cache.resolve(), target_is_directory=True)
@@ -628,7 +629,9 @@ def take_screenshot(browser, out: Path) -> Path:
 
 @pytest.mark.slow
 def test_screenshot_of_the_embedded_default(browser, tmp_path):
-    write = os.environ.get("LOCALSPEC_WRITE_SCREENSHOT") == "1"
+    from localspec.config import Environment
+
+    write = Environment.read().write_screenshot
     out = REPO / "assets" / "screenshot.png" if write else tmp_path / "screenshot.png"
     assert take_screenshot(browser, out) is not None, "the answer had no coloured code block or no accepted token"
     assert out.stat().st_size > 10_000

@@ -79,6 +79,7 @@ def test_the_verify_prior_is_timed_in_the_forward_setup_the_engine_runs(monkeypa
     decision = DtypeDecision("bfloat16", "measured", k=3, timings=(Timing("bfloat16", 0.020, 0.021, 0.0),))
     loaded = SimpleNamespace(dtype=decision, target=object(), spec=SimpleNamespace(k=3))
     exact = exact_setup(torch.bfloat16)
-    assert chat._verify_prior(loaded, exact) == (0.010, 0.016, 4)
+    plan = lambda setup, name: SimpleNamespace(setup=setup, setup_id=name)  # noqa: E731  (the plan's two fields read)
+    assert chat._verify_prior(loaded, plan(exact, "exact")) == (0.010, 0.016, 4)
     assert calls == [((1, 4), {"target": exact})]
-    assert chat._verify_prior(loaded, FAST) == (0.020, 0.021, 4) and len(calls) == 1  # the load-time timings
+    assert chat._verify_prior(loaded, plan(FAST, "fast")) == (0.020, 0.021, 4) and len(calls) == 1  # load-time ones

@@ -47,6 +47,20 @@ def test_generate_json_tiny(tiny_pair, proposer):
     kinds = {e["kind"] for e in out["events"]}
     assert (kinds == {"target"}) if proposer == "none" else kinds <= {"accepted", "resampled", "bonus", "target"}
     assert len(out["token_ids"]) <= 16
+    plan = out["plan"]  # the target's forward plan: each choice with its reason
+    assert plan["setup"] in ("fast", "exact", "exact-kernels", "exact-attention") and plan["summary"].startswith(
+        plan["setup"]
+    )
+    for name in (
+        "library",
+        "lm_head",
+        "decode_attention",
+        "prefill_attention",
+        "dummy_rows",
+        "layer_kernel",
+        "forward",
+    ):
+        assert plan[name]["value"] and plan[name]["reason"], name
 
 
 def test_bad_arguments_give_a_message_not_a_traceback(tiny_pair):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.config import ConfigError, Environment, SamplingParams, SpecConfig
 from localspec.engine.loop import Engine
 from localspec.proposers import DraftModelProposer
 from localspec.runtime import compiled
@@ -29,14 +29,11 @@ def test_buckets():
     assert [compiled.bucket(n) for n in (1, 2, 3, 5, 9, 16, 17)] == [1, 2, 4, 8, 16, 16, None]
 
 
-def test_the_flag_is_checked(monkeypatch):
-    monkeypatch.setenv(compiled.ENV, "fastest")
+def test_the_flag_is_checked():
     with pytest.raises(ConfigError, match="LOCALSPEC_COMPILE"):
-        compiled.compile_mode_from_env()
-    monkeypatch.setenv(compiled.ENV, "default")
-    assert compiled.compile_mode_from_env() == "default"
-    monkeypatch.delenv(compiled.ENV)
-    assert compiled.compile_mode_from_env() == "off"
+        assert Environment.read({"LOCALSPEC_COMPILE": "fastest"}).compile
+    assert Environment.read({"LOCALSPEC_COMPILE": "default"}).compile == "default"
+    assert Environment.read({}).compile == "off"
 
 
 def test_padded_buckets_keep_the_real_rows_and_the_cache(tiny_models):

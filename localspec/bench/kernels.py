@@ -17,10 +17,11 @@ from pathlib import Path
 import torch
 
 from localspec.config import ConfigError
-from localspec.runtime import attention_kernel, layer_kernel, q4_kernel
+from localspec.runtime import attention_kernel, layer_kernel, library, q4_kernel
 from localspec.runtime.attention_kernel import AttentionKernel
 from localspec.runtime.layer_kernel import LayerKernel, LayerWeights, rotary
-from localspec.runtime.q4_kernel import GROUP, HEADERS, SOURCES, Q4Kernel, compile_library, pack_q4, pack_q8
+from localspec.runtime.library import HEADERS, SOURCES, Limits, compile_library
+from localspec.runtime.q4_kernel import GROUP, Q4Matmul, Q8Matmul, pack_q4, pack_q8
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ("q4", "q8", "attention", "layer")
@@ -43,13 +44,14 @@ class Build:
     missing says why."""
 
     name: str
-    q4: Q4Kernel | None
+    q4: Q4Matmul | None
+    q8: Q8Matmul | None
     attention: AttentionKernel | None
     layer: LayerKernel | None
     missing: dict[str, str]
 
     def kernel(self, name: str):
-        return self.q4 if name in ("q4", "q8") else getattr(self, name)
+        return getattr(self, name)
 
 
 def sources_at(rev: str, folder: Path) -> list[Path]:
@@ -67,35 +69,35 @@ def sources_at(rev: str, folder: Path) -> list[Path]:
 
 def load_build(name: str, sources: list[Path], target: Path, march: str = "native") -> Build:
     """Compile `sources` for `march` into target and load each kernel of it after its self-check."""
-    missing_here = q4_kernel._missing()
+    missing_here = library._missing()
     if missing_here is not None:
         raise ConfigError(f"the kernels' library cannot be built here: {missing_here}")
     try:
-        library = ctypes.CDLL(str(compile_library(sources, target, march)))
+        handle = ctypes.CDLL(str(compile_library(sources, target, march)))
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         raise ConfigError(f"building {name} for {march} failed: {exc}") from exc
     missing: dict[str, str] = {}
-    q4 = Q4Kernel(library)
-    problem = q4_kernel.self_check(q4) or q4_kernel.q8_self_check(q4)
+    q4, q8 = Q4Matmul(handle), Q8Matmul(handle)
+    problem = q4_kernel.self_check(q4) or q4_kernel.q8_self_check(q8)
     if problem is not None:
         missing["q4"] = missing["q8"] = f"self-check failed: {problem}"
     attention = layer = None
     try:
-        attention = AttentionKernel(library)
+        attention = AttentionKernel(handle, Limits.of(handle))
         problem = attention_kernel.self_check(attention)
         if problem is not None:
             missing["attention"], attention = f"self-check failed: {problem}", None
     except AttributeError as exc:  # an older revision's library without the kernel
         missing["attention"] = f"not in this build ({exc})"
     try:
-        layer = LayerKernel(library)
-        q4.attention = attention
-        problem = None if attention is None else layer_kernel.self_check(layer, q4)
+        layer = LayerKernel(handle)
+        problem = None if attention is None else layer_kernel.self_check(layer, q4, attention)
         if attention is None or problem is not None:
             missing["layer"], layer = f"self-check failed: {problem}" if problem else "no attention kernel", None
     except AttributeError as exc:
         missing["layer"] = f"not in this build ({exc})"
-    return Build(name, None if "q4" in missing else q4, attention, layer, missing)
+    checked = "q4" not in missing
+    return Build(name, q4 if checked else None, q8 if checked else None, attention, layer, missing)
 
 
 def _q4_weights(n: int, k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,7 +143,7 @@ def prepare(kernel: str, rows: int, cached: int, seed: int = 0) -> Call:
         codes = torch.randint(-128, 128, (VOCAB, HIDDEN), generator=generator).to(torch.int8)
         packed, scales = pack_q8(codes, (torch.rand(VOCAB, HIDDEN // 32, generator=generator) * 0.01).half())
         x = torch.randn(rows, HIDDEN, generator=generator).to(torch.bfloat16)
-        return lambda build: lambda: build.q4.matmul_q8(x, packed, scales, VOCAB)
+        return lambda build: lambda: build.q8.matmul(x, packed, scales, VOCAB)
     if kernel == "attention":
         q = torch.randn(1, HEADS, rows, DIM, generator=generator).mul(3).to(torch.bfloat16)  # [1, H, T, D]
         cache = _Cache(cached, rows, generator)

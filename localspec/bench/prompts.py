@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from localspec.config import ConfigError
+from localspec.config import ConfigError, Environment
 
 MT_BENCH_FILE = "mt_bench_question.jsonl"
 HUMANEVAL_FILE = "HumanEval.jsonl.gz"
@@ -28,7 +27,7 @@ class BenchPrompt:
 def default_data_dir() -> Path:
     """$LOCALSPEC_BENCH_DATA, else ../shared/data next to the repository, else /work/shared/data."""
     candidates = [
-        os.environ.get("LOCALSPEC_BENCH_DATA"),
+        Environment.read().bench_data,
         Path(__file__).resolve().parents[3] / "shared" / "data",
         "/work/shared/data",
     ]

@@ -256,6 +256,8 @@ def to_markdown(data: dict) -> str:
     ]
     if machine.get("dtype"):
         lines += [f"Target dtype: {machine['dtype']['text']}.", ""]
+    if machine.get("plan"):
+        lines += [f"Forward plan: {machine['plan']['summary']}.", ""]
     if machine.get("verify_ms"):
         rows_ms = machine["verify_ms"]
         values = list(rows_ms.values())

@@ -126,6 +126,7 @@ def run_bench(
         if dtype is not None
         else {"dtype": session.loaded.spec.target.dtype, "text": session.loaded.spec.target.dtype}
     )
+    machine["plan"] = session.engine.target.plan.to_dict()  # the target's forward plan, each choice and why
     machine["verify_ms"] = verify_costs(session) if measure_rows else {}
     if measure_rows:
         from .costs import forward_bound

@@ -22,7 +22,9 @@ def add_parser(sub) -> None:
     parser = sub.add_parser("generate", help="answer one prompt with speculative decoding")
     parser.add_argument("--prompt", required=True, help="the user message")
     parser.add_argument("--system", default=None, help="optional system prompt")
-    parser.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, events, stats")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object: text, token_ids, events, stats, plan"
+    )
     add_model_options(parser)
     add_spec_options(parser)
     parser.add_argument(
@@ -78,6 +80,7 @@ def run(args) -> int:
                     "dtype": session.loaded.dtype.to_dict() if session.loaded.dtype is not None else None,
                     "exact": session.loaded.exact.to_dict() if session.loaded.exact is not None else None,
                     "int4_kernel": _int4_kernel(session),
+                    "plan": session.engine.target.plan.to_dict(),  # each choice of the target's forwards and why
                     "text": "".join(t.text for t in tokens),
                     "token_ids": [t.token_id for t in tokens],
                     "events": [t.to_dict() for t in tokens],
@@ -94,6 +97,7 @@ def run(args) -> int:
             print(f"[dtype {session.loaded.dtype.describe()}]", file=sys.stderr)
         if session.loaded.exact is not None:
             print(f"[{session.loaded.exact.describe()}]", file=sys.stderr)
+        print(f"[plan {session.engine.target.plan.summary()}]", file=sys.stderr)
         kernel = _int4_kernel(session)
         if kernel is not None:
             print(f"[{kernel}]", file=sys.stderr)

@@ -19,7 +19,8 @@ import torch
 
 from localspec.config import SamplingParams, SpecConfig
 from localspec.proposers.base import Proposer
-from localspec.runtime.model_runner import FAST, ModelRunner, exact_setup_for
+from localspec.runtime.model_runner import ModelRunner
+from localspec.runtime.plan import plan_forward
 from localspec.verify import get_verifier
 
 from .drafts import Draft, draft_for
@@ -39,9 +40,9 @@ class Engine:
         self,
         target_model: torch.nn.Module,
         stop_token_ids: set[int] | frozenset[int] = frozenset(),
-        exact: bool = False,  # the target's forwards in the exact setup (model_runner.py exact_setup)
+        exact: bool = False,  # the target's forwards in the exact setup (runtime/plan.py)
     ) -> None:
-        self.target = ModelRunner(target_model, setup=exact_setup_for(target_model) if exact else FAST)
+        self.target = ModelRunner(target_model, plan=plan_forward(target_model, exact=exact))
         self.stop_token_ids = frozenset(stop_token_ids)
         self.lock = threading.Lock()
         self.controllers = Controllers()  # measured costs and acceptance, kept across answers

@@ -8,13 +8,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from localspec.runtime.packed_linear import PackedLinear
+from localspec.runtime.plan import packing
+
+PACKING = packing()  # the plan's choice for the head's bf16 linears, read once
 
 
 def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """layer(x); under inference mode through its oneDNN-prepacked copy (runtime/packed_linear.py: bitwise the same
     output, about half the time for the head's bf16 shapes on a CPU). Training keeps the plain layer, which autograd
     runs through."""
-    return (PackedLinear.of(layer) if torch.is_inference_mode_enabled() else layer)(x)
+    packed = torch.is_inference_mode_enabled() and PACKING.value == "packed"
+    return (PackedLinear.of(layer) if packed else layer)(x)
 
 
 class RMSNorm(nn.Module):

@@ -162,9 +162,9 @@ def cache_key(device: torch.device, source: str, folder: str, quant: str = "none
     formats = "quant auto" if quant == "auto" else ""  # another candidate set: another decision
     kernel = ""
     if source.endswith(".gguf") and device.type == "cpu":  # its int4 layers run on whichever kernel loads here
-        from .gguf_linear import q4_kernel_here
+        from .gguf_linear import library_here_now
 
-        kernel = "int4 kernel " + ("q4" if q4_kernel_here().kernel is not None else "torch")
+        kernel = "int4 kernel " + ("q4" if library_here_now().library is not None else "torch")
     parts = (device_name(device), threads, f"torch {torch.__version__}", source, f"{weights} bytes", formats, kernel)
     return " | ".join(x for x in parts if x)
 

@@ -92,7 +92,7 @@ def _write_cache(key: str, decision: ExactDecision) -> None:
 
 def measure_cost(model: torch.nn.Module, k: int, timer=time_forwards) -> tuple[float, float]:
     """(exact ÷ fast for a 1-token forward, the same for a (K+1)-token forward), timed interleaved on `model`."""
-    from localspec.runtime.model_runner import FAST, exact_setup_for
+    from localspec.runtime.plan import FAST, exact_setup_for
 
     times = timer({"fast": model, "exact": model}, (1, k + 1), {"fast": FAST, "exact": exact_setup_for(model)})
     return times["exact"][1] / times["fast"][1], times["exact"][k + 1] / times["fast"][k + 1]
@@ -104,10 +104,12 @@ def choose_exact(
     """The decision for the loaded target: the setting when it is on / off, else the cached or measured one."""
     if setting != "auto":
         return ExactDecision(setting == "on", "entry")
-    from localspec.runtime.model_runner import exact_setup_for
+    from localspec.runtime.plan import plan_forward
 
     dtype = str(model.dtype).replace("torch.", "")
-    key = f"{cache_key(device, source, folder)} | {dtype} | {exact_setup_for(model).name}"  # another setup: timed anew
+    exact = plan_forward(model, exact=True)
+    # another setup: timed anew
+    key = f"{cache_key(device, source, folder)} | {dtype} | {exact.setup_id}: {exact.setup.describe()}"
     raw = _read_cache().get(key)
     if raw is not None:
         try:

@@ -1,11 +1,12 @@
 """`quant: gguf`: a GGUF's Q4_1 linears kept as 4-bit codes and run by a CPU int4 kernel (runtime/int4_linear.py).
 
 A Q4_1 block holds 32 weights of one output row as 4-bit codes q ∈ [0, 15], an fp16 scale d and an fp16 minimum m:
-w = q·d + m (20 bytes: d, m, then 16 bytes whose low nibbles are weights 0..15 and high nibbles 16..31). The q4
-kernel (runtime/q4_kernel.py) takes d and m as they are; it is used wherever it loads (AVX-512 BF16 or AVX2 with
-FMA, and a C compiler; LOCALSPEC_Q4_KERNEL=off turns it off). Elsewhere torch's `_weight_int4pack_mm_for_cpu` takes
-the same asymmetric group-32 layout as w = (q − 8)·scale + zero, so scale = d and zero = m + 8d, rounded to
-bfloat16 (its fast path wants bfloat16 scales and zeros): docs/kernels.md states what that changes.
+w = q·d + m (20 bytes: d, m, then 16 bytes whose low nibbles are weights 0..15 and high nibbles 16..31). Which kernel
+runs a tensor of each block type is the forward plan's table (runtime/plan.py KERNELS, tensor_kernel): the q4
+kernel (runtime/q4_kernel.py) takes d and m as they are, wherever the kernels' library loads. Elsewhere torch's
+`_weight_int4pack_mm_for_cpu` takes the same asymmetric group-32 layout as w = (q − 8)·scale + zero, so scale = d
+and zero = m + 8d, rounded to bfloat16 (its fast path wants bfloat16 scales and zeros): docs/kernels.md states
+what that changes.
 
 Only the Q4_1 linears of a llama-architecture GGUF are swapped in, and, on the q4 kernel's library, a Q8_0 token
 embedding that is also the tied LM head gets a Q8Head for the logits (runtime/q8_head.py; the embedding itself stays
@@ -22,10 +23,11 @@ import torch
 from torch import nn
 
 from localspec.config import ConfigError
-from localspec.runtime.attention_kernel import attach_attention_kernel
-from localspec.runtime.int4_linear import GROUP, ROW_MULTIPLE, Int4Linear, layout_tag
-from localspec.runtime.q4_kernel import KernelLoad, Q4Kernel, load_q4_kernel
-from localspec.runtime.q8_head import Q8Head, attach_lm_head
+from localspec.runtime.int4_linear import ROW_MULTIPLE, Int4Linear, layout_tag
+from localspec.runtime.library import KernelLibrary, LibraryLoad
+from localspec.runtime.plan import Choice, LoadRecord, library_here, record_load, tensor_kernel
+from localspec.runtime.q4_kernel import GROUP, Q4Matmul
+from localspec.runtime.q8_head import Q8Head
 
 from .paths import cache_dir
 
@@ -36,7 +38,7 @@ __all__ = [
     "int4_from_q4_1",
     "int4_kernel_note",
     "q4_1_fields",
-    "q4_kernel_here",
+    "library_here_now",
     "swap_in_q4_1_linears",
 ]
 
@@ -99,30 +101,21 @@ def dequantize_q4_1(blocks: torch.Tensor) -> torch.Tensor:
     return (codes * fields.d.float()[..., None] + fields.m.float()[..., None]).reshape(rows, k)
 
 
-def q4_kernel_here() -> KernelLoad:
-    """The q4 kernel of this machine, built into the data folder's cache at first use, or why there is none."""
-    return load_q4_kernel(cache_dir() / "kernels")
-
-
-def attach_attention_kernel_here(model: torch.nn.Module) -> None:
-    """Offer this machine's attention kernel (the q4 kernel's library) to a CPU target's lean forward whose linears
-    are not on the q4 kernel, where the library loads and its attention self-check passed; elsewhere the exact setup
-    keeps eager attention."""
-    load = q4_kernel_here()
-    if load.kernel is not None and load.kernel.attention is not None:
-        attach_attention_kernel(model, load.kernel.attention)
+def library_here_now() -> LibraryLoad:
+    """This machine's kernels' library (built into the data folder's cache at first use), or why there is none."""
+    return library_here(cache_dir() / "kernels")
 
 
 def int4_kernel_note() -> str:
     """Which kernel a gguf target's int4 linears run on here, and why: for the CLI and the bench reports."""
-    load = q4_kernel_here()
-    if load.kernel is not None:
-        also = "the q8 LM head and the attention kernel" if load.kernel.attention else "the q8 LM head"
-        return f"int4 kernel: q4 ({load.status.reason}), with {also}"
-    return f"int4 kernel: torch's _weight_int4pack_mm_for_cpu (the q4 kernel: {load.status.reason})"
+    load = library_here_now()
+    if load.library is not None:
+        also = "the q8 LM head and the attention kernel" if load.library.attention else "the q8 LM head"
+        return f"int4 kernel: q4 ({load.reason}), with {also}"
+    return f"int4 kernel: torch's _weight_int4pack_mm_for_cpu (the q4 kernel: {load.reason})"
 
 
-def int4_from_q4_1(blocks: torch.Tensor, kernel: Q4Kernel | None = None) -> Int4Linear:
+def int4_from_q4_1(blocks: torch.Tensor, kernel: Q4Matmul | None = None) -> Int4Linear:
     """An Int4Linear from a GGUF Q4_1 tensor's blocks [N, K/32 · 20] uint8, on `kernel` (None: torch's)."""
     fields = q4_1_fields(blocks)
     if fields.codes.shape[0] % ROW_MULTIPLE:
@@ -154,40 +147,61 @@ class PackedLayers:
 
     linears: dict[str, Int4Linear]
     head: Q8Head | None
+    choices: tuple[tuple[str, Choice], ...] = ()  # per tensor class (q_proj, …): the plan's kernel and why
 
 
-def _q8_head(model: nn.Module, tensors: dict, path: Path, kernel: Q4Kernel | None) -> Q8Head | None:
-    """A Q8Head from the GGUF's Q8_0 token_embd where it is also the model's LM head (tied, no output.weight) and the
-    q4 kernel's library runs here; checked first like the linears (the file's dequantization, rounded to the
-    model's dtype, must be the loaded embedding bitwise)."""
+def _member(library: KernelLibrary | None, choice: Choice):
+    """The library's kernel a choice names (None: torch's, or no kernel)."""
+    return getattr(library, choice.value, None) if library is not None else None
+
+
+def _merged(choices: dict[str, Choice], name: str, choice: Choice) -> None:
+    """Record a tensor class's kernel; layers of one class with different kernels are listed together."""
+    seen = choices.get(name)
+    if seen is None or seen.value == choice.value:
+        choices[name] = choice
+    elif choice.value not in seen.value.split("+"):
+        choices[name] = Choice(f"{seen.value}+{choice.value}", f"{seen.reason}; {choice.reason}")
+
+
+def _q8_head(model: nn.Module, tensors: dict, path: Path, library: KernelLibrary | None, why_not: str):
+    """(A Q8Head from the GGUF's token_embd where the plan's table gives its block type as a tied LM head (no
+    output.weight) a kernel of the library, or None; the choice). Checked first like the linears (the file's
+    dequantization, rounded to the model's dtype, must be the loaded embedding bitwise)."""
     kind, raw = tensors.get("token_embd.weight", ("missing", None))
+    choice = tensor_kernel(kind, "lm_head", library, why_not)
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    if kernel is None or kind != "Q8_0" or raw is None or not tied or "output.weight" in tensors:
-        return None
+    kernel = _member(library, choice)
+    if kernel is None or raw is None or not tied or "output.weight" in tensors:
+        return None, choice
     codes, d = q8_0_fields(raw)
     if codes.shape[0] % ROW_MULTIPLE or codes.shape[1] % GROUP:
-        return None
+        return None, Choice("dense", f"{codes.shape[0]} × {codes.shape[1]}: not whole blocks of the q8 layout")
     dense = model.get_input_embeddings().weight.detach()
     exact = (codes.reshape(codes.shape[0], -1, GROUP).float() * d.float()[..., None]).reshape(codes.shape)
     if exact.shape != dense.shape or not torch.equal(exact.to(dense.dtype), dense):
         raise ConfigError(f"{path.name}: token_embd does not match the loaded embedding; the GGUF's layout is unknown")
-    return Q8Head.from_q8_0(codes, d, kernel)
+    return Q8Head.from_q8_0(codes, d, kernel), choice
 
 
-def _built_layers(model: nn.Module, path: Path, kernel: Q4Kernel | None) -> PackedLayers:
-    """The Int4Linear for each linear of `model` whose GGUF tensor is Q4_1, each checked first: the file's exact
-    dequantization, rounded to the model's dtype, must equal the loaded weight bitwise (which catches a wrong name
-    map or row order); and the Q8_0 LM head where it applies (_q8_head)."""
+def _built_layers(model: nn.Module, path: Path, library: KernelLibrary | None, why_not: str) -> PackedLayers:
+    """The Int4Linear for each linear of `model` whose GGUF tensor's block type has a kernel in the plan's table
+    (Q4_1), each checked first: the file's exact dequantization, rounded to the model's dtype, must equal the loaded
+    weight bitwise (which catches a wrong name map or row order); and the Q8_0 LM head where it applies (_q8_head)."""
     arch, tensors = _gguf_tensors(path)
     if arch != "llama":
         raise ConfigError(f"{path.name}: quant gguf runs llama-architecture GGUF files; this one is {arch!r}")
     config = model.config
     heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
-    built = {}
+    built, choices = {}, {}
     for index, layer in enumerate(model.model.layers):
         for short, module_path in LLAMA_LINEARS.items():
             kind, raw = tensors.get(f"blk.{index}.{short}.weight", ("missing", None))
-            if kind != "Q4_1" or raw is None or raw.shape[0] % ROW_MULTIPLE:
+            choice = tensor_kernel(kind, "linear", library, why_not)
+            if choice.value != "dense" and raw is not None and raw.shape[0] % ROW_MULTIPLE:
+                choice = Choice("dense", f"{raw.shape[0]} outputs: not whole blocks of {ROW_MULTIPLE}")
+            _merged(choices, module_path.rpartition(".")[2], choice)
+            if choice.value == "dense":
                 continue
             blocks = unpermute_rows(raw, heads[short]) if short in heads else raw
             dense = layer.get_submodule(module_path)
@@ -197,39 +211,44 @@ def _built_layers(model: nn.Module, path: Path, kernel: Q4Kernel | None) -> Pack
                     f"{path.name}: blk.{index}.{short} does not match the loaded {module_path} weight; "
                     "the GGUF's layout is not the one quant gguf knows"
                 )
-            built[f"model.layers.{index}.{module_path}"] = int4_from_q4_1(blocks, kernel)
-    return PackedLayers(built, _q8_head(model, tensors, path, kernel))
+            built[f"model.layers.{index}.{module_path}"] = int4_from_q4_1(blocks, _member(library, choice))
+    head, head_choice = _q8_head(model, tensors, path, library, why_not)
+    return PackedLayers(built, head, tuple(choices.items()) + (("lm_head", head_choice),))
 
 
-def _read_cache(cache: Path, kernel: Q4Kernel | None) -> PackedLayers | None:
+def _read_cache(cache: Path, library: KernelLibrary | None, why_not: str) -> PackedLayers | None:
     from safetensors import safe_open
 
+    kernel = library.q4 if library is not None else None
     try:
         with safe_open(cache, "pt") as handle:
-            if (handle.metadata() or {}).get("layout", "torch") != layout_tag(kernel):
+            meta = handle.metadata() or {}
+            if meta.get("layout", "torch") != layout_tag(kernel):
                 return None  # packed for the other kernel: its tensors are not read
             flat = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (a safe_open handle)
     except Exception:  # missing, partial or unreadable: built again from the file
         return None
-    head = None
-    if f"{HEAD}.codes" in flat and f"{HEAD}.scales" in flat and kernel is not None:
+    head, choices = None, {}
+    if f"{HEAD}.codes" in flat and f"{HEAD}.scales" in flat and library is not None:
         codes, scales = flat.pop(f"{HEAD}.codes"), flat.pop(f"{HEAD}.scales")
-        head = Q8Head(codes, scales, codes.shape[1] * codes.shape[2], kernel)
+        head = Q8Head(codes, scales, codes.shape[1] * codes.shape[2], library.q8)
     names = {key.rpartition(".")[0] for key in flat}
     built = {}
     for name in names:
         packed, scales_zeros = flat.get(f"{name}.packed"), flat.get(f"{name}.scales_zeros")
         if packed is None or scales_zeros is None:
             return None
+        _merged(choices, name.rpartition(".")[2], tensor_kernel("Q4_1", "linear", library, why_not))
         if kernel is None:  # [N, K/2]
             built[name] = Int4Linear(packed, scales_zeros, packed.shape[1] * 2, packed.shape[0])
         else:  # [N/16, K/32, 16, 16]
             blocks, groups, pairs, lanes = packed.shape
             built[name] = Int4Linear(packed, scales_zeros, groups * pairs * 2, blocks * lanes, kernel)
-    return PackedLayers(built, head)
+    head_choice = tensor_kernel("Q8_0", "lm_head", library, why_not) if head is not None else Choice("dense", "")
+    return PackedLayers(built, head, tuple(sorted(choices.items())) + (("lm_head", head_choice),))
 
 
-def _write_cache(cache: Path, layers: PackedLayers, kernel: Q4Kernel | None) -> None:
+def _write_cache(cache: Path, layers: PackedLayers, library: KernelLibrary | None) -> None:
     from safetensors.torch import save_file
 
     flat = {}
@@ -239,35 +258,38 @@ def _write_cache(cache: Path, layers: PackedLayers, kernel: Q4Kernel | None) -> 
         flat[f"{HEAD}.codes"], flat[f"{HEAD}.scales"] = layers.head.codes, layers.head.scales
     tmp = cache.with_name(cache.name + ".tmp")
     try:
-        save_file(flat, tmp, metadata={"layout": layout_tag(kernel)})
+        save_file(flat, tmp, metadata={"layout": layout_tag(library.q4 if library is not None else None)})
         tmp.replace(cache)
     except OSError:
         pass  # a read-only data folder: the next start builds them again
 
 
 def swap_in_q4_1_linears(
-    model: nn.Module, path: Path, cache: Path | None = None, kernel: Q4Kernel | None = None
+    model: nn.Module, path: Path, cache: Path | None = None, load: LibraryLoad | None = None
 ) -> int:
     """Replace each linear of `model` (a transformers llama loaded in bf16 from the GGUF's dequantized folder) whose
-    GGUF tensor is Q4_1 with an Int4Linear built from the file's blocks; returns how many were swapped. `cache`: a
-    safetensors file holding the packed layers, written at the first start and read at later ones (reading the
-    GGUF's metadata alone takes seconds; a cache packed for the other kernel is rewritten). `kernel`: the q4 kernel,
-    or None for torch's."""
-    layers = _read_cache(cache, kernel) if cache is not None and cache.exists() else None
+    GGUF tensor's block type has a kernel (runtime/plan.py KERNELS) with an Int4Linear built from the file's blocks,
+    and record what was built for the model's forward plan (plan.record_load); returns how many were swapped.
+    `cache`: a safetensors file holding the packed layers, written at the first start and read at later ones
+    (reading the GGUF's metadata alone takes seconds; a cache packed for the other kernel is rewritten). `load`: the
+    kernels' library (None, or one without a library: torch's kernel)."""
+    library = load.library if load is not None else None
+    why_not = load.reason if load is not None else "not offered"
+    layers = _read_cache(cache, library, why_not) if cache is not None and cache.exists() else None
     modules = dict(model.named_modules())
     if layers is not None and any(name not in modules for name in layers.linears):
         layers = None  # another model's layers
     if layers is not None and layers.head is not None and layers.head.out_features != model.config.vocab_size:
         layers = None
     if layers is None:
-        layers = _built_layers(model, path, kernel)
+        layers = _built_layers(model, path, library, why_not)
         if cache is not None and layers.linears:
-            _write_cache(cache, layers, kernel)
+            _write_cache(cache, layers, library)
     if not layers.linears:
         raise ConfigError(f"{path.name}: no Q4_1 linear layers; quant gguf keeps Q4_1 blocks only")
     for name, layer in layers.linears.items():
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, layer)
-    if layers.head is not None:
-        attach_lm_head(model, layers.head)
+    linears = tuple((name, choice) for name, choice in layers.choices if name != "lm_head")  # the head: the plan's
+    record_load(model, LoadRecord(library, linears, layers.head))
     return len(layers.linears)

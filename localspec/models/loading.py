@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import torch
 
-from localspec.config import ConfigError, ModelSpec, PairSpec
+from localspec.config import ConfigError, Environment, ModelSpec, PairSpec
 
 from .dtype_choice import choose_dtype, fixed_decision, format_fields
 from .exact_choice import choose_exact
@@ -36,7 +36,7 @@ def _say(progress: Optional[Progress], message: str) -> None:
 
 
 def _quiet_transformers() -> None:
-    if os.environ.get("LOCALSPEC_ALLOW_DOWNLOAD") != "1":  # local first: no hub traffic unless asked for
+    if not Environment.read().allow_download:  # local first: no hub traffic unless asked for
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     warnings.filterwarnings("ignore", message=".*MatMul8bitLt.*")
     warnings.filterwarnings("ignore", message=".*torch_dtype.*")
@@ -252,16 +252,16 @@ def load_causal_lm(
     if "device_map" not in kwargs:
         model = model.to(device)
     if quant == "gguf":
-        from .gguf_linear import q4_kernel_here, swap_in_q4_1_linears
+        from .gguf_linear import library_here_now, swap_in_q4_1_linears
 
         path = gguf_path(spec.source)
         folder = gguf_cache_folder(path)
         cache = folder.with_name(folder.name + INT4_CACHE_SUFFIX)
-        swap_in_q4_1_linears(model, path, cache, q4_kernel_here().kernel)
-    elif role == "target" and device.type == "cpu":  # the exact setup's decode / verify attention (exact_setup_for)
-        from .gguf_linear import attach_attention_kernel_here
+        swap_in_q4_1_linears(model, path, cache, library_here_now())
+    elif role == "target":  # its forward plan may run decode / verify attention there (runtime/plan.py)
+        from localspec.runtime.plan import offer_library
 
-        attach_attention_kernel_here(model)
+        offer_library(model)
     return model.eval(), folder
 
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import atexit
-import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+from localspec.config import Environment
+
 
 def home() -> Path:
-    env = os.environ.get("LOCALSPEC_HOME")
+    env = Environment.read().home
     if env:
         return Path(env).expanduser()
     from platformdirs import user_data_dir
@@ -20,7 +21,7 @@ def home() -> Path:
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("LOCALSPEC_HOME")
+    env = Environment.read().home
     if env:
         return Path(env).expanduser() / "cache"
     from platformdirs import user_cache_dir

@@ -9,23 +9,18 @@ and its ancestors); masked keys are skipped, so after keep_path moves an accepte
 rows saw exactly the keys plain decoding's row at that position sees, in the same order.
 
 Every number is computed in float32; q, keys, values and the output are bfloat16, float32 or float16 alike (one C
-body per element type). It is built into the same library as the q4 kernel (runtime/q4_kernel.py builds, loads and
-checks both). The exact setup runs its decode / verify attention there wherever the lean forward has it
-(model_runner.exact_setup_for): a gguf target's layers take it from their q4 kernel, and the loader attaches it to
-any other CPU target (attach_attention_kernel), whose linears keep their dummy rows.
+body per element type). It is a member of the kernels' library (runtime/library.py builds, loads and checks it), whose
+limits (head sizes, heads per group) it takes. The forward plan (runtime/plan.py) says where decode / verify
+attention runs on it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
-import weakref
 
 import torch
-from torch import nn
 
-MAX_DIM = 512  # kernels/attention.c: head sizes up to this, multiples of 16
-MAX_GROUP = 16  # and up to this many query heads per key-value head
 CHECK_ROWS = 9  # the self-check's forward: a pending token and 8 tree nodes
 FLOAT32_EPS = 2.0**-24
 DTYPES = (torch.bfloat16, torch.float32, torch.float16)  # kernels/attention.c: exact_attention_bf16 / _f32 / _f16
@@ -39,7 +34,8 @@ class AttentionKernel:
     [1, Hkv, P+T, D] views (rows contiguous), all bfloat16, float32 or float16, visible [T, T] bool or None (a chain)
     → [1, T, H·D] in that dtype."""
 
-    def __init__(self, library: ctypes.CDLL):
+    def __init__(self, library: ctypes.CDLL, limits):  # limits: library.Limits (kernels/limits.h)
+        self.limits = limits
         self._fns = {}
         for dtype in DTYPES:
             fn = getattr(library, f"exact_attention_{SUFFIX[dtype]}")
@@ -49,10 +45,10 @@ class AttentionKernel:
             fn.restype = ctypes.c_int
             self._fns[dtype] = fn
 
-    @staticmethod
-    def fits(heads: int, kv_heads: int, dim: int, dtype: torch.dtype) -> bool:
+    def fits(self, heads: int, kv_heads: int, dim: int, dtype: torch.dtype) -> bool:
         """Whether the kernel takes a model with these attention shapes and compute dtype (attend raises on others)."""
-        shapes = dim % 16 == 0 and dim <= MAX_DIM and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP
+        lanes, max_dim, max_group = self.limits.lanes, self.limits.max_dim, self.limits.max_group
+        shapes = dim % lanes == 0 and dim <= max_dim and heads % kv_heads == 0 and heads // kv_heads <= max_group
         return shapes and dtype in DTYPES
 
     def attend(
@@ -73,8 +69,9 @@ class AttentionKernel:
             raise ValueError("the attention kernel reads contiguous head rows and a [Hkv, capacity, D] cache layout")
         if keys.shape[2] != prefix + rows or not self.fits(heads, kv_heads, dim, q.dtype):
             raise ValueError(
-                f"attention kernel: {heads} query heads over {kv_heads} (at most {MAX_GROUP} a group), D = {dim} (a "
-                f"multiple of 16, at most {MAX_DIM}), {keys.shape[2]} keys for {prefix} cached + {rows} rows"
+                f"attention kernel: {heads} query heads over {kv_heads} (at most {self.limits.max_group} a group), "
+                f"D = {dim} (a multiple of {self.limits.lanes}, at most {self.limits.max_dim}), {keys.shape[2]} keys "
+                f"for {prefix} cached + {rows} rows"
             )
         mask = None if visible is None else visible.to(torch.uint8).contiguous()  # [T, T]
         out = q.new_empty((1, rows, heads, dim))  # [1, T, H, D]
@@ -98,20 +95,6 @@ class AttentionKernel:
         if status:  # -1; -2 (a shape it does not take) is what fits() refused above
             raise MemoryError("attention kernel: out of memory for the scores")
         return out.reshape(1, rows, heads * dim)
-
-
-_ATTACHED: weakref.WeakKeyDictionary[nn.Module, AttentionKernel] = weakref.WeakKeyDictionary()
-
-
-def attach_attention_kernel(model: nn.Module, kernel: AttentionKernel) -> None:
-    """Offer `kernel` to the lean forward of a model whose linears are not on the q4 kernel (a dense or bitsandbytes
-    one): its layers run decode / verify attention there in the setups that ask for it. Attach before the first
-    runner (the lean forward is built once per model)."""
-    _ATTACHED[model] = kernel
-
-
-def attached_attention_kernel(model: nn.Module) -> AttentionKernel | None:
-    return _ATTACHED.get(model)
 
 
 def reference_and_bound(

@@ -12,24 +12,11 @@ attended to, masked) instead of the preallocated cache that attends to the fille
 
 from __future__ import annotations
 
-import os
-from typing import Literal
-
 import torch
 
-from localspec.config import ConfigError
+from localspec.config import COMPILE_MODES, CompileMode  # noqa: F401  (read from the environment in config.py)
 
-CompileMode = Literal["off", "default", "reduce-overhead"]
-COMPILE_MODES: tuple[str, ...] = ("off", "default", "reduce-overhead")
 BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16)
-ENV = "LOCALSPEC_COMPILE"
-
-
-def compile_mode_from_env() -> CompileMode:
-    mode = os.environ.get(ENV, "off").strip() or "off"
-    if mode not in COMPILE_MODES:
-        raise ConfigError(f"{ENV}={mode!r} is not a compile mode; choose one of {', '.join(COMPILE_MODES)}")
-    return mode  # type: ignore[return-value]
 
 
 def bucket(rows: int) -> int | None:

@@ -1,6 +1,7 @@
 """A linear layer whose weights are 4-bit codes in groups of 32 along K, run by one of two CPU kernels:
 
-- **q4** (q4_kernel.py, when it loads on this CPU): w = q·d + m with float16 d and m as the GGUF stores them;
+- **q4** (q4_kernel.py, where the forward plan's kernel table gives Q4_1 to it): w = q·d + m with float16 d and m
+  as the GGUF stores them;
   `packed` [N/16, K/32, 16, 16] uint8 and `scales_zeros` [N/16, K/32, 2, 16] float16 (d, m); row-invariant.
 - **torch** (`_weight_int4pack_mm_for_cpu`): w = (q − 8)·scale + zero; `packed` [N, K/2] uint8 in its layout and
   `scales_zeros` [K/32, N, 2] bfloat16 (its fast path wants bfloat16 activations, scales and zeros; float32
@@ -17,19 +18,18 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .q4_kernel import LANES, LAYOUT_VERSION, Q4Kernel, pack_q4
+from .q4_kernel import GROUP, LANES, LAYOUT_VERSION, Q4Matmul, pack_q4
 
 Layout = Literal["torch", "q4"]
 
 
-GROUP = 32  # weights per scale/zero group
 COMPUTE_DTYPE = torch.bfloat16  # the kernel's fast path: bf16 activations, scales and zeros
 ROW_MULTIPLE = 16  # the kernel's packing wants N (output rows) divisible by 16; other layers stay dense
 PACK_BLOCK_ROWS = 64  # the CPU packing interleaves output rows in blocks of 64: packed layers stack at multiples of it
 INNER_K_TILES = 1  # argument of _convert_weight_to_int4pack_for_cpu; the CPU kernel ignores it for the layout
 
 
-def layout_tag(kernel: Q4Kernel | None) -> str:
+def layout_tag(kernel: Q4Matmul | None) -> str:
     """The name of the packed layout `kernel` reads (None: torch's), with the q4 layout's version."""
     return "torch" if kernel is None else f"q4/{LAYOUT_VERSION}"
 
@@ -44,7 +44,7 @@ class Int4Linear(nn.Module):
         scales_zeros: torch.Tensor,
         in_features: int,
         out_features: int,
-        kernel: Q4Kernel | None = None,  # None: torch's kernel and layout
+        kernel: Q4Matmul | None = None,  # None: torch's kernel and layout
     ):
         super().__init__()
         self.in_features = in_features
@@ -52,6 +52,7 @@ class Int4Linear(nn.Module):
         self.kernel = kernel
         self.register_buffer("packed", packed)  # the codes in the kernel's layout (module docstring)
         self.register_buffer("scales_zeros", scales_zeros)  # its scales and offsets
+        self._matmul = self._on_q4 if kernel is not None else self._on_torch  # the kernel it was built for
 
     @property
     def layout(self) -> Layout:
@@ -74,7 +75,7 @@ class Int4Linear(nn.Module):
         return cls(packed, scales_zeros, k, rows)
 
     @classmethod
-    def from_q4_1(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, kernel: Q4Kernel | None) -> Int4Linear:
+    def from_q4_1(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, kernel: Q4Matmul | None) -> Int4Linear:
         """From a GGUF Q4_1 tensor's fields (codes [N, K] in 0..15, d and m [N, K/32] float16: w = q·d + m), on
         `kernel` (q4 layout, d and m kept as they are) or, with None, torch's (scale = d, zero = m + 8d in bf16)."""
         if kernel is None:
@@ -115,9 +116,13 @@ class Int4Linear(nn.Module):
                 part.scales_zeros = rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 → [..., N] bf16
-        if self.kernel is not None:  # buffers read from their dict: nn.Module's attribute fallback costs µs a call
-            buffers = self._buffers
-            return self.kernel.matmul(x, buffers["packed"], buffers["scales_zeros"], self.out_features)
+        return self._matmul(x)
+
+    def _on_q4(self, x: torch.Tensor) -> torch.Tensor:
+        buffers = self._buffers  # read from their dict: nn.Module's attribute fallback costs µs a call
+        return self.kernel.matmul(x, buffers["packed"], buffers["scales_zeros"], self.out_features)
+
+    def _on_torch(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # [rows, K]
         out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)  # [rows, N]
         return out.reshape(*x.shape[:-1], self.out_features)

@@ -8,26 +8,23 @@ bitwise the row decoded alone: plain decoding and verification both run it (the 
 "kernel"), and the exactness guarantee holds as it does for the attention kernel alone. Its rows are not bitwise
 the torch ops' layer (their norm reductions and exp round differently): `self_check` bounds the gap against a
 reference built from those ops on the same kernels, and `scripts/lean_forward.py --compare layer` measures it on
-the embedded model's logits.
+the embedded model's logits. It is a member of the kernels' library (runtime/library.py loads and checks it;
+LOCALSPEC_LAYER_KERNEL=off leaves it out, to time or compare the two).
 
 Words: T = rows of this call, P = positions cached before it, H = hidden size, D = head size, I = MLP width.
-LOCALSPEC_LAYER_KERNEL=off keeps the torch-op layers (to time or compare the two).
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from .int4_linear import Int4Linear
-from .q4_kernel import GROUP, LANES, Q4Kernel, pack_q4
+from .q4_kernel import GROUP, LANES, Q4Matmul, pack_q4
 
-ENV = "LOCALSPEC_LAYER_KERNEL"
 CHECK_PREFIX, CHECK_ROWS = 13, 9  # the self-check's cached positions and verify rows
 # The self-check's bound on max |kernel − torch-op reference| over a layer's outputs, relative to max |output|.
 # The two differ only in the norms' sums and SiLU's exp, so at most a bfloat16 rounding (2^-8 relative) flips at
@@ -120,7 +117,7 @@ class BoundLayer:
 
 
 class LayerKernel:
-    """kernels/layer.c's lean_layer, from the q4 kernel's library."""
+    """kernels/layer.c's lean_layer, from the kernels' library."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._fn = library.lean_layer
@@ -129,23 +126,6 @@ class LayerKernel:
 
     def bind(self, weights: LayerWeights) -> BoundLayer:
         return BoundLayer(self._fn, weights)
-
-
-def layer_kernel_enabled() -> bool:
-    return os.environ.get(ENV, "on").strip().lower() not in ("off", "0", "false", "no")
-
-
-@functools.cache
-def load_layer_kernel(kernel: Q4Kernel) -> tuple[LayerKernel | None, str]:
-    """(the layer kernel of `kernel`'s library, or None, and why not): it needs the attention kernel and must pass
-    self_check."""
-    if not layer_kernel_enabled():
-        return None, f"turned off ({ENV}=off)"
-    if kernel.attention is None:
-        return None, "no attention kernel"
-    layer = LayerKernel(kernel.library)
-    problem = self_check(layer, kernel)
-    return (layer, "") if problem is None else (None, f"self-check failed: {problem}")
 
 
 class _CheckCache:
@@ -192,7 +172,7 @@ def rotary(rows: int, first: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]
     return emb.cos().to(torch.bfloat16)[None, None], sin.to(torch.bfloat16)[None, None]
 
 
-def reference(weights: LayerWeights, kernel: Q4Kernel, x, cos, sin, cache: _CheckCache, visible) -> torch.Tensor:
+def reference(weights: LayerWeights, q4: Q4Matmul, attention, x, cos, sin, cache: _CheckCache, visible) -> torch.Tensor:
     """The same layer from torch ops (lean_llama.py's LeanLayer) on the q4 matmul and the attention kernel."""
     rows, heads, kv_heads, dim = x.shape[1], weights.heads, weights.kv_heads, weights.dim
 
@@ -200,7 +180,7 @@ def reference(weights: LayerWeights, kernel: Q4Kernel, x, cos, sin, cache: _Chec
         return w * F.rms_norm(v.float(), w.shape, eps=eps).to(v.dtype)
 
     def linear(v, part, n):
-        return kernel.matmul(v, *getattr(weights, part), n)
+        return q4.matmul(v, *getattr(weights, part), n)
 
     qkv = linear(norm(weights.input_norm, x, weights.input_eps), "qkv", weights.qkv_width)
     qk = qkv[..., : (heads + kv_heads) * dim].reshape(1, rows, heads + kv_heads, dim).transpose(1, 2)
@@ -211,7 +191,7 @@ def reference(weights: LayerWeights, kernel: Q4Kernel, x, cos, sin, cache: _Chec
     cache.values[:, :, start : start + rows] = v
     end = start + rows
     keys, values = cache.keys[:, :, :end], cache.values[:, :, :end]
-    attended = kernel.attention.attend(qk[:, :heads], keys, values, start, visible, weights.scaling)
+    attended = attention.attend(qk[:, :heads], keys, values, start, visible, weights.scaling)
     x = x + linear(attended, "o", weights.hidden)
     gate, up = linear(norm(weights.post_norm, x, weights.post_eps), "gate_up", 2 * weights.intermediate).chunk(2, -1)
     return x + linear(F.silu(gate) * up, "down", weights.hidden)
@@ -229,16 +209,16 @@ def check_data(seed: int):
     return weights, x, cos, sin, cache
 
 
-def reference_gap(layer: LayerKernel, kernel: Q4Kernel, seed: int) -> float:
+def reference_gap(layer: LayerKernel, q4: Q4Matmul, attention, seed: int) -> float:
     """max |kernel − reference| / max |reference| over a 9-row call on check_data(seed)."""
     weights, x, cos, sin, cache = check_data(seed)
     bound = layer.bind(weights)
     out = bound.run(x, cos, sin, cache.clone(), None)
-    expected = reference(weights, kernel, x, cos, sin, cache.clone(), None)
+    expected = reference(weights, q4, attention, x, cos, sin, cache.clone(), None)
     return float((out.double() - expected.double()).abs().max() / expected.double().abs().max())
 
 
-def self_check(layer: LayerKernel, kernel: Q4Kernel, seed: int = 0) -> str | None:
+def self_check(layer: LayerKernel, q4: Q4Matmul, attention, seed: int = 0) -> str | None:
     """None when a 9-row call's rows and the cache rows it writes are bitwise those of 1-row calls in sequence (plain
     decoding) and of a 5 + 4 split, and its outputs are within REFERENCE_REL of the torch-op reference; otherwise
     what failed."""
@@ -256,7 +236,7 @@ def self_check(layer: LayerKernel, kernel: Q4Kernel, seed: int = 0) -> str | Non
             return f"a row's output changes with the rows of the call ({'+'.join(map(str, splits))})"
         if not (torch.equal(part_cache.keys, full_cache.keys) and torch.equal(part_cache.values, full_cache.values)):
             return "the keys and values it caches change with the rows of the call"
-    gap = reference_gap(layer, kernel, seed)
+    gap = reference_gap(layer, q4, attention, seed)
     if not gap <= REFERENCE_REL:
         return f"its outputs are {gap:.3g} (relative) off the torch-op layer's, over the bound {REFERENCE_REL:.3g}"
     return None

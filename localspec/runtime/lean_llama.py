@@ -23,28 +23,23 @@ Words: T = rows of this forward, P = positions already cached, H / Hkv = query /
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localspec.config import ConfigError
+from localspec.config import ForwardKind
 
-from .attention_kernel import AttentionKernel, attached_attention_kernel
+from .attention_kernel import AttentionKernel
 from .int4_linear import Int4Linear
-from .layer_kernel import BoundLayer, layer_weights, load_layer_kernel
+from .layer_kernel import BoundLayer, LayerKernel, layer_weights
+from .plan import AttentionKind, ForwardPlan, lean_supported
 from .static_cache import PreallocatedCache
 from .tree import causal_mask
 
-LEAN_MODEL_TYPES = ("llama",)  # architectures whose decoder layer is exactly the one below
-ForwardKind = Literal["lean", "transformers"]
-AttentionKind = Literal["sdpa", "eager", "kernel"]  # kernel: attention_kernel.py (each row as plain decoding's)
-FORWARD_KINDS: tuple[str, ...] = ("lean", "transformers")
-ENV = "LOCALSPEC_FORWARD"  # lean (the default where supported) | transformers: to compare the two
+__all__ = ["ForwardKind", "LeanLlama", "RowsAsPlain", "backbone_for", "lean_supported"]
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → its LeanLlama (runners of a model share it)
 
 
@@ -52,21 +47,6 @@ _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → its
 class LeanOutput:
     last_hidden_state: torch.Tensor  # [1, T, H] after the final norm
     hidden_states: tuple[torch.Tensor, ...] | None  # (embeddings, layer 0 output, …) when asked for, as transformers
-
-
-def lean_supported(model: nn.Module) -> bool:
-    """A transformers llama whose layers this forward computes exactly: plain RoPE, no biases, SiLU, full attention."""
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "model_type", None) not in LEAN_MODEL_TYPES:
-        return False
-    rope = getattr(config, "rope_parameters", None) or {}
-    return (
-        rope.get("rope_type", "default") == "default"
-        and not getattr(config, "attention_bias", False)
-        and not getattr(config, "mlp_bias", False)
-        and getattr(config, "hidden_act", "silu") == "silu"
-        and not getattr(config, "pretraining_tp", 1) > 1
-    )
 
 
 def _fused(layers: list[nn.Module]) -> nn.Module | None:
@@ -100,8 +80,13 @@ def _columns_unchanged(fused: nn.Module, parts: list[nn.Module], x: torch.Tensor
 
 class LeanLayer(nn.Module):
     def __init__(
-        self, layer: nn.Module, config, probe: torch.Tensor, attached: AttentionKernel | None = None
-    ) -> None:  # probe [2, H] in the compute dtype; attached: the model's attention kernel (a dense model's, or None)
+        self,
+        layer: nn.Module,
+        config,
+        probe: torch.Tensor,
+        attention: AttentionKernel | None = None,
+        layer_kernel: LayerKernel | None = None,
+    ) -> None:  # probe [2, H] in the compute dtype; attention / layer_kernel: the plan's kernels (None: not planned)
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
@@ -118,21 +103,16 @@ class LeanLayer(nn.Module):
         self.gate_proj, self.up_proj = gate_up
         self.splits = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
         self.intermediate = mlp.gate_proj.out_features
-        on_q4 = isinstance(self.o_proj, Int4Linear) and self.o_proj.kernel is not None
-        kernel = self.o_proj.kernel.attention if on_q4 else attached
-        if kernel is not None and not (
-            kernel.fits(self.heads, self.kv_heads, self.head_dim, probe.dtype) and probe.is_cpu
-        ):
-            kernel = None
-        self.attention_kernel = kernel  # attention_kernel.py, where it loaded and takes this model
-        self.layer_kernel = self._bound_layer_kernel()  # layer_kernel.py: the whole layer of "kernel" forwards
+        self.attention_kernel = attention  # attention_kernel.py, where the plan runs decode / verify attention on it
+        self.layer_kernel = self._bound(layer_kernel)  # layer_kernel.py: the whole layer of "kernel" forwards
 
-    def _bound_layer_kernel(self) -> BoundLayer | None:
-        if self.attention_kernel is None:
+    def _bound(self, layer_kernel: LayerKernel | None) -> BoundLayer | None:
+        """The plan's layer kernel bound to this layer's weights (None where it has none, or they are not its
+        layout)."""
+        if layer_kernel is None or self.attention_kernel is None:
             return None
         weights = layer_weights(self, self.heads, self.kv_heads, self.head_dim, self.scaling)
-        layer = load_layer_kernel(self.o_proj.kernel)[0] if weights is not None else None
-        return layer.bind(weights) if layer is not None else None
+        return layer_kernel.bind(weights) if weights is not None else None
 
     def forward(self, x, cos, sin, mask, cache_layer, path: AttentionKind, as_plain=None, visible=None):  # x [1, T, H]
         if path == "kernel" and self.layer_kernel is not None:
@@ -272,7 +252,7 @@ class LeanLlama(nn.Module):
     arguments (input_ids, attention_mask, position_ids, cache, output_hidden_states), same cache object (a
     PreallocatedCache), last hidden state and per-layer hidden states as transformers returns them."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, plan: ForwardPlan) -> None:
         super().__init__()
         base = model.model
         config = model.config
@@ -281,8 +261,8 @@ class LeanLlama(nn.Module):
         self.norm = base.norm
         generator = torch.Generator().manual_seed(0)
         probe = torch.randn(2, config.hidden_size, generator=generator).to(self.embed.weight)  # [2, H], compute dtype
-        attached = attached_attention_kernel(model)
-        self.layers = nn.ModuleList(LeanLayer(layer, config, probe, attached) for layer in base.layers)
+        attention, layer_kernel = plan.attention_kernel, plan.layer
+        self.layers = nn.ModuleList(LeanLayer(lay, config, probe, attention, layer_kernel) for lay in base.layers)
         rotary = base.rotary_emb
         self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)  # [D/2]
         self.attention_scaling = float(rotary.attention_scaling)
@@ -290,8 +270,7 @@ class LeanLlama(nn.Module):
 
     @property
     def has_attention_kernel(self) -> bool:
-        """Whether every layer can run attention "kernel": its linears on the q4 kernel, whose library loaded it, or
-        a dense model's with the kernel attached at load (attention_kernel.attach_attention_kernel)."""
+        """Whether every layer can run attention "kernel" (the plan put decode / verify attention there)."""
         return all(layer.attention_kernel is not None for layer in self.layers)
 
     @property
@@ -367,20 +346,12 @@ class LeanLlama(nn.Module):
         return LeanOutput(last_hidden_state=x, hidden_states=tuple(hidden) if hidden is not None else None)
 
 
-def forward_kind_from_env() -> ForwardKind:
-    kind = os.environ.get(ENV, "lean").strip() or "lean"
-    if kind not in FORWARD_KINDS:
-        raise ConfigError(f"{ENV}={kind!r} is not a forward; choose one of {', '.join(FORWARD_KINDS)}")
-    return kind  # type: ignore[return-value]
-
-
-def backbone_for(model: nn.Module, kind: ForwardKind | None, preallocated: bool) -> tuple[ForwardKind, nn.Module]:
-    """(the forward a runner of `model` uses, its backbone): the lean forward where asked for (None: the
-    LOCALSPEC_FORWARD setting, lean by default), supported and on a preallocated cache; else transformers' own."""
-    wanted = forward_kind_from_env() if kind is None else kind
-    if wanted != "lean" or not preallocated or not lean_supported(model):
+def backbone_for(model: nn.Module, plan: ForwardPlan) -> tuple[ForwardKind, nn.Module]:
+    """(the plan's forward, its backbone): the lean forward (built once per model, shared by its runners) or
+    transformers' own."""
+    if plan.forward != "lean":
         return "transformers", model.base_model
     lean = _BUILT.get(model)
     if lean is None:
-        lean = _BUILT[model] = LeanLlama(model)
+        lean = _BUILT[model] = LeanLlama(model, plan)
     return "lean", lean

@@ -2,114 +2,32 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-from localspec.measured import exact_rows
+from localspec.config import CompileMode, ForwardKind
 
-from .compiled import CompileMode, bucket, compile_backbone, compile_mode_from_env
+from .compiled import bucket, compile_backbone
 from .features import backbone_features
-from .int4_linear import Int4Linear
-from .lean_llama import ForwardKind, LeanLlama, RowsAsPlain, backbone_for, lean_supported
-from .q8_head import lm_head_for
-from .static_cache import PreallocatedCache, cache_supported
+from .lean_llama import RowsAsPlain, backbone_for
+from .packed_linear import PackedLinear
+from .plan import (  # noqa: F401  (the setups, re-exported where callers have always found them)
+    DECODE_MAX_ROWS,
+    EXACT_ROWS,
+    FAST,
+    CacheKind,
+    ForwardPlan,
+    ForwardSetup,
+    exact_rows_setup,
+    exact_setup,
+    exact_setup_for,
+    plan_forward,
+    row_invariant_layers,
+)
+from .static_cache import PreallocatedCache
 from .tree import TokenTree, causal_mask, tree_attention_mask, tree_positions, tree_visibility, tree_visible_rows
-
-CacheKind = Literal["static", "dynamic"]
-AttentionPath = Literal["sdpa", "eager"]
-
-
-@dataclass(frozen=True)
-class ForwardSetup:
-    """How every forward of a runner is computed. The kernels a CPU (or cuBLAS) picks depend on the row count, so a
-    row's logits can round differently alone than inside a (K+1)-row verify forward (`localspec bench rounding`,
-    assets/rounding/): with eager attention, an explicit additive mask and EXACT_ROWS dummy rows per forward (a
-    1-token forward gets dummy rows after it, whose cache rows are dropped) a row rounds as it does alone.
-
-    attention: the transformers attention implementation. explicit_mask: pass the causal additive mask built here
-    instead of transformers' own (preallocated cache only: a dynamic cache may hold sliding-window layers, whose
-    masks transformers builds per layer kind, and the CUDA-graph StaticCache attends over its whole capacity).
-    min_rows / row_multiple: the dummy rows (the last token repeated) after the real ones; causal attention keeps
-    them out of the real rows, and their cache rows are dropped. rows_as_plain (lean forward only): each real row of
-    a decode or verify forward gets its own attention in plain decoding's shapes (lean_llama.RowsAsPlain), which
-    made token trees and, on the Sapphire Rapids Xeon, chains bitwise too, at about 2× the verify cost
-    (docs/exactness.md), so exact_setup leaves it off and exact_rows_setup turns it on."""
-
-    attention: AttentionPath = "sdpa"
-    explicit_mask: bool = False
-    min_rows: int = 1
-    row_multiple: int = 1  # forwards are padded up to a multiple of this many rows
-    rows_as_plain: bool = False  # the lean forward computes each decode / verify row's attention in plain shapes
-    attention_kernel: bool = False  # the lean forward runs decode / verify attention on attention_kernel.py
-
-    def padded(self, rows: int) -> int:
-        """The row count a forward of `rows` real rows runs with (≥ min_rows, a multiple of row_multiple)."""
-        whole = -(-rows // self.row_multiple) * self.row_multiple
-        return max(whole, self.min_rows) if rows else 0
-
-    @property
-    def name(self) -> str:
-        if self == FAST:
-            return "fast"
-        rows = "1-row decode" if self.min_rows == 1 else f"≥ {self.min_rows} rows"
-        rows += f", multiples of {self.row_multiple}" if self.row_multiple > 1 else ""
-        plain = ", rows as plain" if self.rows_as_plain else ""
-        if self.attention_kernel:
-            return f"attention kernel, {rows}"
-        return f"{self.attention}{' + mask' if self.explicit_mask else ''}, {rows}{plain}"
-
-
-# forwards of up to this many real rows are decode / verify-sized: in the exact setup those are the rows that must
-# round as plain decoding's (with rows_as_plain, each row's attention in plain decoding's shapes:
-# lean_llama.RowsAsPlain). A longer forward is a prompt's prefill, which plain decoding and speculation run alike on
-# the same prompt, so the lean forward runs its attention on sdpa in every setup (1.5x eager at 1,024 tokens)
-AS_PLAIN_MAX_ROWS = 64
-FAST = ForwardSetup()  # transformers' defaults: sdpa, its own mask, 1-row decode forwards
-# (min_rows, row_multiple) per compute dtype: the fewest rows per forward, and their multiple, from which a row's result
-# was measured not to depend on the row count; what was measured where is in assets/rounding/exact_rows.json
-_EXACT_ROWS_BY_NAME, EXACT_ROWS_DEFAULT = exact_rows()
-EXACT_ROWS = {getattr(torch, name): rows for name, rows in _EXACT_ROWS_BY_NAME.items()}
-
-
-def exact_setup(dtype: torch.dtype) -> ForwardSetup:
-    """The exact setup for a model computing in `dtype`: eager attention, the explicit mask, EXACT_ROWS padding."""
-    min_rows, multiple = EXACT_ROWS.get(dtype, EXACT_ROWS_DEFAULT)
-    return ForwardSetup(attention="eager", explicit_mask=True, min_rows=min_rows, row_multiple=multiple)
-
-
-def row_invariant_layers(model: torch.nn.Module) -> bool:
-    """Whether every linear of the model's decoder layers computes a row the same whatever the row count: all are
-    Int4Linear on the q4 kernel (runtime/q4_kernel.py). Then the exact setup needs no dummy row: the dummy row was for
-    bfloat16 F.linear, which rounds a lone row differently (docs/exactness.md)."""
-    decoder = getattr(getattr(model, "model", None), "layers", None)
-    if decoder is None:
-        return False
-    linears = [m for m in decoder.modules() if isinstance(m, (torch.nn.Linear, Int4Linear))]
-    return bool(linears) and all(isinstance(m, Int4Linear) and m.row_invariant for m in linears)
-
-
-def exact_setup_for(model: torch.nn.Module) -> ForwardSetup:
-    """The exact setup for this model: where every decoder linear is row-invariant, 1-row decode forwards, else
-    exact_setup of its dtype, with its dummy rows. Where the lean forward can also run attention on the attention
-    kernel (the q4 kernel's library: a gguf target's layers take it from their q4 kernel, any other CPU target's is
-    attached at load), decode / verify attention runs there: a chain row or a tree node then attends as plain
-    decoding's row at that position, whatever the other rows (eager attention's sums over keys are blocked by the
-    key count: docs/exactness.md)."""
-    dtype = model.get_input_embeddings().weight.dtype
-    lean = backbone_for(model, None, preallocated=True)[1] if lean_supported(model) else None
-    kernel = isinstance(lean, LeanLlama) and lean.has_attention_kernel
-    if row_invariant_layers(model):
-        return ForwardSetup(attention="eager", explicit_mask=True, attention_kernel=kernel)
-    return dataclasses.replace(exact_setup(dtype), attention_kernel=kernel)
-
-
-def exact_rows_setup(dtype: torch.dtype) -> ForwardSetup:
-    """exact_setup with every decode / verify row's attention computed in plain decoding's shapes (rows_as_plain)."""
-    return dataclasses.replace(exact_setup(dtype), rows_as_plain=True)
 
 
 @dataclass(frozen=True)
@@ -120,7 +38,8 @@ class ForwardOutput:
 
 
 class ModelRunner:
-    """Wraps a transformers causal LM and its KV cache. Knows only token ids.
+    """Wraps a transformers causal LM and its KV cache. Knows only token ids. Runs its ForwardPlan (plan.py) and
+    decides nothing: without one, it asks plan_forward for the plan of the arguments given.
 
     tokens holds exactly the ids whose keys/values are in the cache, so a caller can find the common prefix
     with a new context and crop to it (transformers' candidate generators roll back the same way).
@@ -137,27 +56,28 @@ class ModelRunner:
         compile: CompileMode | None = None,
         setup: ForwardSetup = FAST,
         forward: ForwardKind | None = None,
+        plan: ForwardPlan | None = None,
     ) -> None:
         self.model = model.eval()
-        self.setup = setup
+        self.plan = plan or plan_forward(model, setup=setup, forward=forward, cache=cache, compile=compile)
+        self.setup = self.plan.setup
         self.device = next(model.parameters()).device
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_context = int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
-        self._lm_head = lm_head_for(model)  # a GGUF's Q8_0 head where one is attached, else the dense one, packed
+        output = model.get_output_embeddings()
+        self._lm_head = self.plan.head if self.plan.head is not None else (
+            PackedLinear.of(output) if self.plan.lm_head.value == "packed" else output
+        )  # fmt: skip
         self.cache = None
-        self.cache_kind: CacheKind = cache if cache == "dynamic" or cache_supported(model.config) else "dynamic"
+        self.cache_kind: CacheKind = self.plan.cache
         self.tokens: list[int] = []
-        self.compile_mode: CompileMode = compile_mode_from_env() if compile is None else compile
-        # the lean forward runs on the preallocated cache only (not the CUDA-graph StaticCache, not a dynamic one)
-        preallocated = self.cache_kind == "static" and self.compile_mode != "reduce-overhead"
-        self.forward_kind, self._backbone = backbone_for(model, forward, preallocated)
+        self.compile_mode: CompileMode = self.plan.compile
+        self.forward_kind, self._backbone = backbone_for(model, self.plan)
         self._compiled = None if self.compile_mode == "off" else compile_backbone(self._backbone, self.compile_mode)
         # transformers ≥ 5.2x names the argument `cache` (past_key_values is deprecated); older models keep the old name
         params = inspect.signature(self._backbone.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._unswitchable = False
-        lean = self._backbone if isinstance(self._backbone, LeanLlama) else None
-        self._attention_kernel = setup.attention_kernel and lean is not None and lean.has_attention_kernel
         self._use_attention()
 
     def _use_attention(self) -> None:
@@ -210,13 +130,12 @@ class ModelRunner:
             backbone, pad = self._compiled, padded - rows  # a verify-sized forward: the compiled graph of its bucket
         input_ids = torch.tensor([token_ids + token_ids[-1:] * pad], dtype=torch.long, device=self.device)
         kwargs = {}
-        on_kernel = self._on_attention_kernel(rows)
-        if on_kernel:
-            kwargs["attention"] = "kernel"  # a chain: each row sees the cache and the rows before it
-        elif self.setup.rows_as_plain and self.forward_kind == "lean" and self.tokens and rows <= AS_PLAIN_MAX_ROWS:
+        attention = self.plan.attention(rows)  # a chain on "kernel": each row sees the cache and the rows before it
+        on_kernel = attention == "kernel"
+        if attention is not None:
+            kwargs["attention"] = attention
+        elif self.plan.rows_as_plain(rows) and self.tokens:
             kwargs["rows_as_plain"] = RowsAsPlain.for_chain(rows, self.setup.padded(1))
-        if self.forward_kind == "lean" and rows > AS_PLAIN_MAX_ROWS:  # a prompt's prefill: the same in every mode
-            kwargs["attention"] = "sdpa"
         if self.setup.explicit_mask and isinstance(self.cache, PreallocatedCache) and not on_kernel:
             dtype = self.model.get_input_embeddings().weight.dtype
             kwargs["attention_mask"] = causal_mask(prefix_len, rows + pad, dtype, self.device)  # [1, 1, T, P+T]
@@ -242,12 +161,6 @@ class ModelRunner:
             logits = None
         self.tokens.extend(token_ids)
         return ForwardOutput(logits=logits, hidden=features[0] if want_hidden else None)
-
-    def _on_attention_kernel(self, rows: int) -> bool:
-        """Whether a forward of `rows` rows runs its attention on the attention kernel: the setup asks for it, the
-        forward is the lean one with the kernel loaded for its layers (else the setup's eager attention and mask)
-        and the rows are decode / verify-sized (a longer prefill runs sdpa in every mode)."""
-        return self._attention_kernel and rows <= AS_PLAIN_MAX_ROWS
 
     @property
     def supports_tree(self) -> bool:
@@ -279,7 +192,7 @@ class ModelRunner:
         dtype = torch.bool if sdpa else self.model.get_input_embeddings().weight.dtype
         input_ids = torch.tensor([[pending] + tree.token_ids], dtype=torch.long, device=self.device)  # [1, N+1]
         extra = {}
-        on_kernel = self._on_attention_kernel(rows + pad)
+        on_kernel = self.plan.attention(rows + pad) == "kernel"
         if on_kernel:  # each row sees the prefix, its ancestors and itself
             extra = {"attention": "kernel", "visible": tree_visibility(tree, self.device)}  # [N+1, N+1]
         elif self.setup.rows_as_plain and self.forward_kind == "lean":  # each row as plain decoding computes it

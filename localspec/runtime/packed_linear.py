@@ -13,27 +13,22 @@ its weight for everything else (a tied LM head's weight is the token embedding, 
 head proposer reads the LM head's weight). So a packed layer costs its weight's bytes a second time, and a layer
 over PACK_MAX_BYTES stays as it is: the LM head of a model up to ~1.5B parameters (its 49k–152k × 576–1,536 bf16
 head is a large share of what a step reads) is packed, a 7B's (1 GB, a few % of its step) is not.
-LOCALSPEC_PACKED=off keeps every layer as it is, for timing the two against each other.
+Whether layers are packed at all is the forward plan's choice (plan.packing: LOCALSPEC_PACKED=off keeps every layer
+as it is, for timing the two against each other).
 """
 
 from __future__ import annotations
 
-import os
 import weakref
 
 import torch
 from torch import nn
 
-ENV = "LOCALSPEC_PACKED"
 PACKED_DTYPES = (torch.bfloat16,)  # float16 / float32: oneDNN's packed path rounds differently from F.linear's
 PACK_MAX_BYTES = 512 * 2**20  # the second copy a packed layer costs, at most
 _CHECK_ROWS = (1, 3)  # row counts the build-time check compares against F.linear
 
 _packed: weakref.WeakKeyDictionary[nn.Linear, PackedLinear] = weakref.WeakKeyDictionary()
-
-
-def packing_enabled() -> bool:
-    return os.environ.get(ENV, "on").strip().lower() not in ("off", "0", "false", "no")
 
 
 class PackedLinear(nn.Module):
@@ -51,7 +46,7 @@ class PackedLinear(nn.Module):
     def of(cls, linear: nn.Module) -> nn.Module:
         """The packed layer for `linear` (built once per layer, shared by every runner of its model), or `linear`
         itself where packing does not apply or would change a single bit of its output."""
-        if not isinstance(linear, nn.Linear) or not packing_enabled():
+        if not isinstance(linear, nn.Linear):
             return linear
         if linear in _packed:
             return _packed[linear]

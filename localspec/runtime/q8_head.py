@@ -7,28 +7,22 @@ to bfloat16), float32 logits, and a row's logits the same whatever the other row
 output in one order). On a CPU where oneDNN cannot prepack bf16 (AVX2 only) the dense head re-packs its 57 MB in
 every call, so there this is the difference between most of a step and a small part of it.
 
-The dense weight stays in the model (it is the token embedding, and a head proposer reads it); the runner computes
-logits with `lm_head_for(model)`: the Q8Head attached to the model at load (models/gguf_linear.py), else the dense
-head through PackedLinear.
+The dense weight stays in the model (it is the token embedding, and a head proposer reads it); the loader records the
+Q8Head with the model (plan.record_load) and the forward plan makes it the runner's LM head.
 """
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import nn
 
-from .packed_linear import PackedLinear
-from .q4_kernel import Q4Kernel, pack_q8
-
-_ATTACHED: weakref.WeakKeyDictionary[nn.Module, Q8Head] = weakref.WeakKeyDictionary()
+from .q4_kernel import Q8Matmul, pack_q8
 
 
 class Q8Head(nn.Module):
     """y = x · Wᵀ for W [N, K] as Q8_0 codes in groups of 32 along K; x bf16 → float32 logits. No bias."""
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, in_features: int, kernel: Q4Kernel) -> None:
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, in_features: int, kernel: Q8Matmul) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, codes.shape[0] * codes.shape[3]
         self.kernel = kernel
@@ -36,30 +30,14 @@ class Q8Head(nn.Module):
         self.register_buffer("scales", scales)  # [N/16, K/32, 16] float16
 
     @classmethod
-    def from_q8_0(cls, codes: torch.Tensor, d: torch.Tensor, kernel: Q4Kernel) -> Q8Head:
+    def from_q8_0(cls, codes: torch.Tensor, d: torch.Tensor, kernel: Q8Matmul) -> Q8Head:
         """From a Q8_0 tensor's fields: codes [N, K] int8, d [N, K/32] float16."""
         packed, scales = pack_q8(codes, d)
         return cls(packed, scales, codes.shape[1], kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 → [..., N] float32
         buffers = self._buffers
-        return self.kernel.matmul_q8(x, buffers["codes"], buffers["scales"], self.out_features)
+        return self.kernel.matmul(x, buffers["codes"], buffers["scales"], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, Q8_0 group 32"
-
-
-def attach_lm_head(model: nn.Module, head: Q8Head) -> None:
-    """Make `head` the LM head every runner of `model` computes logits with."""
-    _ATTACHED[model] = head
-
-
-def attached_lm_head(model: nn.Module) -> Q8Head | None:
-    return _ATTACHED.get(model)
-
-
-def lm_head_for(model: nn.Module) -> nn.Module:
-    """The module a runner computes `model`'s logits with: its attached Q8Head, else its output embedding through
-    PackedLinear (bitwise the same, faster on a CPU in bf16)."""
-    head = _ATTACHED.get(model)
-    return head if head is not None else PackedLinear.of(model.get_output_embeddings())

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import os
 
-from localspec.config import ConfigError
+from localspec.config import ConfigError, Environment
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 API_KEY_ENV = "LOCALSPEC_API_KEY"
@@ -21,9 +20,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def api_key_for(host: str, no_auth: bool, environ=os.environ) -> str | None:
+def api_key_for(host: str, no_auth: bool, environ=None) -> str | None:
     """The key requests must carry (None: no check). Raises ConfigError for a non-loopback host without one."""
-    key = environ.get(API_KEY_ENV) or None
+    key = Environment.read(environ).api_key
     if key is not None:
         return key
     if is_loopback(host) or no_auth:

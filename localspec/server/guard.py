@@ -18,13 +18,14 @@ middleware echoes a foreign origin when the Host is not a loopback name) are dro
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from starlette.middleware.cors import CORSMiddleware
+
+from localspec.config import Environment
 
 from .auth import is_loopback
 
@@ -55,11 +56,6 @@ def split_host(value: str) -> tuple[str, int | None]:
     return name, int(port)
 
 
-def from_env(name: str, environ=os.environ) -> tuple[str, ...]:
-    """A comma-separated list from the environment, blanks dropped."""
-    return tuple(part.strip() for part in environ.get(name, "").split(",") if part.strip())
-
-
 @dataclass(frozen=True)
 class AccessPolicy:
     """The Host names and CORS origins a server bound to `bind_host` accepts (see the module docstring)."""
@@ -71,13 +67,14 @@ class AccessPolicy:
 
     @classmethod
     def configured(
-        cls, bind_host: str, hosts: Iterable[str] = (), origins: Iterable[str] = (), environ=os.environ
+        cls, bind_host: str, hosts: Iterable[str] = (), origins: Iterable[str] = (), environ=None
     ) -> AccessPolicy:
-        """The flags' names plus the environment's."""
+        """The flags' names plus the environment's (LOCALSPEC_ALLOWED_HOSTS, LOCALSPEC_CORS_ORIGINS)."""
+        env = Environment.read(environ)
         return cls(
             bind_host,
-            tuple(hosts) + from_env(ALLOWED_HOSTS_ENV, environ),
-            tuple(o.rstrip("/") for o in tuple(origins) + from_env(CORS_ORIGINS_ENV, environ)),
+            tuple(hosts) + env.allowed_hosts,
+            tuple(o.rstrip("/") for o in tuple(origins) + env.cors_origins),
         )
 
     @property

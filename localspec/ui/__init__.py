@@ -2,9 +2,11 @@
 
 import os
 
+from localspec.config import Environment
+
 # before gradio (or anything that imports it) is loaded
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
-if os.environ.get("LOCALSPEC_ALLOW_DOWNLOAD") != "1":  # local first: no hub traffic unless asked for
+if not Environment.read().allow_download:  # local first: no hub traffic unless asked for
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from . import tempfiles  # noqa: E402  (no Gradio import inside)

@@ -16,6 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
+from localspec.config import Environment
 from localspec.server.auth import is_loopback  # one loopback rule for the app and the API
 from localspec.server.guard import add_access_options, guard_lifespan, policy_for
 
@@ -65,7 +66,7 @@ def auth_for(args: argparse.Namespace):
 
     if is_loopback(args.host) or args.no_auth:
         return None
-    password = args.password or os.environ.get("LOCALSPEC_PASSWORD")
+    password = args.password or Environment.read().password
     if not password:
         raise ConfigError(
             f"binding to {args.host} makes the app reachable from other machines; give a password with "

@@ -35,14 +35,14 @@ from typing import Literal
 
 from localspec.config import ConfigError
 from localspec.measured import Row, rounding_rows
+from localspec.runtime.plan import Setup  # the setup ids: the forward plan names them
 
 GreedyGuarantee = Literal["identical", "near-tie"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 Quant = Literal["none", "nf4", "int8", "gguf"]  # a new weight format adds its name here and its rows to index.json
 DeviceType = Literal["cpu", "cuda"]
-# exact-kernels: the exact setup on the row-invariant kernels (q4 linears, q8 head, attention kernel);
+# Setup (runtime/plan.py) exact-kernels: the exact setup on the row-invariant kernels (q4 linears, q8 head, attention);
 # exact-attention: the exact setup with decode / verify attention on the attention kernel, torch's linears
-Setup = Literal["fast", "exact", "exact-kernels", "exact-attention"]
 SETUP_WORDS = {
     "fast": "fast",
     "exact": "exact",
@@ -268,15 +268,10 @@ def dtype_name(model) -> str:
 
 
 def setup_name(model, exact: bool) -> Setup:
-    """The measurement a target's forwards fall under: fast, or its exact setup (model_runner.exact_setup_for) on the
-    row-invariant kernels, with only the attention kernel, or on torch's ops."""
-    from localspec.runtime.model_runner import exact_setup_for, row_invariant_layers
+    """The measurement a target's forwards fall under: its forward plan's setup id (runtime/plan.py)."""
+    from localspec.runtime.plan import plan_forward
 
-    if not exact:
-        return "fast"
-    if not exact_setup_for(model).attention_kernel:
-        return "exact"
-    return "exact-kernels" if row_invariant_layers(model) else "exact-attention"
+    return plan_forward(model, exact=exact).setup_id
 
 
 def guarantee_for_model(model, quant: str, device_type: str, exact: bool = False) -> Guarantee:

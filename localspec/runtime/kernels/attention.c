@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "limits.h"
 #include "scalar.h" /* bf16_to_float, float_to_bf16, exp_fixed */
 
 /* Vectors of VW float32 lanes for the dot products: the lanes are (row, head) pairs, each lane's sum its own, so the
@@ -63,13 +64,13 @@ typedef float vfloat;
 #define vadd(a, b) ((a) + (b))
 #endif
 
-#define LANES 16
-#define MAX_DIM 512
+#define LANES LOCALSPEC_LANES
+#define MAX_DIM LOCALSPEC_MAX_DIM
 #define TILE 16 /* keys whose dot products one pass over the pairs' queries sums */
 #define KEYS 8  /* of them side by side, in registers */
 #define DIMS 8  /* output dims whose value sums run side by side, in registers */
 
-#define MAX_GROUP 16 /* query heads per key-value head computed together (each key read once for all of them) */
+#define MAX_GROUP LOCALSPEC_MAX_GROUP /* query heads per key-value head computed together (each key read once for all of them) */
 #define MAX_BLOCK 16 /* rows of one call computed together (each key read once for all of them) */
 
 /* How many blocks of rows each key-value head's rows are split into: enough that every thread gets the same number

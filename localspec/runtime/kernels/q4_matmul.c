@@ -22,13 +22,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "limits.h" /* LOCALSPEC_AVX512BF16 / LOCALSPEC_AVX2 */
 #include "scalar.h" /* rows_per_pass, float_to_bf16 */
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(LOCALSPEC_AVX512BF16)
 
 #define CHUNK 12 /* rows per pass over a block of weights: 2 accumulators a row, 24 of the 32 registers */
 
-const char *q4_isa(void) { return "avx512bf16"; }
 
 
 static inline __attribute__((always_inline)) void block_rows(const uint8_t *codes, const uint16_t *dm,
@@ -149,11 +149,10 @@ int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint1
     return 0;
 }
 
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#elif defined(LOCALSPEC_AVX2)
 
 #define CHUNK 12 /* rows per pass over a block of weights (their sums live in memory, not registers) */
 
-const char *q4_isa(void) { return "avx2"; }
 
 /* The 16 pairs of a block's group as float32 codes, k-major: q[k][lane], k = 0..31, lane = 0..15. */
 static inline void expand(const uint8_t *c, float *q) {
@@ -277,6 +276,4 @@ int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint1
     return 0;
 }
 
-#else
-#error "the q4 kernel needs AVX-512 BF16 (with F, BW, VL) or AVX2 with FMA and F16C"
 #endif

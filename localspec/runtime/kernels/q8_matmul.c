@@ -21,9 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "limits.h" /* LOCALSPEC_AVX512BF16 / LOCALSPEC_AVX2 */
 #include "scalar.h" /* rows_per_pass */
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(LOCALSPEC_AVX512BF16)
 
 #define Q8_CHUNK 12 /* rows per pass over a block of codes: one accumulator and one partial sum a row */
 
@@ -80,7 +81,7 @@ int q8_matmul(const uint16_t *x, const int8_t *codes, const uint16_t *dscale, fl
     return 0;
 }
 
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#elif defined(LOCALSPEC_AVX2)
 
 #define Q8_CHUNK 12
 
@@ -169,6 +170,4 @@ int q8_matmul(const uint16_t *x, const int8_t *codes, const uint16_t *dscale, fl
     return 0;
 }
 
-#else
-#error "the q8 kernel needs AVX2 with FMA and F16C"
 #endif

@@ -1,0 +1,239 @@
+"""The kernels' library (kernels/*.c): one shared object, built once for this CPU, verified, self-checked, loaded
+once, and handed out as one handle whose members are its kernels:
+
+  q4          the q4 matmul (q4_kernel.Q4Matmul): GGUF Q4_1 linears, row-invariant
+  q8          the q8 matmul (q4_kernel.Q8Matmul): a Q8_0 LM head, row-invariant
+  attention   decode / verify attention (attention_kernel.AttentionKernel), or None with the reason
+  layer       a whole llama layer in one call (layer_kernel.LayerKernel), or None with the reason
+
+Its limits (group size, lanes, head sizes, instruction set) are the C sources' own (kernels/limits.h), read from the
+built library. It needs x86-64 Linux and a C compiler; the source compiles for AVX-512 BF16 or AVX2 with FMA and F16C
+and refuses any other target with the reason. It is compiled at first use (`-march=native`, about a second) into the
+data folder's cache and loaded with ctypes; its OpenMP is torch's own libgomp (same soname, loaded first).
+
+What is loaded is verified: the library is built under a temporary name in an owner-only folder, its sha256 is
+written beside it atomically (a `.sha256` sidecar), and a library whose bytes do not match its sidecar (planted,
+truncated, left by another build) is removed and built again, never loaded; the hashed file descriptor is what
+dlopen opens (no window to swap the file between the check and the load). Anything missing, a failed build or a failed
+self-check makes `load_library` return no library and the reason, and the layers stay on torch's kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).with_name("kernels")  # the C sources
+SOURCES = tuple(SOURCE_DIR / name for name in ("limits.c", "q4_matmul.c", "q8_matmul.c", "attention.c", "layer.c"))
+HEADERS = tuple(SOURCE_DIR / name for name in ("limits.h", "scalar.h", "attention_body.h"))
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+DIGEST = ".sha256"  # the sidecar beside a built library: the sha256 of its bytes, hex
+
+
+@dataclass(frozen=True)
+class Limits:
+    """kernels/limits.h, as the built library exports it."""
+
+    isa: str  # the build of the sources that runs: avx512bf16 | avx2
+    group: int  # weights per scale along K (a GGUF block)
+    lanes: int  # outputs per packed block; head sizes are multiples of it
+    max_dim: int  # the attention kernel's largest head size
+    max_group: int  # and most query heads per key-value head
+
+    @classmethod
+    def of(cls, library: ctypes.CDLL) -> Limits:
+        library.localspec_isa.restype = ctypes.c_char_p
+        read = lambda name: ctypes.c_int.in_dll(library, f"localspec_{name}").value  # noqa: E731
+        return cls(library.localspec_isa().decode(), read("group"), read("lanes"), read("max_dim"), read("max_group"))
+
+
+@dataclass(frozen=True)
+class KernelLibrary:
+    """The loaded library: its kernels as members, each self-checked (None: the reason is in `notes`)."""
+
+    limits: Limits
+    q4: object  # q4_kernel.Q4Matmul
+    q8: object  # q4_kernel.Q8Matmul
+    attention: object | None  # attention_kernel.AttentionKernel
+    layer: object | None  # layer_kernel.LayerKernel
+    notes: tuple[str, ...]  # why a member is None
+
+    @property
+    def isa(self) -> str:
+        return self.limits.isa
+
+
+@dataclass(frozen=True)
+class LibraryLoad:
+    """What load_library gives: the library, or None and why it cannot run here; reason says how it was built."""
+
+    library: KernelLibrary | None
+    reason: str
+
+
+def cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):  # the toolchain's own variable, not a switch of ours
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _missing() -> str | None:
+    """Why the library cannot be built on this machine, or None (the instruction sets are the sources' to say)."""
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"x86-64 Linux only (this is {sys.platform} {platform.machine()})"
+    if compiler() is None:
+        return "no C compiler (cc, gcc or clang) on PATH"
+    return None
+
+
+def compile_library(sources, target: Path, march: str = "native") -> Path:
+    """Compile kernel sources into the shared library `target` with FLAGS, for `march` (the machine's own target by
+    default; another one, e.g. "haswell", builds the AVX2 code on a machine that would run the AVX-512 one).
+    RuntimeError with the compiler's message (its #error line where there is one) when it fails."""
+    flags = [f"-march={march}" if flag == "-march=native" else flag for flag in FLAGS]
+    command = [compiler(), *flags, *map(str, sources), "-o", str(target), "-lm"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if result.returncode:
+        lines = result.stderr.strip().splitlines()
+        said = next((line.partition("#error")[2].strip(' "') for line in lines if "#error" in line), None)
+        raise RuntimeError(said or (lines[-1] if lines else "compiler failed"))
+    return target
+
+
+def target_path(build_dir: Path, march: str = "native", sources=None) -> Path:
+    """Where the library for these sources, flags and CPU is kept in build_dir."""
+    paths = tuple(SOURCES if sources is None else sources) + HEADERS
+    source = b"".join(path.read_bytes() for path in paths)
+    cpu = (platform.processor() or "") + ",".join(sorted(cpu_flags()))
+    tag = hashlib.sha256(source + " ".join(FLAGS).encode() + march.encode() + cpu.encode())
+    return build_dir / f"localspec_kernels-{tag.hexdigest()[:16]}.so"
+
+
+def _private(build_dir: Path) -> None:
+    """build_dir, created owner-only; an existing one of ours loses group and other write access."""
+    build_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = build_dir.stat()
+    if info.st_uid == os.getuid() and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        build_dir.chmod(stat.S_IMODE(info.st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+
+
+def _build(target: Path, march: str, sources) -> None:
+    """Compile to a temporary name in the build folder, record its sha256, then move it into place."""
+    partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-")) / target.name
+    try:
+        compile_library(sources, partial, march)
+        digest = hashlib.sha256(partial.read_bytes()).hexdigest()
+        _write_atomically(target.with_name(target.name + DIGEST), digest.encode())
+        os.replace(partial, target)
+    finally:
+        shutil.rmtree(partial.parent, ignore_errors=True)
+
+
+def _open_verified(target: Path) -> ctypes.CDLL | None:
+    """The library at `target` when its bytes match its sidecar's sha256, else None. dlopen reads the very file
+    descriptor that was hashed (/proc/self/fd), so the file cannot be swapped between the check and the load."""
+    try:
+        recorded = target.with_name(target.name + DIGEST).read_text().strip()
+        handle = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(os.dup(handle), "rb") as data:
+            digest = hashlib.file_digest(data, "sha256").hexdigest()
+        if digest != recorded or not stat.S_ISREG(os.fstat(handle).st_mode):
+            return None
+        return ctypes.CDLL(f"/proc/self/fd/{handle}")
+    finally:
+        os.close(handle)
+
+
+def _opened(build_dir: Path, march: str, sources) -> ctypes.CDLL:
+    """The verified library for these sources, built first where there is none or the one there fails its check."""
+    _private(build_dir)
+    target = target_path(build_dir, march, sources)
+    library = _open_verified(target)
+    if library is None:
+        target.unlink(missing_ok=True)  # planted or stale: never loaded
+        _build(target, march, sources)
+        library = _open_verified(target)
+        if library is None:
+            raise RuntimeError(f"the library built at {target} does not match its recorded sha256")
+    return library
+
+
+@functools.cache
+def load_library(build_dir: Path, enabled: bool = True, layer: bool = True, march: str = "native") -> LibraryLoad:
+    """The kernels' library, built into build_dir at first use, verified and self-checked, or why it cannot run
+    here. enabled / layer: the LOCALSPEC_Q4_KERNEL / LOCALSPEC_LAYER_KERNEL switches (config.Environment), passed in
+    so that a cached load is keyed by them."""
+    from .attention_kernel import AttentionKernel
+    from .attention_kernel import self_check as attention_self_check
+    from .layer_kernel import LayerKernel
+    from .layer_kernel import self_check as layer_self_check
+    from .q4_kernel import GROUP, LANES, Q4Matmul, Q8Matmul, q8_self_check, self_check
+
+    if not enabled:
+        return LibraryLoad(None, "turned off (LOCALSPEC_Q4_KERNEL=off)")
+    missing = _missing()
+    if missing is not None:
+        return LibraryLoad(None, missing)
+    try:
+        handle = _opened(build_dir, march, SOURCES)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        return LibraryLoad(None, f"could not build it: {exc}")
+    limits = Limits.of(handle)
+    if (limits.group, limits.lanes) != (GROUP, LANES):
+        return LibraryLoad(None, f"its layout ({limits.group}, {limits.lanes}) is not the one q4_kernel.py packs")
+    q4, q8 = Q4Matmul(handle), Q8Matmul(handle)
+    problem = self_check(q4) or q8_self_check(q8)
+    if problem is not None:
+        return LibraryLoad(None, f"self-check failed: {problem}")
+    attention, notes = AttentionKernel(handle, limits), []
+    attention_problem = attention_self_check(attention)
+    if attention_problem is not None:
+        attention, notes = None, [f"no attention kernel (self-check failed: {attention_problem})"]
+    layer_kernel = None
+    if not layer:
+        notes.append("no layer kernel (turned off: LOCALSPEC_LAYER_KERNEL=off)")
+    elif attention is None:
+        notes.append("no layer kernel (no attention kernel)")
+    else:
+        layer_kernel = LayerKernel(handle)
+        layer_problem = layer_self_check(layer_kernel, q4, attention)
+        if layer_problem is not None:
+            layer_kernel = None
+            notes.append(f"no layer kernel (self-check failed: {layer_problem})")
+    library = KernelLibrary(limits, q4, q8, attention, layer_kernel, tuple(notes))
+    note = "".join(f"; {n}" for n in notes)
+    return LibraryLoad(library, f"{limits.isa}, built for this CPU with {compiler()}{note}")

@@ -1,0 +1,446 @@
+"""The forward plan: every choice of how a model's forwards are computed, made once, in this module, with its reason.
+
+`plan_forward` reads the machine (the kernels' library and its self-checks, runtime/library.py), the model (its
+architecture, each decoder linear's block type and kernel as the loader built it from KERNELS, its LM head), the
+setting (exact or fast forwards) and the environment (config.Environment), and returns a frozen ForwardPlan:
+
+  linears            per tensor class, the kernel (by GGUF block type, from KERNELS: one row per block type, the way
+                     ggml keeps one type_traits table; a new type is a new row, not a new branch)
+  lm_head            the q8 kernel on the file's Q8_0 blocks, oneDNN's prepacked dense head, or the plain one
+  decode / verify    the attention of 1..DECODE_MAX_ROWS-row forwards: the attention kernel (each row as plain
+                     decoding computes it), eager with the explicit mask, or sdpa; the layer kernel where it runs
+  prefill            a longer forward's attention (sdpa in every setup: plain decoding and speculation run a
+                     prompt alike)
+  dummy rows         the rows a forward is padded with so each row rounds as in any other row count
+  forward, cache,    the lean llama forward or transformers', the preallocated cache or a dynamic one, and
+  compile            torch.compile's mode
+  setup              the guarantee's setup id (verify/guarantee.py reads its measured rows by it)
+
+ModelRunner and the lean forward execute the plan and decide nothing. `ForwardPlan.summary()` is the one-line form
+the bench and the chat window print; `to_dict()` is what `localspec generate --json` prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from localspec.config import CompileMode, Environment, ForwardKind
+from localspec.measured import exact_rows
+
+from .library import KernelLibrary, LibraryLoad, load_library
+
+AttentionPath = Literal["sdpa", "eager"]  # transformers' attention implementations the setups use
+AttentionKind = Literal["sdpa", "eager", "kernel"]  # a forward's attention (kernel: attention_kernel.py)
+CacheKind = Literal["static", "dynamic"]
+Setup = Literal["fast", "exact", "exact-kernels", "exact-attention"]  # the guarantee's setup ids
+SETUPS: tuple[Setup, ...] = ("fast", "exact", "exact-kernels", "exact-attention")
+LEAN_MODEL_TYPES = ("llama",)  # architectures whose decoder layer runtime/lean_llama.py computes exactly
+
+
+# ---- the kernels, one row per GGUF block type -------------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelRow:
+    """What runs a tensor of one GGUF block type: the library's member `kernel` for the `roles` it serves, else
+    `fallback` (torch's), with why."""
+
+    block_type: str
+    kernel: str  # KernelLibrary member: q4 | q8
+    roles: tuple[str, ...]  # linear (a decoder layer's matmul) | lm_head (a tied Q8_0 token embedding)
+    fallback: str  # what runs the tensor without the library: torch-int4 | dense
+    why: str
+
+
+KERNELS: dict[str, KernelRow] = {
+    row.block_type: row
+    for row in (
+        KernelRow("Q4_1", "q4", ("linear",), "torch-int4", "row-invariant, the file's own d and m"),
+        KernelRow("Q8_0", "q8", ("lm_head",), "dense", "the file's exact weights, float32 logits, row-invariant"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One decision of the plan and why it was made."""
+
+    value: str
+    reason: str
+
+
+def tensor_kernel(block_type: str, role: str, library: KernelLibrary | None, why_not: str = "") -> Choice:
+    """The kernel that runs a tensor of this block type in this role (KERNELS), or its fallback and why; "dense":
+    no row (the loader keeps the dequantized weight)."""
+    row = KERNELS.get(block_type)
+    if row is None or role not in row.roles:
+        return Choice("dense", f"no kernel for {block_type} as {role.replace('_', ' ')}: the dequantized weight")
+    if library is None:
+        return Choice(row.fallback, f"the kernels' library is not here: {why_not or 'not offered'}")
+    return Choice(row.kernel, f"{block_type}: {row.why}")
+
+
+def library_here(build_dir=None, env: Environment | None = None) -> LibraryLoad:
+    """This machine's kernels' library (built into the data folder's cache, or build_dir) under the environment's
+    switches (load_library caches by them, so a changed switch is read at the next load)."""
+    if build_dir is None:
+        from localspec.models.paths import cache_dir
+
+        build_dir = cache_dir() / "kernels"
+    env = env or Environment.read()
+    return load_library(build_dir, env.q4_kernel, env.layer_kernel)
+
+
+@dataclass(frozen=True)
+class LoadRecord:
+    """What the loader built a model with, kept on the model (as LOAD_ATTR) for the plan: the library it offered
+    (None: none), its kernel choice per tensor class, and the Q8_0 LM head module where one was built."""
+
+    library: KernelLibrary | None
+    tensors: tuple[tuple[str, Choice], ...] = ()
+    head: nn.Module | None = field(default=None, compare=False)
+
+
+LOAD_ATTR = "localspec_load"
+
+
+def record_load(model: nn.Module, record: LoadRecord) -> None:
+    object.__setattr__(model, LOAD_ATTR, record)  # a plain attribute: not a submodule, not in the state dict
+
+
+def load_record(model: nn.Module) -> LoadRecord:
+    return getattr(model, LOAD_ATTR, None) or LoadRecord(None)
+
+
+def offer_library(model: nn.Module) -> None:
+    """Offer this machine's library to a target the loader did not build from a GGUF: a CPU model's plan may run
+    decode / verify attention there (where it fits); another device's is offered none."""
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    record_load(model, LoadRecord(library_here().library if on_cpu else None))
+
+
+# ---- the forward setups -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ForwardSetup:
+    """How every forward of a runner is computed. The kernels a CPU (or cuBLAS) picks depend on the row count, so a
+    row's logits can round differently alone than inside a (K+1)-row verify forward (scripts/measure_rounding.py,
+    assets/rounding/): with eager attention, an explicit additive mask and at least 2 rows per forward (a 1-token
+    forward gets one dummy row after it, whose cache row is dropped) each bfloat16 chain row of the real model was
+    measured bitwise equal to the same row inside 2..17-row forwards (float32 / float16: see EXACT_ROWS).
+
+    attention: the transformers attention implementation. explicit_mask: pass the causal additive mask built here
+    instead of transformers' own (preallocated cache only). min_rows / row_multiple: the dummy rows (the last token
+    repeated) after the real ones. rows_as_plain (lean forward only): each real row of a decode or verify forward
+    gets its own attention in plain decoding's shapes (lean_llama.RowsAsPlain), at about 2× the verify cost, so
+    exact_setup leaves it off and exact_rows_setup turns it on. attention_kernel: decode / verify attention on
+    attention_kernel.py where the lean forward has it."""
+
+    attention: AttentionPath = "sdpa"
+    explicit_mask: bool = False
+    min_rows: int = 1
+    row_multiple: int = 1  # forwards are padded up to a multiple of this many rows
+    rows_as_plain: bool = False
+    attention_kernel: bool = False
+
+    def padded(self, rows: int) -> int:
+        """The row count a forward of `rows` real rows runs with (≥ min_rows, a multiple of row_multiple)."""
+        whole = -(-rows // self.row_multiple) * self.row_multiple
+        return max(whole, self.min_rows) if rows else 0
+
+    @property
+    def rows(self) -> str:
+        """The rows of its forwards in words: '1-row decode', '≥ 8 rows, multiples of 8'."""
+        rows = "1-row decode" if self.min_rows == 1 else f"≥ {self.min_rows} rows"
+        return rows + (f", multiples of {self.row_multiple}" if self.row_multiple > 1 else "")
+
+    def describe(self) -> str:
+        """The setup in words, e.g. 'eager + mask, ≥ 2 rows' or 'attention kernel, 1-row decode'."""
+        if self == FAST:
+            return "fast"
+        rows = self.rows
+        if self.attention_kernel:
+            return f"attention kernel, {rows}"
+        plain = ", rows as plain" if self.rows_as_plain else ""
+        return f"{self.attention}{' + mask' if self.explicit_mask else ''}, {rows}{plain}"
+
+
+# forwards of up to this many real rows are decode / verify-sized: in the exact setup those are the rows that must
+# round as plain decoding's. A longer forward is a prompt's prefill, which plain decoding and speculation run alike on
+# the same prompt, so the lean forward runs its attention on sdpa in every setup (1.5x eager at 1,024 tokens)
+DECODE_MAX_ROWS = 64
+FAST = ForwardSetup()  # transformers' defaults: sdpa, its own mask, 1-row decode forwards
+# (min_rows, row_multiple) per compute dtype: the fewest rows per forward, and their multiple, from which a row's result
+# was measured not to depend on the row count; what was measured where is in assets/rounding/exact_rows.json
+_EXACT_ROWS_BY_NAME, EXACT_ROWS_DEFAULT = exact_rows()
+EXACT_ROWS = {getattr(torch, name): rows for name, rows in _EXACT_ROWS_BY_NAME.items()}
+
+
+def exact_setup(dtype: torch.dtype) -> ForwardSetup:
+    """The exact setup for a model computing in `dtype`: eager attention, the explicit mask, EXACT_ROWS padding."""
+    min_rows, multiple = EXACT_ROWS.get(dtype, EXACT_ROWS_DEFAULT)
+    return ForwardSetup(attention="eager", explicit_mask=True, min_rows=min_rows, row_multiple=multiple)
+
+
+def exact_rows_setup(dtype: torch.dtype) -> ForwardSetup:
+    """exact_setup with every decode / verify row's attention computed in plain decoding's shapes (rows_as_plain)."""
+    return dataclasses.replace(exact_setup(dtype), rows_as_plain=True)
+
+
+def _decoder_linears(model: nn.Module) -> list[nn.Module] | None:
+    from .int4_linear import Int4Linear
+
+    decoder = getattr(getattr(model, "model", None), "layers", None)
+    if decoder is None:
+        return None
+    return [m for m in decoder.modules() if isinstance(m, (nn.Linear, Int4Linear))]
+
+
+def row_invariant_layers(model: nn.Module) -> bool:
+    """Whether every linear of the model's decoder layers computes a row the same whatever the row count: all are
+    Int4Linear on the q4 kernel. Then the exact setup needs no dummy row (the dummy row is for bfloat16 F.linear,
+    which rounds a lone row differently)."""
+    from .int4_linear import Int4Linear
+
+    linears = _decoder_linears(model)
+    return bool(linears) and all(isinstance(m, Int4Linear) and m.row_invariant for m in linears)
+
+
+def lean_supported(model: nn.Module) -> bool:
+    """A transformers llama whose layers the lean forward computes exactly: plain RoPE, no biases, SiLU, full
+    attention."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "model_type", None) not in LEAN_MODEL_TYPES:
+        return False
+    rope = getattr(config, "rope_parameters", None) or {}
+    return (
+        rope.get("rope_type", "default") == "default"
+        and not getattr(config, "attention_bias", False)
+        and not getattr(config, "mlp_bias", False)
+        and getattr(config, "hidden_act", "silu") == "silu"
+        and not getattr(config, "pretraining_tp", 1) > 1
+    )
+
+
+def _attention_kernel_fits(model: nn.Module, library: KernelLibrary | None) -> tuple[bool, str]:
+    if library is None or library.attention is None:
+        return False, "no attention kernel here" if library is None else "; ".join(library.notes)
+    config = model.config
+    dtype = model.get_input_embeddings().weight.dtype
+    device = model.get_input_embeddings().weight.device
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if device.type != "cpu" or not library.attention.fits(heads, kv_heads, dim, dtype):
+        return False, f"the attention kernel does not take {heads}/{kv_heads} heads of {dim} in {dtype} on {device}"
+    return True, "every row computed as plain decoding's, whatever the other rows"
+
+
+def offered_library(model: nn.Module, env: Environment | None = None) -> KernelLibrary | None:
+    """The library a model's plan may use: the one the loader offered, or, for layers already on its q4 kernel
+    (a model built outside the loader), this machine's."""
+    record = load_record(model)
+    if record.library is not None or not row_invariant_layers(model):
+        return record.library
+    return library_here(env=env).library
+
+
+def exact_setup_for(
+    model: nn.Module, library: KernelLibrary | None | bool = True, env: Environment | None = None
+) -> ForwardSetup:
+    """The exact setup for this model: where every decoder linear is row-invariant, 1-row decode forwards, else
+    exact_setup of its dtype with its dummy rows; decode / verify attention on the attention kernel wherever the
+    lean forward can run it (library: the offered one by default; the lean forward unless LOCALSPEC_FORWARD says
+    otherwise)."""
+    env = env or Environment.read()
+    library = offered_library(model, env) if library is True else library or None
+    kernel = env.forward == "lean" and lean_supported(model) and _attention_kernel_fits(model, library)[0]
+    if row_invariant_layers(model):
+        return ForwardSetup(attention="eager", explicit_mask=True, attention_kernel=kernel)
+    dtype = model.get_input_embeddings().weight.dtype
+    return dataclasses.replace(exact_setup(dtype), attention_kernel=kernel)
+
+
+def setup_id(setup: ForwardSetup, row_invariant: bool) -> Setup:
+    """The guarantee's id of a setup: fast, exact on torch's ops, exact with only the attention kernel, or exact on
+    the row-invariant kernels throughout."""
+    if setup == FAST:
+        return "fast"
+    if not setup.attention_kernel:
+        return "exact"
+    return "exact-kernels" if row_invariant else "exact-attention"
+
+
+def packing(env: Environment | None = None) -> Choice:
+    """Whether bf16 linears run on oneDNN's prepacked weight (runtime/packed_linear.py, checked bitwise per layer)."""
+    if (env or Environment.read()).packed:
+        return Choice("packed", "oneDNN's prepacked weight where bitwise F.linear's (checked per layer)")
+    return Choice("plain", "turned off (LOCALSPEC_PACKED=off)")
+
+
+# ---- the plan -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ForwardPlan:
+    """Every choice of a runner's forwards and why (module docstring). The kernels it names ride along, outside
+    equality and printing."""
+
+    setup: ForwardSetup
+    setup_id: Setup
+    forward: ForwardKind
+    forward_reason: str
+    cache: CacheKind
+    compile: CompileMode
+    library: Choice
+    linears: tuple[tuple[str, Choice], ...]
+    lm_head: Choice
+    decode_attention: Choice
+    prefill_attention: Choice
+    dummy_rows: Choice
+    layer_kernel: Choice
+    kernels: KernelLibrary | None = field(default=None, compare=False, repr=False)
+    head: nn.Module | None = field(default=None, compare=False, repr=False)  # the Q8_0 head module (lm_head q8)
+    # the kernels the model's lean layers are built with, where they take them (a runner of another setup of the same
+    # model shares its layers): the attention kernel where it fits, the layer kernel where the linears are on q4
+    attention_kernel: object | None = field(default=None, compare=False, repr=False)
+    layer: object | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def on_attention_kernel(self) -> bool:
+        return self.decode_attention.value == "kernel"
+
+    @property
+    def on_layer_kernel(self) -> bool:
+        return self.layer_kernel.value == "on"
+
+    def attention(self, rows: int) -> AttentionKind | None:
+        """A lean forward of `rows` real rows: its attention (None: the model's own, the setup's)."""
+        if self.forward != "lean":
+            return None
+        if rows > DECODE_MAX_ROWS:
+            return "sdpa"
+        return "kernel" if self.on_attention_kernel else None
+
+    def rows_as_plain(self, rows: int) -> bool:
+        """Whether a decode / verify forward of `rows` rows computes each row's attention in plain shapes."""
+        return self.setup.rows_as_plain and self.forward == "lean" and rows <= DECODE_MAX_ROWS
+
+    def summary(self) -> str:
+        """One line, e.g. 'exact-kernels: lean forward, linears q4, head q8, attention kernel, 1-row decode'."""
+        kinds = sorted({choice.value for _, choice in self.linears}) or ["dense"]
+        parts = [f"{self.forward} forward", f"linears {'+'.join(kinds)}", f"head {self.lm_head.value}"]
+        layer = " (layer kernel)" if self.on_layer_kernel else ""
+        parts.append(f"decode/verify {self.decode_attention.value}{layer}")
+        parts.append(self.dummy_rows.value)
+        if self.compile != "off":
+            parts.append(f"compile {self.compile}")
+        return f"{self.setup_id}: " + ", ".join(parts)
+
+    def to_dict(self) -> dict:
+        """Each choice with its reason (what `localspec generate --json` prints as `plan`)."""
+        choices = {
+            "library": self.library,
+            "lm_head": self.lm_head,
+            "decode_attention": self.decode_attention,
+            "prefill_attention": self.prefill_attention,
+            "dummy_rows": self.dummy_rows,
+            "layer_kernel": self.layer_kernel,
+        }
+        out = {name: {"value": c.value, "reason": c.reason} for name, c in choices.items()}
+        out["linears"] = {name: {"value": c.value, "reason": c.reason} for name, c in self.linears}
+        out["forward"] = {"value": self.forward, "reason": self.forward_reason}
+        out |= {"setup": self.setup_id, "cache": self.cache, "compile": self.compile}
+        return {"summary": self.summary(), **out}
+
+
+def _linear_choices(model: nn.Module, record: LoadRecord) -> tuple[tuple[str, Choice], ...]:
+    """Per tensor class (q_proj, …): the loader's choice where it made one, else the dense layer's dtype."""
+    if record.tensors:
+        return record.tensors
+    linears = _decoder_linears(model) or []
+    dtypes = sorted({str(m.weight.dtype).replace("torch.", "") for m in linears if isinstance(m, nn.Linear)})
+    return (("decoder", Choice("dense", f"{'/'.join(dtypes) or 'no'} weights: torch's matmul")),) if linears else ()
+
+
+def plan_forward(
+    model: nn.Module,
+    exact: bool = False,
+    setup: ForwardSetup | None = None,
+    forward: ForwardKind | None = None,
+    cache: CacheKind = "static",
+    compile: CompileMode | None = None,
+    env: Environment | None = None,
+) -> ForwardPlan:
+    """The plan of a runner of `model`: exact or fast forwards (or an explicit `setup`, for measurements and tests),
+    under the environment's switches (forward, compile, packing) unless given."""
+    from .static_cache import cache_supported
+
+    env = env or Environment.read()
+    record = load_record(model)
+    library = offered_library(model, env)
+    if setup is None:
+        setup = exact_setup_for(model, library, env) if exact else FAST
+    cache = cache if cache == "dynamic" or cache_supported(model.config) else "dynamic"
+    compile = env.compile if compile is None else compile
+    wanted = env.forward if forward is None else forward
+    preallocated = cache == "static" and compile != "reduce-overhead"
+    lean = wanted == "lean" and preallocated and lean_supported(model)
+    fits, why_kernel = _attention_kernel_fits(model, library)
+    row_invariant = row_invariant_layers(model)
+
+    if not lean:
+        why = "asked for" if wanted != "lean" else "not a plain llama, or not on the preallocated cache"
+        why_forward = f"transformers' forward ({why})"
+    else:
+        why_forward = "the lean llama forward"
+    if setup.attention_kernel and lean and fits:
+        decode = Choice("kernel", f"attention kernel: {why_kernel}")
+    elif setup.rows_as_plain and lean:
+        decode = Choice("eager, rows as plain", "each row's eager attention in plain decoding's shapes")
+    else:
+        decode = Choice(setup.attention, "the fast setup" if setup == FAST else f"exact setup ({why_kernel})")
+    prefill = (
+        Choice("sdpa", f"over {DECODE_MAX_ROWS} rows: a prompt, run alike in every setup")
+        if lean
+        else Choice(setup.attention, "the setup's attention")
+    )
+    if setup.min_rows == 1 and setup.row_multiple == 1:
+        rows_why = "every decoder linear is row-invariant" if row_invariant and setup != FAST else "the fast setup"
+        dummy = Choice("no dummy rows", rows_why)
+    else:
+        dummy = Choice(setup.rows, "torch's matmuls round a row by the row count (EXACT_ROWS)")
+    layer_on = decode.value == "kernel" and row_invariant and library is not None and library.layer is not None
+    if layer_on:
+        layer = Choice("on", "whole layers in one C call (bf16 layers on q4, fused)")
+    elif library is None or decode.value != "kernel":
+        layer = Choice("off", "decode / verify attention is not on the attention kernel")
+    elif not row_invariant:
+        layer = Choice("off", "the decoder linears are not all on the q4 kernel")
+    else:
+        layer = Choice("off", "; ".join(library.notes))
+    if record.head is not None:
+        head = Choice("q8", "the file's Q8_0 token embedding, tied: " + KERNELS["Q8_0"].why)
+    else:
+        head = packing(env)
+    return ForwardPlan(
+        setup=setup,
+        setup_id=setup_id(dataclasses.replace(setup, attention_kernel=decode.value == "kernel"), row_invariant),
+        forward="lean" if lean else "transformers",
+        forward_reason=why_forward,
+        cache=cache,
+        compile=compile,
+        library=Choice(
+            library.isa if library is not None else "none",
+            "offered by the loader" if library else "none offered (not a CPU target, or the library cannot run here)",
+        ),  # fmt: skip
+        linears=_linear_choices(model, record),
+        lm_head=head,
+        decode_attention=decode,
+        prefill_attention=prefill,
+        dummy_rows=dummy,
+        layer_kernel=layer,
+        kernels=library,
+        head=record.head,
+        attention_kernel=library.attention if lean and fits else None,
+        layer=library.layer if lean and fits and row_invariant else None,
+    )
