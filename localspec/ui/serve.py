@@ -14,6 +14,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from localspec.server.auth import is_loopback  # one loopback rule for the app and the API
@@ -107,6 +108,18 @@ def open_store(args: argparse.Namespace):
     return store, None
 
 
+def load_first(manager, name: str) -> None:
+    """Load the first pair (in its own thread, the window already served); a failure leaves the app open, the
+    window says why and offers the other pairs."""
+    from localspec.config import ConfigError
+
+    try:
+        seconds = manager.load(name, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        print(f"Loaded {name} in {seconds:.1f} s", file=sys.stderr, flush=True)
+    except ConfigError as exc:
+        print(f"localspec: could not load {name}: {exc}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.umask(0o077)  # everything the app writes (database, exports, Gradio's copies) is readable by its owner only
@@ -141,11 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         pairs, default_session_factory(args.device), broken=broken, **api.manager_options if api else {}
     )
     manager.attach_catalog(catalog, read)
-    try:
-        seconds = manager.load(first.name, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-        print(f"Loaded {first.name} in {seconds:.1f} s", file=sys.stderr, flush=True)
-    except ConfigError as exc:  # the app still opens: the window shows why and offers the other pairs
-        print(f"localspec: could not load {first.name}: {exc}", file=sys.stderr, flush=True)
     store, notice = open_store(args)
     demo = build_app(manager, store, notice)
     demo.queue(default_concurrency_limit=None)
@@ -171,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             **launch,
             **launch_options(),
         )
+        # served first, loaded second: the window answers at once and shows the load's stages as they pass
+        threading.Thread(target=load_first, args=(manager, first.name), daemon=True, name="localspec-load").start()
         reach = (
             "this machine only"
             if is_loopback(args.host)
