@@ -263,9 +263,10 @@ NONE_CHOSEN = (  # the list shows, nothing chosen in it
 
 
 def reopen(page) -> None:
-    """Clear the window, then open its conversation (the only one saved) from the list."""
-    page.click("#ls-clear")
-    wait_status(page, "Cleared")
+    """A fresh page (nothing open, nothing chosen), then its conversation (the only one saved) opened from the list."""
+    page.reload(wait_until="load")
+    wait_status(page, "ready")
+    page.evaluate(RECORD_STATUSES)
     page.wait_for_function(NONE_CHOSEN, timeout=10_000)  # else a click on it would change nothing
     page.locator("#ls-conversation label").first.click()
     wait_status(page, "Opened")
@@ -324,8 +325,8 @@ def test_search_says_when_nothing_matches(chromium, window):
 def test_the_phone_drawer_closes_once_a_conversation_is_chosen(chromium, window):
     context, page = open_window(chromium, window, viewport={"width": 390, "height": 844}, has_touch=True)
     send_and_wait(page, "a chat to pick", 0)
-    page.locator("#ls-clear").click()
-    wait_status(page, "Cleared")
+    page.reload(wait_until="load")
+    wait_status(page, "ready")
     page.wait_for_function(NONE_CHOSEN, timeout=10_000)
     page.locator("#ls-sidebar .toggle-button").click()
     page.wait_for_selector("#ls-sidebar.open", timeout=5_000)
@@ -358,6 +359,7 @@ def test_a_first_start_serves_the_window_while_the_model_loads(chromium, tmp_pat
         wait_status(page, "stage")  # the loading bar: "Converting …", stage n of N
         assert page.locator("#ls-status progress.ls-load").count() == 1
         assert "Loaded " not in app.log_text(None)  # served before the model was ready
+        page.screenshot(path=str(tmp_path / "loading.png"))
         print(f"first start: the port answered after {served_s:.1f} s")
         context.close()
     finally:

@@ -20,6 +20,8 @@ from pathlib import Path
 from localspec.server.auth import is_loopback  # one loopback rule for the app and the API
 from localspec.server.guard import add_access_options, guard_lifespan, policy_for
 
+from .starting import StartingPage
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -147,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+    try:  # the port answers now; the window takes its place once built (Gradio and torch take seconds to import)
+        starting = StartingPage(args.host, args.port)
+    except OSError as exc:  # port taken, address not available
+        print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)
+        return 2
+    print(f"localspec: starting on http://{args.host}:{starting.port}/", file=sys.stderr, flush=True)
     from . import ModelManager, build_app, default_session_factory, launch_options
     from .auth import launch_kwargs
 
@@ -166,10 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     if api:  # the API's routes go on the same FastAPI app as the login middleware
         launch["app_kwargs"].update(api.app_kwargs(manager))
     try:
+        starting.close()
         # quiet: Gradio's own lines include "To create a public link, set `share=True`", which this app never does
         demo.launch(
             server_name=args.host,
-            server_port=args.port,
+            server_port=starting.port,
             inbrowser=not args.no_browser,
             share=False,
             auth_message="localspec: enter the password (any user name)" if auth else None,
