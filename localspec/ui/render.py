@@ -276,6 +276,7 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
+COMPARE_REGION = 'tabindex="0" role="region" aria-label="compare with baseline"'  # it scrolls: the keyboard reaches it
 NO_COMPARE = '<div class="ls-compare-none"></div>'  # the compare panel with nothing to show (Gradio keeps "")
 
 
@@ -342,7 +343,8 @@ def compare_html(
         )
     whose = f" of answer {answer_index + 1}" if answer_index is not None else ""
     return (
-        f'<div class="ls-compare"><div class="ls-chart-title">compare{whose} with baseline (the same prompt and '
+        f'<div class="ls-compare" {COMPARE_REGION}><div class="ls-chart-title">compare{whose} with baseline (the same '
+        "prompt and "
         "settings, speculation off)</div>"
         f'<table class="ls-stats-table"><tr><th>{escape(proposer or "speculative")}</th>'
         f'<td class="ls-compare-spec">{spec_tps:.1f} tok/s</td></tr>'
@@ -355,7 +357,8 @@ def compare_html(
 def compare_running_html(tokens: int) -> str:
     """The compare panel while the baseline streams: its count so far (the cursor marks a stream Stop can end)."""
     return (
-        '<div class="ls-compare ls-compare-running"><div class="ls-chart-title">compare with baseline</div>'
+        f'<div class="ls-compare ls-compare-running" {COMPARE_REGION}><div class="ls-chart-title">compare with '
+        "baseline</div>"
         f"baseline (speculation off): {tokens} token{'s' if tokens != 1 else ''} so far"
         '<span class="ls-cursor" aria-hidden="true">▍</span></div>'
     )
