@@ -126,6 +126,13 @@ def open_window(browser, url, **context_options):
     return context, page
 
 
+def compared(page, text: str) -> None:
+    """Send text, then Compare with baseline, and wait for both."""
+    send_and_wait(page, text, 0)
+    page.click("#ls-compare")
+    wait_status(page, "Baseline done")
+
+
 def box(page, selector: str) -> dict:
     return page.locator(selector).bounding_box()
 
@@ -135,9 +142,7 @@ def box(page, selector: str) -> dict:
 
 def test_a_long_compare_scrolls_inside_its_panel(chromium, window, tmp_path):
     context, page = open_window(chromium, window)
-    send_and_wait(page, LONG, 0)
-    page.click("#ls-compare")
-    wait_status(page, "Baseline done")
+    compared(page, LONG)
     panel = page.locator("#ls-compare-panel .ls-compare")
     assert panel.evaluate("e => getComputedStyle(e).overflowY") in ("auto", "scroll")
     assert panel.evaluate("e => e.scrollHeight > e.clientHeight")  # its content scrolls inside the box
@@ -232,9 +237,7 @@ def test_no_serious_accessibility_violations_with_a_compare(chromium, window, wi
     if not AXE.exists():
         pytest.skip(f"axe-core is not installed at {AXE} (make setup-test installs it with npm)")
     context, page = open_window(chromium, window, viewport={"width": width, "height": 844})
-    send_and_wait(page, LONG, 0)
-    page.click("#ls-compare")
-    wait_status(page, "Baseline done")
+    compared(page, LONG)
     page.add_style_tag(content="* { transition: none !important; }")  # colours as they are, not half faded
     found = axe_violations(page)
     assert found == [], json.dumps(found, indent=1)
@@ -246,9 +249,7 @@ def test_no_serious_accessibility_violations_with_a_compare(chromium, window, wi
 
 def test_a_new_answer_takes_the_old_compare_away_while_it_streams(chromium, window):
     context, page = open_window(chromium, window)
-    send_and_wait(page, "compare these words", 0)
-    page.click("#ls-compare")
-    wait_status(page, "Baseline done")
+    compared(page, "compare these words")
     page.fill("#ls-message textarea", "slow: " + " ".join(f"w{i}" for i in range(40)))
     page.click("#ls-send")
     page.wait_for_selector("#ls-transcript .ls-cursor", timeout=30_000)
