@@ -53,6 +53,9 @@ def tiny_models_yaml(tiny_pair: dict, folder: Path) -> Path:
     return path
 
 
+LOAD_ENDED = ("\nLoaded ", "localspec: could not load ")  # serve.py's lines when the first pair's load ends
+
+
 class AppProcess:
     def __init__(self, models: Path, home: Path, extra: tuple[str, ...] = (), port: int | None = None) -> None:
         self.port = port or free_port()
@@ -86,6 +89,22 @@ class AppProcess:
         )
 
     def wait_ready(self, timeout_s: float = 180.0) -> AppProcess:
+        """Served, and the first pair's load ended (loaded or failed): the window is served before it loads."""
+        self.wait_serving(timeout_s)
+
+        def loaded() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"app exited with {self.proc.returncode}:\n{self.log_text()}")
+            text = "\n" + self.log_text(None)
+            return any(line in text for line in LOAD_ENDED)
+
+        if not wait_until(loaded, timeout_s, every_s=0.5, fail=False):
+            raise RuntimeError(f"the first pair did not load in {timeout_s:.0f} s:\n{self.log_text()}")
+        return self
+
+    def wait_serving(self, timeout_s: float = 180.0) -> AppProcess:
+        """The port answers (the first pair may still be loading)."""
+
         def up() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"app exited with {self.proc.returncode}:\n{self.log_text()}")
@@ -101,9 +120,10 @@ class AppProcess:
             raise RuntimeError(f"app did not start in {timeout_s:.0f} s:\n{self.log_text()}")
         return self
 
-    def log_text(self) -> str:
+    def log_text(self, tail: int | None = 4000) -> str:
         self.log.flush()
-        return self.log_path.read_text(errors="replace")[-4000:]
+        text = self.log_path.read_text(errors="replace")
+        return text[-tail:] if tail else text
 
     def kill(self) -> None:
         """kill -9: no chance to clean up."""

@@ -64,10 +64,10 @@ def test_delete_hides_at_once_and_undo_brings_it_back(sidebar, monkeypatch):
     monkeypatch.setattr(conversations, "UNDO_S", 0.3)
     send(handlers, "keep me around")
     (summary,) = store.list_conversations()
-    listed, undo, status, title = panel.delete_with_undo(summary.id, "")
+    listed, undo, status, title, *_window = panel.delete_with_undo(summary.id, "")
     assert listed["choices"] == [] and undo["visible"] is True and "Undo" in status and title == ""
     assert "just deleted" in panel.open(summary.id, True)[2]
-    _listed, undo, status = panel.undo_delete("")
+    _listed, undo, status, _timer = panel.undo_delete("")
     assert "Brought back" in status and undo["visible"] is False
     time.sleep(0.6)
     assert [s.id for s in store.list_conversations()] == [summary.id]  # the timer did not delete it

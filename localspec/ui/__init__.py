@@ -1,4 +1,8 @@
-"""The Gradio chat window. build_app(manager) → Blocks; ModelManager loads pairs and serialises answers."""
+"""The Gradio chat window. build_app(manager) → Blocks; ModelManager loads pairs and serialises answers.
+
+Gradio (and torch, through the engine) load on first use of these names, not on `import localspec.ui.serve`: the
+app answers on its port (starting.py) before that import is done.
+"""
 
 import os
 
@@ -13,7 +17,19 @@ from . import tempfiles  # noqa: E402  (no Gradio import inside)
 
 tempfiles.use()  # Gradio's temporary files go under LOCALSPEC_HOME, owner-only, removed at exit
 
-from .layout import build_app, launch_options
-from .manager import Busy, ModelManager, default_session_factory
+_WHERE = {
+    "build_app": "layout",
+    "launch_options": "layout",
+    "Busy": "manager",
+    "ModelManager": "manager",
+    "default_session_factory": "manager",
+}
+__all__ = list(_WHERE)
 
-__all__ = ["build_app", "launch_options", "Busy", "ModelManager", "default_session_factory"]
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f".{_WHERE[name]}", __name__), name)

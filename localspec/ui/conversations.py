@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from html import escape
 from pathlib import Path
 from typing import Optional
 
@@ -26,6 +27,7 @@ from .render import NO_COMPARE, status_html, transcript_html
 from .turns import AssistantTurn, turns_from_state
 
 UNDO_S = 10.0  # how long a deleted conversation can be brought back
+UNDO_NOTE = f" Undo brings it back within {UNDO_S:.0f} s."  # said while it can
 FILE_STEM_CHARS = 80  # an export's file name: the title made file-safe, cut to fit every file system
 
 
@@ -82,7 +84,10 @@ class ConversationHandlers:
 
     def refresh(self, query: str = "", request: gr.Request = None):
         current = self.recorder.conversation_of(owner_of(request))
-        return gr.update(choices=self.choices(query), value=current)
+        choices = self.choices(query)
+        query = str(query or "").strip()
+        found = f"No conversation title holds “{query}”." if query and not choices else ""
+        return gr.update(choices=choices, value=current, info=found)
 
     def open(self, conversation_id, colour, request: gr.Request = None):
         """Outputs: transcript, stats, status, events, state, title box."""
@@ -148,21 +153,34 @@ class ConversationHandlers:
         self._finish_delete_now(cid)
 
     def delete_with_undo(self, conversation_id, query, request: gr.Request = None):
-        """Hide the conversation now, delete it UNDO_S seconds later. Outputs: list, undo button, status, title."""
+        """Hide the conversation now, delete it UNDO_S seconds later. When it is the one open in this tab, the
+        window empties too (the next message starts a new conversation, without the deleted one's history).
+        Outputs: list, undo button, status, title, undo timer, then the window's: transcript, stats, events, compare,
+        state."""
         cid, owner = _id(conversation_id), owner_of(request)
+        kept = (gr.skip(),) * 5  # the window's outputs, as they are
         if cid is None:
-            return gr.skip(), gr.skip(), status_html("Open a conversation to delete it.", "error"), gr.skip()
+            return (
+                gr.skip(),
+                gr.skip(),
+                status_html("Open a conversation to delete it.", "error"),
+                *(gr.skip(),) * 2,
+                *kept,
+            )
         try:
             title = self.store.get_conversation(cid).title
         except ConfigError as exc:
-            return gr.skip(), gr.skip(), status_html(str(exc), "error"), gr.skip()
+            return gr.skip(), gr.skip(), status_html(str(exc), "error"), *(gr.skip(),) * 2, *kept
         with self.lock:
             earlier = self.pending.pop(owner, None)
         if earlier is not None:  # one undo at a time: the earlier deletion goes through now
             earlier.timer.cancel()
             self._finish_delete_now(earlier.cid)
+        window = kept
         if self.recorder.conversation_of(owner) == cid:
+            self.manager.cancel(owner)  # an answer still streaming into it stops
             self.recorder.set_conversation(owner, None)  # the next message starts a new conversation
+            window = (transcript_html([]), answer_stats_html(None, None), None, NO_COMPARE, [])
         timer = threading.Timer(UNDO_S, self._finish_delete, (owner, cid))
         timer.daemon = True
         with self.lock:
@@ -171,8 +189,22 @@ class ConversationHandlers:
         return (
             gr.update(choices=self.choices(query), value=None),
             gr.update(visible=True),
-            status_html(f"Deleted “{title}”. Undo brings it back within {UNDO_S:.0f} s."),
+            status_html(f"Deleted “{title}”.{UNDO_NOTE}"),
             "",
+            gr.Timer(active=True),
+            *window,
+        )
+
+    @staticmethod
+    def undo_expired(status):
+        """The undo timer's tick: the deletion went through, so the button and the offer go. Outputs: undo
+        button, status, undo timer."""
+        offer = escape(UNDO_NOTE)
+        shown = str(status or "")
+        return (
+            gr.update(visible=False),
+            shown.replace(offer, "") if offer in shown else gr.skip(),
+            gr.Timer(active=False),
         )
 
     def _finish_delete_now(self, cid: int) -> None:
@@ -183,14 +215,15 @@ class ConversationHandlers:
         self.recorder.forget(cid)
 
     def undo_delete(self, query, request: gr.Request = None):
-        """Outputs: list, undo button, status."""
+        """Outputs: list, undo button, status, undo timer."""
         with self.lock:
             pending = self.pending.pop(owner_of(request), None)
-        hidden = gr.update(visible=False)
+        hidden, idle = gr.update(visible=False), gr.Timer(active=False)
         if pending is None:
-            return gr.skip(), hidden, status_html("Nothing to undo: the deletion went through.", "error")
+            return gr.skip(), hidden, status_html("Nothing to undo: the deletion went through.", "error"), idle
         pending.timer.cancel()
-        return gr.update(choices=self.choices(query)), hidden, status_html(f"Brought back “{pending.title}”.")
+        back = f"Brought back “{pending.title}”; choose it in the list to open it."
+        return gr.update(choices=self.choices(query)), hidden, status_html(back), idle
 
     def exporter(self, fmt: str):
         """export() for one format, as a one-input event function."""
@@ -215,7 +248,12 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
     """Render the sidebar's content where it is called (inside a gr.Sidebar) and wire its events."""
     handlers = ConversationHandlers(store, recorder, manager)
     search = gr.Textbox(
-        placeholder="Search conversations", show_label=False, max_lines=1, elem_id="ls-search", container=False
+        placeholder="Search titles",
+        label="Search conversations",  # its accessible name; not shown
+        show_label=False,
+        max_lines=1,
+        elem_id="ls-search",
+        container=False,
     )
     chooser = gr.Radio(
         handlers.choices(),
@@ -225,6 +263,7 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
         elem_id="ls-conversation",
     )
     undo = gr.Button("Undo delete", size="sm", visible=False, elem_id="ls-undo")
+    undo_timer = gr.Timer(UNDO_S, active=False)  # ends the undo offer when the deletion goes through
     with gr.Accordion("This conversation: rename, delete, export", open=True, elem_id="ls-conversation-tools"):
         title = gr.Textbox(
             label="Title (Enter renames)", max_lines=1, elem_id="ls-title", placeholder="open a conversation"
@@ -269,18 +308,23 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
         show_progress="hidden",
     )
     api_buttons["rename"].click(handlers.rename, [api_id, title], [chooser, status], api_name="rename_conversation")
+    window = [parts["transcript"], parts["stats"], parts["events"], parts.get("compare_panel", gr.State()), turns]
     delete.click(
         handlers.delete_with_undo,
         [chooser, search],
-        [chooser, undo, status, title],
+        [chooser, undo, status, title, undo_timer, *window],
         api_name=False,
         show_progress="hidden",
     )
-    undo.click(handlers.undo_delete, [search], [chooser, undo, status], api_name=False, show_progress="hidden")
+    undo.click(
+        handlers.undo_delete, [search], [chooser, undo, status, undo_timer], api_name=False, show_progress="hidden"
+    )
+    undo_timer.tick(handlers.undo_expired, [status], [undo, status, undo_timer], api_name=False, show_progress="hidden")
     api_buttons["delete"].click(handlers.delete, [api_id], [chooser, status], api_name="delete_conversation")
     for fmt, button in (("json", export_json), ("markdown", export_md)):
         export = handlers.exporter(fmt)
         button.click(export, [chooser], [exported, status], api_name=False)
         api_buttons[f"export_{fmt}"].click(export, [api_id], [exported, status], api_name=f"export_{fmt}")
     parts["refresh_list"] = (handlers.refresh, chooser, search)
+    parts["title"] = title
     return handlers

@@ -18,7 +18,7 @@ from localspec.engine.metrics import StatsSnapshot
 
 from .loadbar import LoadProgress
 from .manager import Busy, ModelManager, drain
-from .render import NO_COMPARE, compare_html, stats_html, status_html, transcript_html
+from .render import NO_COMPARE, compare_html, compare_running_html, stats_html, status_html, transcript_html
 from .runtime import runtime_of
 from .settings import (
     Speculation,
@@ -35,6 +35,7 @@ from .turns import AssistantTurn, Turn, UserTurn, turns_from_state
 
 YIELD_EVERY_S = 0.08  # at most ~12 screen updates a second while streaming
 UNCHANGED = (gr.skip(),) * 3  # the proposer, K and tree-nodes controls left as they are
+STOPPING = "Stopping…"
 WAITING = "Waiting: another answer is streaming (the model answers one request at a time)…"
 
 
@@ -76,6 +77,7 @@ class Handlers:
         self.notice = notice
         self.recorder = recorder  # optional Recorder: saves answers into the ConversationStore as they stream
         self.shown: dict[str, Optional[str]] = {}  # the pair each tab's controls show, by owner
+        self.watching: set[str] = set()  # tabs opened while a pair loaded: they show its stages until it ends
 
     # ---- one answer ------------------------------------------------------------------------------------------
     def _run(
@@ -97,8 +99,9 @@ class Handlers:
                 proposer=name, k=choice.k, tree_nodes=choice.tree_nodes, adaptive=choice.adaptive
             )
 
+        cancel = threading.Event()
         try:
-            out = self.manager.answer(history, sampling, spec_for, threading.Event(), sink, owner, first_source)
+            out = self.manager.answer(history, sampling, spec_for, cancel, sink, owner, first_source)
         except Busy as exc:
             answer.streaming = False
             answer.finish_reason, answer.error = "error", str(exc)
@@ -131,6 +134,8 @@ class Handlers:
                     answer.finish_reason, answer.error = "error", msg.text
                 elif msg.kind == "done":
                     finished = True
+            if cancel.is_set() and not finished and status != STOPPING:  # Stop said here: see stop_button
+                status, unsent = STOPPING, True
             if finished:
                 answer.streaming = False
                 if answer.finish_reason is None:
@@ -218,6 +223,12 @@ class Handlers:
         """Timer tick: when another tab switched the pair, redraw this tab's controls for it (once).
         Outputs: model dropdown, proposer, K, tree nodes, status."""
         owner = owner_of(request)
+        if owner in self.watching:  # the page opened while a pair loaded: its stages, then the pair's controls
+            if self.manager.loading and self.manager.load_bar is not None:
+                return gr.skip(), *UNCHANGED, self.manager.load_bar.html()
+            self.watching.discard(owner)
+            self.shown[owner] = self.manager.name
+            return self.manager.name, *self.proposer_updates(), self._ready_status()
         switched = self._switched_away(owner)
         if switched is None:
             self.shown.setdefault(owner, self.manager.name)
@@ -244,8 +255,10 @@ class Handlers:
     def _final_status(answer: AssistantTurn) -> str:
         reason = answer.finish_reason
         count = len(answer.tokens)
+        if reason == "cancelled" and not count:
+            return "Stopped before the first token; nothing was said."
         if reason == "cancelled":
-            return f"Stopped after {count} tokens; the partial answer is kept."
+            return f"Stopped after {_tokens_text(count)}; the partial answer is kept."
         if reason == "error":
             return answer.error or "the answer failed"
         if reason == "length":
@@ -253,8 +266,16 @@ class Handlers:
         return f"Done: {count} tokens."
 
     def stop(self, request: gr.Request = None):
+        """The API's stop: says what it did."""
         if self.manager.cancel(owner_of(request)):
-            return status_html("Stopping…")
+            return status_html(STOPPING)
+        return status_html("Nothing is streaming.")
+
+    def stop_button(self, request: gr.Request = None):
+        """The window's Stop. The stopped stream itself says "Stopping…" and then how it ended: this event's own
+        reply can land after that end and would hide it."""
+        if self.manager.cancel(owner_of(request)):
+            return gr.skip()
         return status_html("Nothing is streaming.")
 
     def clear(self, request: gr.Request = None):
@@ -312,15 +333,15 @@ class Handlers:
             )
             return
         baseline = AssistantTurn(streaming=True)
-        yield gr.skip(), status_html("Baseline: regenerating the last prompt with speculation off…")
+        yield compare_running_html(0), status_html("Baseline: regenerating the last prompt with speculation off…")
         baseline_choice = Speculation("none", spec_answer.k or 1)
         for _, status in self._run(owner_of(request), history, sampling, baseline_choice, baseline):
             if baseline.streaming:
                 yield (
-                    gr.skip(),
+                    compare_running_html(len(baseline.tokens)),
                     status_html(
                         f"Baseline (speculation off): {_tokens_text(len(baseline.tokens))} so far…"
-                        if status != WAITING
+                        if status not in (WAITING, STOPPING)
                         else status
                     ),
                 )
@@ -331,9 +352,15 @@ class Handlers:
             spec_ids = [t["id"] for t in spec_answer.tokens]
             base_ids = [t["id"] for t in baseline.tokens]
             diff = first_difference(spec_ids, base_ids)
-            note = ""
-            if "cancelled" in (spec_answer.finish_reason, baseline.finish_reason):
-                note = " (one of the two answers was stopped early)"
+            stopped = "cancelled" in (spec_answer.finish_reason, baseline.finish_reason)
+            if stopped and diff == min(len(spec_ids), len(base_ids)):
+                diff = None  # one ended early: what both said is compared, not where one of them stopped
+            done = (
+                f"Baseline stopped after {_tokens_text(len(base_ids))}"
+                if baseline.finish_reason == "cancelled"
+                else f"Baseline done: {_tokens_text(len(base_ids))}"
+            )
+            note = " (the speculative answer was stopped early)" if spec_answer.finish_reason == "cancelled" else ""
             yield (
                 compare_html(
                     spec_answer.stats,
@@ -345,8 +372,9 @@ class Handlers:
                     spec_texts=[t.get("text", "") for t in spec_answer.tokens],
                     base_texts=[t.get("text", "") for t in baseline.tokens],
                     answer_index=sum(isinstance(t, AssistantTurn) for t in turns[:last]),
+                    stopped=stopped,
                 ),
-                status_html(f"Baseline done: {_tokens_text(len(base_ids))}{note}."),
+                status_html(f"{done}{note}."),
             )
 
     # ---- model pairs -----------------------------------------------------------------------------------------
@@ -422,12 +450,17 @@ class Handlers:
 
     def on_load(self, request: gr.Request = None):
         """Page (re)load: show the pair in use. Outputs: model dropdown, proposer, K, tree nodes, status."""
+        manager, owner = self.manager, owner_of(request)
+        self.shown[owner] = manager.name
+        if manager.loading and manager.load_bar is not None:  # its stages until it ends, then ready (refresh_pair)
+            self.watching.add(owner)
+            return (manager.name, *self.proposer_updates(), manager.load_bar.html())
+        return (manager.name, *self.proposer_updates(), self._ready_status())
+
+    def _ready_status(self) -> str:
         manager = self.manager
-        self.shown[owner_of(request)] = manager.name
         if manager.session is None and manager.load_error:  # a failed switch leaves the old pair: not shown here
-            status = status_html(f"Model load failed: {manager.load_error}", "error")
-        else:
-            ready = manager.ready_text()
-            alert = bool(self.notice or (manager.session is not None and manager.session.notices))
-            status = status_html(f"{ready} {self.notice}" if self.notice else ready, "error" if alert else "info")
-        return (manager.name, *self.proposer_updates(), status)
+            return status_html(f"Model load failed: {manager.load_error}", "error")
+        ready = manager.ready_text()
+        alert = bool(self.notice or (manager.session is not None and manager.session.notices))
+        return status_html(f"{ready} {self.notice}" if self.notice else ready, "error" if alert else "info")

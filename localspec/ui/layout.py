@@ -74,6 +74,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             with gr.Row(equal_height=True, elem_id="ls-compose"):
                 message = gr.Textbox(
                     placeholder="Message (Enter sends, Shift+Enter for a new line)",
+                    label="Message",  # its accessible name; not shown
                     show_label=False,
                     lines=1,
                     max_lines=8,
@@ -191,10 +192,13 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             redo["edit"].click,
         ):
             trigger(lambda: NO_COMPARE, None, [compare_panel], api_name=False, queue=False, show_progress="hidden")
-        stop.click(
+        stop.click(handlers.stop_button, None, [status], api_name=False, queue=False, show_progress="hidden")
+        with gr.Group(visible=False):  # the API's stop, never shown: it answers with what it did
+            api_stop = gr.Button("stop", elem_id="ls-api-stop")
+        api_stop.click(
             handlers.stop, None, [status], api_name="stop", concurrency_limit=None, queue=False, show_progress="hidden"
         )
-        clear.click(
+        cleared = clear.click(
             handlers.clear,
             None,
             [transcript, stats, status, events, compare_panel, turns],
@@ -202,6 +206,9 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             concurrency_limit=None,
             show_progress="hidden",
         )
+        if "refresh_list" in parts:  # no conversation open: no title, none chosen in the list
+            clear.click(lambda: "", None, [parts["title"]], api_name=False, queue=False, show_progress="hidden")
+            cleared.then(refresh_list, [search], [chooser], api_name=False, show_progress="hidden")
         compare.click(
             handlers.compare,
             [turns],
@@ -234,8 +241,14 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
     return demo
 
 
+def window_script() -> Optional[str]:
+    """The page's own script: names for Gradio's drawer buttons, the phone drawer closing (assets/window.js)."""
+    path = ASSETS / "window.js"
+    return path.read_text(encoding="utf-8") if path.exists() else None
+
+
 def launch_options() -> dict:
-    """Keyword arguments for Blocks.launch() that belong to the look (Gradio 6 takes css there). The saved
+    """Keyword arguments for Blocks.launch() that belong to the look (Gradio 6 takes css and js there). The saved
     conversations are the window's history: Gradio's run history and its footer (with the Runs link) are off; the
     API page stays at /?view=api."""
-    return {"css": stylesheet(), "footer_links": [], "run_history": False}
+    return {"css": stylesheet(), "js": window_script(), "footer_links": [], "run_history": False}

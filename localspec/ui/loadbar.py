@@ -42,15 +42,17 @@ class LoadProgress:
         self.name = name
         self.total = expected_stages(pair) if pair is not None else 1
         self.done = 0
+        self.message: Optional[str] = None  # the last stage said
 
     def advance(self, message: str) -> str:
         """One more stage said: the status line with the bar."""
         self.done += 1
+        self.message = message
         return self.html(message)
 
     def html(self, message: Optional[str] = None) -> str:
         shown = min(self.done, self.total)
-        text = message or f"Loading {self.name}…"
+        text = message or self.message or f"Loading {self.name}…"
         return (
             f'<div class="ls-status ls-status-info ls-loading">{escape(text)}'
             f'<progress class="ls-load" max="{self.total}" value="{shown}"></progress>'

@@ -20,6 +20,7 @@ from localspec.models.memory import must_free_first, release_models
 from localspec.models.registry import BrokenEntry, find_pair
 from localspec.server.admission import Admission, QueueFull
 
+from .loadbar import LoadProgress
 from .render import token_record
 
 Progress = Callable[[str], None]
@@ -97,6 +98,8 @@ class ModelManager:
         self.name: Optional[str] = None
         self.load_error: Optional[str] = None
         self.loading: Optional[str] = None
+        self.load_bar: Optional[LoadProgress] = None  # the stages of the load under way (or of the last one)
+        self.load_seconds = 0.0  # how long the last successful load took
         self.answering = 0  # answers running or queued
         # held while an answer streams or a pair loads; FIFO, and shared with the API when it runs (server/)
         self._lock = admission if admission is not None else Admission()
@@ -162,7 +165,7 @@ class ModelManager:
                 with self._lock:
                     pass
                 if self.name == pair.name and self.session is not None:
-                    return 0.0
+                    return self.load_seconds
                 raise ConfigError(self.load_error or f"could not load {pair.name!r}")
             if self.loading:
                 raise Busy(f"{self.loading} is still loading; wait for it, then choose again")
@@ -170,14 +173,24 @@ class ModelManager:
                 "an answer is streaming; the model was not switched. Press Stop or wait for the answer, "
                 "then choose the model again"
             )
+        self.load_bar = LoadProgress(pair.name, self.pairs)  # before `loading`: whoever sees that draws this
         self.loading = pair.name
         started = time.perf_counter()
+
+        def said(message: str) -> None:  # every tab can draw the bar of a load it did not start (loadbar.py)
+            self.load_bar.advance(message)
+            progress(message)
+
         try:
             if self.session is not None and must_free_first(pair):  # both will not fit: the old pair goes first
-                progress(f"Freeing {self.name} first: {pair.name} and it do not both fit in GPU memory…")
+                said(f"Freeing {self.name} first: {pair.name} and it do not both fit in GPU memory…")
                 self.session, self.name = None, None
                 release_models()
-            session = self.factory(pair, progress)
+            session = self.factory(pair, said)
+            self._give_history(session, pair.name)
+            # made current before the lock is let go: a second ask for this switch waits on the lock, then reads it
+            self.session, self.name, self.load_error = session, pair.name, None
+            self.load_seconds = time.perf_counter() - started
         except ConfigError as exc:
             self.load_error = str(exc)
             raise
@@ -187,10 +200,8 @@ class ModelManager:
         finally:
             self.loading = None
             self._lock.release()
-        self._give_history(session, pair.name)
-        self.session, self.name, self.load_error = session, pair.name, None
         release_models()  # the previous pair, now unreferenced
-        return time.perf_counter() - started
+        return self.load_seconds
 
     def ready_text(self) -> str:
         """The status line for the loaded pair: its name, and why a part of it is not offered."""

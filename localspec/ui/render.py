@@ -276,6 +276,7 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
+COMPARE_REGION = 'tabindex="0" role="region" aria-label="compare with baseline"'  # it scrolls: the keyboard reaches it
 NO_COMPARE = '<div class="ls-compare-none"></div>'  # the compare panel with nothing to show (Gradio keeps "")
 
 
@@ -300,10 +301,12 @@ def compare_html(
     spec_texts: Optional[list[str]] = None,
     base_texts: Optional[list[str]] = None,
     answer_index: Optional[int] = None,
+    stopped: bool = False,
 ) -> str:
     """Speculative vs baseline (proposer off) for the same prompt: both tokens/s, the measured speedup beside the
     controller's forecast, same output?, and both texts side by side with the first difference marked.
-    answer_index: which answer of the conversation this compares (0-based), so the panel says whose it is."""
+    answer_index: which answer of the conversation this compares (0-based), so the panel says whose it is.
+    stopped: one of the two was stopped early; `identical` then speaks of the tokens both have."""
     if not spec_stats or not base_stats:
         return ""
     spec_tps, base_tps = spec_stats.get("tokens_per_s", 0.0), base_stats.get("tokens_per_s", 0.0)
@@ -317,6 +320,8 @@ def compare_html(
     )
     if not greedy:
         same = "sampled (temperature > 0): outputs follow the same distribution but need not be identical"
+    elif identical and stopped:
+        same = "one of the two answers was stopped early: the tokens both have are identical"
     elif identical:
         same = "greedy outputs are bitwise identical to plain decoding"
     elif first_difference is not None:
@@ -338,13 +343,24 @@ def compare_html(
         )
     whose = f" of answer {answer_index + 1}" if answer_index is not None else ""
     return (
-        f'<div class="ls-compare"><div class="ls-chart-title">compare{whose} with baseline (the same prompt and '
+        f'<div class="ls-compare" {COMPARE_REGION}><div class="ls-chart-title">compare{whose} with baseline (the same '
+        "prompt and "
         "settings, speculation off)</div>"
         f'<table class="ls-stats-table"><tr><th>{escape(proposer or "speculative")}</th>'
         f'<td class="ls-compare-spec">{spec_tps:.1f} tok/s</td></tr>'
         f'<tr><th>baseline (off)</th><td class="ls-compare-base">{base_tps:.1f} tok/s</td></tr>'
         f'<tr><th>measured speedup</th><td class="ls-compare-speedup">{speedup}</td></tr>{forecast_row}</table>'
         f'<div class="ls-compare-same">{escape(same)}</div>{texts}</div>'
+    )
+
+
+def compare_running_html(tokens: int) -> str:
+    """The compare panel while the baseline streams: its count so far (the cursor marks a stream Stop can end)."""
+    return (
+        f'<div class="ls-compare ls-compare-running" {COMPARE_REGION}><div class="ls-chart-title">compare with '
+        "baseline</div>"
+        f"baseline (speculation off): {tokens} token{'s' if tokens != 1 else ''} so far"
+        '<span class="ls-cursor" aria-hidden="true">▍</span></div>'
     )
 
 

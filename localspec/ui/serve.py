@@ -14,11 +14,14 @@ import argparse
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from localspec.config import Environment
 from localspec.server.auth import is_loopback  # one loopback rule for the app and the API
 from localspec.server.guard import add_access_options, guard_lifespan, policy_for
+
+from .starting import StartingPage
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,6 +111,18 @@ def open_store(args: argparse.Namespace):
     return store, None
 
 
+def load_first(manager, name: str) -> None:
+    """Load the first pair (in its own thread, the window already served); a failure leaves the app open, the
+    window says why and offers the other pairs."""
+    from localspec.config import ConfigError
+
+    try:
+        seconds = manager.load(name, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        print(f"Loaded {name} in {seconds:.1f} s", file=sys.stderr, flush=True)
+    except ConfigError as exc:
+        print(f"localspec: could not load {name}: {exc}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.umask(0o077)  # everything the app writes (database, exports, Gradio's copies) is readable by its owner only
@@ -135,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+    try:  # the port answers now; the window takes its place once built (Gradio and torch take seconds to import)
+        starting = StartingPage(args.host, args.port)
+    except OSError as exc:  # port taken, address not available
+        print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)
+        return 2
+    print(f"localspec: starting on http://{args.host}:{starting.port}/", file=sys.stderr, flush=True)
     from . import ModelManager, build_app, default_session_factory, launch_options
     from .auth import launch_kwargs
 
@@ -142,11 +163,6 @@ def main(argv: list[str] | None = None) -> int:
         pairs, default_session_factory(args.device), broken=broken, **api.manager_options if api else {}
     )
     manager.attach_catalog(catalog, read)
-    try:
-        seconds = manager.load(first.name, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-        print(f"Loaded {first.name} in {seconds:.1f} s", file=sys.stderr, flush=True)
-    except ConfigError as exc:  # the app still opens: the window shows why and offers the other pairs
-        print(f"localspec: could not load {first.name}: {exc}", file=sys.stderr, flush=True)
     store, notice = open_store(args)
     demo = build_app(manager, store, notice)
     demo.queue(default_concurrency_limit=None)
@@ -159,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     if api:  # the API's routes go on the same FastAPI app as the login middleware
         launch["app_kwargs"].update(api.app_kwargs(manager))
     try:
+        starting.close()
         # quiet: Gradio's own lines include "To create a public link, set `share=True`", which this app never does
         demo.launch(
             server_name=args.host,
-            server_port=args.port,
+            server_port=starting.port,
             inbrowser=not args.no_browser,
             share=False,
             auth_message="localspec: enter the password (any user name)" if auth else None,
@@ -172,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             **launch,
             **launch_options(),
         )
+        # served first, loaded second: the window answers at once and shows the load's stages as they pass
+        threading.Thread(target=load_first, args=(manager, first.name), daemon=True, name="localspec-load").start()
         reach = (
             "this machine only"
             if is_loopback(args.host)

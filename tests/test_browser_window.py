@@ -1,0 +1,367 @@
+"""The chat window's paths that broke or confused (issue 47), in headless Chromium against a model-free window.
+
+The window runs on echo sessions (localspec/ui/echo.py) with a conversation store, so each path is driven by text
+the test chooses: a second pair that takes a while to load and to index its history (the switch race), messages
+that stream slowly (Stop during Compare) or wait until Stop (stopped before the first token). The first-start test
+runs `python app.py` on a fresh data folder.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from .test_browser import AXE, CHROMIUM, CHROMIUM_ARGS, VIEWPORT, axe_violations, send_and_wait, wait_status
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
+]
+
+LOAD_S = 1.5  # how long the second pair takes to load
+INDEX_S = 1.0  # and then to index its saved history (what a real tokenizer over saved conversations takes)
+SLOW_STEP_S = 0.1  # a "slow:" message streams two tokens per step
+WAIT = "wait for Stop"  # a message that says nothing until Stop
+COUNT = "how many messages"  # answered with the number of messages the model was given
+LONG = " ".join(f"word{i}" for i in range(300))  # 256 tokens and more
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield instance
+        instance.close()
+
+
+def window_session(pair, progress=lambda _m: None):
+    """An echo session: `slow:` messages stream slowly, WAIT says nothing until Stop; the second pair loads for
+    LOAD_S (saying its stages) and builds its history index for INDEX_S."""
+    from localspec.ui.echo import EchoSession
+
+    class WindowEcho(EchoSession):
+        def __init__(self) -> None:
+            self.indexed = pair.name == "echo"
+            super().__init__(0.005, pair)
+
+        @property
+        def tokenizer(self):
+            if not self.indexed:  # the first use is the history index's build
+                self.indexed = True
+                time.sleep(INDEX_S)
+            return self._tokenizer
+
+        @tokenizer.setter
+        def tokenizer(self, value) -> None:
+            self._tokenizer = value
+
+        def prompt_ids(self, messages, max_new_tokens):
+            ids, notice = super().prompt_ids(messages, max_new_tokens)
+            if self._text == COUNT:  # what the model was given, said back
+                self._text = f"I see {len(messages)} messages"
+            return ids, notice
+
+        def stream_ids(self, ids, sampling, spec, cancel=None, first_source=()):
+            self.step_s = SLOW_STEP_S if self._text.startswith("slow:") else 0.005
+            if self._text == WAIT and cancel is not None:
+                cancel.wait(60)
+            yield from super().stream_ids(ids, sampling, spec, cancel, first_source)
+
+    if pair.name != "echo":
+        progress(f"Loading {pair.name}…")
+        time.sleep(LOAD_S)
+        progress("Ready.")
+    return WindowEcho()
+
+
+def launch(manager, store=None):
+    from localspec.ui import build_app, launch_options
+
+    from .apphelpers import free_port
+
+    demo = build_app(manager, store)
+    demo.queue(default_concurrency_limit=None)
+    port = free_port()
+    demo.launch(
+        server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, share=False, quiet=True, **launch_options()
+    )
+    return demo, f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture
+def window(tmp_path):
+    """A fresh window per test: two echo pairs (the second slow to load) and a conversation store."""
+    from localspec.store.db import ConversationStore
+    from localspec.ui.echo import ECHO_PAIR
+    from localspec.ui.manager import ModelManager
+
+    manager = ModelManager([ECHO_PAIR, replace(ECHO_PAIR, name="echo-b")], window_session)
+    manager.load("echo")
+    store = ConversationStore(tmp_path / "conversations.db")
+    demo, url = launch(manager, store)
+    yield url
+    demo.close()
+    store.close()
+
+
+RECORD_STATUSES = """() => { const seen = window.lsStatuses = [];
+    const note = () => { const s = document.querySelector('#ls-status');
+        if (s && seen[seen.length - 1] !== s.innerText) seen.push(s.innerText); };
+    new MutationObserver(note).observe(document.body, {childList: true, subtree: true, characterData: true}); }"""
+
+
+def open_window(browser, url, **context_options):
+    context = browser.new_context(**({"viewport": VIEWPORT} | context_options))
+    page = context.new_page()
+    page.goto(url, wait_until="load")
+    page.wait_for_selector("#ls-message textarea", timeout=90_000)
+    wait_status(page, "ready")
+    page.evaluate(RECORD_STATUSES)
+    return context, page
+
+
+def compared(page, text: str) -> None:
+    """Send text, then Compare with baseline, and wait for both."""
+    send_and_wait(page, text, 0)
+    page.click("#ls-compare")
+    wait_status(page, "Baseline done")
+
+
+def box(page, selector: str) -> dict:
+    return page.locator(selector).bounding_box()
+
+
+# ---- the four broken paths -------------------------------------------------------------------------------------
+
+
+def test_a_long_compare_scrolls_inside_its_panel(chromium, window, tmp_path):
+    context, page = open_window(chromium, window)
+    compared(page, LONG)
+    panel = page.locator("#ls-compare-panel .ls-compare")
+    assert panel.evaluate("e => getComputedStyle(e).overflowY") in ("auto", "scroll")
+    assert panel.evaluate("e => e.scrollHeight > e.clientHeight")  # its content scrolls inside the box
+    panel_bottom = box(page, "#ls-compare-panel")["y"] + box(page, "#ls-compare-panel")["height"]
+    assert box(page, "#ls-compare-panel .ls-compare")["height"] <= box(page, "#ls-compare-panel")["height"] + 1
+    assert panel_bottom <= box(page, "#ls-status")["y"] + 1  # nothing of it under the status line
+    assert panel_bottom <= box(page, "#ls-compose")["y"] + 1  # nor under Send and Stop
+    page.click("#ls-send", trial=True)  # Send can be clicked: nothing covers it
+    page.screenshot(path=str(tmp_path / "compare-panel.png"))
+    context.close()
+
+
+def test_one_switch_asked_from_two_tabs_loads_once_and_both_say_so(chromium, window):
+    contexts, pages = zip(*(open_window(chromium, window) for _ in range(2)))
+    for page in pages:  # each asks for the second pair; the second ask lands while the first loads
+        page.locator("#ls-model input").click()
+        page.get_by_role("option", name="echo-b").click()
+        wait_status(page, "echo-b")
+    for page in pages:
+        wait_status(page, "Loaded echo-b")
+        assert page.locator("#ls-model input").input_value() == "echo-b"
+        statuses = page.evaluate("window.lsStatuses")
+        assert not any("Could not switch" in s for s in statuses), statuses
+    for context in contexts:
+        context.close()
+
+
+STOP_COLOUR = "() => getComputedStyle(document.querySelector('#ls-stop')).backgroundColor"
+
+
+def test_stop_ends_a_compare(chromium, window):
+    context, page = open_window(chromium, window)
+    text = "slow: " + " ".join(f"w{i}" for i in range(60))
+    send_and_wait(page, text, 0)
+    page.add_style_tag(content="* { transition: none !important; }")  # colours read as they are, not fading
+    page.mouse.move(1, 1)  # no hover colour on the buttons
+    idle = page.evaluate(STOP_COLOUR)
+    page.click("#ls-compare")
+    page.wait_for_function(
+        "/so far/.test(document.querySelector('#ls-compare-panel').innerText)", timeout=30_000
+    )  # the baseline streams, in the panel
+    assert page.evaluate(STOP_COLOUR) != idle  # Stop is live while the baseline streams
+    page.click("#ls-stop")
+    wait_status(page, "Baseline stopped after")
+    page.wait_for_timeout(500)  # nothing left to overwrite it
+    status = page.inner_text("#ls-status")
+    assert "Baseline stopped after" in status and "Stopping" not in status, status
+    panel = page.inner_text("#ls-compare-panel")
+    assert "stopped early" in panel and "differ" not in panel, panel
+    assert page.locator("#ls-compare-panel .ls-cursor").count() == 0
+    page.mouse.move(1, 1)
+    page.locator("#ls-message textarea").focus()  # nor a focus colour
+    assert page.evaluate(STOP_COLOUR) == idle  # and idle again
+    context.close()
+
+
+def test_the_window_works_from_the_keyboard_and_names_its_controls(chromium, window):
+    context, page = open_window(chromium, window)
+    send_and_wait(page, "a conversation to reopen", 0)
+    page.click("#ls-clear")
+    wait_status(page, "Cleared")
+    page.reload(wait_until="load")
+    wait_status(page, "ready")
+    page.locator("#ls-search").get_by_role("textbox").focus()
+    page.keyboard.press("Tab")  # into the saved list
+    assert page.evaluate("document.activeElement.closest('#ls-conversation') !== null")
+    page.keyboard.press("Space")
+    wait_status(page, "Opened")
+    assert "a conversation to reopen" in page.inner_text("#ls-transcript")
+
+    page.keyboard.press("Tab")
+    page.get_by_role("radio", name="n-gram", exact=True).focus()  # after a key: a keyboard focus
+    ring = (
+        page.locator("#ls-proposer label")
+        .filter(has=page.locator("input:focus"))
+        .evaluate("e => [getComputedStyle(e).outlineStyle, parseFloat(getComputedStyle(e).outlineWidth)]")
+    )
+    assert ring[0] != "none" and ring[1] >= 2, ring
+
+    assert page.get_by_role("button", name="Toggle Sidebar").count() == 0
+    assert page.get_by_role("button", name="Show or hide the conversations").count() == 1
+    assert page.get_by_role("button", name="Show or hide settings and stats").count() == 1
+    assert page.get_by_role("textbox", name="Textbox").count() == 0
+    assert page.get_by_role("textbox", name="Message").count() == 1
+    assert page.get_by_role("textbox", name="Search conversations").count() == 1
+    context.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [1280, 390])
+def test_no_serious_accessibility_violations_with_a_compare(chromium, window, width):
+    if not AXE.exists():
+        pytest.skip(f"axe-core is not installed at {AXE} (make setup-test installs it with npm)")
+    context, page = open_window(chromium, window, viewport={"width": width, "height": 844})
+    compared(page, LONG)
+    page.add_style_tag(content="* { transition: none !important; }")  # colours as they are, not half faded
+    found = axe_violations(page)
+    assert found == [], json.dumps(found, indent=1)
+    context.close()
+
+
+# ---- what confused ---------------------------------------------------------------------------------------------
+
+
+def test_a_new_answer_takes_the_old_compare_away_while_it_streams(chromium, window):
+    context, page = open_window(chromium, window)
+    compared(page, "compare these words")
+    page.fill("#ls-message textarea", "slow: " + " ".join(f"w{i}" for i in range(40)))
+    page.click("#ls-send")
+    page.wait_for_selector("#ls-transcript .ls-cursor", timeout=30_000)
+    assert not page.locator("#ls-compare-panel .ls-compare").is_visible()  # while the new answer streams
+    context.close()
+
+
+NONE_CHOSEN = (  # the list shows, nothing chosen in it
+    "document.querySelectorAll('#ls-conversation label').length && "
+    "!document.querySelector('#ls-conversation input:checked')"
+)
+
+
+def reopen(page) -> None:
+    """A fresh page (nothing open, nothing chosen), then its conversation (the only one saved) opened from the list."""
+    page.reload(wait_until="load")
+    wait_status(page, "ready")
+    page.evaluate(RECORD_STATUSES)
+    page.wait_for_function(NONE_CHOSEN, timeout=10_000)  # else a click on it would change nothing
+    page.locator("#ls-conversation label").first.click()
+    wait_status(page, "Opened")
+
+
+def test_deleting_the_open_conversation_takes_it_off_the_window(chromium, window):
+    context, page = open_window(chromium, window)
+    send_and_wait(page, "something to forget", 0)
+    reopen(page)
+    page.click("#ls-delete")
+    wait_status(page, "Undo brings it back")
+    assert "something to forget" not in page.inner_text("#ls-transcript")
+    assert page.locator("#ls-title").get_by_role("textbox").input_value() == ""
+    send_and_wait(page, COUNT, 0)
+    assert "I see 1 messages" in page.inner_text("#ls-transcript")  # not the deleted history
+    page.locator("#ls-undo").wait_for(state="hidden", timeout=30_000)  # the offer ends with its time
+    assert "Undo brings it back" not in page.evaluate("window.lsStatuses").pop()
+    context.close()
+
+
+def test_clear_leaves_no_title_and_stop_before_a_token_says_so(chromium, window):
+    context, page = open_window(chromium, window)
+    send_and_wait(page, "a titled conversation", 0)
+    reopen(page)
+    assert page.locator("#ls-title").get_by_role("textbox").input_value() == "a titled conversation"
+    page.click("#ls-clear")
+    wait_status(page, "Cleared")
+    page.wait_for_function("!document.querySelector('#ls-title textarea, #ls-title input').value", timeout=10_000)
+    page.wait_for_function(NONE_CHOSEN, timeout=10_000)
+
+    page.fill("#ls-message textarea", WAIT)
+    page.click("#ls-send")
+    page.wait_for_selector("#ls-transcript .ls-cursor", timeout=30_000)
+    page.click("#ls-stop")
+    wait_status(page, "Stopped")
+    status = page.inner_text("#ls-status")
+    assert "before the first token" in status and "0 tokens" not in status, status
+    context.close()
+
+
+def test_search_says_when_nothing_matches(chromium, window):
+    context, page = open_window(chromium, window)
+    send_and_wait(page, "about tokenizers", 0)
+    search = page.locator("#ls-search").get_by_role("textbox")
+    search.fill("zebra")
+    page.wait_for_function(
+        "/No conversation title holds “zebra”/.test(document.querySelector('#ls-conversation').innerText)",
+        timeout=10_000,
+    )
+    search.fill("token")
+    page.wait_for_function("document.querySelectorAll('#ls-conversation label').length === 1", timeout=10_000)
+    assert "No conversation" not in page.inner_text("#ls-conversation")
+    context.close()
+
+
+def test_the_phone_drawer_closes_once_a_conversation_is_chosen(chromium, window):
+    context, page = open_window(chromium, window, viewport={"width": 390, "height": 844}, has_touch=True)
+    send_and_wait(page, "a chat to pick", 0)
+    page.reload(wait_until="load")
+    wait_status(page, "ready")
+    page.wait_for_function(NONE_CHOSEN, timeout=10_000)
+    page.locator("#ls-sidebar .toggle-button").click()
+    page.wait_for_selector("#ls-sidebar.open", timeout=5_000)
+    page.locator("#ls-conversation label").first.click()
+    wait_status(page, "Opened")
+    page.wait_for_selector("#ls-sidebar.open", state="detached", timeout=5_000)
+    assert "a chat to pick" in page.inner_text("#ls-transcript")
+    context.close()
+
+
+# ---- first start -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_first_start_serves_the_window_while_the_model_loads(chromium, tmp_path):
+    """`python app.py` on a fresh data folder: the embedded model converts first (minutes), and the window is served
+    meanwhile, showing the load's stage; the port answers long before the model is ready."""
+    from .apphelpers import REPO, AppProcess
+
+    started = time.monotonic()
+    app = AppProcess(REPO / "models.yaml", tmp_path)
+    try:
+        app.wait_serving(timeout_s=120)  # a guard against a hang; the conversion alone takes minutes here
+        served_s = time.monotonic() - started
+        with urllib.request.urlopen(app.url, timeout=10) as response:
+            assert response.status == 200
+        context = chromium.new_context(viewport=VIEWPORT)
+        page = context.new_page()
+        page.goto(app.url, wait_until="load")
+        wait_status(page, "stage")  # the loading bar: "Converting …", stage n of N
+        assert page.locator("#ls-status progress.ls-load").count() == 1
+        assert "Loaded " not in app.log_text(None)  # served before the model was ready
+        page.screenshot(path=str(tmp_path / "loading.png"))
+        print(f"first start: the port answered after {served_s:.1f} s")
+        context.close()
+    finally:
+        app.stop()
