@@ -68,7 +68,10 @@ class Handler(BaseHTTPRequestHandler):
                    "predicted_ms": 40.0, "prompt_per_second": 50.0, "predicted_per_second": 75.0}
         if "--spec-type" in args:
             timings.update(draft_n=4, draft_n_accepted=3)
-        self.reply(200, {"tokens": answer, "stop_type": "eos" if answer[-1:] == [2] else "limit", "timings": timings})
+        reply = {"tokens": answer, "stop_type": "eos" if answer[-1:] == [2] else "limit", "timings": timings}
+        if os.environ.get("STAND_IN_NO_TOKENS"):  # a server that ignores return_tokens
+            del reply["tokens"]
+        self.reply(200, reply)
 
 
 HTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Handler).serve_forever()
@@ -286,6 +289,12 @@ def test_a_server_that_cannot_start_shows_the_end_of_its_log(stand_ins, tmp_path
     with pytest.raises(LlamaServerError, match="(?s)exited with code 1 before it was ready.*wrong shape"):
         run_mode(_session(_pair(str(target))), Mode("llama.cpp"), [1], 4)
     assert not llama_cpp._SERVERS
+
+
+def test_an_answer_without_token_ids_is_an_error_not_an_empty_answer(stand_ins, tmp_path, monkeypatch):
+    monkeypatch.setenv("STAND_IN_NO_TOKENS", "1")
+    with pytest.raises(LlamaServerError, match="without token ids"):
+        run_mode(_session(_pair(str(_gguf(tmp_path, "t.gguf")))), Mode("llama.cpp"), [1], 4)
 
 
 def test_the_bench_stops_its_servers_on_ctrl_c_and_reports_llama_bench(stand_ins, tmp_path, monkeypatch):

@@ -223,9 +223,11 @@ class LlamaServer:
         seconds = time.perf_counter() - started
         cpu_ended = process_cpu_seconds(self.process.pid)
         answer = json.loads(raw)
+        if not isinstance(answer, dict) or not isinstance(answer.get("tokens"), list):
+            raise self._failure(f"answered without token ids: {raw[:300]!r}")
         cpu = cpu_ended - cpu_started if cpu_started is not None and cpu_ended is not None else seconds
         return Completion(
-            [int(token) for token in answer.get("tokens", [])],
+            [int(token) for token in answer["tokens"]],
             seconds,
             cpu,
             dict(answer.get("timings") or {}),
