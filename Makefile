@@ -40,15 +40,14 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.lock
 setup: $(VENV)/.installed
 setup-test: $(VENV)/.installed-test
 
-# Optional, never part of `make run` or `make test`: llama-cpp-python for `localspec bench --modes llama.cpp
-# llama.cpp-lookup`, pinned (pyproject.toml's bench-llama extra) and built from source for this CPU (5-20 minutes
-# on 2 cores); its other dependencies are in requirements.lock already. Without AMX: on the Sapphire Rapids Xeon
-# 0.3.36's AMX matmul (ggml_backend_amx_mul_mat) crashes with SIGSEGV on the first decode of this Q4_1 file
-LLAMA_CPP := llama-cpp-python==0.3.36 diskcache==5.6.3
+# Optional, never part of `make run` or `make test`: llama.cpp's own llama-server and llama-bench for `localspec bench
+# --modes llama.cpp llama.cpp-lookup llama.cpp-draft`, built once per machine for this CPU (GGML_NATIVE) from the
+# vendor/llama.cpp of the pinned llama-cpp-python sdist (scripts/build_llama_cpp.py; 15-30 minutes on 2 cores) into
+# the data folder, where the bench finds them. Without AMX: on the Sapphire Rapids Xeon this llama.cpp's AMX matmul
+# (ggml_backend_amx_mul_mat) crashes with SIGSEGV on the first decode of this Q4_1 file
 NO_AMX := -mno-amx-int8 -mno-amx-tile -mno-amx-bf16
 setup-bench-llama: $(VENV)/.installed
-	CMAKE_ARGS="-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'" \
-		$(BIN)/pip install --no-deps --no-cache-dir $(LLAMA_CPP)
+	$(BIN)/python scripts/build_llama_cpp.py --cflags '$(NO_AMX)' $(ARGS)
 
 run: $(VENV)/.installed
 	$(BIN)/python app.py $(ARGS)

@@ -1,101 +1,109 @@
-"""llama.cpp as a peer in `localspec bench`: the same GGUF file, the same chat-templated prompt ids, greedy, the same
-max new tokens and thread count, timed like our modes (prefill included).
+"""llama.cpp as a peer in `localspec bench`: its own C++ (llama-server, llama-bench), never a Python loop around it.
 
-Modes: llama.cpp (plain decoding) and llama.cpp-lookup (llama-cpp-python's LlamaPromptLookupDecoding, LOOKUP_TOKENS
-draft tokens). llama-cpp-python is an optional bench extra (`make setup-bench-llama`), imported only here and only
-when such a mode runs.
+The same GGUF file, the same chat-templated prompt ids, greedy, the same max new tokens and thread count, timed like
+our modes (prefill included, end to end). Modes:
+- llama.cpp: plain decoding;
+- llama.cpp-lookup: llama.cpp's prompt lookup (--spec-type ngram-simple, llama_server.LOOKUP_TOKENS per step);
+- llama.cpp-draft: llama.cpp's draft-model speculation (-md) with the pair's draft, where that is a GGUF file, K
+  tokens per step (the pair's k).
+Each mode's server starts when the mode first runs and stops when the bench run ends (runner.py calls stop_servers
+in a finally); llama-bench's pp512 and tg128 on the target's file go into the report beside them
+(`llama_bench_line`).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import time
-from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
 
-from localspec.config import ConfigError
+from . import llama_bin
+from .llama_server import LOOKUP_TOKENS, Completion, LlamaServer, Speculation, free_port, server_command
 
-LLAMA_MODES = ("llama.cpp", "llama.cpp-lookup")
-LOOKUP_TOKENS = 4  # num_pred_tokens of LlamaPromptLookupDecoding
-CONTEXT_TOKENS = 4096  # n_ctx: the bench's prompts plus max new tokens fit
-INSTALL_HINT = "llama-cpp-python is not installed; run: make setup-bench-llama"
+LLAMA_MODES = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-draft")
+NOT_GGUF = "not a GGUF file"
 
 
-class LlamaLike(Protocol):
-    """What the adapter uses of llama_cpp.Llama (a stand-in in the tests)."""
-
-    def reset(self) -> None: ...
-
-    def generate(self, tokens: Sequence[int], **kwargs) -> Iterator[int]: ...
-
-
-def why_not(source: str) -> str | None:
-    """None when the llama.cpp modes can run for a target from `source`, else why not."""
+def _gguf(source: str) -> tuple[Path | None, str | None]:
+    """(the GGUF file a source names, None) or (None, why not)."""
     from localspec.config import ConfigError
     from localspec.models.loading import gguf_path
-    from localspec.models.registry import GGUF_PREFIX
 
-    if not source.startswith(GGUF_PREFIX):  # a packaged file is found when the mode runs
-        try:
-            if gguf_path(source) is None:
-                return "the target is not a GGUF file"
-        except ConfigError as exc:
-            return str(exc)
-    if importlib.util.find_spec("llama_cpp") is None:
-        return INSTALL_HINT
+    try:
+        path = gguf_path(source)
+    except ConfigError as exc:
+        return None, str(exc)
+    return (path, None) if path is not None else (None, NOT_GGUF)
+
+
+def why_not(pair) -> dict[str, str | None]:
+    """mode → None when it can run on this pair, else why not."""
+    _target, why = _gguf(pair.target.source)
+    why = f"the target is {why}" if why == NOT_GGUF else why
+    why = why or llama_bin.missing()
+    reasons: dict[str, str | None] = dict.fromkeys(LLAMA_MODES, why)
+    if why is None:
+        if pair.draft is None:
+            reasons["llama.cpp-draft"] = f"pair {pair.name!r} has no draft model"
+        else:
+            _draft, why_draft = _gguf(pair.draft.source)
+            if why_draft is not None:
+                reasons["llama.cpp-draft"] = f"the pair's draft ({pair.draft.source}) is {why_draft}"
+    return reasons
+
+
+def speculation(pair, mode: str) -> Speculation | None:
+    if mode == "llama.cpp-lookup":
+        return Speculation("lookup", LOOKUP_TOKENS)
+    if mode == "llama.cpp-draft":
+        draft, why = _gguf(pair.draft.source) if pair.draft is not None else (None, "missing")
+        if draft is None:
+            from localspec.config import ConfigError
+
+            raise ConfigError(f"llama.cpp-draft needs a GGUF draft model; pair {pair.name!r}'s is {why}")
+        return Speculation("draft", pair.k, draft)
     return None
 
 
-def open_llama(path: Path, threads: int, lookup: bool) -> LlamaLike:
-    """A llama_cpp.Llama on the file, with prompt-lookup speculation when `lookup`."""
+_SERVERS: dict[tuple[str, int, Speculation | None], LlamaServer] = {}  # (file, threads, speculation) → its server
+
+
+def server_for(model: Path, threads: int, spec: Speculation | None) -> LlamaServer:
+    key = (str(model), threads, spec)
+    if key not in _SERVERS:
+        port = free_port()
+        command = server_command(llama_bin.binary("llama-server"), model, threads, port, spec)
+        _SERVERS[key] = LlamaServer(command, port)
+    return _SERVERS[key]
+
+
+def stop_servers() -> None:
+    """Stop every server server_for started."""
+    while _SERVERS:
+        _SERVERS.popitem()[1].stop()
+
+
+def target_file(pair) -> Path:
+    path, why = _gguf(pair.target.source)
+    if path is None:
+        from localspec.config import ConfigError
+
+        raise ConfigError(f"the llama.cpp modes need a GGUF target; {pair.target.source} is {why}")
+    return path
+
+
+def answer(pair, mode: str, threads: int, prompt_ids: list[int], max_new_tokens: int) -> Completion:
+    """One greedy answer from llama.cpp's C++ on the pair's target file, in `mode`'s speculation."""
+    server = server_for(target_file(pair), threads, speculation(pair, mode))
+    return server.complete(prompt_ids, max_new_tokens)
+
+
+def llama_bench_line(pair, threads: int) -> dict:
+    """llama-bench's pp512 / tg128 on the target's file (LlamaBench.to_dict()), or {"error": why} when it could not
+    run: the bench's other numbers stand without it."""
+    from localspec.config import ConfigError
+
+    from .llama_bench import run_llama_bench
+
     try:
-        from llama_cpp import Llama
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-    except ImportError as exc:
-        raise ConfigError(f"{INSTALL_HINT} ({exc})") from None
-    draft = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS) if lookup else None
-    # logits_all with a draft: llama-cpp-python turns it on for the context then but sizes its score buffer by the
-    # argument (n_batch rows), so a prompt longer than one batch (512 tokens) fails ("could not broadcast ... into
-    # shape (0,)") unless it is asked for here
-    return Llama(
-        model_path=str(path),
-        n_ctx=CONTEXT_TOKENS,
-        logits_all=lookup,
-        n_threads=threads,
-        n_threads_batch=threads,
-        draft_model=draft,
-        verbose=False,
-    )
-
-
-_OPEN: dict[tuple[str, int, bool], LlamaLike] = {}  # (file, threads, lookup) → the loaded model
-
-
-def llama_for(path: Path, threads: int, lookup: bool) -> LlamaLike:
-    key = (str(path), threads, lookup)
-    if key not in _OPEN:
-        _OPEN[key] = open_llama(path, threads, lookup)
-    return _OPEN[key]
-
-
-def greedy_ids(llm: LlamaLike, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int]) -> list[int]:
-    """Greedy answer ids from a fresh state (no prefix reuse from an earlier run: its prefill is timed too), stopping
-    after a stop token (which counts, as in generate()) or max_new_tokens."""
-    llm.reset()
-    out: list[int] = []
-    tokens = llm.generate(prompt_ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
-    for token in tokens:
-        out.append(int(token))
-        if int(token) in stop_ids or len(out) >= max_new_tokens:
-            break
-    if isinstance(tokens, Generator):  # llama_cpp's: let it clean up now
-        tokens.close()
-    return out
-
-
-def run_llama(llm: LlamaLike, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int]):
-    """(token ids, seconds, cpu seconds) of one answer."""
-    started, cpu_started = time.perf_counter(), time.process_time()
-    ids = greedy_ids(llm, prompt_ids, max_new_tokens, stop_ids)
-    return ids, time.perf_counter() - started, time.process_time() - cpu_started
+        return run_llama_bench(llama_bin.binary("llama-bench"), target_file(pair), threads).to_dict()
+    except ConfigError as exc:
+        return {"error": str(exc)}

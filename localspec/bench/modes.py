@@ -63,6 +63,8 @@ class RunResult:
     cpu_seconds: float  # CPU time this process used meanwhile: on a shared machine the steadier measure
     stats: StatsSnapshot | None = None  # the engine's, at the answer's last step
     k_per_step: list[int] = field(default_factory=list)  # adaptive: the K asked for at each step (0 = plain)
+    # the llama.cpp modes: llama.cpp's own timings of the answer (llama_server.Completion.timings)
+    peer_timings: dict | None = None
 
 
 def available_modes(session) -> dict[str, str | None]:
@@ -91,7 +93,7 @@ def available_modes(session) -> dict[str, str | None]:
     }
     from .llama_cpp import why_not
 
-    why.update(dict.fromkeys(LLAMA_MODES, why_not(pair.target.source)))
+    why.update(why_not(pair))
     why["adaptive"] = None if len(pair.proposers) > 1 else f"pair {pair.name!r} has no proposer to adapt"
     no_trees = None if session.engine.target.supports_tree else "the target's KV cache verifies chains only"
     for name, proposer in TREE_MODES.items():
@@ -212,15 +214,11 @@ def run_hf(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> R
 
 
 def run_llama_cpp(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
-    """llama.cpp on the target's own GGUF file, with torch's thread count (llama_cpp.py)."""
-    from localspec.models.loading import gguf_path
+    """llama.cpp's C++ on the target's own GGUF file, with torch's thread count (llama_cpp.py)."""
+    from .llama_cpp import answer
 
-    from .llama_cpp import llama_for, run_llama
-
-    path = gguf_path(session.loaded.spec.target.source)
-    llm = llama_for(path, torch.get_num_threads(), lookup=mode.name == "llama.cpp-lookup")
-    ids, seconds, cpu_seconds = run_llama(llm, prompt_ids, max_new_tokens, set(session.engine.stop_token_ids))
-    return RunResult(ids, seconds, cpu_seconds)
+    done = answer(session.loaded.spec, mode.name, torch.get_num_threads(), prompt_ids, max_new_tokens)
+    return RunResult(done.token_ids, done.seconds, done.cpu_seconds, peer_timings=done.timings)
 
 
 def engine_spec(session, mode: Mode) -> SpecConfig:

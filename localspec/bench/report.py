@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 
 from .llama_cpp import LLAMA_MODES
+from .llama_report import markdown as llama_markdown
+from .llama_report import own_timings, versus_llama_bench
 from .modes import HF_MODES, SWEPT, TREE_MODES, Mode
 from .runner import BenchRun
 
@@ -85,6 +87,10 @@ def summarize(run: BenchRun) -> dict:
                 if steps:
                     row["mean_k"] = sum(steps) / len(steps)
                     row["plain_step_share"] = sum(k == 0 for k in steps) / len(steps)
+            own = own_timings([x.peer_timings for x in results if x.peer_timings])
+            if own is not None:  # a llama.cpp mode: llama.cpp's own timings, and its drafts' acceptance
+                row["llama_timings"] = own
+                row["acceptance_rate"] = own.get("draft_acceptance")
             if hf_label is not None:
                 row["same_as_hf"] = sum(
                     _same_prefix(r.results[mode.label].token_ids, r.results[hf_label].token_ids) for r in records
@@ -117,7 +123,13 @@ def summarize(run: BenchRun) -> dict:
     targets = check_targets(run.modes, rows, categories, "tokens_per_s")
     for target, cpu in zip(targets, check_targets(run.modes, rows, categories, "tokens_per_cpu_s")):
         target["cpu_value"], target["cpu_met"] = cpu["value"], cpu["met"]
-    return {"categories": categories, "rows": rows, "k_sweep": sweep, "targets": targets}
+    return {
+        "categories": categories,
+        "rows": rows,
+        "k_sweep": sweep,
+        "targets": targets,
+        "llama_bench": versus_llama_bench(run.machine, run.modes, rows, categories),
+    }
 
 
 def check_targets(modes: list[Mode], rows: dict, categories: list[str], key: str) -> list[dict]:
@@ -211,6 +223,7 @@ def to_json(run: BenchRun, summary: dict) -> dict:
                         "accepted": x.stats.accepted if x.stats else None,
                         "target_forwards": x.stats.target_forwards if x.stats else None,
                         "token_ids": x.token_ids,
+                        "llama_timings": x.peer_timings,
                     }
                     for label, x in r.results.items()
                 },
@@ -336,6 +349,7 @@ def to_markdown(data: dict) -> str:
                     + f" | {max(cpu, key=cpu.get)} |"
                 )
             lines.append("")
+    lines += llama_markdown(data)
     if summary["targets"]:
         lines += [
             "## Targets",

@@ -19,6 +19,7 @@ import torch
 
 from localspec.verify.guarantee import guarantee_for_model
 
+from .llama_cpp import LLAMA_MODES, llama_bench_line, stop_servers
 from .modes import Mode, RunResult, run_mode
 from .prompts import BenchPrompt
 
@@ -132,6 +133,8 @@ def run_bench(
         from .costs import forward_bound
 
         machine["bound"] = forward_bound(session.loaded.target)
+    if any(mode.name in LLAMA_MODES for mode in modes):  # llama.cpp's own pp512 / tg128 on the file, for the report
+        machine["llama_bench"] = llama_bench_line(session.loaded.spec, torch.get_num_threads())
     encoded = []
     for prompt in prompts:
         ids, _notice = session.prompt_ids(list(prompt.messages), max_new_tokens)
@@ -168,6 +171,7 @@ def run_bench(
             samples.append(os.getloadavg()[0])
     finally:
         engine.controllers = loaded_state
+        stop_servers()  # the llama.cpp modes' servers end with the run, error or Ctrl-C included
     if bar is not None:
         bar.close()
     machine["load_after"] = load_average()

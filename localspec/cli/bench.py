@@ -61,7 +61,9 @@ def add_parser(sub) -> None:
         nargs="+",
         default=list(DEFAULT_MODES),
         metavar="MODE",
-        help=f"default: {', '.join(DEFAULT_MODES)} (those the pair supports); head-tree on request",
+        help=f"default: {', '.join(DEFAULT_MODES)} (those the pair supports); on request: head-tree, and llama.cpp's "
+        "own C++ on a GGUF target (llama.cpp, llama.cpp-lookup, llama.cpp-draft with a GGUF draft; built once by "
+        "make setup-bench-llama)",
     )
     parser.add_argument(
         "--k",
