@@ -348,3 +348,16 @@ class Environment:
     @property
     def write_screenshot(self) -> bool:
         return env_switch(dict(self.raw), "LOCALSPEC_WRITE_SCREENSHOT", False)
+
+
+def cache_dir():
+    """The data folder's cache (LOCALSPEC_HOME/cache, else the user's cache folder): the kernels' library and the
+    converted models live there."""
+    from pathlib import Path
+
+    home = Environment.read().home
+    if home:
+        return Path(home).expanduser() / "cache"
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("localspec", appauthor=False))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROUNDING = Path(__file__).resolve().parents[1] / "assets" / "rounding"
 INDEX = ROUNDING / "index.json"
-EXACT_ROWS = ROUNDING / "exact_rows.json"
+EXACT_ROWS_FILE = ROUNDING / "exact_rows.json"
 
 
 class MeasurementError(RuntimeError):
@@ -140,11 +140,11 @@ def rounding_rows() -> tuple[Row, ...]:
 @functools.cache
 def exact_rows() -> tuple[dict[str, tuple[int, int]], tuple[int, int]]:
     """({compute dtype name: (min_rows, row_multiple)}, the default for a dtype not listed) from exact_rows.json."""
-    data = _read(EXACT_ROWS)
+    data = _read(EXACT_ROWS_FILE)
     try:
         pair = lambda entry: (int(entry["min_rows"]), int(entry["row_multiple"]))  # noqa: E731
         return {name: pair(entry) for name, entry in data["dtypes"].items()}, pair(data["default"])
     except (KeyError, TypeError, ValueError) as exc:
         raise MeasurementError(
-            f"{EXACT_ROWS}: expected dtypes and default with min_rows, row_multiple ({exc})"
+            f"{EXACT_ROWS_FILE}: expected dtypes and default with min_rows, row_multiple ({exc})"
         ) from exc

@@ -246,11 +246,11 @@ def test_the_modes_say_why_they_cannot_run(stand_ins, tmp_path):
 
 
 def test_the_cpu_tag_names_the_machine_and_changes_with_the_cpu_flags(monkeypatch):
-    from localspec.runtime import q4_kernel
+    from localspec.runtime import library
 
-    monkeypatch.setattr(q4_kernel, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "sse2"}))
+    monkeypatch.setattr(library, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "sse2"}))
     avx2 = llama_bin.cpu_tag()
-    monkeypatch.setattr(q4_kernel, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "sse2", "avx_vnni"}))
+    monkeypatch.setattr(library, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "sse2", "avx_vnni"}))
     assert "-avx2-" in avx2 and llama_bin.cpu_tag() != avx2  # a native build is not shared across CPUs
     assert llama_bin.LLAMA_CPP_PYTHON in str(llama_bin.bin_dir())
 

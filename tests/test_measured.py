@@ -11,7 +11,7 @@ import torch
 from localspec import measured
 from localspec.bench.rounding import PATHS
 from localspec.measured import ROUNDING, MeasurementError, exact_rows, rounding_rows
-from localspec.runtime.model_runner import EXACT_ROWS, EXACT_ROWS_DEFAULT
+from localspec.runtime.plan import EXACT_ROWS, EXACT_ROWS_DEFAULT
 from localspec.verify.guarantee import MEASURED, MEASURED_BY_CPU, CpuFamily, Setup, measurement
 
 
@@ -55,7 +55,7 @@ def test_the_loaded_figures_are_what_the_measurement_files_say():
 
 
 def test_the_exact_setups_dummy_rows_are_the_files():
-    data = json.loads(measured.EXACT_ROWS.read_text(encoding="utf-8"))
+    data = json.loads(measured.EXACT_ROWS_FILE.read_text(encoding="utf-8"))
     assert {str(dtype).replace("torch.", ""): rows for dtype, rows in EXACT_ROWS.items()} == {
         name: (entry["min_rows"], entry["row_multiple"]) for name, entry in data["dtypes"].items()
     }
@@ -81,7 +81,7 @@ def test_a_broken_measurement_file_is_named_in_the_error(tmp_path, monkeypatch, 
         rounding_rows()
     rows = tmp_path / "exact_rows.json"
     rows.write_text('{"dtypes": {"float32": {"min_rows": 8}}, "default": {"min_rows": 4, "row_multiple": 4}}')
-    monkeypatch.setattr(measured, "EXACT_ROWS", rows)
+    monkeypatch.setattr(measured, "EXACT_ROWS_FILE", rows)
     with pytest.raises(MeasurementError, match="exact_rows.json"):
         exact_rows()
     index.write_text("{not json")

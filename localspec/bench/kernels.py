@@ -24,7 +24,7 @@ from localspec.runtime.library import HEADERS, SOURCES, Limits, compile_library
 from localspec.runtime.q4_kernel import GROUP, Q4Matmul, Q8Matmul, pack_q4, pack_q8
 
 ROOT = Path(__file__).resolve().parents[2]
-KERNELS = ("q4", "q8", "attention", "layer")
+KERNEL_NAMES = ("q4", "q8", "attention", "layer")
 # SmolLM2-135M, the embedded model: its lean linears (N, K) per layer, layers, LM head, attention and MLP shapes
 LINEARS = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 LAYERS = 30
@@ -163,4 +163,4 @@ def prepare(kernel: str, rows: int, cached: int, seed: int = 0) -> Call:
             return lambda: bound.run(x, cos, sin, cache, None)
 
         return layer
-    raise ConfigError(f"unknown kernel {kernel!r}; choose from {', '.join(KERNELS)}")
+    raise ConfigError(f"unknown kernel {kernel!r}; choose from {', '.join(KERNEL_NAMES)}")

@@ -15,16 +15,18 @@ from localspec.config import ConfigError
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cpp is built
 BINARIES = ("llama-server", "llama-bench")
+# the instruction sets a tag names, best first (a GGML_NATIVE build needs every flag it was compiled for)
+TAG_ISAS = (("avx512bf16", {"avx512f", "avx512bf16"}), ("avx2", {"avx2", "fma", "f16c"}))
 INSTALL_HINT = "run: make setup-bench-llama (builds llama.cpp's llama-server and llama-bench for this CPU once)"
 
 
 def cpu_tag() -> str:
     """The machine, its best instruction set the bench knows, and a short hash of all its CPU flags: a GGML_NATIVE
     build runs only where the flags it was compiled for are present."""
-    from localspec.runtime.q4_kernel import ISAS, cpu_flags
+    from localspec.runtime.library import cpu_flags
 
     flags = cpu_flags()
-    isa = next((name for name, needed in ISAS.items() if all(flag in flags for flag in needed)), "generic")
+    isa = next((name for name, needed in TAG_ISAS if needed <= flags), "generic")
     digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:8]
     return f"{platform.machine().lower()}-{isa}-{digest}"
 

@@ -127,7 +127,8 @@ def run_bench(
         if dtype is not None
         else {"dtype": session.loaded.spec.target.dtype, "text": session.loaded.spec.target.dtype}
     )
-    machine["plan"] = session.engine.target.plan.to_dict()  # the target's forward plan, each choice and why
+    plan = getattr(session.engine.target, "plan", None)  # a stand-in target has none
+    machine["plan"] = plan.to_dict() if plan is not None else None  # the target's forward plan, each choice and why
     machine["verify_ms"] = verify_costs(session) if measure_rows else {}
     if measure_rows:
         from .costs import forward_bound

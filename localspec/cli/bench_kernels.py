@@ -50,9 +50,9 @@ def run(args) -> int:
     from localspec.bench import kernels as bench
     from localspec.bench.interleave import interleave, medians, ratio, table
 
-    unknown = sorted(set(args.kernels) - set(bench.KERNELS))
+    unknown = sorted(set(args.kernels) - set(bench.KERNEL_NAMES))
     if unknown:
-        raise ConfigError(f"unknown kernel {', '.join(unknown)}; choose from {', '.join(bench.KERNELS)}")
+        raise ConfigError(f"unknown kernel {', '.join(unknown)}; choose from {', '.join(bench.KERNEL_NAMES)}")
     if args.cached < 0 or args.warmup < 0:
         raise ConfigError("--cached and --warmup must be ≥ 0")
     torch.set_num_threads(args.threads)

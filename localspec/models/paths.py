@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from localspec.config import Environment
+from localspec.config import Environment, cache_dir  # noqa: F401  (cache_dir: found here by its callers)
 
 
 def home() -> Path:
@@ -18,15 +18,6 @@ def home() -> Path:
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("localspec", appauthor=False))
-
-
-def cache_dir() -> Path:
-    env = Environment.read().home
-    if env:
-        return Path(env).expanduser() / "cache"
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("localspec", appauthor=False))
 
 
 def folder_problem(exc: OSError) -> str:

@@ -29,7 +29,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from localspec.config import CompileMode, Environment, ForwardKind
+from localspec.config import CompileMode, Environment, ForwardKind, cache_dir
 from localspec.measured import exact_rows
 
 from .library import KernelLibrary, LibraryLoad, load_library
@@ -87,8 +87,6 @@ def library_here(build_dir=None, env: Environment | None = None) -> LibraryLoad:
     """This machine's kernels' library (built into the data folder's cache, or build_dir) under the environment's
     switches (load_library caches by them, so a changed switch is read at the next load)."""
     if build_dir is None:
-        from localspec.models.paths import cache_dir
-
         build_dir = cache_dir() / "kernels"
     env = env or Environment.read()
     return load_library(build_dir, env.q4_kernel, env.layer_kernel)
