@@ -44,6 +44,7 @@ class Build:
     missing says why."""
 
     name: str
+    isa: str  # the build of the sources that runs (kernels/limits.h), or why it is not known
     q4: Q4Matmul | None
     q8: Q8Matmul | None
     attention: AttentionKernel | None
@@ -77,6 +78,10 @@ def load_build(name: str, sources: list[Path], target: Path, march: str = "nativ
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         raise ConfigError(f"building {name} for {march} failed: {exc}") from exc
     missing: dict[str, str] = {}
+    try:
+        isa = Limits.of(handle).isa
+    except AttributeError:  # an older revision's library, which exports no limits
+        isa = "ISA not exported"
     q4, q8 = Q4Matmul(handle), Q8Matmul(handle)
     problem = q4_kernel.self_check(q4) or q4_kernel.q8_self_check(q8)
     if problem is not None:
@@ -97,7 +102,7 @@ def load_build(name: str, sources: list[Path], target: Path, march: str = "nativ
     except AttributeError as exc:
         missing["layer"] = f"not in this build ({exc})"
     checked = "q4" not in missing
-    return Build(name, q4 if checked else None, q8 if checked else None, attention, layer, missing)
+    return Build(name, isa, q4 if checked else None, q8 if checked else None, attention, layer, missing)
 
 
 def _q4_weights(n: int, k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

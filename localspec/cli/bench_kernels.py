@@ -64,7 +64,7 @@ def run(args) -> int:
             sources = bench.sources_at(rev, folder / "rev") if rev else list(bench.SOURCES)
             name = " ".join(part for part in (rev or "working tree", args.against_march) if part)
             builds.append(bench.load_build(name, sources, folder / "rev.so", march))
-    lines = [f"{builds[0].q4.isa if builds[0].q4 else 'no q4 kernel'}, {args.threads} threads, median ms of "
+    lines = [f"{builds[0].isa}, {args.threads} threads, median ms of "
              f"{args.repeats} interleaved rounds after {args.warmup}"]  # fmt: skip
     same_everywhere = True
     for kernel in args.kernels:
