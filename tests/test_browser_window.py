@@ -61,8 +61,8 @@ def window_session(pair, progress=lambda _m: None):
         def tokenizer(self, value) -> None:
             self._tokenizer = value
 
-        def prompt_ids(self, messages, max_new_tokens):
-            ids, notice = super().prompt_ids(messages, max_new_tokens)
+        def prompt_ids(self, messages, max_new_tokens, cancel=None):
+            ids, notice = super().prompt_ids(messages, max_new_tokens, cancel=cancel)
             if self._text == COUNT:  # what the model was given, said back
                 self._text = f"I see {len(messages)} messages"
             return ids, notice

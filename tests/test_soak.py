@@ -130,7 +130,7 @@ class Soak:
                     self.stops += 1
             _transcript, _stats, status, events, _box = job.result(timeout=180)
             with self.lock:
-                if "Done:" in status or "Stopped after" in status:
+                if "Done:" in status or "Stopped after" in status or "Stopped before the first token" in status:
                     text = "".join(t["text"] for t in events["tokens"])
                     self.answered.append((text, events["finish_reason"]))
                 else:

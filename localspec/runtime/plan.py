@@ -116,7 +116,8 @@ def load_record(model: nn.Module) -> LoadRecord:
 def offer_library(model: nn.Module) -> None:
     """Offer this machine's library to a target the loader did not build from a GGUF: a CPU model's plan may run
     decode / verify attention there (where it fits); another device's is offered none."""
-    on_cpu = next(model.parameters()).device.type == "cpu"
+    first = next(model.parameters(), None)  # a model without parameters is on no device the library serves
+    on_cpu = first is not None and first.device.type == "cpu"
     record_load(model, LoadRecord(library_here().library if on_cpu else None))
 
 
