@@ -27,6 +27,7 @@ from localspec.proposers.base import Proposer
 from localspec.proposers.history import HistoryProposer, SuffixIndex
 from localspec.proposers.lookup_first import LookupFirstProposer
 from localspec.runtime.plan import ForwardPlan
+from localspec.structured.grammar import Constraint, GrammarTokenizer
 
 TRUNCATION_POLICY = (
     "When a conversation no longer fits the model's context, the oldest turns are left out first (the system "
@@ -100,6 +101,7 @@ class ChatSession:
         # what the 'history' proposers look up besides the current conversation: the app fills it from the saved
         # conversations of this pair (store/history.py); empty for the CLI, the bench and --no-save
         self.history = SuffixIndex()
+        self.grammars = GrammarTokenizer(self.tokenizer, sorted(self.engine.stop_token_ids))
 
     @property
     def vocab_size(self) -> int:
@@ -177,38 +179,44 @@ class ChatSession:
         max_new_tokens: int,
         truncate: bool = True,
         cancel: Optional[threading.Event] = None,
+        tools: Optional[list[dict]] = None,
     ) -> tuple[list[int], Optional[str]]:
         """Apply the chat template, every system message in its place (merged at the start, and said so, when the
         template refuses that). When the prompt does not fit: with truncate, drop the oldest turns (then cut the last
         message) in one pass; without, raise PromptTooLong. Returns (ids, notice).
 
         The model's template and the user's text are outside input: the whole of it runs within PROMPT_LIMIT_S and
-        stops when `cancel` is set (BudgetSpent, a ConfigError naming the template when that was running)."""
+        stops when `cancel` is set (BudgetSpent, a ConfigError naming the template when that was running).
+
+        tools: function tools for a template that reads `tools`; the messages may then hold `tool_calls` and
+        `role: "tool"` in the Hugging Face form (structured/tools.py: checked by the API, not by the store's rules)."""
         from localspec.store.validation import validate_messages
 
         budget = WorkBudget("building the prompt", PROMPT_LIMIT_S, cancel)
-        messages = validate_messages(messages)
+        messages = validate_messages(messages) if tools is None else [dict(m) for m in messages]
         check_max_new_tokens(max_new_tokens)
         if not messages or not str(messages[-1].get("content", "")).strip():
             raise ConfigError("the message is empty; type something to send")
         reserved = min(max_new_tokens, self.engine.max_context // 2)
         room = self.engine.max_context - reserved
-        messages = [{"role": m["role"], "content": str(m["content"])[-MAX_MESSAGE_CHARS:]} for m in messages]
-        messages, ids, merged = self._with_systems(messages, budget)
+        messages = [{**m, "content": str(m["content"])[-MAX_MESSAGE_CHARS:]} for m in messages]
+        messages, ids, merged = self._with_systems(messages, budget, tools)
         if len(ids) <= room:
             return ids, merged
         if not truncate:
             raise PromptTooLong(len(ids), room, self.engine.max_context, reserved)
-        ids, notice = self._fit(messages, ids, room, budget)
+        ids, notice = self._fit(messages, ids, room, budget, tools)
         return ids, " ".join(n for n in (merged, notice) if n)
 
-    def _with_systems(self, messages: list[dict], budget: WorkBudget) -> tuple[list[dict], list[int], Optional[str]]:
+    def _with_systems(
+        self, messages: list[dict], budget: WorkBudget, tools: Optional[list[dict]] = None
+    ) -> tuple[list[dict], list[int], Optional[str]]:
         """(messages, their ids, notice): as given when the template takes them; otherwise every system message
         joined, in order, into one at the start (templates that allow a single leading system message)."""
         systems = [m for m in messages if m["role"] == "system"]
         in_place = len(systems) <= 1 and (not systems or messages[0]["role"] == "system")
         try:
-            return messages, self._template(messages, budget), None
+            return messages, self._template(messages, budget, tools), None
         except BudgetSpent:
             raise
         except Exception:  # the template's own refusal (jinja raise_exception): retried merged, else reported
@@ -220,9 +228,11 @@ class ChatSession:
             f"This model's chat template takes one system message at the start: the {len(systems)} system "
             "messages were joined there, in their order."
         )
-        return merged, self._template(merged, budget), notice
+        return merged, self._template(merged, budget, tools), notice
 
-    def _fit(self, messages: list[dict], ids: list[int], room: int, budget: WorkBudget) -> tuple[list[int], str]:
+    def _fit(
+        self, messages: list[dict], ids: list[int], room: int, budget: WorkBudget, tools: Optional[list[dict]] = None
+    ) -> tuple[list[int], str]:
         """Leave out the oldest turns, then cut the last message, until the prompt fits: each turn is tokenized
         once, and the template is applied again only to correct the estimate (each time dropping ≥ 1 more turn),
         so the work is linear in the conversation (system messages and the last message are always kept)."""
@@ -240,7 +250,7 @@ class ChatSession:
                 if i not in dropped:
                     dropped.add(i)
                     over -= cost[i]
-            ids = self._template([m for i, m in enumerate(messages) if i not in dropped], budget)
+            ids = self._template([m for i, m in enumerate(messages) if i not in dropped], budget, tools)
             notice = "Older turns were left out to fit the context. " + TRUNCATION_POLICY
         if len(ids) <= room:
             return ids, notice
@@ -256,8 +266,8 @@ class ChatSession:
             if overflow + margin >= len(content_ids):
                 break
             content_ids = content_ids[overflow + margin :]
-            kept[-1] = {"role": kept[-1]["role"], "content": self.tokenizer.decode(content_ids)}
-            ids = self._template(kept, budget)
+            kept[-1] = {**kept[-1], "content": self.tokenizer.decode(content_ids)}
+            ids = self._template(kept, budget, tools)
             margin *= 2
         raise ConfigError("the conversation's fixed parts do not fit this model's context")
 
@@ -273,13 +283,17 @@ class ChatSession:
             return 4
         return max(0, extra - len(self.tokenizer.encode("a", add_special_tokens=False)))
 
-    def _template(self, messages: list[dict], budget: Optional[WorkBudget] = None) -> list[int]:
+    def _template(
+        self, messages: list[dict], budget: Optional[WorkBudget] = None, tools: Optional[list[dict]] = None
+    ) -> list[int]:
         """The chat template applied under the budget (a template is a program the model file brings); alone, under
         a budget of its own."""
         part = f"the chat template of {self.loaded.spec.name!r}"
         budget = budget or WorkBudget("applying the chat template", PROMPT_LIMIT_S)
         try:
-            return budget.run(template_ids, self.tokenizer, messages, add_generation_prompt=True, part=part)
+            return budget.run(
+                template_ids, self.tokenizer, messages, add_generation_prompt=True, tools=tools, part=part
+            )
         except BudgetSpent as exc:
             if exc.reason == "cancelled":
                 raise
@@ -307,10 +321,13 @@ class ChatSession:
         spec: SpecConfig,
         cancel: Optional[threading.Event] = None,
         first_source: list[int] | tuple[int, ...] = (),
+        constraint: Optional[Constraint] = None,
     ) -> Iterator[StepEvent]:
-        """first_source: what the history proposers search first (see make_proposer)."""
+        """first_source: what the history proposers search first (see make_proposer). constraint: a grammar the
+        answer follows (structured/grammar.py), applied to the target's distribution at every position."""
+        processors = (self.grammars.processor(constraint),) if constraint is not None else ()
         proposer = self.make_proposer(spec, first_source)
         detok = IncrementalDetokenizer(self.tokenizer)
-        for event in self.engine.generate(ids, sampling, spec, proposer, cancel):
+        for event in self.engine.generate(ids, sampling, spec, proposer, cancel, processors):
             tokens = tuple(replace(tok, text=detok.push(tok.token_id)) for tok in event.tokens)
             yield replace(event, tokens=tokens)

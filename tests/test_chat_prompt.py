@@ -47,9 +47,9 @@ def test_truncation_is_one_pass(tiny_session, monkeypatch):
     calls = {"template": 0}
     template = tiny_session._template
 
-    def counting(messages, budget=None):
+    def counting(messages, budget=None, tools=None):
         calls["template"] += 1
-        return template(messages, budget)
+        return template(messages, budget, tools)
 
     monkeypatch.setattr(tiny_session, "_template", counting)
     turn = "word " * 60

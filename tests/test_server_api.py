@@ -115,13 +115,13 @@ def test_an_over_long_chat_is_a_400_unless_truncation_is_asked_for(api):
     assert "only its end was kept" in first["localspec"]["notice"]
 
 
-def test_user_and_name_are_ignored_tool_calls_refused(api):
+def test_user_and_name_are_ignored_a_tool_call_without_its_function_refused(api):
     named = [{"role": "user", "content": "Say something.", "name": "alice"}]
     assert api.post("/v1/chat/completions", json=chat(messages=named, user="u-1")).status_code == 200
     tools = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]}]
     tools.append({"role": "user", "content": "and?"})
     r = api.post("/v1/chat/completions", json=chat(messages=tools))
-    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[1].tool_calls"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[1].tool_calls[0].function"
 
 
 # ---- sampling fields and stops ---------------------------------------------------------------------------------

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Optional
 
 import torch
 
 from localspec.config import SamplingParams, SpecConfig
 from localspec.proposers.base import Proposer
+from localspec.runtime.logits_processors import TargetProcessor
 from localspec.runtime.model_runner import ModelRunner
 from localspec.runtime.plan import plan_forward
 from localspec.verify import get_verifier
@@ -58,10 +59,15 @@ class Engine:
         spec: SpecConfig,
         proposer: Optional[Proposer] = None,
         cancel: Optional[threading.Event] = None,
+        processors: Sequence[TargetProcessor] = (),
     ) -> Iterator[StepEvent]:
         """Answer prompt_ids, one StepEvent per target forward. proposer None (or spec.proposer 'none') is plain
-        autoregressive decoding through the same loop: the baseline every speedup is measured against."""
-        run, policy = self._start(prompt_ids, sampling, spec, None if spec.proposer == "none" else proposer)
+        autoregressive decoding through the same loop: the baseline every speedup is measured against. processors:
+        what changes the target's distribution at every position (runtime/logits_processors.py), fresh for this
+        answer."""
+        run, policy = self._start(
+            prompt_ids, sampling, spec, None if spec.proposer == "none" else proposer, tuple(processors)
+        )
         try:
             with self.lock:
                 if not self._prefill(run, prompt_ids, cancel):
@@ -72,11 +78,16 @@ class Engine:
             yield StepEvent.finished_early(run.snapshot(), "error", f"generation failed: {type(exc).__name__}: {exc}")
 
     def _start(
-        self, prompt_ids: list[int], sampling: SamplingParams, spec: SpecConfig, proposer: Optional[Proposer]
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        spec: SpecConfig,
+        proposer: Optional[Proposer],
+        processors: tuple[TargetProcessor, ...] = (),
     ) -> tuple[Run, StepPolicy]:
         _, verify = get_verifier(spec.sampler, self.target.device)
         device, limit = self.target.device, self.max_context
-        run = Run.start(prompt_ids, sampling, spec, proposer, verify, device, limit)
+        run = Run.start(prompt_ids, sampling, spec, proposer, verify, device, limit, processors)
         return run, StepPolicy(self.controllers, spec, proposer, run.max_k, self.target.supports_tree)
 
     def _prefill(self, run: Run, prompt_ids: list[int], cancel: Optional[threading.Event] = None) -> bool:

@@ -11,6 +11,7 @@ import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.proposers.base import Proposer
+from localspec.runtime.logits_processors import TargetProcessor
 from localspec.verify import Verifier
 
 from .metrics import StatsSnapshot
@@ -33,6 +34,7 @@ class Run:
     max_k: int  # draft tokens per step at most (0 without a proposer)
     context: list[int]  # the prompt plus every emitted token
     stats: StatsSnapshot
+    processors: tuple[TargetProcessor, ...] = ()  # what changes the target's distribution (a grammar's mask)
     pending: int = 0  # the last known token: its logits are the next verified position
     produced: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -47,6 +49,7 @@ class Run:
         verify: Verifier,
         device: torch.device,
         max_context: int,
+        processors: tuple[TargetProcessor, ...] = (),
     ) -> Run:
         """A new answer to prompt_ids: seeded generator, token budget capped by the context left, empty statistics."""
         sampling.validate()
@@ -66,6 +69,7 @@ class Run:
             max_k=max_k,
             context=list(prompt_ids),
             stats=StatsSnapshot.start(max_k),
+            processors=tuple(processors),
             pending=prompt_ids[-1],
         )
 

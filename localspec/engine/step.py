@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from localspec.runtime.logits_processors import apply_processors, chain_paths, commit_processors, tree_paths
 from localspec.runtime.model_runner import ModelRunner
 from localspec.runtime.timing import synced_clock
 
@@ -70,8 +71,12 @@ def step(target: ModelRunner, run: Run, draft: Draft, stop_token_ids: frozenset[
         forward = target.extend([run.pending] + draft.token_ids, want_hidden=wants, feature_layers=layers)
     scored = synced_clock(device)  # the forward has finished: the split is right on a GPU
 
-    # 2. verify
-    verdict = judge(forward.logits, draft, run.sampling, run.produced, run.verify)
+    # 2. verify (the target's distribution as its processors leave it: a grammar's mask, …)
+    logits = forward.logits  # [rows, V]
+    if run.processors:
+        paths = tree_paths(draft.tree) if draft.tree is not None else chain_paths(draft.token_ids)
+        logits = apply_processors(run.processors, logits, paths)
+    verdict = judge(logits, draft, run.sampling, run.produced, run.verify, raw=forward.logits)
     depth = draft.tree.max_depth if draft.tree is not None else None
     measured = dict(
         drafted=draft.drafted,
@@ -87,7 +92,7 @@ def step(target: ModelRunner, run: Run, draft: Draft, stop_token_ids: frozenset[
         return StepResult((), "error", outcome, NON_FINITE)
     tokens = verdict.tokens
     if run.sampling.top_logprobs:  # asked for: a second read, of the emitted positions only
-        tokens = with_top_logprobs(tokens, forward.logits[verdict.rows], run.sampling)
+        tokens = with_top_logprobs(tokens, logits[verdict.rows], run.sampling)
     sampler_s = time.perf_counter() - scored
 
     # 3. advance
@@ -123,6 +128,7 @@ def advance(
     run.produced += len(emitted)
     finish_reason = "stop" if stopped else "length" if run.produced >= run.max_new else None
     run.context.extend(emitted)
+    commit_processors(run.processors, emitted)
     if run.proposer is not None and finish_reason is None:
         kept = hidden[verdict.rows] if run.wants_hidden else None  # [num_accepted + 1, F]
         run.proposer.on_verified(verdict.num_accepted, emitted, kept)

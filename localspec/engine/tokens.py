@@ -38,11 +38,14 @@ def judge(
     sampling: SamplingParams,
     start: int,  # the output position of row 0
     rejection_sampler: Verifier,
+    raw: Optional[torch.Tensor] = None,  # [rows, V] the forward's own logits, when `logits` are processed ones
 ) -> Optional[Verdict]:
-    """The verdict on the step's draft (chain or tree); None when the logits held NaN / inf."""
+    """The verdict on the step's draft (chain or tree); None when the forward's logits held NaN / inf (a processor's
+    -inf, a forbidden token, is not a fault: the forward's own logits are the ones checked)."""
+    finite = torch.isfinite(raw).all() if raw is not None and raw is not logits else None
     if draft.tree is not None:
-        return _tree_verdict(verify_tree_at(logits, draft.tree, sampling, start), draft.tree, sampling)
-    found = verify_chain(logits, draft.token_ids, draft.probs, sampling, start, rejection_sampler)
+        return _tree_verdict(verify_tree_at(logits, draft.tree, sampling, start, finite), draft.tree, sampling)
+    found = verify_chain(logits, draft.token_ids, draft.probs, sampling, start, rejection_sampler, finite)
     if found is None:
         return None
     return Verdict(token_events(found, draft.token_ids), found.num_accepted, slice(0, found.num_accepted + 1))

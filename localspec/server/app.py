@@ -254,7 +254,7 @@ def build_routes(backend: Backend, admission: Admission, metrics: MetricsRecorde
                 piece, tokens = collector.add(item[1])
                 if collector.done:
                     job.cancel.set()
-                if piece or (tokens and collector.shows_tokens):
+                if piece or collector.new_calls or (tokens and collector.shows_tokens):
                     yield sse(collector.chunk(piece, tokens, offset=offset))
                 collector.mark_delivered()  # reached only when the client took the chunk
                 if collector.done:

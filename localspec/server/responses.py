@@ -13,6 +13,7 @@ import time
 import uuid
 
 from localspec.engine.events import StatsSnapshot, StepEvent, TokenEvent
+from localspec.structured.tools import ToolCall, ToolStream
 
 from .metrics import Outcome
 from .schemas import GenerationRequest
@@ -56,6 +57,10 @@ class Collector:
         self.delivered_stats = StatsSnapshot()  # the stats as of the last delivery: what its usage says
         self.done = False
         self.id = ("chatcmpl-" if request.endpoint == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        # with tools: the released text split into content and tool calls (structured/tools.py)
+        self.tool_stream = ToolStream(request.tools) if request.tools is not None else None
+        self.content = ""  # with tools: the content released so far (the text less its tool calls)
+        self.new_calls: list[ToolCall] = []  # calls parsed but not yet put in a chunk
         self.created = int(time.time())
 
     def add(self, event: StepEvent) -> tuple[str, list[TokenEvent]]:
@@ -88,7 +93,20 @@ class Collector:
                 break
             out.append(tok)
             self.released += 1
+        if self.tool_stream is not None:
+            piece, calls = self.tool_stream.push(piece, done=self.done)
+            self.content += piece
+            self.new_calls += calls
+            if self.done and self.tool_stream.calls and self.finish_reason == "stop":
+                self.finish_reason = "tool_calls"  # OpenAI's reason for an answer that calls tools
         return piece, out
+
+    def take_calls(self) -> list[dict]:
+        """The tool calls parsed since the last chunk, as streamed deltas (index: the call's place in the answer)."""
+        first = len(self.tool_stream.calls) - len(self.new_calls) if self.tool_stream is not None else 0
+        deltas = [{"index": first + i, **call.to_openai()} for i, call in enumerate(self.new_calls)]
+        self.new_calls = []
+        return deltas
 
     def _held(self, stops: tuple[str, ...]) -> int:
         """Length of the longest end of the text that may be the start of a stop string."""
@@ -204,6 +222,9 @@ class Collector:
     ) -> dict:
         if self.request.endpoint == "chat":
             delta = {"role": "assistant", "content": piece} if first else ({"content": piece} if piece else {})
+            calls = self.take_calls()
+            if calls:
+                delta["tool_calls"] = calls
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             body = self._head("chat.completion.chunk")
         else:
@@ -223,10 +244,21 @@ class Collector:
         """The non-streaming body of the whole answer."""
         tokens = [tok for tok, _ in self.tokens[: self.released]]
         text = self.text[: self.sent]
+        if self.tool_stream is not None and self.tool_stream.buffer:  # held back, and the answer has ended
+            self.content += self.tool_stream.push("", done=True)[0]
         if self.request.endpoint == "chat":
+            message = {"role": "assistant", "content": text}
+            if self.tool_stream is not None and self.tool_stream.calls:
+                message = {
+                    "role": "assistant",
+                    "content": self.content or None,
+                    "tool_calls": [call.to_openai() for call in self.tool_stream.calls],
+                }
+            elif self.tool_stream is not None:
+                message["content"] = self.content
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": self.finish_reason,
             }

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from typing import Protocol
+from typing import Optional, Protocol
 
 from localspec.chat import PromptTooLong
 from localspec.config import ConfigError, PairSpec
+from localspec.structured.tools import generic_messages, native_messages, template_uses_tools
 
 from .admission import Admission
 from .metrics import MetricsRecorder
@@ -75,6 +76,20 @@ def check_model(backend: Backend, model: str) -> None:
         raise APIError(message, "model", 404, code="model_not_found")
 
 
+def template_input(request: GenerationRequest, tokenizer) -> tuple[list[dict], Optional[list[dict]]]:
+    """(messages, tools) for the chat template: as sent without tools; with tools or tool messages, in the Hugging
+    Face form with the tools where the model's template reads a `tools` variable, else in the generic format
+    (structured/tools.py)."""
+    messages = list(request.messages)
+    spec = request.tools
+    tool_messages = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+    if spec is None and not tool_messages:
+        return messages, None
+    if spec is not None and template_uses_tools(tokenizer):
+        return native_messages(messages), spec.openai_tools()
+    return generic_messages(messages, spec), None
+
+
 def fingerprint(name: str, session) -> str:
     """system_fingerprint: the loaded model, the dtype it runs in and its weight format; changes when they do."""
     loaded = session.loaded
@@ -133,12 +148,14 @@ class Job:
         name, session = self.backend.current()
         self.tokenizer = session.tokenizer
         if request.endpoint == "chat":
+            messages, tools = template_input(request, session.tokenizer)
             try:
                 ids, self.notice = session.prompt_ids(
-                    list(request.messages),
+                    messages,
                     request.sampling.max_new_tokens,
                     truncate=request.extension.truncate,
                     cancel=self.cancel,
+                    **({"tools": tools} if tools is not None else {}),
                 )
             except PromptTooLong as exc:
                 raise APIError(
@@ -157,7 +174,8 @@ class Job:
         request = self.request
         check_model(self.backend, request.model)  # the same pair still: a switch waits behind this request
         spec = request.spec_for(session)
-        for event in session.stream_ids(ids, request.sampling, spec, self.cancel):
+        constrained = {"constraint": request.constraint} if request.constraint is not None else {}
+        for event in session.stream_ids(ids, request.sampling, spec, self.cancel, **constrained):
             if self.metrics is not None:  # the request itself is counted by the route, with what it answered
                 self.metrics.observe_step(event, model=name)
             if event.finish_reason == "error":

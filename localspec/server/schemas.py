@@ -6,18 +6,25 @@ store.validation): a rule the chat window applies is applied here by the same co
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from localspec.chat import MAX_MESSAGE_CHARS
 from localspec.config import ConfigError, SamplingParams, SpecConfig, check_tree_nodes
 from localspec.store.validation import ROLES, clean_text
+from localspec.structured.grammar import Constraint, json_schema_constraint
+from localspec.structured.tools import ToolSpec
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_MESSAGES = 512
 MAX_STOPS = 16  # vLLM takes any number; Continue's autocomplete sends its template's stops plus three
 MAX_STOP_CHARS = 200
+MAX_TOOLS = 128  # OpenAI's limit
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+API_ROLES = (*ROLES, "tool")
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; 0 is greedy
 DEFAULT_MAX_TOKENS = SamplingParams().max_new_tokens
 Endpoint = Literal["chat", "completions"]
@@ -26,9 +33,6 @@ NEUTRAL = {
     "presence_penalty": (0, 0.0, None),
     "frequency_penalty": (0, 0.0, None),
     "logit_bias": (None, {}),
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
     "echo": (False, None),
     "best_of": (1, None),
     "suffix": (None,),
@@ -80,6 +84,8 @@ class GenerationRequest:
     logprobs: bool = False
     stop: tuple[str, ...] = ()
     extension: Extension = field(default_factory=Extension)
+    tools: Optional[ToolSpec] = None  # chat: the functions offered (None: no tools, or tool_choice none)
+    constraint: Optional[Constraint] = None  # a grammar the answer follows (response_format, tool_choice)
 
     def spec_for(self, session) -> SpecConfig:
         """The entry's defaults with the request's overrides, checked against the loaded pair."""
@@ -150,22 +156,124 @@ def _messages(value: Any) -> tuple:
         if not isinstance(message, dict):
             raise APIError(f"messages[{index}] must be an object with 'role' and 'content'", f"messages[{index}]")
         role = "system" if message.get("role") == "developer" else message.get("role")
-        if role not in ROLES:
+        if role not in API_ROLES:
             raise APIError(
-                f"messages[{index}].role is {message.get('role')!r}; choose one of {', '.join(ROLES)}",
+                f"messages[{index}].role is {message.get('role')!r}; choose one of {', '.join(API_ROLES)}",
                 f"messages[{index}].role",
             )
-        if role == "assistant" and message.get("tool_calls"):
-            raise APIError(
-                f"messages[{index}] is an assistant message with tool_calls; localspec has no tools, so a "
-                "conversation that used them cannot be continued here",
-                f"messages[{index}].tool_calls",
-            )
         # a message's `name` (a participant's name) is ignored: the chat templates have no place for it
-        out.append({"role": role, "content": _content(message.get("content"), index)})
-    if not out[-1]["content"].strip():
+        entry = {"role": role, "content": _content(message.get("content"), index)}
+        if message.get("tool_calls"):
+            if role != "assistant":
+                raise APIError("only an assistant message has tool_calls", f"messages[{index}].tool_calls")
+            entry["tool_calls"] = _tool_calls(message["tool_calls"], index)
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id is not None and not isinstance(call_id, str):
+                raise APIError("tool_call_id must be a string", f"messages[{index}].tool_call_id")
+            entry["tool_call_id"] = call_id
+        out.append(entry)
+    if not out[-1]["content"].strip() and not out[-1].get("tool_calls"):
         raise APIError("the last message is empty", f"messages[{len(out) - 1}].content")
     return tuple(out)
+
+
+def _tool_calls(value: Any, index: int) -> list[dict]:
+    """An assistant message's tool_calls → [{'id', 'name', 'arguments'}]."""
+    param = f"messages[{index}].tool_calls"
+    if not isinstance(value, list):
+        raise APIError("tool_calls must be a list of {'id', 'type': 'function', 'function'} objects", param)
+    calls = []
+    for i, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise APIError("each tool call needs function: {'name', 'arguments'}", f"{param}[{i}].function")
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, dict):  # some clients send the object itself
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        if not isinstance(arguments, str):
+            raise APIError("function.arguments must be a JSON string", f"{param}[{i}].function.arguments")
+        call_id = call.get("id")
+        calls.append(
+            {
+                "id": call_id if isinstance(call_id, str) else f"call_{index}_{i}",
+                "name": function["name"],
+                "arguments": arguments,
+            }
+        )
+    return calls
+
+
+def _tools(body: dict) -> Optional[ToolSpec]:
+    """tools, tool_choice and parallel_tool_calls → a ToolSpec; None when no function may be called."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    parallel = _bool(body, "parallel_tool_calls", default=True)
+    if tools is None:
+        tools = []
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise APIError(f"tools must be a list of at most {MAX_TOOLS} {{'type': 'function', 'function'}}", "tools")
+    functions = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(function, dict):
+            raise APIError("each tool must be {'type': 'function', 'function': {'name', ...}}", f"tools[{i}]")
+        name = function.get("name")
+        if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+            raise APIError("a function's name is 1 to 64 letters, digits, '_' or '-'", f"tools[{i}].function.name")
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise APIError("parameters must be a JSON Schema object", f"tools[{i}].function.parameters")
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise APIError("description must be a string", f"tools[{i}].function.description")
+        kept = {"name": name}
+        kept.update({k: v for k, v in (("description", description), ("parameters", parameters)) if v is not None})
+        functions.append(kept)
+    if choice is None:
+        choice = "auto" if functions else "none"
+    if isinstance(choice, dict):
+        function = choice.get("function") if choice.get("type") == "function" else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise APIError("tool_choice names a function as {'type': 'function', 'function': {'name'}}", "tool_choice")
+        if name not in [f["name"] for f in functions]:
+            raise APIError(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
+        choice = name
+    elif choice not in ("none", "auto", "required"):
+        raise APIError(
+            "tool_choice is none, auto, required or {'type': 'function', 'function': {'name'}}", "tool_choice"
+        )
+    elif choice == "required" and not functions:
+        raise APIError("tool_choice required needs tools", "tool_choice")
+    if not functions or choice == "none":
+        return None
+    return ToolSpec(tuple(functions), choice, parallel)
+
+
+def _response_format(value: Any) -> Optional[Constraint]:
+    """response_format → a grammar: text (none), json_object (any JSON object) or json_schema (its schema)."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    try:
+        if kind == "json_object":
+            return json_schema_constraint({"type": "object"}, "response_format")
+        if kind == "json_schema":
+            spec = value.get("json_schema")
+            schema = spec.get("schema", {}) if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise APIError(
+                    "json_schema must be {'name', 'schema': {...}} with the schema as an object",
+                    "response_format.json_schema",
+                )
+            return json_schema_constraint(schema, "response_format.json_schema.schema")
+    except ConfigError as exc:
+        raise APIError(
+            str(exc), "response_format.json_schema.schema" if kind == "json_schema" else "response_format"
+        ) from None
+    raise APIError("response_format.type is text, json_object or json_schema", "response_format.type")
 
 
 def _stop(value: Any) -> tuple[str, ...]:
@@ -299,8 +407,22 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
         stop=_stop(body.get("stop")),
         extension=_extension(body.get("localspec")),
     )
+    constraint = _response_format(body.get("response_format"))
     if endpoint == "chat":
-        return replace(request, messages=_messages(body.get("messages")))
+        tools = _tools(body)
+        try:
+            forced = tools.constraint() if tools is not None else None
+        except ConfigError as exc:  # a function's parameters schema llguidance cannot compile
+            raise APIError(str(exc), "tools") from None
+        if forced is not None and constraint is not None:
+            raise APIError(
+                "tool_choice required (or a named function) and response_format cannot be combined", "response_format"
+            )
+        return replace(request, messages=_messages(body.get("messages")), tools=tools, constraint=constraint or forced)
+    for name, neutral in (("tools", (None, [])), ("tool_choice", (None, "none", "auto"))):
+        if body.get(name) not in neutral:
+            raise APIError(f"{name} is for /v1/chat/completions", name)
+    request = replace(request, constraint=constraint)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]

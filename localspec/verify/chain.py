@@ -21,6 +21,7 @@ def verify_chain(
     sampling: SamplingParams,
     start: int,  # the output position of row 0
     rejection_sampler,  # a Verifier (verify/__init__.py) for soft drafts without a seed
+    finite: Optional[torch.Tensor] = None,  # [] bool: whether the forward's logits were finite (default: these)
 ) -> Optional[HostVerdict]:
     """What the target kept, on the host; None when the logits held NaN / inf."""
     device, k = logits.device, len(draft_ids)
@@ -30,5 +31,6 @@ def verify_chain(
     own_draw = not sampling.greedy and (draft_probs is None or sampling.seeded)
     verify = verify_one_hot if own_draw else rejection_sampler
     result = verify(logits, drafts, draft_probs, sampling, draws)
-    verdict = VerifyOutput.from_host(result.to_host(torch.isfinite(logits).all()), k)  # the step's one host read
+    finite = torch.isfinite(logits).all() if finite is None else finite
+    verdict = VerifyOutput.from_host(result.to_host(finite), k)  # the step's one host read
     return verdict if verdict.finite else None

@@ -48,12 +48,18 @@ def tree_position_draws(seed: int, start: int, tree: TokenTree, vocab: int, devi
     return TreeDraws(uniforms=uniforms, noise=torch.stack([draws[d][1] for d in rows]))
 
 
-def verify_tree_at(logits: torch.Tensor, tree: TokenTree, sampling: SamplingParams, start: int) -> TreeVerdict:
+def verify_tree_at(
+    logits: torch.Tensor,
+    tree: TokenTree,
+    sampling: SamplingParams,
+    start: int,
+    finite: Optional[torch.Tensor] = None,  # [] bool: whether the forward's logits were finite (default: these)
+) -> TreeVerdict:
     """verify_tree with the draws of output positions start, start + 1, … (row 0 is position `start`)."""
     draws = (
         None if sampling.greedy else tree_position_draws(sampling.seed, start, tree, logits.shape[-1], logits.device)
     )
-    return verify_tree(logits, tree, sampling, draws)
+    return verify_tree(logits, tree, sampling, draws, finite)
 
 
 def make_tree_draws(generator: torch.Generator, n_nodes: int, vocab: int, device: torch.device | str) -> TreeDraws:
@@ -88,6 +94,7 @@ def verify_tree(
     tree: TokenTree,
     sampling: SamplingParams,
     draws: Optional[TreeDraws],  # None only in greedy mode
+    finite: Optional[torch.Tensor] = None,  # [] bool: whether the forward's logits were finite (default: these)
 ) -> TreeVerdict:
     n = tree.size
     device = logits.device
@@ -102,7 +109,7 @@ def verify_tree(
             raise ValueError("stochastic tree verification needs random draws")
         row_tokens = sample_with_noise(probs, draws.noise)  # [N+1] the target's own draw at each row
     row_token_probs = probs.gather(-1, row_tokens[:, None]).squeeze(-1)  # [N+1]
-    finite = torch.isfinite(logits).all().to(torch.float64).view(1)
+    finite = (torch.isfinite(logits).all() if finite is None else finite).to(torch.float64).view(1)
     packed = torch.cat(
         [row_tokens.to(torch.float64), row_token_probs.to(torch.float64), node_probs.to(torch.float64), finite]
     ).tolist()  # the one host read
