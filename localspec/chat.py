@@ -24,6 +24,7 @@ from localspec.models.stop_tokens import stop_token_ids
 from localspec.models.work_budget import BudgetSpent, WorkBudget
 from localspec.proposers import DraftModelProposer, NgramProposer
 from localspec.proposers.base import Proposer
+from localspec.proposers.grammar import GrammarForcedProposer
 from localspec.proposers.history import HistoryProposer, SuffixIndex
 from localspec.proposers.lookup_first import LookupFirstProposer
 from localspec.runtime.plan import ForwardPlan
@@ -327,6 +328,8 @@ class ChatSession:
         answer follows (structured/grammar.py), applied to the target's distribution at every position."""
         processors = (self.grammars.processor(constraint),) if constraint is not None else ()
         proposer = self.make_proposer(spec, first_source)
+        if processors and proposer is not None:  # the grammar's forced tokens first, the entry's proposer otherwise
+            proposer = LookupFirstProposer(GrammarForcedProposer(processors[0]), proposer)
         detok = IncrementalDetokenizer(self.tokenizer)
         for event in self.engine.generate(ids, sampling, spec, proposer, cancel, processors):
             tokens = tuple(replace(tok, text=detok.push(tok.token_id)) for tok in event.tokens)

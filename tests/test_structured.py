@@ -151,3 +151,31 @@ def test_a_streamed_call_is_held_until_it_closes_and_text_is_not_held_longer_tha
     plain = ToolStream(SPEC)
     assert plain.push("a < b <tool", done=False) == ("a < b ", [])
     assert plain.push("kit", done=True) == ("<toolkit", [])
+
+
+@pytest.mark.slow
+def test_embedded_model_json_schema_answer_validates_and_speculation_equals_plain_bitwise(embedded_session):
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "country": {"type": "string", "maxLength": 20},
+            "population": {"type": "integer", "minimum": 0},
+        },
+        "required": ["city", "country", "population"],
+        "additionalProperties": False,
+    }
+    constraint = json_schema_constraint(schema, "response_format")
+    session = embedded_session
+    messages = [{"role": "user", "content": "Describe Paris as JSON with city, country and population."}]
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=60)
+    ids, _ = session.prompt_ids(messages, sampling.max_new_tokens)
+    answers = {}
+    for proposer in ("none", session.loaded.default_proposer):
+        events = list(session.stream_ids(ids, sampling, session.default_spec(proposer=proposer), constraint=constraint))
+        answers[proposer] = [tok.token_id for event in events for tok in event.tokens]
+        assert events[-1].finish_reason == "stop"
+    plain, fast = answers.values()
+    assert fast == plain
+    value = json.loads(session.tokenizer.decode(plain, skip_special_tokens=True))
+    assert set(value) == {"city", "country", "population"} and isinstance(value["population"], int)
