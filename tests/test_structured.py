@@ -93,6 +93,15 @@ def test_drafts_the_grammar_forbids_are_rejected(tiny_session, sampling):
     assert 0 < last.stats.accepted < last.stats.drafted  # '{"name": "' kept, the rest refused
 
 
+def test_the_tokens_the_grammar_forces_are_drafted_and_all_kept(tiny_session):
+    ids, _ = tiny_session.prompt_ids([{"role": "user", "content": "JSON please"}], 48)
+    constraint = json_schema_constraint(SCHEMA, "response_format")
+    spec = tiny_session.default_spec(proposer="ngram", k=8, adaptive=False)
+    first = next(iter(tiny_session.stream_ids(ids, GREEDY, spec, constraint=constraint)))
+    assert first.propose_token_num == first.accept_token_num == 8  # '{"name": "' is forced: 10 byte tokens
+    assert "".join(tok.text for tok in first.tokens) == '{"name": '  # 8 kept and the bonus
+
+
 def test_unseeded_soft_drafts_keep_to_the_grammar(tiny_session):
     constraint = json_schema_constraint(SCHEMA, "response_format")
     sampling = SamplingParams(temperature=1.0, max_new_tokens=48, seed=11)
