@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from localspec.engine.adaptive import RunningTime, Tuning, VerifyCosts
+from localspec.engine.adaptive import RunningTime, VerifyCosts
 from localspec.proposers.base import Draft, Proposer
 
 PLAIN_S = 0.030
