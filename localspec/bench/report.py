@@ -266,6 +266,15 @@ def to_markdown(data: dict) -> str:
         f"{during['min']:.1f}–{during['max']:.1f} during (mean {during['mean']:.1f}). Modes ran interleaved prompt "
         "by prompt, so the ratios between them are comparable; absolute tokens/s depend on the load.",
         "",
+        *(
+            [
+                f"Background load: {machine['background_load']} busy process(es) ran beside the bench "
+                "(`--background-load`), as other programs on a desktop would.",
+                "",
+            ]
+            if machine.get("background_load")
+            else []
+        ),
     ]
     if machine.get("dtype"):
         lines += [f"Target dtype: {machine['dtype']['text']}.", ""]
