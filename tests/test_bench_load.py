@@ -41,3 +41,27 @@ def test_the_load_is_bounded_by_the_cpus():
     for bad in (-1, (os.cpu_count() or 1) + 1):
         with pytest.raises(ConfigError, match="background-load"):
             check_load(bad)
+
+
+def test_the_bench_checks_each_answers_forecast_against_its_measured_speedup():
+    from types import SimpleNamespace
+
+    from localspec.bench.forecast import forecast_check, to_markdown
+    from localspec.engine.metrics import StatsSnapshot
+
+    def result(tokens: int, seconds: float, forecast=None):
+        stats = StatsSnapshot(predicted_speedup=forecast)
+        return SimpleNamespace(token_ids=[0] * tokens, seconds=seconds, stats=stats)
+
+    modes = [SimpleNamespace(name="none", label="none"), SimpleNamespace(name="ngram", label="ngram K=4")]
+    records = [  # measured speedups 2.0, 1.0 and 1.25; forecasts 2.0, 2.0 and 1.0; a short answer is left out
+        SimpleNamespace(results={"none": result(100, 2.0), "ngram K=4": result(100, 1.0, 2.0)}),
+        SimpleNamespace(results={"none": result(100, 2.0), "ngram K=4": result(100, 2.0, 2.0)}),
+        SimpleNamespace(results={"none": result(100, 2.0), "ngram K=4": result(100, 1.6, 1.0)}),
+        SimpleNamespace(results={"none": result(10, 1.0), "ngram K=4": result(10, 0.1, 9.0)}),
+    ]
+    check = forecast_check(records, modes)
+    assert set(check) == {"ngram K=4"}
+    spread = check["ngram K=4"]
+    assert spread["answers"] == 3 and spread["median"] == 1.0 and spread["within"] == 2 / 3
+    assert "| ngram K=4 | 3 | 1.00 | 0.80 | 2.00 | 67% |" in to_markdown(check)
