@@ -192,8 +192,37 @@ def test_every_figure_has_its_definition_beside_it():
     heads = re.findall(r"<th( title=\"[^\"]+\")?>", markup)
     assert len(heads) >= 6 and all(heads), heads  # each row's tooltip
     text = " ".join(parse(markup).text)
-    assert "forecast speedup 1.70× (controller's forecast)" in text
     assert "Compare with baseline measures the real speedup" in text  # the help line under the table
+
+
+def test_the_stats_table_shows_measured_figures_and_the_forecast_only_among_the_explanations():
+    stats = StatsSnapshot(
+        drafted=40,
+        accepted=30,
+        emitted=50,
+        target_forwards=12,
+        elapsed_s=1.0,
+        prefill_s=0.1,
+        score_s=0.5,
+        sampler_s=0.1,
+        propose_s=0.1,
+        k=3,
+        predicted_speedup=5.21,
+        first_token_s=0.15,
+        plain_step_s=0.02,
+    )
+    markup = stats_html(stats, "n-gram", 3)
+    table = " ".join(parse(markup.split('<details class="ls-help">')[0]).text)
+    assert "5.21" not in table and "forecast" not in table  # a forecast never sits among the measured figures
+    assert "time to first token 150 ms" in table
+    # 50 tokens over 0.7 s of steps against a plain step of 20 ms (50 tok/s): 71.4 / 50
+    assert "against plain decoding 1.43× (71.4 tok/s of steps; plain steps on this machine 50.0 tok/s" in table
+    explained = " ".join(parse(markup.split('<details class="ls-help">')[1]).text)
+    assert "controller's forecast : 5.21× — a forecast, not a measurement" in explained.replace(
+        "forecast:", "forecast :"
+    )
+    # the split adds up to the time after prefill (0.9 s): prefill + propose + score + sample + other = elapsed
+    assert "other 200 ms (22%)" in " ".join(parse(markup).text)
 
 
 def test_a_tree_is_counted_per_path_with_its_nodes_on_their_own_line():

@@ -115,6 +115,7 @@ def test_provenance_tokens_and_usage(client):
     assert "".join(t["text"] for t in tokens) == data["choices"][0]["message"]["content"]
     assert usage["accepted_tokens"] == sum(t["kind"] == "accepted" for t in tokens)
     assert usage["acceptance_rate"] == pytest.approx(usage["accepted_tokens"] / usage["drafted_tokens"])
+    assert 0 < usage["time_to_first_token_s"] < 60  # the prompt's prefill and the first step, measured
     for tok, lp in zip(tokens, data["choices"][0]["logprobs"]["content"]):
         assert lp["logprob"] == pytest.approx(__import__("math").log(tok["p_target"]))
         assert (tok["p_draft"] is not None) == (tok["kind"] == "accepted")

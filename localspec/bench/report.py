@@ -6,6 +6,8 @@ import json
 import time
 from pathlib import Path
 
+from .forecast import forecast_check
+from .forecast import to_markdown as forecast_markdown
 from .llama_cpp import LLAMA_MODES
 from .llama_report import markdown as llama_markdown
 from .llama_report import own_timings, versus_llama_bench
@@ -129,6 +131,7 @@ def summarize(run: BenchRun) -> dict:
         "k_sweep": sweep,
         "targets": targets,
         "llama_bench": versus_llama_bench(run.machine, run.modes, rows, categories),
+        "forecast": forecast_check(run.records, run.modes),
     }
 
 
@@ -266,6 +269,15 @@ def to_markdown(data: dict) -> str:
         f"{during['min']:.1f}–{during['max']:.1f} during (mean {during['mean']:.1f}). Modes ran interleaved prompt "
         "by prompt, so the ratios between them are comparable; absolute tokens/s depend on the load.",
         "",
+        *(
+            [
+                f"Background load: {machine['background_load']} busy process(es) ran beside the bench "
+                "(`--background-load`), as other programs on a desktop would.",
+                "",
+            ]
+            if machine.get("background_load")
+            else []
+        ),
     ]
     if machine.get("dtype"):
         lines += [f"Target dtype: {machine['dtype']['text']}.", ""]
@@ -372,6 +384,7 @@ def to_markdown(data: dict) -> str:
         "![K sweep](k_sweep.png)",
         "",
     ]
+    lines += forecast_markdown(summary.get("forecast") or {})
     return "\n".join(lines)
 
 

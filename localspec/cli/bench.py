@@ -99,6 +99,14 @@ def add_parser(sub) -> None:
         "load 10 on 2 cores, a 1-token step takes about 78 ms with 1 thread and 2 s with 2 (OpenMP "
         "threads waiting on each other)",
     )
+    parser.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N busy processes beside the bench (at most the CPU count; they stop when the bench ends or fails), "
+        "to measure speculation where other programs share the cores (default: 0)",
+    )
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up pass")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--out", default="bench-out", help="output folder (default: %(default)s)")
@@ -114,8 +122,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     if getattr(args, "bench_command", None):
         return TOOLS[args.bench_command].run(args)
-    from localspec.bench import load_prompts, parse_modes, run_bench
-    from localspec.bench.report import to_markdown, write_report
+    from localspec.bench import load_prompts, parse_modes
+    from localspec.bench.load import background_load, check_load
 
     from .common import load_session
 
@@ -124,6 +132,8 @@ def run(args) -> int:
     check_k(args.adaptive_max_k, "--adaptive-max-k")
     if args.repeat < 1:
         raise ConfigError(f"--repeat must be ≥ 1 (got {args.repeat})")
+    load = getattr(args, "background_load", 0)
+    check_load(load)
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError(f"--threads must be ≥ 1 (got {args.threads})")
@@ -144,22 +154,8 @@ def run(args) -> int:
         file=sys.stderr,
     )
     out = Path(args.out)
-    runs = []
-    for index in range(args.repeat):
-        result = run_bench(
-            session,
-            prompts,
-            modes,
-            args.max_new_tokens,
-            notes,
-            progress=not args.no_progress,
-            warmup=not args.no_warmup and index == 0,
-        )
-        runs.append(result)
-        folder = out if args.repeat == 1 else out / f"run-{index + 1}"
-        data = write_report(result, folder)
-        print(to_markdown(data))
-        print(f"localspec bench: wrote {folder / 'results.json'}, results.md and plots", file=sys.stderr)
+    with background_load(load):
+        runs = _runs(args, session, prompts, modes, notes, out, load)
     if args.repeat > 1:
         import json
 
@@ -171,3 +167,28 @@ def run(args) -> int:
         (out / "repeat.md").write_text(text + "\n")
         print(text)
     return 0
+
+
+def _runs(args, session, prompts, modes, notes, out: Path, load: int) -> list:
+    """The interleaved set, args.repeat times, each run's report written and printed (load: busy processes beside)."""
+    from localspec.bench import run_bench
+    from localspec.bench.report import to_markdown, write_report
+
+    runs = []
+    for index in range(args.repeat):
+        result = run_bench(
+            session,
+            prompts,
+            modes,
+            args.max_new_tokens,
+            notes,
+            progress=not args.no_progress,
+            warmup=not args.no_warmup and index == 0,
+        )
+        result.machine["background_load"] = load
+        runs.append(result)
+        folder = out if args.repeat == 1 else out / f"run-{index + 1}"
+        data = write_report(result, folder)
+        print(to_markdown(data))
+        print(f"localspec bench: wrote {folder / 'results.json'}, results.md and plots", file=sys.stderr)
+    return runs

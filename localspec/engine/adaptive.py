@@ -44,6 +44,33 @@ class _RecentMedian:
         self.value = statistics.median(self.samples)
 
 
+class RunningTime:
+    """Seconds of one kind of step (a plain step, a verify of n rows, a proposal), as a running estimate that follows
+    the machine within a few steps: each sample is the median of the last three (one preempted step moves nothing),
+    folded into a mean that remembers at most `memory` samples, so two steps at a new cost move it most of the way.
+    `weight` is the aged count of samples (age() is called at every verify of any size): a stale estimate (weight
+    below 1) is replaced by the next sample, which says what the machine does now."""
+
+    def __init__(self, memory: float = 3.0) -> None:
+        self.memory = memory
+        self.recent: deque[float] = deque(maxlen=3)
+        self.weight = 0.0
+        self.count = 0
+        self.value = 0.0
+
+    def age(self, factor: float) -> None:
+        self.weight *= factor
+
+    def add(self, sample: float) -> None:
+        if self.weight < 1.0:
+            self.recent.clear()
+        self.recent.append(sample)
+        kept = min(self.weight, self.memory) if self.weight >= 1.0 else 0.0
+        self.value = (kept * self.value + statistics.median(self.recent)) / (kept + 1.0)
+        self.weight += 1.0
+        self.count += 1
+
+
 # How the verify line weighs what it measured (VerifyCosts.line). A size's weight is its count of samples, aged by
 # Tuning.verify_age at every verify of any size: the sizes the controller stopped picking were measured at another
 # context length, and often in a slow stretch, and must not pin the line for the rest of the session. The slope is
@@ -72,6 +99,13 @@ class Tuning:
     verify_age: float = 0.97
     verify_prior_weight: float = 8.0
     guess_prior_weight: float = 1.0
+    # the running estimates (RunningTime): each remembers at most this many samples
+    memory: float = 3.0
+    # while speculating, a plain step now and then measures what every forecast is relative to: when the plain
+    # estimate's aged count falls below plain_below (about every 75 steps), or when a drafting size's estimate has
+    # moved by more than plain_drift× since the last plain step (a verify now costs something else)
+    plain_below: float = 0.1
+    plain_drift: float = 1.5
 
     def probe_every(self, loss: float) -> int:
         """Steps between probes that each cost `loss` plain steps more than a plain step, within the budget."""
@@ -83,11 +117,14 @@ class VerifyCosts:
     """The target's verify seconds by rows scored: a property of the target on this machine, so one record is
     shared by every controller of an engine (each proposer part adds its steps' samples)."""
 
-    by_rows: dict[int, _RecentMedian] = field(default_factory=dict)  # rows (K + 1) → seconds of score + sample
-    weight: dict[int, float] = field(default_factory=dict)  # rows → aged count of samples
+    by_rows: dict[int, RunningTime] = field(default_factory=dict)  # rows (K + 1) → seconds of score + sample
     prior_slope: float = PRIOR_VERIFY_SLOPE  # v(K) ≈ 1 + prior_slope·K, the shape the line is pulled towards
     prior_timed: bool = False  # prior_slope was timed on this machine (set_prior), not the constant guess
     tuning: Tuning = Tuning()
+    # each drafting size's estimate as of the last plain step (or as first measured after it), and whether one has
+    # since moved by more than tuning.plain_drift×: the plain step is then measured again (plain_due)
+    anchor: dict[int, float] = field(default_factory=dict)
+    drifted: bool = False
     # line()'s result until a sample or the prior changes it: the controllers ask for it dozens of times a step
     _line: tuple[float, float] | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -105,11 +142,32 @@ class VerifyCosts:
 
     def add(self, rows: int, seconds: float) -> None:
         """One verify of `rows` rows took `seconds`; every size's weight ages by tuning.verify_age."""
-        for n in self.weight:
-            self.weight[n] *= self.tuning.verify_age
-        self.by_rows.setdefault(rows, _RecentMedian()).add(seconds)
-        self.weight[rows] = self.weight.get(rows, 0.0) + 1.0
+        for estimate in self.by_rows.values():
+            estimate.age(self.tuning.verify_age)
+        estimate = self.by_rows.setdefault(rows, RunningTime(self.tuning.memory))
+        estimate.add(seconds)
+        if rows == 1:
+            self.anchor = {n: e.value for n, e in self.by_rows.items() if n > 1}
+            self.drifted = False
+        elif rows not in self.anchor:
+            self.anchor[rows] = estimate.value
+        elif not 1 / self.tuning.plain_drift <= estimate.value / self.anchor[rows] <= self.tuning.plain_drift:
+            self.drifted = True
         self._line = None
+
+    def plain_due(self) -> bool:
+        """Whether a speculating controller should run a plain step now, to measure what its forecasts are relative
+        to: none measured yet, the last one aged out, or a drafting size's cost moved since it was measured."""
+        plain = self.by_rows.get(1)
+        if plain is None:  # the first after as many drafting steps as the interval's weight allows (10 by default)
+            return sum(e.count for e in self.by_rows.values()) * self.tuning.plain_below >= 1.0
+        return plain.weight < self.tuning.plain_below or self.drifted
+
+    def plain_s(self) -> float | None:
+        """The running estimate of a plain step's seconds (score + sample of a 1-token forward), as measured on this
+        machine; None before a plain step was measured."""
+        plain = self.by_rows.get(1)
+        return plain.value if plain is not None and plain.count else None
 
     def line(self) -> tuple[float, float] | None:
         """t(n) = intercept + slope·n through the measured sizes' medians, weighted by their aged counts, with the
@@ -120,7 +178,7 @@ class VerifyCosts:
         return self._line
 
     def _fit(self) -> tuple[float, float] | None:
-        points = [(n, e.value, self.weight[n]) for n, e in self.by_rows.items() if e.count > 0]
+        points = [(n, e.value, e.weight) for n, e in self.by_rows.items() if e.count > 0]
         total = sum(w for _, _, w in points)
         if not points or total <= 0:
             return None
@@ -143,7 +201,7 @@ class CostModel:
 
     verify: VerifyCosts = field(default_factory=VerifyCosts)
     # proposer seconds per drafted token asked for
-    propose_per_token_s: _RecentMedian = field(default_factory=_RecentMedian)
+    propose_per_token_s: RunningTime = field(default_factory=RunningTime)
 
     def observe(self, asked: int, drafted: int, propose_s: float, verify_s: float) -> None:
         self.observe_verify(drafted + 1, verify_s)
@@ -174,20 +232,25 @@ class CostModel:
 
 
 class OnOffSwitch:
-    """Speculation on or off with hysteresis, and probes while off; shared by the chain and tree-size controllers.
+    """Speculation on or off with hysteresis, probes while off and plain steps now and then while on; shared by the
+    chain and tree-size controllers, so this is the one place a step is decided plain or drafting.
 
-    on: switch off when the best predicted speedup drops below tuning.off_below. off: plain steps until
-    `probe_every()` of them have passed, then one probe step; back on when it rises above tuning.on_above.
+    on: switch off when the best predicted speedup drops below tuning.off_below; a plain step when the verify costs
+    ask for one (VerifyCosts.plain_due: every forecast is relative to a plain step, so it is measured as the machine
+    goes, not only at load). off: plain steps until `probe_every()` of them have passed, then one probe step; back on
+    when it rises above tuning.on_above.
     """
 
     tuning: Tuning
+    costs: CostModel
     speculating: bool
     steps_off: int
     probing: bool
+    measuring_plain: bool  # this step is a plain step taken while speculating
 
     def switch(self, speedup: float, probe_every: Callable[[], int]) -> bool:
         """Given the best option's predicted speedup: does this step draft (speculating, or probing)?"""
-        self.probing = False
+        self.probing = self.measuring_plain = False
         if self.speculating and speedup < self.tuning.off_below:
             self.speculating = False
             self.steps_off = 0
@@ -198,6 +261,9 @@ class OnOffSwitch:
             if self.steps_off < probe_every():
                 return False
             self.probing = True
+        elif self.costs.verify.plain_due():
+            self.measuring_plain = True
+            return False
         return True
 
 
@@ -239,7 +305,7 @@ class AdaptiveController(OnOffSwitch):
         self.reached = [0.0] * self.max_k
         self.accepted = [0.0] * self.max_k
         self.steps_off = 0
-        self.probing = False
+        self.probing = self.measuring_plain = False
         self.last_k = 0
         self.last_predicted = 1.0
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from localspec.runtime.speedup import expected_tokens
 
-from .adaptive import AdaptiveController, OnOffSwitch, Tuning, _RecentMedian
+from .adaptive import AdaptiveController, OnOffSwitch, RunningTime, Tuning, _RecentMedian
 from .metrics import PauseReason
 from .plan import Shape
 
@@ -51,7 +51,7 @@ class TreeSizeController(OnOffSwitch):
         self.costs = chain.costs
         self.sizes = tree_sizes(tree_nodes)
         self.tuning = tuning
-        self.propose_s = {n: _RecentMedian() for n in self.sizes}
+        self.propose_s = {n: RunningTime(tuning.memory) for n in self.sizes}
         self.depth = {n: _RecentMedian() for n in self.sizes}  # the depth of the trees the proposer drafted
         self.steps = {n: 0.0 for n in self.sizes}  # decayed count of tree steps of size n
         self.accepted = {n: 0.0 for n in self.sizes}  # … and of the nodes they accepted
@@ -61,7 +61,7 @@ class TreeSizeController(OnOffSwitch):
     def begin(self) -> None:
         """A new answer: keep the costs and the (decayed) acceptance evidence; reset the on/off state's counters."""
         self.steps_off = 0
-        self.probing = False
+        self.probing = self.measuring_plain = False
 
     def _forget(self, factor: float) -> None:
         for m in self.sizes:

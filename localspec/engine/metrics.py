@@ -42,6 +42,11 @@ class StatsSnapshot:
     predicted_speedup: Optional[float] = None  # E / (K·c + v) from measured costs, when known
     paused: Optional[PauseReason] = None  # adaptive speculation is off, and why
     dropped_drafts: int = 0  # steps whose draft had NaN / infinite probabilities (run as plain steps)
+    # seconds from the request to the first emitted token: the prompt's prefill and the first step (None before it)
+    first_token_s: Optional[float] = None
+    # the controllers' running estimate of a plain step (score + sample of a 1-token forward) measured on this
+    # machine, as of this step; None without a proposer or before a plain step was measured
+    plain_step_s: Optional[float] = None
 
     @classmethod
     def from_dict(cls, data: dict) -> StatsSnapshot:
@@ -117,6 +122,25 @@ class StatsSnapshot:
         return self.emitted / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
+    def other_s(self) -> float:
+        """Seconds of the answer outside prefill and its steps' propose / score / sample: waiting for the engine, the
+        loop's bookkeeping, and the time the consumer (the window, the API) held the stream between two steps. The parts
+        add up to elapsed_s, so tokens/s = emitted / (prefill + steps + other)."""
+        return max(self.elapsed_s - self.prefill_s - self.propose_s - self.score_s - self.sampler_s, 0.0)
+
+    @property
+    def step_tokens_per_s(self) -> float:
+        """Tokens per second of the steps alone (propose + score + sample): the rate comparable to plain_tokens_per_s,
+        which counts the same parts of a plain step."""
+        steps = self.propose_s + self.score_s + self.sampler_s
+        return self.emitted / steps if steps > 0 else 0.0
+
+    @property
+    def plain_tokens_per_s(self) -> Optional[float]:
+        """Plain decoding's tokens per second of steps on this machine, from the running estimate of a plain step."""
+        return 1.0 / self.plain_step_s if self.plain_step_s else None
+
+    @property
     def per_position_acceptance(self) -> tuple[float, ...]:
         return tuple(a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted))
 
@@ -130,5 +154,8 @@ class StatsSnapshot:
             acceptance_rate=self.acceptance_rate,
             mean_acceptance_length=self.mean_acceptance_length,
             tokens_per_s=self.tokens_per_s,
+            other_s=self.other_s,
+            step_tokens_per_s=self.step_tokens_per_s,
+            plain_tokens_per_s=self.plain_tokens_per_s,
         )
         return data

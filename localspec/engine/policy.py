@@ -43,7 +43,7 @@ class Controllers:
     @classmethod
     def retuned(cls, start: Controllers, tuning: Tuning) -> Controllers:
         """Fresh controllers that learn with `tuning`, from `start`'s verify costs (what the load timed)."""
-        return cls(verify=dataclasses.replace(start.verify, by_rows={}, weight={}), tuning=tuning)
+        return cls(verify=dataclasses.replace(start.verify, by_rows={}, anchor={}, drifted=False), tuning=tuning)
 
 
 def drafts_trees(spec: SpecConfig, proposer: Optional[Proposer], target_supports_tree: bool) -> bool:
@@ -59,6 +59,7 @@ class Reading:
     k: int  # the step's size: K asked for, or tree nodes
     predicted_speedup: Optional[float]  # None: nothing predicted (the token budget left no room to draft)
     paused: Optional[PauseReason]
+    plain_step_s: Optional[float] = None  # the running estimate of a plain step's seconds, measured on this machine
 
 
 class StepPolicy:
@@ -118,11 +119,15 @@ class StepPolicy:
                 depth=outcome.depth,
                 first_branch=outcome.first_branch,
             )
-            return Reading(plan.size, self.tree.predicted(plan.size), self.pause_reason())
+            return Reading(plan.size, self.tree.predicted(plan.size), self.pause_reason(), self._plain_s())
         self.chain.observe(plan.size, outcome.drafted, outcome.num_accepted, outcome.propose_s, outcome.verify_s)
-        # the last step of a length-capped answer cannot draft: it predicts nothing
-        predicted = self.chain.predicted(plan.size) if min(self.max_k, outcome.room) > 0 else None
-        reading = Reading(plan.size, predicted, self.pause_reason())
+        # the last step of a length-capped answer cannot draft: it predicts nothing; a plain step taken to measure
+        # while speculating predicts what the speculating steps do
+        measuring = (self.tree or self.chain).measuring_plain and self.spec.adaptive
+        predicted = None
+        if min(self.max_k, outcome.room) > 0:
+            predicted = (self.tree or self.chain).best()[1] if measuring else self.chain.predicted(plan.size)
+        reading = Reading(plan.size, predicted, self.pause_reason(), self._plain_s())
         if self.tree is not None:  # a chain or plain step the tree-size controller chose
             self.tree.observe_chain(outcome.drafted)
         return reading
@@ -133,6 +138,9 @@ class StepPolicy:
             return None
         decider = self.tree or self.chain
         return None if decider is None else decider.pause_reason()
+
+    def _plain_s(self) -> Optional[float]:
+        return self.controllers.verify.plain_s()
 
     def _tree_controller(self, part: Optional[str]) -> TreeSizeController:
         """The tree-size controller of this step's part, sharing the costs of the part's chain controller (which

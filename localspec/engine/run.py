@@ -97,7 +97,7 @@ class Run:
         if outcome.dropped:
             stats = replace(stats, dropped_drafts=stats.dropped_drafts + 1)
         if reading is not None:
-            stats = replace(stats, k=reading.k, paused=reading.paused)
+            stats = replace(stats, k=reading.k, paused=reading.paused, plain_step_s=reading.plain_step_s)
             if reading.predicted_speedup is not None:
                 stats = replace(stats, predicted_speedup=reading.predicted_speedup)
         if counted:
@@ -110,6 +110,8 @@ class Run:
                 outcome.sampler_s,
                 outcome.depth,
             )
+        if stats.first_token_s is None and outcome.emitted:
+            stats = replace(stats, first_token_s=time.perf_counter() - self.started)
         self.stats = stats
 
     def snapshot(self) -> StatsSnapshot:

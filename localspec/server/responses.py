@@ -2,8 +2,10 @@
 
 Without `localspec: {provenance: true}` the bodies are plain OpenAI. With it, each choice (each streamed chunk's
 choice) gains `localspec: {tokens: [...]}` with every token's kind, p_target and p_draft, and `usage` gains
-drafted_tokens, accepted_tokens, acceptance_rate and mean_acceptance_length. `top_logprobs` (chat) and `logprobs: n`
-(completions) are of the distribution the sampler drew from at each position (after temperature and top-p).
+drafted_tokens, accepted_tokens, acceptance_rate, mean_acceptance_length and time_to_first_token_s (seconds from the
+engine taking the request to its first token: the prompt's prefill and the first step; null before one).
+`top_logprobs` (chat) and `logprobs: n` (completions) are of the distribution the sampler drew from at each position
+(after temperature and top-p).
 """
 
 from __future__ import annotations
@@ -173,6 +175,7 @@ class Collector:
                 accepted_tokens=self.stats.accepted,
                 acceptance_rate=self.stats.acceptance_rate,
                 mean_acceptance_length=self.stats.mean_acceptance_length,
+                time_to_first_token_s=self.stats.first_token_s,
             )
         return usage
 

@@ -173,12 +173,19 @@ DEFINITIONS: dict[str, str] = {
     "tree nodes drafted": "every node of every token tree drafted, siblings included",
     "tokens per forward": "tokens emitted per target forward (the bonus or resampled token included); 1.00 without "
     "speculation",
-    "tokens/s": "tokens emitted per second of this answer, prefill included",
+    "tokens/s": "tokens emitted per second of this answer, measured: its tokens over its whole time, prefill "
+    "included (the time split below adds up to that time)",
+    "time to first token": "seconds from the engine taking this answer to its first token: reading the prompt "
+    "(prefill) and the first step, measured",
+    "against plain decoding": "this answer's tokens per second of steps (propose + score + sample) against plain "
+    "decoding's on this machine: the controller's running estimate of a plain step, measured on the steps it ran "
+    "plain (a plain step now and then while speculating). Both leave out prefill and the time between steps",
     "tokens": "tokens of this answer",
     "target forwards": "forward passes of the target model for this answer (one per step)",
     "time per step": "propose + score + sample, per target forward, of this answer",
-    "forecast speedup": "the adaptive controller's forecast for its current K from the costs it measured in this "
-    "answer: E / (K·c + v). Compare with baseline measures the real speedup",
+    "forecast speedup": "a forecast, not a measurement: the adaptive controller's expected speedup for its current "
+    "K from its running estimates of acceptance and step costs, E / (K·c + v). The measured figures above are what "
+    "happened; Compare with baseline measures the real speedup",
 }
 
 
@@ -226,17 +233,28 @@ def stats_html(
         else:
             rows.append(("accepted draft tokens", f"{accepted}/{drafted} ({rate:.0%})"))
         rows.append(("tokens per forward", f"{data.get('mean_acceptance_length', 0.0):.2f}"))
-    rows += [
-        ("tokens/s", f"{data.get('tokens_per_s', 0.0):.1f}"),
-        ("tokens", f"{data.get('emitted', 0)}"),
-        ("target forwards", f"{forwards}"),
-    ]
+    rows.append(("tokens/s", f"{data.get('tokens_per_s', 0.0):.1f}"))
+    plain_tps, step_tps = data.get("plain_tokens_per_s"), data.get("step_tokens_per_s", 0.0)
+    if drafting and plain_tps and step_tps:
+        rows.append(
+            (
+                "against plain decoding",
+                f"{step_tps / plain_tps:.2f}× ({step_tps:.1f} tok/s of steps; plain steps on this machine "
+                f"{plain_tps:.1f} tok/s, the controller's running estimate)",
+            )
+        )
+    if data.get("first_token_s") is not None:
+        rows.append(("time to first token", seconds_text(data["first_token_s"])))
+    rows += [("tokens", f"{data.get('emitted', 0)}"), ("target forwards", f"{forwards}")]
     if forwards and step_s > 0:
         rows.append(("time per step", seconds_text(step_s / forwards)))
-    if drafting and data.get("predicted_speedup") is not None:
-        rows.append(("forecast speedup", f"{data['predicted_speedup']:.2f}× (controller's forecast)"))
     table = "".join(_row(name, value, i) for i, (name, value) in enumerate(rows))
     help_items = "".join(f"<li><b>{escape(name)}</b>: {escape(DEFINITIONS[name])}</li>" for name, _ in rows)
+    if drafting and data.get("predicted_speedup") is not None:  # a forecast: explained, never in the measured table
+        help_items += (
+            f'<li class="ls-forecast"><b>controller\'s forecast</b>: {data["predicted_speedup"]:.2f}× — '
+            f"{escape(DEFINITIONS['forecast speedup'])}</li>"
+        )
     help_html = f'<details class="ls-help"><summary>what these figures mean</summary><ul>{help_items}</ul></details>'
     paused = ""
     if drafting and stats.paused:
@@ -249,15 +267,17 @@ def stats_html(
 
 
 def timing_html(data: dict) -> str:
-    """Step time split: propose / score (target forward) / sample, as a stacked bar with seconds."""
+    """The answer's time after prefill: propose / score (target forward) / sample / other (between steps), as a
+    stacked bar with seconds; with prefill they add up to the time tokens/s divides by."""
     parts = [
         ("propose", data.get("propose_s", 0.0)),
         ("score", data.get("score_s", 0.0)),
         ("sample", data.get("sampler_s", 0.0)),
+        ("other", data.get("other_s", 0.0)),  # between steps: the loop, the window, waiting for the engine
     ]
-    total = sum(v for _, v in parts)
-    if total <= 0:
+    if sum(v for _, v in parts[:3]) <= 0:
         return ""
+    total = sum(v for _, v in parts)
     bar = "".join(
         f'<span class="ls-time ls-time-{name}" style="width:{v / total * 100:.1f}%" '
         f'title="{name}: {v * 1000:.0f} ms"></span>'
