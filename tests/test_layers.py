@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "localspec"
 # Lowest first. A part (a subpackage or a top-level module of localspec) may import its own layer or any below.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"<root>", "config", "measured", "testing"}),  # measured: the figures read from assets/
-    frozenset({"runtime"}),  # sampling, token trees, model runner and its cache
+    frozenset({"runtime", "structured"}),  # sampling, token trees, model runner and its cache; grammars and tool calls
     frozenset({"heads", "verify"}),
     frozenset({"proposers"}),  # sit on heads (the EAGLE/MTP head proposer)
     frozenset({"engine"}),
