@@ -220,13 +220,37 @@ class CostModel:
         line = line or self.verify.line()
         return None if line is None else line[0] + line[1] * tokens
 
+    def plain_time(self, line: tuple[float, float] | None = None) -> float | None:
+        """Seconds of a plain step, what every ratio is relative to: the line's t(1) (it reads every size, so a
+        plain step measured early in an answer, on a short cache, does not stand alone), held within
+        tuning.plain_drift× of the plain steps' own running estimate while that is fresh. Unheld, the line can
+        mislead: its slope is pulled towards the prior, so when verifies turn dear its t(1) rises far above what a
+        plain step measures and every verify looks cheap against it (VerifyCosts.plain_due measures the plain step
+        again when a verify size drifts by that factor)."""
+        at_one = self.verify_time(1, line)
+        plain = self.verify.by_rows.get(1)
+        if at_one is None or plain is None or not plain.count or plain.weight < self.verify.tuning.plain_below:
+            return at_one
+        drift = self.verify.tuning.plain_drift
+        return min(max(at_one, plain.value / drift), plain.value * drift)
+
+    def verify_ratio(self, rows: int, line: tuple[float, float] | None = None) -> float | None:
+        """v: seconds to verify `rows` positions relative to a plain step, at least the plain step plus the line's
+        cost per extra row; None before any measurement."""
+        line = line or self.verify.line()
+        plain = self.plain_time(line)
+        if line is None or plain is None or plain <= 0:
+            return None
+        seconds = max(line[0] + line[1] * rows, plain + line[1] * (rows - 1), plain)
+        return seconds / plain
+
     def ratios(self, max_k: int) -> tuple[float, list[float]]:
         """(c, [v(0)=1, v(1), …, v(max_k)]) relative to a plain step; the prior when nothing is measured yet."""
         line = self.verify.line()
-        plain = self.verify_time(1, line)
+        plain = self.plain_time(line)
         if plain is None or plain <= 0:
             return 0.0, [1 + self.verify.prior_slope * k for k in range(max_k + 1)]
-        verify = [max(self.verify_time(k + 1, line) or plain, plain) / plain for k in range(max_k + 1)]
+        verify = [1.0] + [self.verify_ratio(k + 1, line) or 1.0 for k in range(1, max_k + 1)]
         draft_c = self.propose_per_token_s.value / plain if self.propose_per_token_s.count else 0.0
         return draft_c, verify
 

@@ -99,11 +99,11 @@ class TreeSizeController(OnOffSwitch):
 
     def cost(self, n: int) -> float:
         """cost(n) in plain steps; the prior verify shape before anything is measured."""
-        plain = self.costs.verify_time(1)
-        if plain is None or plain <= 0:
+        plain = self.costs.plain_time()
+        verify = self.costs.verify_ratio(n + 1)
+        if plain is None or plain <= 0 or verify is None:
             return 1 + self.costs.verify.prior_slope * n
-        verify = max(self.costs.verify_time(n + 1) or plain, plain)
-        return (self.proposal_s(n) + verify) / plain
+        return self.proposal_s(n) / plain + verify
 
     def predicted(self, n: int) -> float:
         """Predicted speedup of a tree of n nodes (one of self.sizes)."""
