@@ -95,3 +95,43 @@ def test_a_truncated_file_and_an_unknown_type_name_the_tensor(tmp_path):
     path.write_bytes(bytes(broken))
     found = read_gguf(path, "llama.cpp", path.name)
     assert found.loadable is not None and "type 99" in found.loadable and "token_embd.weight" in found.loadable
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+def test_a_tiny_models_verify_rows_are_plain_decodings_rows_bitwise(kind, library, tmp_path, monkeypatch):
+    """A whole tiny llama GGUF of each type loads on its kernel by itself (quant auto), and every row of its chain
+    verify forwards is bitwise the row plain decoding computes: greedy speculation emits plain decoding's tokens."""
+    from pathlib import Path
+
+    from localspec.models.loading import load_pair
+    from localspec.models.registry import parse_pair
+    from localspec.models.user_models import file_entry
+    from localspec.runtime.model_runner import exact_setup_for
+    from localspec.runtime.plan import plan_forward
+
+    from .gguf_files import write_gguf
+    from .test_lean_llama import unequal_chain_rows
+
+    path = write_gguf(tmp_path / f"tiny-{kind}.gguf", linear_type=kind, seed=4)
+    pair = parse_pair(file_entry(path), 0, Path.cwd())
+    loaded = load_pair(pair, device="cpu", load_draft=False, exact="off")
+    assert loaded.quant == "gguf" and loaded.dtype.how == "fixed"  # no flag: the file's blocks on the kernels
+    plan = plan_forward(loaded.target, exact=True)
+    assert dict(plan.tensor_types)[kind].value == ("q4" if kind == "Q4_0" else "q8")
+    assert plan.layer_kernel.value == ("on" if kind == "Q4_0" else "off")  # the layer kernel reads the q4 layout
+    assert plan.setup_id == "exact-kernels"
+    assert unequal_chain_rows(loaded.target, exact_setup_for(loaded.target)) == 0
+
+
+def test_quant_auto_takes_kernel_types_by_itself_and_names_the_linears_without_one(tmp_path, library):
+    from localspec.models.gguf_linear import auto_quant
+
+    from .gguf_files import write_gguf
+
+    mixed = {"blk.0.ffn_down.weight": "Q5_1"}  # no kernel for Q5_1
+    chosen = auto_quant(write_gguf(tmp_path / "m.gguf", layers=1, linear_type="Q8_0", tensor_types=mixed))
+    assert chosen.quant == "gguf" and "Q8_0 linears run on the kernels" in chosen.reason
+    assert "Q5_1 stays dense" in chosen.reason and "blk.0.ffn_down.weight" in chosen.reason
+    none = auto_quant(write_gguf(tmp_path / "n.gguf", layers=1, linear_type="Q5_1"))
+    assert none.quant == "none" and "no kernel for Q5_1" in none.reason and "blk.0.attn_q.weight" in none.reason

@@ -34,7 +34,7 @@ from torch import nn
 from localspec.config import ConfigError
 from localspec.runtime.int4_linear import ROW_MULTIPLE, Int4Linear, layout_tag
 from localspec.runtime.library import KernelLibrary, LibraryLoad
-from localspec.runtime.plan import Choice, LoadRecord, library_here, record_load, tensor_kernel
+from localspec.runtime.plan import KERNELS, Choice, LoadRecord, library_here, record_load, tensor_kernel
 from localspec.runtime.q4_kernel import GROUP, Q4Matmul
 from localspec.runtime.q8_head import Q8Head, Q8Linear
 
@@ -221,9 +221,9 @@ def auto_quant(path: Path) -> FileQuant:
         types = linear_types(path)
     except (OSError, ValueError) as exc:  # the loader's own check says what is wrong with the file
         return FileQuant("none", f"its header does not read: {exc}")
-    choices = dict(type_choices(types, None, "not loaded"))
-    if all(choice.value == "dense" for choice in choices.values()):  # no kernel to build the library for
-        return FileQuant("none", "; ".join(f"{kind}: {c.reason}" for kind, c in choices.items()) or "no linears")
+    if not any("linear" in getattr(KERNELS.get(kind), "roles", ()) for kind in types):  # no library to build
+        choices = type_choices(types, None, "not loaded")
+        return FileQuant("none", "; ".join(f"{kind}: {c.reason}" for kind, c in choices) or "no linears")
     load = library_here_now()
     choices = dict(type_choices(types, load.library, load.reason))
     dense = "".join(f"; {kind} stays dense: {c.reason}" for kind, c in choices.items() if c.value == "dense")
