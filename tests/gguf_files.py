@@ -32,9 +32,13 @@ def write_gguf(
     vocab_size: int | None = None,
     shuffle_tokens: bool = False,
     seed: int = 0,
+    linear_type: str = "F32",
+    tensor_types: dict[str, str] | None = None,
 ) -> Path:
-    """A llama-shaped GGUF with random F32 weights and SmolLM2's tokenizer (its first `vocab_size` tokens;
-    `shuffle_tokens` swaps two of them, so its ids mean other tokens than the target's)."""
+    """A llama-shaped GGUF with random weights and SmolLM2's tokenizer (its first `vocab_size` tokens;
+    `shuffle_tokens` swaps two of them, so its ids mean other tokens than the target's). The decoder linears are
+    stored as `linear_type` (a gguf.GGMLQuantizationType name, quantized by gguf.quants), `tensor_types` overriding
+    it per tensor name; the rest F32."""
     import gguf
 
     tok = embedded_tokenizer()
@@ -72,19 +76,27 @@ def write_gguf(
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.05).astype(np.float32)
 
+    def linear(name: str, *shape: int) -> None:
+        values, kind = weight(*shape), (tensor_types or {}).get(name, linear_type)
+        if kind == "F32":
+            writer.add_tensor(name, values)
+            return
+        qtype = gguf.GGMLQuantizationType[kind]
+        writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+
     writer.add_tensor("token_embd.weight", weight(vocab, hidden))
     writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
     head_dim = hidden // heads
     for i in range(layers):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.attn_q.weight", weight(hidden, hidden))
-        writer.add_tensor(f"blk.{i}.attn_k.weight", weight(kv_heads * head_dim, hidden))
-        writer.add_tensor(f"blk.{i}.attn_v.weight", weight(kv_heads * head_dim, hidden))
-        writer.add_tensor(f"blk.{i}.attn_output.weight", weight(hidden, hidden))
+        linear(f"blk.{i}.attn_q.weight", hidden, hidden)
+        linear(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden)
+        linear(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden)
+        linear(f"blk.{i}.attn_output.weight", hidden, hidden)
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(ffn, hidden))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(ffn, hidden))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(hidden, ffn))
+        linear(f"blk.{i}.ffn_gate.weight", ffn, hidden)
+        linear(f"blk.{i}.ffn_up.weight", ffn, hidden)
+        linear(f"blk.{i}.ffn_down.weight", hidden, ffn)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

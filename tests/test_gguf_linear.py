@@ -12,10 +12,10 @@ from localspec.models import dtype_choice
 from localspec.models.gguf_linear import (
     GROUP,
     Int4Linear,
-    dequantize_q4_1,
+    dequantize,
     int4_from_q4_1,
     library_here_now,
-    q4_1_fields,
+    q4_fields,
     unpermute_rows,
 )
 from localspec.models.loading import resolve_quant
@@ -61,7 +61,7 @@ def _q4(library):
 
 def test_fields_are_the_ones_written():
     blocks, codes, d, m = random_blocks(6, 96)
-    fields = q4_1_fields(blocks)
+    fields = q4_fields(blocks)
     assert torch.equal(fields.codes, codes.to(torch.int32))
     assert torch.equal(fields.d, d) and torch.equal(fields.m, m)
 
@@ -70,7 +70,7 @@ def test_dequantization_is_the_gguf_readers_bitwise():
     import gguf
 
     blocks, *_ = random_blocks(8, 128, seed=1)
-    ours = dequantize_q4_1(blocks)
+    ours = dequantize(blocks, "Q4_1")
     theirs = gguf.dequantize(blocks.numpy(), gguf.GGMLQuantizationType.Q4_1).reshape(8, 128)
     assert torch.equal(ours, torch.from_numpy(np.ascontiguousarray(theirs)))
 
@@ -88,7 +88,7 @@ def test_the_kernel_runs_the_blocks_weights_in_bfloat16_exactly_on_one_hot_rows(
     eye = torch.eye(k, dtype=torch.bfloat16)  # [K, K]
     out = layer(eye)  # [K, N]
     assert out.shape == (k, rows) and out.dtype == torch.bfloat16
-    assert torch.equal(out.float().T, dequantize_q4_1(q4_1_blocks(codes, d, m)))
+    assert torch.equal(out.float().T, dequantize(q4_1_blocks(codes, d, m), "Q4_1"))
     assert layer(eye.reshape(2, 64, k)).shape == (2, 64, rows)  # leading dims kept
 
 
@@ -115,7 +115,10 @@ def test_gguf_where_it_cannot_run_is_a_clear_error(spec, message):
 def test_quant_resolution():
     cpu = torch.device("cpu")
     assert resolve_quant(ModelSpec("some/model", quant="auto"), cpu).quant == "none"
-    assert resolve_quant(ModelSpec(GGUF_SOURCE, quant="auto", dtype="auto"), cpu).quant == "auto"
+    on_kernels = library_here_now().library is not None  # auto: the kernels where they run, else timed
+    assert resolve_quant(ModelSpec(GGUF_SOURCE, quant="auto", dtype="auto"), cpu).quant == (
+        "gguf" if on_kernels else "auto"
+    )
     gguf = resolve_quant(ModelSpec(GGUF_SOURCE, quant="gguf", dtype="auto"), cpu)
     assert (gguf.quant, gguf.dtype) == ("gguf", "bfloat16")
 
@@ -180,7 +183,7 @@ def test_the_packed_layers_cache_reads_back_what_was_written_and_a_broken_one_is
         head = Q8Head.from_q8_0(codes, torch.rand(48, 2).half(), kernel.q8)
     cache = tmp_path / "layers.safetensors"
     gguf_linear._write_cache(cache, gguf_linear.PackedLayers({"model.layers.0.mlp.up_proj": layer}, head), kernel)
-    read = gguf_linear._read_cache(cache, kernel, "")
+    read = gguf_linear._read_cache(cache, kernel)
     back = read.linears["model.layers.0.mlp.up_proj"]
     if head is not None:
         assert torch.equal(read.head.codes, head.codes) and torch.equal(read.head.scales, head.scales)
@@ -190,9 +193,9 @@ def test_the_packed_layers_cache_reads_back_what_was_written_and_a_broken_one_is
     x = torch.randn(3, 64).to(torch.bfloat16)
     assert torch.equal(back(x), layer(x))
     if kernel is not None:  # packed for the q4 kernel: torch's would misread it, so it is rebuilt
-        assert gguf_linear._read_cache(cache, None, "") is None
+        assert gguf_linear._read_cache(cache, None) is None
     cache.write_bytes(b"not safetensors")
-    assert gguf_linear._read_cache(cache, kernel, "") is None
+    assert gguf_linear._read_cache(cache, kernel) is None
 
 
 def test_weight_bytes_count_int4_codes_and_scales_and_dense_weights(kernel):

@@ -28,7 +28,10 @@ def test_each_block_type_is_a_row_of_one_table():
     assert tensor_kernel("Q4_1", "linear", None, "turned off").value == "torch-int4"
     assert "turned off" in tensor_kernel("Q4_1", "linear", None, "turned off").reason
     assert tensor_kernel("Q8_0", "lm_head", _Library()).value == "q8"
-    assert tensor_kernel("Q8_0", "linear", _Library()).value == "dense"  # a role its row does not serve
+    assert tensor_kernel("Q8_0", "linear", _Library()).value == "q8"
+    assert tensor_kernel("Q4_0", "linear", _Library()).value == "q4"  # the q4 layout with m = −8·d
+    assert tensor_kernel("Q5_0", "linear", _Library()).value == "q8"  # codes q − 16 fit int8
+    assert tensor_kernel("Q5_0", "lm_head", _Library()).value == "dense"  # a role its row does not serve
     assert tensor_kernel("Q6_K", "linear", _Library()).value == "dense"  # no row: the dequantized weight
     assert all(row.kernel in ("q4", "q8") and row.why for row in KERNELS.values())
 

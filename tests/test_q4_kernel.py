@@ -145,13 +145,13 @@ def test_q8_0_blocks_are_taken_apart_as_the_gguf_reader_does():
     import gguf
     import numpy as np
 
-    from localspec.models.gguf_linear import q8_0_fields
+    from localspec.models.gguf_linear import q8_fields
 
     codes, d = _q8_fields(8, 128, seed=1)
     blocks = torch.cat(  # ggml's block_q8_0: d, then 32 int8 codes
         [d.view(torch.uint8).reshape(8, 4, 2), codes.view(torch.uint8).reshape(8, 4, 32)], dim=-1
     ).reshape(8, -1)
-    back_codes, back_d = q8_0_fields(blocks)
+    back_codes, back_d = q8_fields(blocks)
     assert torch.equal(back_codes, codes) and torch.equal(back_d, d)
     theirs = gguf.dequantize(blocks.numpy(), gguf.GGMLQuantizationType.Q8_0).reshape(8, 128)
     ours = (codes.reshape(8, 4, 32).float() * d.float()[..., None]).reshape(8, 128)

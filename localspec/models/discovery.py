@@ -303,10 +303,12 @@ def gguf_loadable(architecture: str, header: GGUFHeader, tokens: tuple[str, ...]
         return "it has no tokenizer (tokenizer.ggml.tokens)"
     plain = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
     readable = plain | set(gguf.quants._type_traits)  # the block types gguf.quants.dequantize implements
-    unreadable = sorted({_type_name(t.type_id) for t in header.tensors if t.type_id not in readable})
+    unreadable = [t for t in header.tensors if t.type_id not in readable]
     if unreadable:
-        return f"tensor type(s) {', '.join(unreadable)} cannot be dequantized here"
-    return None
+        kinds = ", ".join(sorted({_type_name(t.type_id) for t in unreadable}))
+        first = shown(unreadable[0].name)
+        return f"tensor type(s) {kinds} cannot be dequantized here (tensor {first}: {len(unreadable)} in all)"
+    return header.truncated()
 
 
 def read_snapshot(folder: Path, layout: Layout, name: str) -> FoundModel:

@@ -300,12 +300,13 @@ def choose_dtype(
     return decide(cache_key(device, spec.source, folder, spec.quant), device, k, load, timer, progress, names)
 
 
-def fixed_decision(spec, model: torch.nn.Module) -> DtypeDecision:
+def fixed_decision(spec, model: torch.nn.Module, why: str = "") -> DtypeDecision:
     """The decision record of a target whose dtype was not measured: set in the entry, or auto for quantized
-    weights (which compute in the dtype loading.py gives them)."""
+    weights (which compute in the dtype loading.py gives them); why: where quant auto chose gguf without timing."""
     quant = "gguf" if spec.quant == "gguf" else "none"
     if spec.dtype != "auto" and spec.quant != "gguf":
         return DtypeDecision(spec.dtype, "entry")
     if spec.quant == "gguf":
-        return DtypeDecision(GGUF_COMPUTE, "entry", note="gguf int4 blocks compute in bfloat16", quant=quant)
+        how, note = ("fixed", why) if why else ("entry", "gguf blocks compute in bfloat16")
+        return DtypeDecision(GGUF_COMPUTE, how, note=note, quant=quant)
     return DtypeDecision(str(model.dtype).replace("torch.", ""), "fixed", note=f"{spec.quant} weights are not measured")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .untrusted import MAX_VOCAB, open_regular
+from .untrusted import MAX_VOCAB, open_regular, shown
 
 MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -35,6 +35,7 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]
     type_id: int  # gguf.GGMLQuantizationType value
+    offset: int = 0  # of its data, from the start of the data section
 
     @property
     def n_elements(self) -> int:
@@ -49,6 +50,22 @@ class GGUFHeader:
     version: int
     fields: dict[str, Any]  # scalars and strings as values; arrays of strings only for the keys asked for
     tensors: tuple[TensorInfo, ...]
+    data_start: int = 0  # the data section's first byte (after the tensor table, aligned)
+    file_size: int = 0
+
+    def truncated(self) -> str | None:
+        """The first tensor whose data runs past the end of the file, in words (None: all are inside it)."""
+        import gguf
+
+        for tensor in self.tensors:
+            try:
+                block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(tensor.type_id)]
+            except (KeyError, ValueError):
+                continue  # an unknown type: gguf_loadable names it
+            end = self.data_start + tensor.offset + tensor.n_elements // block * size
+            if end > self.file_size:
+                return f"tensor {shown(tensor.name)}: its data runs to byte {end}, the file ends at {self.file_size}"
+        return None
 
 
 class _Cursor:
@@ -116,6 +133,11 @@ def read_header(path: Path, arrays: frozenset[str] = frozenset({"tokenizer.ggml.
             return _parse(_Cursor(mapped), arrays)
 
 
+def _aligned(position: int, alignment: Any) -> int:
+    step = alignment if isinstance(alignment, int) and 0 < alignment <= 1 << 20 else 32  # general.alignment
+    return -(-position // step) * step
+
+
 def _parse(cur: _Cursor, arrays: frozenset[str]) -> GGUFHeader:
     cur.take(4)
     version = cur.unpack("<I")
@@ -139,6 +161,7 @@ def _parse(cur: _Cursor, arrays: frozenset[str]) -> GGUFHeader:
             raise ValueError(f"tensor {name!r} claims {dims} dimensions")
         shape = tuple(cur.unpack("<Q") for _ in range(dims))
         type_id = cur.unpack("<I")
-        cur.unpack("<Q")  # offset into the data section
-        tensors.append(TensorInfo(name, shape, type_id))
-    return GGUFHeader(version, fields, tuple(tensors))
+        offset = cur.unpack("<Q")  # into the data section
+        tensors.append(TensorInfo(name, shape, type_id, offset))
+    start = _aligned(cur.pos, fields.get("general.alignment"))
+    return GGUFHeader(version, fields, tuple(tensors), start, len(cur.buf))

@@ -1,20 +1,29 @@
-"""`quant: gguf`: a GGUF's Q4_1 linears kept as 4-bit codes and run by a CPU int4 kernel (runtime/int4_linear.py).
+"""`quant: gguf`: a GGUF's linears kept in their own blocks and run by the kernels' library (or torch's int4 kernel).
 
-A Q4_1 block holds 32 weights of one output row as 4-bit codes q ∈ [0, 15], an fp16 scale d and an fp16 minimum m:
-w = q·d + m (20 bytes: d, m, then 16 bytes whose low nibbles are weights 0..15 and high nibbles 16..31). Which kernel
-runs a tensor of each block type is the forward plan's table (runtime/plan.py KERNELS, tensor_kernel): the q4
-kernel (runtime/q4_kernel.py) takes d and m as they are, wherever the kernels' library loads. Elsewhere torch's
-`_weight_int4pack_mm_for_cpu` takes the same asymmetric group-32 layout as w = (q − 8)·scale + zero, so scale = d
-and zero = m + 8d, rounded to bfloat16 (its fast path wants bfloat16 scales and zeros): docs/kernels.md states
-what that changes.
+Which kernel runs a tensor of each block type is the forward plan's table (runtime/plan.py KERNELS, tensor_kernel);
+this module takes each type's blocks apart into the layout that kernel reads (BLOCK_BYTES names the types it knows):
 
-Only the Q4_1 linears of a llama-architecture GGUF are swapped in, and, on the q4 kernel's library, a Q8_0 token
-embedding that is also the tied LM head gets a Q8Head for the logits (runtime/q8_head.py; the embedding itself stays
-dense). The F32 norms stay as the cached dequantized folder loaded them.
+  Q4_1  32 weights as 4-bit codes q ∈ [0, 15], fp16 d and m: w = q·d + m (20 bytes: d, m, then 16 bytes whose low
+        nibbles are weights 0..15 and high nibbles 16..31) → the q4 layout as they are
+  Q4_0  the same nibbles and an fp16 d: w = d·(q − 8) (18 bytes) → the q4 layout with m = −8·d, exact in float16
+        (a power-of-2 multiple) unless |8·d| overflows it: that tensor then stays dense, with the reason
+  Q8_0  32 int8 codes and an fp16 d: w = q·d (34 bytes) → the q8 layout as they are
+  Q5_0  an fp16 d, 4 bytes of fifth bits and Q4_0's nibbles: w = d·(q − 16), q ∈ [0, 31] (22 bytes) → the q8
+        layout with codes q − 16 ∈ [−16, 15]
+
+The q4 kernel (runtime/q4_kernel.py) runs the q4 layout as an Int4Linear, the q8 kernel the q8 layout as a Q8Linear
+(runtime/q8_head.py), wherever the kernels' library loads. Elsewhere torch's `_weight_int4pack_mm_for_cpu` takes the
+q4 layout as w = (q − 8)·scale + zero, so scale = d and zero = m + 8d, rounded to bfloat16 (its fast path wants
+bfloat16 scales and zeros: docs/kernels.md states what that changes), and the q8 layout stays dense.
+
+Only the linears of a llama-architecture GGUF are swapped in, each checked against the dense weight the cached
+dequantized folder loaded, and, on the library, a Q8_0 token embedding that is also the tied LM head gets a Q8Head
+for the logits (runtime/q8_head.py; the embedding itself stays dense). The F32 norms stay as the folder loaded them.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,25 +34,28 @@ from torch import nn
 from localspec.config import ConfigError
 from localspec.runtime.int4_linear import ROW_MULTIPLE, Int4Linear, layout_tag
 from localspec.runtime.library import KernelLibrary, LibraryLoad
-from localspec.runtime.plan import Choice, LoadRecord, library_here, record_load, tensor_kernel
+from localspec.runtime.plan import KERNELS, Choice, LoadRecord, library_here, record_load, tensor_kernel
 from localspec.runtime.q4_kernel import GROUP, Q4Matmul
-from localspec.runtime.q8_head import Q8Head
+from localspec.runtime.q8_head import Q8Head, Q8Linear
 
 from .paths import cache_dir
+from .untrusted import shown
 
 __all__ = [
     "GROUP",
     "Int4Linear",
-    "dequantize_q4_1",
+    "dequantize",
     "int4_from_q4_1",
     "int4_kernel_note",
-    "q4_1_fields",
+    "q4_fields",
+    "q8_fields",
+    "auto_quant",
     "library_here_now",
-    "swap_in_q4_1_linears",
+    "linear_types",
+    "swap_in_gguf_linears",
 ]
 
-Q4_1_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles (a block of GROUP weights)
-Q8_0_BYTES = 34  # fp16 d, 32 int8 codes (a block of GROUP weights)
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34}  # bytes of a block of GROUP weights, per type
 HEAD = "lm_head"  # the packed-layer cache's name for the Q8_0 LM head's tensors
 # GGUF tensor name within block i → the transformers llama module path within model.model.layers[i]
 LLAMA_LINEARS = {
@@ -58,47 +70,71 @@ LLAMA_LINEARS = {
 
 
 @dataclass(frozen=True)
-class Q4_1Fields:
-    """A Q4_1 tensor's blocks taken apart: codes [N, K] int32 in 0..15, d and m [N, K/32] float16."""
+class Q4Fields:
+    """A q4-layout tensor's blocks taken apart: codes [N, K] int32 in 0..15, d and m [N, K/32] float16
+    (w = q·d + m)."""
 
     codes: torch.Tensor
     d: torch.Tensor
     m: torch.Tensor
 
 
-def q4_1_fields(blocks: torch.Tensor) -> Q4_1Fields:
-    """blocks [N, K/32 · 20] uint8 (one row of blocks per output row) → codes, d, m."""
+def _split(blocks: torch.Tensor, kind: str) -> torch.Tensor:
+    """blocks [N, K/32 · bytes] uint8 (one row of blocks per output row) → [N, G, bytes]."""
     rows, width = blocks.shape
-    if width % Q4_1_BYTES:
-        raise ConfigError(f"a Q4_1 row is a whole number of {Q4_1_BYTES}-byte blocks; got {width} bytes")
-    groups = width // Q4_1_BYTES
-    split = blocks.reshape(rows, groups, Q4_1_BYTES)  # [N, G, 20]
-    d = split[..., 0:2].contiguous().view(torch.float16).reshape(rows, groups)  # [N, G]
-    m = split[..., 2:4].contiguous().view(torch.float16).reshape(rows, groups)  # [N, G]
-    nibbles = split[..., 4:]  # [N, G, 16]
-    codes = torch.cat([nibbles & 0xF, nibbles >> 4], dim=-1)  # [N, G, 32]: weights 0..15, then 16..31
-    return Q4_1Fields(codes.reshape(rows, groups * GROUP).to(torch.int32), d, m)
+    size = BLOCK_BYTES[kind]
+    if width % size:
+        raise ConfigError(f"a {kind} row is a whole number of {size}-byte blocks; got {width} bytes")
+    return blocks.reshape(rows, width // size, size)
 
 
-def q8_0_fields(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """blocks [N, K/32 · 34] uint8 → (codes [N, K] int8, d [N, K/32] float16); w = q·d."""
-    rows, width = blocks.shape
-    if width % Q8_0_BYTES:
-        raise ConfigError(f"a Q8_0 row is a whole number of {Q8_0_BYTES}-byte blocks; got {width} bytes")
-    groups = width // Q8_0_BYTES
-    split = blocks.reshape(rows, groups, Q8_0_BYTES)  # [N, G, 34]
-    d = split[..., 0:2].contiguous().view(torch.float16).reshape(rows, groups)  # [N, G]
-    codes = split[..., 2:].contiguous().view(torch.int8).reshape(rows, groups * GROUP)  # [N, K]
-    return codes, d
+def _half(split: torch.Tensor, at: int) -> torch.Tensor:
+    """The float16 at byte `at` of each block: [N, G]."""
+    return split[..., at : at + 2].contiguous().view(torch.float16)[..., 0]
 
 
-def dequantize_q4_1(blocks: torch.Tensor) -> torch.Tensor:
-    """The file's own dequantization, w = q·d + m in float32 (what gguf.dequantize and transformers compute):
-    [N, K] float32."""
-    fields = q4_1_fields(blocks)
+def _nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """16 bytes a block → its 32 4-bit codes: the low nibbles are weights 0..15, the high ones 16..31."""
+    return torch.cat([packed & 0xF, packed >> 4], dim=-1)  # [N, G, 32]
+
+
+def q4_fields(blocks: torch.Tensor, kind: str = "Q4_1") -> Q4Fields:
+    """A Q4_1 or Q4_0 tensor's blocks [N, K/32 · bytes] uint8 → codes, d, m (Q4_0: m = −8·d, ±inf where it
+    overflows float16)."""
+    split = _split(blocks, kind)
+    rows, groups = split.shape[:2]
+    d = _half(split, 0)
+    m = _half(split, 2) if kind == "Q4_1" else (d.float() * -8.0).half()  # exact: a power of 2 times d
+    codes = _nibbles(split[..., 4:] if kind == "Q4_1" else split[..., 2:])
+    return Q4Fields(codes.reshape(rows, groups * GROUP).to(torch.int32), d, m)
+
+
+def q8_fields(blocks: torch.Tensor, kind: str = "Q8_0") -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q8_0 or Q5_0 tensor's blocks → (codes [N, K] int8, d [N, K/32] float16): w = q·d (Q5_0: its q − 16)."""
+    split = _split(blocks, kind)
+    rows, groups = split.shape[:2]
+    d = _half(split, 0)
+    if kind == "Q8_0":
+        codes = split[..., 2:].contiguous().view(torch.int8)  # [N, G, 32]
+    else:  # Q5_0: bit j of the little-endian uint32 at bytes 2..5 is weight j's fifth bit
+        high = split[..., 2:6].to(torch.int64)
+        bits = high[..., 0] | high[..., 1] << 8 | high[..., 2] << 16 | high[..., 3] << 24  # [N, G]
+        fifth = (bits[..., None] >> torch.arange(GROUP)) & 1  # [N, G, 32]
+        codes = (_nibbles(split[..., 6:]).to(torch.int64) | fifth << 4) - 16
+    return codes.reshape(rows, groups * GROUP).to(torch.int8), d
+
+
+def dequantize(blocks: torch.Tensor, kind: str) -> torch.Tensor:
+    """The file's own dequantization in float32, as gguf.quants computes it (and transformers with it): [N, K]."""
+    if kind in ("Q8_0", "Q5_0"):
+        codes, d = q8_fields(blocks, kind)
+        rows, k = codes.shape
+        return (codes.reshape(rows, -1, GROUP).float() * d.float()[..., None]).reshape(rows, k)
+    fields = q4_fields(blocks, kind)
     rows, k = fields.codes.shape
     codes = fields.codes.reshape(rows, k // GROUP, GROUP).float()  # [N, G, 32]
-    return (codes * fields.d.float()[..., None] + fields.m.float()[..., None]).reshape(rows, k)
+    offset = fields.m.float() if kind == "Q4_1" else -8.0 * fields.d.float()  # Q4_0: d·q − 8d = d·(q − 8), exact
+    return (codes * fields.d.float()[..., None] + offset[..., None]).reshape(rows, k)
 
 
 def library_here_now() -> LibraryLoad:
@@ -115,9 +151,10 @@ def int4_kernel_note() -> str:
     return f"int4 kernel: torch's _weight_int4pack_mm_for_cpu (the q4 kernel: {load.reason})"
 
 
-def int4_from_q4_1(blocks: torch.Tensor, kernel: Q4Matmul | None = None) -> Int4Linear:
-    """An Int4Linear from a GGUF Q4_1 tensor's blocks [N, K/32 · 20] uint8, on `kernel` (None: torch's)."""
-    fields = q4_1_fields(blocks)
+def int4_from_q4_1(blocks: torch.Tensor, kernel: Q4Matmul | None = None, kind: str = "Q4_1") -> Int4Linear:
+    """An Int4Linear from a GGUF Q4_1 (or Q4_0) tensor's blocks [N, K/32 · bytes] uint8, on `kernel` (None:
+    torch's)."""
+    fields = q4_fields(blocks, kind)
     if fields.codes.shape[0] % ROW_MULTIPLE:
         raise ConfigError(f"the int4 kernel packs {ROW_MULTIPLE}·n output rows; this layer has {fields.codes.shape[0]}")
     return Int4Linear.from_q4_1(fields.codes, fields.d, fields.m, kernel)
@@ -141,13 +178,69 @@ def _gguf_tensors(path: Path) -> tuple[str, dict[str, tuple[str, torch.Tensor]]]
     return arch, {t.name: (t.tensor_type.name, torch.from_numpy(np.array(t.data))) for t in reader.tensors}
 
 
+def linear_types(path: Path) -> dict[str, tuple[str, ...]]:
+    """{block type: the decoder linears' tensor names stored in it} of a GGUF file, from its header alone."""
+    from .discovery import _type_name
+    from .gguf_header import read_header
+
+    found: dict[str, list[str]] = {}
+    for tensor in read_header(path, frozenset()).tensors:
+        parts = tensor.name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] in LLAMA_LINEARS and parts[3] == "weight":
+            found.setdefault(_type_name(tensor.type_id), []).append(shown(tensor.name))
+    return {kind: tuple(names) for kind, names in sorted(found.items())}
+
+
+def type_choices(types: dict[str, tuple[str, ...]], library: KernelLibrary | None, why_not: str):
+    """Per block type of the decoder linears: what the plan's table runs it on, naming its tensors."""
+    return tuple(
+        (kind, _named(tensor_kernel(kind, "linear", library, why_not), found)) for kind, found in types.items()
+    )
+
+
+def _named(choice: Choice, names) -> Choice:
+    """`choice` with the tensors it applies to in its reason (the first three, and how many in all)."""
+    names = list(names)
+    listed = ", ".join(names[:3]) + (f", … ({len(names)} in all)" if len(names) > 3 else "")
+    return Choice(choice.value, f"{choice.reason} [{listed}]")
+
+
+@dataclass(frozen=True)
+class FileQuant:
+    """What `quant: auto` runs a GGUF file as here, and why."""
+
+    quant: str  # gguf: its blocks on the kernels; auto: timed against the dequantized weights; none: dequantized
+    reason: str
+
+
+def auto_quant(path: Path) -> FileQuant:
+    """`quant: auto` for a GGUF file on the CPU, from its header's linear types: gguf where the library's kernels
+    run some of them (the kernels are the fast path: nothing to time), auto (timed) where only torch's int4 kernel
+    would, none where no type has a kernel. Linears left dense are named, with why."""
+    try:
+        types = linear_types(path)
+    except (OSError, ValueError) as exc:  # the loader's own check says what is wrong with the file
+        return FileQuant("none", f"its header does not read: {exc}")
+    if not any("linear" in getattr(KERNELS.get(kind), "roles", ()) for kind in types):  # no library to build
+        choices = type_choices(types, None, "not loaded")
+        return FileQuant("none", "; ".join(f"{kind}: {c.reason}" for kind, c in choices) or "no linears")
+    load = library_here_now()
+    choices = dict(type_choices(types, load.library, load.reason))
+    dense = "".join(f"; {kind} stays dense: {c.reason}" for kind, c in choices.items() if c.value == "dense")
+    fast = [kind for kind, choice in choices.items() if choice.value in ("q4", "q8")]
+    if fast:
+        return FileQuant("gguf", f"its {', '.join(fast)} linears run on the kernels as stored{dense}")
+    return FileQuant("auto", f"no kernels' library here ({load.reason}){dense}")
+
+
 @dataclass(frozen=True)
 class PackedLayers:
-    """What quant gguf swaps into a model: its Q4_1 linears by module name, and the Q8_0 LM head (None: none)."""
+    """What quant gguf swaps into a model: its block linears by module name, and the Q8_0 LM head (None: none)."""
 
-    linears: dict[str, Int4Linear]
+    linears: dict[str, nn.Module]  # Int4Linear (q4 layout) or Q8Linear (q8 layout)
     head: Q8Head | None
     choices: tuple[tuple[str, Choice], ...] = ()  # per tensor class (q_proj, …): the plan's kernel and why
+    types: tuple[tuple[str, Choice], ...] = ()  # per block type: its kernel and which tensors
 
 
 def _member(library: KernelLibrary | None, choice: Choice):
@@ -174,78 +267,121 @@ def _q8_head(model: nn.Module, tensors: dict, path: Path, library: KernelLibrary
     kernel = _member(library, choice)
     if kernel is None or raw is None or not tied or "output.weight" in tensors:
         return None, choice
-    codes, d = q8_0_fields(raw)
+    codes, d = q8_fields(raw, kind)
     if codes.shape[0] % ROW_MULTIPLE or codes.shape[1] % GROUP:
         return None, Choice("dense", f"{codes.shape[0]} × {codes.shape[1]}: not whole blocks of the q8 layout")
+    _finite("token_embd.weight", d)
     dense = model.get_input_embeddings().weight.detach()
-    exact = (codes.reshape(codes.shape[0], -1, GROUP).float() * d.float()[..., None]).reshape(codes.shape)
+    exact = dequantize(raw, kind)
     if exact.shape != dense.shape or not torch.equal(exact.to(dense.dtype), dense):
         raise ConfigError(f"{path.name}: token_embd does not match the loaded embedding; the GGUF's layout is unknown")
     return Q8Head.from_q8_0(codes, d, kernel), choice
 
 
+def _finite(tensor: str, *scales: torch.Tensor) -> None:
+    """A ConfigError naming the tensor where a block's scale is not a finite number (a damaged file)."""
+    for scale in scales:
+        bad = ~torch.isfinite(scale)
+        if bool(bad.any()):
+            row, group = (int(i) for i in bad.nonzero()[0])
+            value = float(scale[row, group])
+            raise ConfigError(f"tensor {tensor}: block {group} of row {row} has the scale {value}; the file is damaged")
+
+
+def _block_linear(kind: str, blocks: torch.Tensor, choice: Choice, library: KernelLibrary | None, tensor: str):
+    """The module `choice` (the plan's) runs a tensor's blocks as, or the Choice it falls back to and why."""
+    if choice.value == "q8":
+        codes, d = q8_fields(blocks, kind)
+        _finite(tensor, d)
+        return Q8Linear.from_q8_0(codes, d, library.q8)
+    fields = q4_fields(blocks, kind)
+    _finite(tensor, fields.d, *([fields.m] if kind == "Q4_1" else []))
+    if not bool(torch.isfinite(fields.m).all()):  # Q4_0 only: its d is finite
+        return Choice("dense", f"{tensor}: a scale d past ±8188 makes m = −8·d overflow float16: the dense weight")
+    return Int4Linear.from_q4_1(fields.codes, fields.d, fields.m, _member(library, choice))
+
+
 def _built_layers(model: nn.Module, path: Path, library: KernelLibrary | None, why_not: str) -> PackedLayers:
-    """The Int4Linear for each linear of `model` whose GGUF tensor's block type has a kernel in the plan's table
-    (Q4_1), each checked first: the file's exact dequantization, rounded to the model's dtype, must equal the loaded
-    weight bitwise (which catches a wrong name map or row order); and the Q8_0 LM head where it applies (_q8_head)."""
+    """The block linear (Int4Linear or Q8Linear) for each linear of `model` whose GGUF tensor's block type has a
+    kernel in the plan's table, each checked first: the file's exact dequantization, rounded to the model's dtype,
+    must equal the loaded weight bitwise (which catches a wrong name map or row order); and the Q8_0 LM head where it
+    applies (_q8_head). A scale that is not a finite number is a ConfigError naming the tensor."""
     arch, tensors = _gguf_tensors(path)
     if arch != "llama":
         raise ConfigError(f"{path.name}: quant gguf runs llama-architecture GGUF files; this one is {arch!r}")
     config = model.config
     heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
-    built, choices = {}, {}
+    built, choices, types, names = {}, {}, {}, {}
     for index, layer in enumerate(model.model.layers):
         for short, module_path in LLAMA_LINEARS.items():
-            kind, raw = tensors.get(f"blk.{index}.{short}.weight", ("missing", None))
+            tensor = f"blk.{index}.{short}.weight"
+            kind, raw = tensors.get(tensor, ("missing", None))
             choice = tensor_kernel(kind, "linear", library, why_not)
             if choice.value != "dense" and raw is not None and raw.shape[0] % ROW_MULTIPLE:
                 choice = Choice("dense", f"{raw.shape[0]} outputs: not whole blocks of {ROW_MULTIPLE}")
+            if choice.value != "dense" and raw is not None:
+                blocks = unpermute_rows(raw, heads[short]) if short in heads else raw
+                made = _block_linear(kind, blocks, choice, library, tensor)
+                if isinstance(made, Choice):
+                    choice = made
+                else:
+                    dense = layer.get_submodule(module_path)
+                    exact = dequantize(blocks, kind).to(dense.weight.dtype)
+                    if exact.shape != dense.weight.shape or not torch.equal(exact, dense.weight.detach()):
+                        raise ConfigError(
+                            f"{path.name}: {tensor} does not match the loaded {module_path} weight; "
+                            "the GGUF's layout is not the one quant gguf knows"
+                        )
+                    built[f"model.layers.{index}.{module_path}"] = made
             _merged(choices, module_path.rpartition(".")[2], choice)
-            if choice.value == "dense":
-                continue
-            blocks = unpermute_rows(raw, heads[short]) if short in heads else raw
-            dense = layer.get_submodule(module_path)
-            exact = dequantize_q4_1(blocks).to(dense.weight.dtype)
-            if exact.shape != dense.weight.shape or not torch.equal(exact, dense.weight.detach()):
-                raise ConfigError(
-                    f"{path.name}: blk.{index}.{short} does not match the loaded {module_path} weight; "
-                    "the GGUF's layout is not the one quant gguf knows"
-                )
-            built[f"model.layers.{index}.{module_path}"] = int4_from_q4_1(blocks, _member(library, choice))
+            _merged(types, kind, choice)
+            names.setdefault(kind, []).append(tensor)
     head, head_choice = _q8_head(model, tensors, path, library, why_not)
-    return PackedLayers(built, head, tuple(choices.items()) + (("lm_head", head_choice),))
+    by_type = tuple((kind, _named(choice, names[kind])) for kind, choice in sorted(types.items()))
+    return PackedLayers(built, head, tuple(choices.items()) + (("lm_head", head_choice),), by_type)
 
 
-def _read_cache(cache: Path, library: KernelLibrary | None, why_not: str) -> PackedLayers | None:
+def _choices_json(choices: tuple[tuple[str, Choice], ...]) -> str:
+    return json.dumps([[name, c.value, c.reason] for name, c in choices])
+
+
+def _choices_read(text: str | None) -> tuple[tuple[str, Choice], ...]:
+    return tuple((str(name), Choice(str(value), str(reason))) for name, value, reason in json.loads(text or "[]"))
+
+
+def _read_cache(cache: Path, library: KernelLibrary | None) -> PackedLayers | None:
+    """The packed layers a start before this one wrote (None: missing, unreadable, for the other kernel or an older
+    format): which module each is and the plan's choices come from its metadata."""
     from safetensors import safe_open
 
     kernel = library.q4 if library is not None else None
     try:
         with safe_open(cache, "pt") as handle:
             meta = handle.metadata() or {}
-            if meta.get("layout", "torch") != layout_tag(kernel):
-                return None  # packed for the other kernel: its tensors are not read
+            if meta.get("layout", "torch") != layout_tag(kernel) or "types" not in meta:
+                return None  # packed for the other kernel, or before the block types were recorded
             flat = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (a safe_open handle)
+            choices, types = _choices_read(meta.get("choices")), _choices_read(meta["types"])
     except Exception:  # missing, partial or unreadable: built again from the file
         return None
-    head, choices = None, {}
+    head = None
     if f"{HEAD}.codes" in flat and f"{HEAD}.scales" in flat and library is not None:
         codes, scales = flat.pop(f"{HEAD}.codes"), flat.pop(f"{HEAD}.scales")
         head = Q8Head(codes, scales, codes.shape[1] * codes.shape[2], library.q8)
-    names = {key.rpartition(".")[0] for key in flat}
     built = {}
-    for name in names:
+    for name in {key.rpartition(".")[0] for key in flat}:
         packed, scales_zeros = flat.get(f"{name}.packed"), flat.get(f"{name}.scales_zeros")
-        if packed is None or scales_zeros is None:
+        codes, scales = flat.get(f"{name}.codes"), flat.get(f"{name}.scales")
+        if codes is not None and scales is not None and library is not None:  # [N/16, K/32, 32, 16]
+            built[name] = Q8Linear(codes, scales, codes.shape[1] * codes.shape[2], library.q8)
+        elif packed is None or scales_zeros is None:
             return None
-        _merged(choices, name.rpartition(".")[2], tensor_kernel("Q4_1", "linear", library, why_not))
-        if kernel is None:  # [N, K/2]
+        elif kernel is None:  # [N, K/2]
             built[name] = Int4Linear(packed, scales_zeros, packed.shape[1] * 2, packed.shape[0])
         else:  # [N/16, K/32, 16, 16]
             blocks, groups, pairs, lanes = packed.shape
             built[name] = Int4Linear(packed, scales_zeros, groups * pairs * 2, blocks * lanes, kernel)
-    head_choice = tensor_kernel("Q8_0", "lm_head", library, why_not) if head is not None else Choice("dense", "")
-    return PackedLayers(built, head, tuple(sorted(choices.items())) + (("lm_head", head_choice),))
+    return PackedLayers(built, head, choices, types)
 
 
 def _write_cache(cache: Path, layers: PackedLayers, library: KernelLibrary | None) -> None:
@@ -253,29 +389,37 @@ def _write_cache(cache: Path, layers: PackedLayers, library: KernelLibrary | Non
 
     flat = {}
     for name, layer in layers.linears.items():
-        flat[f"{name}.packed"], flat[f"{name}.scales_zeros"] = layer.packed, layer.scales_zeros
+        if isinstance(layer, Q8Linear):
+            flat[f"{name}.codes"], flat[f"{name}.scales"] = layer.codes, layer.scales
+        else:
+            flat[f"{name}.packed"], flat[f"{name}.scales_zeros"] = layer.packed, layer.scales_zeros
     if layers.head is not None:
         flat[f"{HEAD}.codes"], flat[f"{HEAD}.scales"] = layers.head.codes, layers.head.scales
+    meta = {
+        "layout": layout_tag(library.q4 if library is not None else None),
+        "choices": _choices_json(layers.choices),
+        "types": _choices_json(layers.types),
+    }
     tmp = cache.with_name(cache.name + ".tmp")
     try:
-        save_file(flat, tmp, metadata={"layout": layout_tag(library.q4 if library is not None else None)})
+        save_file(flat, tmp, metadata=meta)
         tmp.replace(cache)
     except OSError:
         pass  # a read-only data folder: the next start builds them again
 
 
-def swap_in_q4_1_linears(
+def swap_in_gguf_linears(
     model: nn.Module, path: Path, cache: Path | None = None, load: LibraryLoad | None = None
 ) -> int:
     """Replace each linear of `model` (a transformers llama loaded in bf16 from the GGUF's dequantized folder) whose
-    GGUF tensor's block type has a kernel (runtime/plan.py KERNELS) with an Int4Linear built from the file's blocks,
-    and record what was built for the model's forward plan (plan.record_load); returns how many were swapped.
-    `cache`: a safetensors file holding the packed layers, written at the first start and read at later ones
-    (reading the GGUF's metadata alone takes seconds; a cache packed for the other kernel is rewritten). `load`: the
-    kernels' library (None, or one without a library: torch's kernel)."""
+    GGUF tensor's block type has a kernel (runtime/plan.py KERNELS) with a block linear built from the file's
+    blocks, and record what was built for the model's forward plan (plan.record_load), with each block type's kernel;
+    returns how many were swapped. `cache`: a safetensors file holding the packed layers, written at the first start
+    and read at later ones (reading the GGUF's metadata alone takes seconds; a cache packed for the other kernel is
+    rewritten). `load`: the kernels' library (None, or one without a library: torch's kernel)."""
     library = load.library if load is not None else None
     why_not = load.reason if load is not None else "not offered"
-    layers = _read_cache(cache, library, why_not) if cache is not None and cache.exists() else None
+    layers = _read_cache(cache, library) if cache is not None and cache.exists() else None
     modules = dict(model.named_modules())
     if layers is not None and any(name not in modules for name in layers.linears):
         layers = None  # another model's layers
@@ -286,10 +430,11 @@ def swap_in_q4_1_linears(
         if cache is not None and layers.linears:
             _write_cache(cache, layers, library)
     if not layers.linears:
-        raise ConfigError(f"{path.name}: no Q4_1 linear layers; quant gguf keeps Q4_1 blocks only")
+        kinds = ", ".join(f"{kind} ({choice.value})" for kind, choice in layers.types) or "none"
+        raise ConfigError(f"{path.name}: no linear runs on a block kernel here; its linears' types: {kinds}")
     for name, layer in layers.linears.items():
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, layer)
     linears = tuple((name, choice) for name, choice in layers.choices if name != "lm_head")  # the head: the plan's
-    record_load(model, LoadRecord(library, linears, layers.head))
+    record_load(model, LoadRecord(library, linears, layers.head, layers.types))
     return len(layers.linears)

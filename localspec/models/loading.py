@@ -27,7 +27,7 @@ from .untrusted import shown
 Progress = Callable[[str], None]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # quant gguf's packed layers: a file beside the dequantized folder (inside it, it would count as the folder's weights)
-INT4_CACHE_SUFFIX = ".int4-q4_1.safetensors"
+BLOCKS_CACHE_SUFFIX = ".int4-q4_1.safetensors"  # the name from when it held Q4_1 layers only: older caches are rebuilt
 
 
 def _say(progress: Optional[Progress], message: str) -> None:
@@ -160,20 +160,36 @@ def resolve_folder(spec: ModelSpec, what: str, progress: Optional[Progress] = No
 
 
 def resolve_quant(spec: ModelSpec, device: torch.device) -> ModelSpec:
-    """The target's quant where it applies: gguf (the file's Q4_1 blocks, computed in bfloat16) needs a GGUF source
-    and the CPU; auto is gguf-or-unquantized timed at load (dtype_choice.py), plain none where gguf cannot run."""
-    is_gguf = gguf_path(spec.source) is not None
+    """quant_choice's spec."""
+    return quant_choice(spec, device)[0]
+
+
+def quant_choice(spec: ModelSpec, device: torch.device) -> tuple[ModelSpec, str]:
+    """The target's quant where it applies, and why where auto chose it: gguf (the file's blocks, computed in
+    bfloat16) needs a GGUF source and the CPU; auto (the default where models.yaml says nothing) is gguf where the
+    file's linear types run on the kernels' library, else gguf-or-unquantized timed at load (dtype_choice.py), and
+    plain none where no linear has a kernel or gguf cannot run (gguf_linear.auto_quant)."""
+    path = gguf_path(spec.source)
+    is_gguf = path is not None
     if spec.quant == "auto" and (not is_gguf or device.type != "cpu"):
-        return replace(spec, quant="none")
+        return replace(spec, quant="none"), ""
+    if spec.quant == "auto" and spec.dtype in ("auto", "bfloat16"):
+        from .gguf_linear import auto_quant
+
+        chosen = auto_quant(path)
+        spec = replace(spec, quant=chosen.quant)
+        if chosen.quant != "gguf":
+            return spec, chosen.reason
+        return replace(spec, dtype="bfloat16"), chosen.reason
     if spec.quant != "gguf":
-        return spec
+        return spec, ""
     if not is_gguf:
         raise ConfigError(f"quant gguf keeps a GGUF file's 4-bit blocks; {spec.source} is not a GGUF file")
     if device.type != "cpu":
         raise ConfigError("quant gguf runs torch's CPU int4 kernel; on CUDA use quant nf4 or none")
     if spec.dtype not in ("auto", "bfloat16"):
         raise ConfigError(f"quant gguf computes in bfloat16 (its kernel's fast path); dtype {spec.dtype} cannot run")
-    return replace(spec, dtype="bfloat16")
+    return replace(spec, dtype="bfloat16"), ""
 
 
 def quantization_config(quant: str, compute_dtype: torch.dtype):
@@ -252,17 +268,30 @@ def load_causal_lm(
     if "device_map" not in kwargs:
         model = model.to(device)
     if quant == "gguf":
-        from .gguf_linear import library_here_now, swap_in_q4_1_linears
+        from .gguf_linear import library_here_now, swap_in_gguf_linears
 
         path = gguf_path(spec.source)
         folder = gguf_cache_folder(path)
-        cache = folder.with_name(folder.name + INT4_CACHE_SUFFIX)
-        swap_in_q4_1_linears(model, path, cache, library_here_now())
+        cache = folder.with_name(folder.name + BLOCKS_CACHE_SUFFIX)
+        swap_in_gguf_linears(model, path, cache, library_here_now())
     elif role == "target":  # its forward plan may run decode / verify attention there (runtime/plan.py)
         from localspec.runtime.plan import offer_library
 
-        offer_library(model)
+        offer_library(model, _dense_types(spec.source))
     return model.eval(), folder
+
+
+def _dense_types(source: str) -> tuple:
+    """A GGUF source's linear block types, each with why it runs dense (none for another source)."""
+    path = gguf_path(source)
+    if path is None:
+        return ()
+    from localspec.runtime.plan import Choice
+
+    from .gguf_linear import _named, linear_types
+
+    why = "loaded dequantized (quant none)"
+    return tuple((kind, _named(Choice("dense", why), names)) for kind, names in linear_types(path).items())
 
 
 def share_target_embedding(draft: torch.nn.Module, target: torch.nn.Module) -> None:
@@ -436,11 +465,15 @@ def load_pair(
     that fails is left out with a notice; only a target that fails fails the pair."""
     started = time.perf_counter()
     dev = pick_device(device)
-    target_spec = resolve_quant(replace(pair.target, quant=pair.target.quant if quant is None else quant), dev)
+    asked = replace(pair.target, quant=pair.target.quant if quant is None else quant)
+    target_spec, quant_why = quant_choice(asked, dev)
     where = f"model pair {pair.name!r} target"
     target_folder = resolve_folder(target_spec, where, progress)
     tokenizer = load_tokenizer(target_folder, pair.target.trust_remote_code)
     notices: list[str] = []
+    if quant_why and target_spec.quant == "none":  # auto found no kernel for the file's linears: say which, and why
+        notices.append(f"the target runs dequantized: {quant_why}")
+        _say(progress, notices[-1])
     draft_folder = None
     if load_draft and pair.draft is not None:  # tokenizer and config checked before any weights load
         draft_folder = _optional_part(
@@ -481,6 +514,6 @@ def load_pair(
         target_spec.quant,
         head=head,
         notices=tuple(notices),
-        dtype=decision or fixed_decision(target_spec, target),
+        dtype=decision or fixed_decision(target_spec, target, quant_why),
         exact=exact_decision,
     )

@@ -87,7 +87,7 @@ def _model(raw: Any, base_dir: Path, where: str, field: str, allowed: set[str], 
     raw = _check_keys(raw, allowed, where, field)
     if "source" not in raw:
         raise ConfigError(f"{where}: field '{field}.source' is missing")
-    quant = raw.get("quant", "none")
+    quant = raw.get("quant", "auto")  # auto: a GGUF's blocks on the kernels where they run them, else none
     if quant not in QUANTS:
         raise ConfigError(f"{where}: field '{field}.quant' is {shown(quant)}; choose one of {', '.join(QUANTS)}")
     dtype = raw.get("dtype", default_dtype)

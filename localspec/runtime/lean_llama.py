@@ -33,7 +33,6 @@ from torch import nn
 from localspec.config import ForwardKind
 
 from .attention_kernel import AttentionKernel
-from .int4_linear import Int4Linear
 from .layer_kernel import BoundLayer, LayerKernel, layer_weights
 from .plan import AttentionKind, ForwardPlan, lean_supported
 from .static_cache import PreallocatedCache
@@ -60,8 +59,9 @@ def _fused(layers: list[nn.Module]) -> nn.Module | None:
         for layer, rows in zip(layers, weight.split([layer.out_features for layer in layers]), strict=True):
             layer.weight = nn.Parameter(rows, requires_grad=False)
         return fused
-    if all(isinstance(layer, Int4Linear) for layer in layers):
-        fused = Int4Linear.concatenated(layers)
+    kind = type(layers[0])  # block layers (Int4Linear, q8_head.Q8Linear) of one kind stack their blocks
+    if hasattr(kind, "concatenated") and all(type(layer) is kind for layer in layers):
+        fused = kind.concatenated(layers)
         if fused is not None:
             fused.share_with(layers)
         return fused

@@ -58,8 +58,10 @@ class KernelRow:
 KERNELS: dict[str, KernelRow] = {
     row.block_type: row
     for row in (
+        KernelRow("Q4_0", "q4", ("linear",), "torch-int4", "row-invariant, the q4 layout with m = -8·d (exact)"),
         KernelRow("Q4_1", "q4", ("linear",), "torch-int4", "row-invariant, the file's own d and m"),
-        KernelRow("Q8_0", "q8", ("lm_head",), "dense", "the file's exact weights, float32 logits, row-invariant"),
+        KernelRow("Q5_0", "q8", ("linear",), "dense", "row-invariant, codes q - 16 as int8, the file's own d"),
+        KernelRow("Q8_0", "q8", ("linear", "lm_head"), "dense", "the exact weights, float32 sums, row-invariant"),
     )
 }
 
@@ -100,6 +102,7 @@ class LoadRecord:
     library: KernelLibrary | None
     tensors: tuple[tuple[str, Choice], ...] = ()
     head: nn.Module | None = field(default=None, compare=False)
+    types: tuple[tuple[str, Choice], ...] = ()  # per GGUF block type of the decoder linears: what runs it
 
 
 LOAD_ATTR = "localspec_load"
@@ -113,12 +116,13 @@ def load_record(model: nn.Module) -> LoadRecord:
     return getattr(model, LOAD_ATTR, None) or LoadRecord(None)
 
 
-def offer_library(model: nn.Module) -> None:
-    """Offer this machine's library to a target the loader did not build from a GGUF: a CPU model's plan may run
-    decode / verify attention there (where it fits); another device's is offered none."""
+def offer_library(model: nn.Module, types: tuple[tuple[str, Choice], ...] = ()) -> None:
+    """Offer this machine's library to a target the loader did not build from a GGUF's blocks: a CPU model's plan
+    may run decode / verify attention there (where it fits); another device's is offered none. types: a GGUF
+    source's block types, each with why it runs dense."""
     first = next(model.parameters(), None)  # a model without parameters is on no device the library serves
     on_cpu = first is not None and first.device.type == "cpu"
-    record_load(model, LoadRecord(library_here().library if on_cpu else None))
+    record_load(model, LoadRecord(library_here().library if on_cpu else None, types=types))
 
 
 # ---- the forward setups -----------------------------------------------------------------------------------------
@@ -190,17 +194,24 @@ def exact_rows_setup(dtype: torch.dtype) -> ForwardSetup:
 
 def _decoder_linears(model: nn.Module) -> list[nn.Module] | None:
     from .int4_linear import Int4Linear
+    from .q8_head import Q8Linear
 
     decoder = getattr(getattr(model, "model", None), "layers", None)
     if decoder is None:
         return None
-    return [m for m in decoder.modules() if isinstance(m, (nn.Linear, Int4Linear))]
+    return [m for m in decoder.modules() if isinstance(m, (nn.Linear, Int4Linear, Q8Linear))]
 
 
 def row_invariant_layers(model: nn.Module) -> bool:
     """Whether every linear of the model's decoder layers computes a row the same whatever the row count: all are
-    Int4Linear on the q4 kernel. Then the exact setup needs no dummy row (the dummy row is for bfloat16 F.linear,
-    which rounds a lone row differently)."""
+    Int4Linear on the q4 kernel or Q8Linear on the q8 kernel. Then the exact setup needs no dummy row (the dummy
+    row is for bfloat16 F.linear, which rounds a lone row differently)."""
+    linears = _decoder_linears(model)
+    return bool(linears) and all(getattr(m, "row_invariant", False) for m in linears)
+
+
+def q4_layout_layers(model: nn.Module) -> bool:
+    """Whether every decoder linear is in the q4 layout on the q4 kernel: what the layer kernel reads."""
     from .int4_linear import Int4Linear
 
     linears = _decoder_linears(model)
@@ -292,6 +303,7 @@ class ForwardPlan:
     compile: CompileMode
     library: Choice
     linears: tuple[tuple[str, Choice], ...]
+    tensor_types: tuple[tuple[str, Choice], ...]  # per GGUF block type of the decoder linears (none: not a GGUF)
     lm_head: Choice
     decode_attention: Choice
     prefill_attention: Choice
@@ -347,6 +359,7 @@ class ForwardPlan:
         }
         out = {name: {"value": c.value, "reason": c.reason} for name, c in choices.items()}
         out["linears"] = {name: {"value": c.value, "reason": c.reason} for name, c in self.linears}
+        out["tensor_types"] = {name: {"value": c.value, "reason": c.reason} for name, c in self.tensor_types}
         out["forward"] = {"value": self.forward, "reason": self.forward_reason}
         out |= {"setup": self.setup_id, "cache": self.cache, "compile": self.compile}
         return {"summary": self.summary(), **out}
@@ -386,6 +399,7 @@ def plan_forward(
     lean = wanted == "lean" and preallocated and lean_supported(model)
     fits, why_kernel = _attention_kernel_fits(model, library)
     row_invariant = row_invariant_layers(model)
+    q4_layout = row_invariant and q4_layout_layers(model)
 
     if not lean:
         why = "asked for" if wanted != "lean" else "not a plain llama, or not on the preallocated cache"
@@ -408,13 +422,13 @@ def plan_forward(
         dummy = Choice("no dummy rows", rows_why)
     else:
         dummy = Choice(setup.rows, "torch's matmuls round a row by the row count (EXACT_ROWS)")
-    layer_on = decode.value == "kernel" and row_invariant and library is not None and library.layer is not None
+    layer_on = decode.value == "kernel" and q4_layout and library is not None and library.layer is not None
     if layer_on:
         layer = Choice("on", "whole layers in one C call (bf16 layers on q4, fused)")
     elif library is None or decode.value != "kernel":
         layer = Choice("off", "decode / verify attention is not on the attention kernel")
-    elif not row_invariant:
-        layer = Choice("off", "the decoder linears are not all on the q4 kernel")
+    elif not q4_layout:
+        layer = Choice("off", "it runs only where every linear of a layer is in the q4 layout (Q4_0, Q4_1)")
     else:
         layer = Choice("off", "; ".join(library.notes))
     if record.head is not None:
@@ -433,6 +447,7 @@ def plan_forward(
             "offered by the loader" if library else "none offered (not a CPU target, or the library cannot run here)",
         ),  # fmt: skip
         linears=_linear_choices(model, record),
+        tensor_types=record.types,
         lm_head=head,
         decode_attention=decode,
         prefill_attention=prefill,
@@ -441,5 +456,5 @@ def plan_forward(
         kernels=library,
         head=record.head,
         attention_kernel=library.attention if lean and fits else None,
-        layer=library.layer if lean and fits and row_invariant else None,
+        layer=library.layer if lean and fits and q4_layout else None,
     )

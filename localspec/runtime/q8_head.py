@@ -1,4 +1,5 @@
-"""The LM head of a GGUF whose token embedding (tied to the LM head) is Q8_0, run as the file stores it.
+"""Q8_0-layout matmuls run as the file stores them: the LM head of a GGUF whose token embedding (tied to the LM head)
+is Q8_0 (`Q8Head`), and a decoder layer's Q8_0 or Q5_0 linear (`Q8Linear`).
 
 SmolLM2's 49,152 × 576 LM head is the largest matmul of a step: 57 MB as the dense bfloat16 weight the model loads,
 30 MB as the file's Q8_0 blocks (32 int8 codes and a float16 scale d each: w = q·d). `Q8Head` runs the q8 matmul of
@@ -9,6 +10,11 @@ every call, so there this is the difference between most of a step and a small p
 
 The dense weight stays in the model (it is the token embedding, and a head proposer reads it); the loader records the
 Q8Head with the model (plan.record_load) and the forward plan makes it the runner's LM head.
+
+`Q8Linear` is the same matmul as a decoder linear: int8 codes with a float16 scale per 32 weights (Q8_0: w = q·d;
+Q5_0: w = d·(q − 16), whose q − 16 in −16..15 is an int8 code), float32 sums rounded to the bfloat16 the layers
+compute in (an elementwise rounding: a row still does not depend on the other rows). The layer kernel does not take
+it (it reads the q4 layout only), so a layer with one runs the lean forward's torch-op layer around the kernels.
 """
 
 from __future__ import annotations
@@ -41,3 +47,31 @@ class Q8Head(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, Q8_0 group 32"
+
+
+class Q8Linear(Q8Head):
+    """A decoder linear on the q8 matmul: x [..., K] bf16 → [..., N] bf16 (the float32 sums rounded once)."""
+
+    row_invariant = True  # one thread sums each output in one order whatever the row count (q8_matmul.c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 → [..., N] bf16
+        return super().forward(x).to(torch.bfloat16)
+
+    @classmethod
+    def concatenated(cls, layers: list[Q8Linear]) -> Q8Linear | None:
+        """One layer computing `layers`' outputs side by side (blocks of 16 outputs stack as they are), or None
+        when their inputs or kernels differ."""
+        if len({layer.in_features for layer in layers}) != 1 or len({id(layer.kernel) for layer in layers}) != 1:
+            return None
+        codes = torch.cat([layer.codes for layer in layers])  # [ΣN/16, K/32, 32, 16]
+        scales = torch.cat([layer.scales for layer in layers])  # [ΣN/16, K/32, 16]
+        return cls(codes, scales, layers[0].in_features, layers[0].kernel)
+
+    def share_with(self, parts: list[Q8Linear]) -> None:
+        """Rebind `parts` to views of this layer's codes and scales, so they are kept once."""
+        sizes = [part.out_features // part.codes.shape[3] for part in parts]
+        for part, codes, scales in zip(parts, self.codes.split(sizes), self.scales.split(sizes), strict=True):
+            part.codes, part.scales = codes, scales
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 codes group 32, q8"
