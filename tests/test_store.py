@@ -52,7 +52,7 @@ def test_default_path_follows_localspec_home(tmp_path, monkeypatch):
 
 def test_wal_mode_and_schema_version(store):
     assert store.journal_mode == "wal"
-    assert store.schema_version == SCHEMA_VERSION == 4
+    assert store.schema_version == SCHEMA_VERSION == 5
     raw = sqlite3.connect(store.path)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # persistent: a second reader sees it too
     raw.close()
@@ -399,7 +399,7 @@ def test_migration_from_v1(tmp_path):
     with sqlite3.connect(path) as raw:
         assert "error" not in [r[1] for r in raw.execute("PRAGMA table_info(messages)")]
     with ConversationStore(path) as store:
-        assert store.schema_version == 4 and store.recovered_from is None
+        assert store.schema_version == 5 and store.recovered_from is None
         (summary,) = store.list_conversations()
         assert (summary.title, summary.model, summary.incomplete) == ("from v1", "old-model", True)
         user, answer = store.get_conversation(1).messages
@@ -416,7 +416,7 @@ def test_migration_from_v1(tmp_path):
     with sqlite3.connect(path) as raw:
         indexes = {r[1] for r in raw.execute("PRAGMA index_list(messages)")}
         assert "messages_by_conversation" in indexes
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 5
 
 
 def test_newer_schema_is_refused_not_destroyed(tmp_path):
@@ -615,3 +615,19 @@ def test_the_recorder_stores_an_error_answer(tiny_session, tmp_path):
     assert events[-1].finish_reason == "error" and emitted  # the clean first step emitted something
     assert answer.complete and answer.finish_reason == "error" and "NaN" in answer.error
     assert [t["id"] for t in answer.tokens] == emitted
+
+
+def test_system_prompt_saved_with_the_conversation_and_old_rows_have_none(tmp_path):
+    path = tmp_path / "c.db"
+    with ConversationStore(path) as store:
+        old = store.create_conversation("old", "m")
+        cid = store.create_conversation("t", "m", system_prompt="Be brief.")
+        store.set_setting("default_system_prompt", "Answer in French.")
+    with ConversationStore(path) as store:
+        conv = store.get_conversation(cid)
+        assert conv.system_prompt == "Be brief."
+        assert conv.chat_messages()[0] == {"role": "system", "content": "Be brief."}
+        assert store.get_conversation(old).chat_messages() == []
+        assert store.get_setting("default_system_prompt") == "Answer in French."
+        store.set_system_prompt(cid, "")
+        assert store.get_conversation(cid).chat_messages() == []

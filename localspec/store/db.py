@@ -85,14 +85,17 @@ class Conversation:
     created_at: float
     updated_at: float
     messages: tuple[Message, ...]
+    system_prompt: Optional[str] = None  # the system message its answers are given; None or blank: none
 
     @property
     def incomplete(self) -> bool:
         return any(not m.complete for m in self.messages)
 
     def chat_messages(self) -> list[dict]:
-        """The history as {'role', 'content'} dicts, ready for ChatSession.prompt_ids."""
-        return [{"role": m.role, "content": m.content} for m in self.messages]
+        """The history as {'role', 'content'} dicts, ready for ChatSession.prompt_ids: the conversation's system
+        prompt first, where it has one."""
+        system = [{"role": "system", "content": self.system_prompt}] if (self.system_prompt or "").strip() else []
+        return system + [{"role": m.role, "content": m.content} for m in self.messages]
 
 
 StoreChange = Literal["answer_finished", "user_message", "conversation_deleted"]
@@ -389,18 +392,45 @@ class ConversationStore:
         title = clean_text(title, "the title")
         return title if title.strip() else UNTITLED
 
-    def create_conversation(self, title: str, model: str) -> int:
+    def create_conversation(self, title: str, model: str, system_prompt: Optional[str] = None) -> int:
         title, model = self._title(title), clean_text(model, "the model name")
+        system = clean_text(system_prompt, "the system prompt") if system_prompt is not None else None
         now = time.time()
 
         def insert(conn):
             cur = conn.execute(
-                "INSERT INTO conversations (title, model, created_at, updated_at) VALUES (?, ?, ?, ?)",
-                (title, model, now, now),
+                "INSERT INTO conversations (title, model, created_at, updated_at, system_prompt) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (title, model, now, now, system),
             )
             return int(cur.lastrowid)
 
         return self._write(insert)
+
+    def set_system_prompt(self, conversation_id: int, system_prompt: str) -> None:
+        """The system prompt the conversation's next answers are given (empty: none)."""
+        system = clean_text(system_prompt, "the system prompt")
+
+        def update(conn):
+            cid = self._require_conversation(conn, conversation_id)
+            conn.execute("UPDATE conversations SET system_prompt = ? WHERE id = ?", (system, cid))
+
+        self._write(update)
+
+    def get_setting(self, key: str) -> Optional[str]:
+        """A saved default of the window (e.g. the default system prompt), or None when never saved."""
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM settings WHERE key = ?", (str(key),)).fetchone()
+        return row["value"] if row is not None else None
+
+    def set_setting(self, key: str, value: str) -> None:
+        value = clean_text(value, str(key))
+        self._write(
+            lambda conn: conn.execute(
+                "INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (str(key), value),
+            )
+        )
 
     def _insert_message(
         self,
@@ -748,7 +778,9 @@ class ConversationStore:
             )
             for m in message_rows
         )
-        return Conversation(row["id"], row["title"], row["model"], row["created_at"], row["updated_at"], messages)
+        return Conversation(
+            row["id"], row["title"], row["model"], row["created_at"], row["updated_at"], messages, row["system_prompt"]
+        )
 
     # -- export --------------------------------------------------------------------------------------------------
 
@@ -762,6 +794,7 @@ class ConversationStore:
             "model": conv.model,
             "created_at": _iso(conv.created_at),
             "updated_at": _iso(conv.updated_at),
+            "system_prompt": conv.system_prompt,
             "messages": [
                 {
                     "role": m.role,
@@ -801,6 +834,8 @@ class ConversationStore:
             f"*Model: {conv.model} · started {_iso(conv.created_at)} · last change {_iso(conv.updated_at)}*",
             "",
         ]
+        if (conv.system_prompt or "").strip():
+            lines += ["## System prompt", "", conv.system_prompt, ""]
         for m in conv.messages:
             heading = m.role.capitalize()
             notes = []

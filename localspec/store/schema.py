@@ -7,6 +7,8 @@ conversation list and the reopen path read through.
 Version 3: messages.sampling (the answer's sampling settings as JSON, so "compare with baseline" can repeat a
 reopened answer).
 Version 4: messages.tree_nodes (the size of the token trees an answer drafted; NULL or 0: chains of K).
+Version 5: conversations.system_prompt (the system message its answers were given; NULL in a conversation saved
+before: none) and settings (the window's saved defaults, such as the default system prompt, one row per key).
 
 A migration is a list of SQL statements run in one transaction together with the user_version bump, so a
 crash during an upgrade leaves the file at the old version, never half-way.
@@ -63,8 +65,13 @@ V3 = ["ALTER TABLE messages ADD COLUMN sampling TEXT"]
 
 V4 = ["ALTER TABLE messages ADD COLUMN tree_nodes INTEGER"]
 
+V5 = [
+    "ALTER TABLE conversations ADD COLUMN system_prompt TEXT",
+    "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+]
+
 # MIGRATIONS[n] takes a database from version n to version n + 1 (version 0 = an empty file).
-MIGRATIONS: list[list[str]] = [V1, V2, V3, V4]
+MIGRATIONS: list[list[str]] = [V1, V2, V3, V4, V5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -19,6 +19,7 @@ from .handlers import Handlers, history_of, owner_of
 from .manager import Busy
 from .render import stats_html, status_html, transcript_html
 from .settings import read_sampling, read_speculation, sampling_dict
+from .system_prompt import system_text
 from .turns import AssistantTurn, turns_from_state
 
 STREAMING = "an answer is still streaming in this window; press Stop or wait for it"
@@ -70,9 +71,10 @@ class Actions:
         colour,
         tree_nodes,
         keep_speculating=False,
+        system_prompt="",
         request: gr.Request = None,
     ):
-        """Outputs: transcript, stats, status, events, state."""
+        """Outputs: transcript, stats, status, events, state. The answer is given the system prompt in the box now."""
         owner = owner_of(request)
         turns = list(turns or [])
         at = last_exchange(turns)
@@ -90,7 +92,10 @@ class Actions:
             return
         old = turns[-1]
         user_text = turns[at]["content"]
-        answer = AssistantTurn(streaming=True, proposer=proposer, k=choice.k, sampling=sampling_dict(sampling))
+        system = system_text(system_prompt)
+        answer = AssistantTurn(
+            streaming=True, proposer=proposer, k=choice.k, sampling=sampling_dict(sampling), system=system
+        )
         kept = turns[:-1]
         turns = kept + [answer.to_state()]
         note = GREEDY_NOTE if sampling.greedy else ""
@@ -98,8 +103,8 @@ class Actions:
         yield transcript_html(turns, colour), stats_html(None), status_html(shown), gr.skip(), turns
         sink = None
         if self.recorder is not None:
-            sink = self.recorder.sink(owner, user_text, sampling_dict(sampling), replaces="answer")
-        history = history_of(turns_from_state(kept))
+            sink = self.recorder.sink(owner, user_text, sampling_dict(sampling), replaces="answer", system=system)
+        history = history_of(turns_from_state(kept), system)
         replaced = tuple(int(r["id"]) for r in old.get("tokens", []) if "id" in r)  # the history's first source
         for _, status in self.handlers._run(owner, history, sampling, choice, answer, sink, replaced):  # fills it
             if answer.finish_reason == "error" and not answer.tokens:
@@ -129,12 +134,13 @@ class Actions:
         colour,
         tree_nodes,
         keep_speculating=False,
+        system_prompt="",
         request: gr.Request = None,
     ):
         """Regenerate with a temperature above 0: the control's, or SAMPLED_TEMPERATURE where it is at 0."""
         sampled = temperature if isinstance(temperature, (int, float)) and temperature > 0 else SAMPLED_TEMPERATURE
         settings = (proposer, k, sampled, top_p, top_k, max_new_tokens, seed, colour, tree_nodes, keep_speculating)
-        yield from self.regenerate(turns, editing, *settings, request=request)
+        yield from self.regenerate(turns, editing, *settings, system_prompt, request=request)
 
     # ---- edit and resend -------------------------------------------------------------------------------------
     def edit(self, turns, editing, colour, request: gr.Request = None):
@@ -216,12 +222,13 @@ class Actions:
             ),
         }
 
-    def wire(self, redo: dict, sent, clear, parts: dict, sampling_inputs: list):
-        """Wire the buttons; parts holds turns, transcript, stats, status, events, colour, message. Returns the
-        regenerate event (for what follows a new answer)."""
+    def wire(self, redo: dict, sent, clearing: list, parts: dict, sampling_inputs: list):
+        """Wire the buttons; parts holds turns, transcript, stats, status, events, colour, message; clearing: the
+        triggers that empty the window (Clear, New chat). Returns the regenerate event (for what follows a new
+        answer)."""
         editing, cancel, turns = redo["editing"], redo["cancel"], parts["turns"]
         sent.then(self.after_send, [turns, editing], [editing, cancel], api_name=False, show_progress="hidden")
-        clear.click(self.reset, None, [editing, cancel], api_name=False, show_progress="hidden")
+        gr.on(clearing, self.reset, None, [editing, cancel], api_name=False, show_progress="hidden")
         edit_outputs = [parts["transcript"], parts["status"], parts["message"], turns, editing, cancel]
         redo["edit"].click(
             self.edit, [turns, editing, parts["colour"]], edit_outputs, api_name="edit_last", show_progress="hidden"

@@ -24,6 +24,7 @@ from . import tempfiles
 from .handlers import answer_stats_html, events_json, owner_of
 from .recorder import Recorder, turns_from_conversation
 from .render import NO_COMPARE, status_html, transcript_html
+from .system_prompt import SystemPrompts, system_text
 from .turns import AssistantTurn, turns_from_state
 
 UNDO_S = 10.0  # how long a deleted conversation can be brought back
@@ -63,8 +64,9 @@ class _PendingDelete:
 
 
 class ConversationHandlers:
-    def __init__(self, store, recorder: Recorder, manager) -> None:
+    def __init__(self, store, recorder: Recorder, manager, system_prompts: Optional[SystemPrompts] = None) -> None:
         self.store, self.recorder, self.manager = store, recorder, manager
+        self.system_prompts = system_prompts or SystemPrompts(store)
         self.export_dir = Path(tempfile.mkdtemp(prefix="localspec-export-", dir=tempfiles.folder()))
         self.pending: dict[str, _PendingDelete] = {}  # each tab's deletion that can still be undone
         self.lock = threading.Lock()
@@ -90,9 +92,9 @@ class ConversationHandlers:
         return gr.update(choices=choices, value=current, info=found)
 
     def open(self, conversation_id, colour, request: gr.Request = None):
-        """Outputs: transcript, stats, status, events, state, title box."""
+        """Outputs: transcript, stats, status, events, state, title box, system prompt."""
         cid = _id(conversation_id)
-        skip = (gr.skip(),) * 6
+        skip = (gr.skip(),) * 7
         if cid is None:
             return skip[:2] + (status_html("Choose a conversation to open.", "error"),) + skip[3:]
         if cid in self._hidden():
@@ -104,7 +106,7 @@ class ConversationHandlers:
         try:
             conversation = self.store.get_conversation(cid)
         except ConfigError as exc:
-            return gr.skip(), gr.skip(), status_html(str(exc), "error"), gr.skip(), gr.skip(), gr.skip()
+            return skip[:2] + (status_html(str(exc), "error"),) + skip[3:]
         owner = owner_of(request)
         self.manager.cancel(owner)  # an answer still streaming in this tab stops (and stays saved where it was)
         self.recorder.set_conversation(owner, cid)
@@ -118,6 +120,7 @@ class ConversationHandlers:
             events_json(last),
             turns,
             conversation.title,
+            system_text(conversation.system_prompt),
         )
 
     def rename(self, conversation_id, title):
@@ -156,9 +159,9 @@ class ConversationHandlers:
         """Hide the conversation now, delete it UNDO_S seconds later. When it is the one open in this tab, the
         window empties too (the next message starts a new conversation, without the deleted one's history).
         Outputs: list, undo button, status, title, undo timer, then the window's: transcript, stats, events, compare,
-        state."""
+        state, system prompt."""
         cid, owner = _id(conversation_id), owner_of(request)
-        kept = (gr.skip(),) * 5  # the window's outputs, as they are
+        kept = (gr.skip(),) * 6  # the window's outputs, as they are
         if cid is None:
             return (
                 gr.skip(),
@@ -180,7 +183,8 @@ class ConversationHandlers:
         if self.recorder.conversation_of(owner) == cid:
             self.manager.cancel(owner)  # an answer still streaming into it stops
             self.recorder.set_conversation(owner, None)  # the next message starts a new conversation
-            window = (transcript_html([]), answer_stats_html(None, None), None, NO_COMPARE, [])
+            empty = (transcript_html([]), answer_stats_html(None, None), None, NO_COMPARE, [])
+            window = (*empty, self.system_prompts.default())
         timer = threading.Timer(UNDO_S, self._finish_delete, (owner, cid))
         timer.daemon = True
         with self.lock:
@@ -246,7 +250,7 @@ class ConversationHandlers:
 
 def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> ConversationHandlers:
     """Render the sidebar's content where it is called (inside a gr.Sidebar) and wire its events."""
-    handlers = ConversationHandlers(store, recorder, manager)
+    handlers = ConversationHandlers(store, recorder, manager, parts.get("system_prompts"))
     search = gr.Textbox(
         placeholder="Search titles",
         label="Search conversations",  # its accessible name; not shown
@@ -286,7 +290,8 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
         }
 
     status, turns = parts["status"], parts["turns"]
-    open_outputs = [parts["transcript"], parts["stats"], status, parts["events"], turns, title]
+    system = parts.get("system", gr.State())
+    open_outputs = [parts["transcript"], parts["stats"], status, parts["events"], turns, title, system]
     opened = chooser.input(
         handlers.open, [chooser, parts["colour"]], open_outputs, api_name=False, show_progress="hidden"
     )
@@ -308,7 +313,14 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
         show_progress="hidden",
     )
     api_buttons["rename"].click(handlers.rename, [api_id, title], [chooser, status], api_name="rename_conversation")
-    window = [parts["transcript"], parts["stats"], parts["events"], parts.get("compare_panel", gr.State()), turns]
+    window = [
+        parts["transcript"],
+        parts["stats"],
+        parts["events"],
+        parts.get("compare_panel", gr.State()),
+        turns,
+        system,
+    ]
     delete.click(
         handlers.delete_with_undo,
         [chooser, search],

@@ -31,12 +31,14 @@ from .settings import (
     read_speculation,
     sampling_dict,
 )
+from .system_prompt import SystemPrompts, system_text
 from .turns import AssistantTurn, Turn, UserTurn, turns_from_state
 
 YIELD_EVERY_S = 0.08  # at most ~12 screen updates a second while streaming
 UNCHANGED = (gr.skip(),) * 3  # the proposer, K and tree-nodes controls left as they are
 STOPPING = "Stopping…"
 WAITING = "Waiting: another answer is streaming (the model answers one request at a time)…"
+NEW_CHAT = "Cleared: the next message starts a new chat."
 
 
 def _tokens_text(n: int) -> str:
@@ -47,9 +49,11 @@ def owner_of(request: Optional[gr.Request]) -> str:
     return (request.session_hash if request is not None else None) or "local"
 
 
-def history_of(turns: list[Turn]) -> list[dict]:
-    """The messages the model sees: every turn's role and text (failed, empty answers left out)."""
-    return [{"role": t.role, "content": t.content} for t in turns if isinstance(t, UserTurn) or t.content]
+def history_of(turns: list[Turn], system: Optional[str] = None) -> list[dict]:
+    """The messages the model sees: the system prompt where there is one, then every turn's role and text (failed,
+    empty answers left out)."""
+    first = [{"role": "system", "content": system}] if system and system.strip() else []
+    return first + [{"role": t.role, "content": t.content} for t in turns if isinstance(t, UserTurn) or t.content]
 
 
 def events_json(turn: Optional[AssistantTurn]) -> Optional[dict]:
@@ -76,6 +80,7 @@ class Handlers:
         self.manager = manager
         self.notice = notice
         self.recorder = recorder  # optional Recorder: saves answers into the ConversationStore as they stream
+        self.system_prompts = SystemPrompts(recorder.store if recorder is not None else None)
         self.shown: dict[str, Optional[str]] = {}  # the pair each tab's controls show, by owner
         self.watching: set[str] = set()  # tabs opened while a pair loaded: they show its stages until it ends
 
@@ -161,11 +166,12 @@ class Handlers:
         colour,
         tree_nodes,
         keep_speculating=False,
+        system_prompt="",
         request: gr.Request = None,
     ):
-        """Outputs: transcript, stats, status, events, message box, state. tree_nodes and keep_speculating come last
-        of the inputs, so a gradio_client caller written for the inputs before them may leave them out (they get the
-        controls' values)."""
+        """Outputs: transcript, stats, status, events, message box, state. tree_nodes, keep_speculating and the
+        system prompt come last of the inputs, so a gradio_client caller written for the inputs before them may leave
+        them out (they get the controls' values)."""
         owner = owner_of(request)
         state = list(turns or [])
         text = "" if message is None else str(message)
@@ -180,12 +186,17 @@ class Handlers:
         except ConfigError as exc:
             yield self._refused(str(exc), text, state, colour)
             return
-        history = history_of(turns_from_state(state)) + [{"role": "user", "content": text}]
+        system = system_text(system_prompt)
+        history = history_of(turns_from_state(state), system) + [{"role": "user", "content": text}]
         question = UserTurn(text).to_state()
-        answer = AssistantTurn(streaming=True, proposer=proposer, k=choice.k, sampling=sampling_dict(sampling))
+        answer = AssistantTurn(
+            streaming=True, proposer=proposer, k=choice.k, sampling=sampling_dict(sampling), system=system
+        )
         turns = state + [question, answer.to_state()]
         yield (transcript_html(turns, colour), stats_html(None), status_html("Thinking…"), gr.skip(), "", turns)
-        sink = self.recorder.sink(owner, text, sampling_dict(sampling)) if self.recorder is not None else None
+        sink = None
+        if self.recorder is not None:
+            sink = self.recorder.sink(owner, text, sampling_dict(sampling), system=system)
         for _, status in self._run(owner, history, sampling, choice, answer, sink):  # fills `answer`
             if answer.finish_reason == "error" and not answer.tokens:
                 yield self._refused(answer.error, text, state, colour)  # nothing was said: message back
@@ -279,11 +290,13 @@ class Handlers:
         return status_html("Nothing is streaming.")
 
     def clear(self, request: gr.Request = None):
-        """Outputs: transcript, stats, status, events, compare, state."""
+        """Clear and New chat: an empty window whose next message starts a new conversation, with the default
+        system prompt. Outputs: transcript, stats, status, events, compare, state, system prompt."""
         self.manager.cancel(owner_of(request))
         if self.recorder is not None:
             self.recorder.set_conversation(owner_of(request), None)  # the next message starts a new conversation
-        return transcript_html([]), stats_html(None), status_html("Cleared."), None, NO_COMPARE, []
+        status = status_html(NEW_CHAT)
+        return transcript_html([]), stats_html(None), status, None, NO_COMPARE, [], self.system_prompts.default()
 
     def recolour(self, colour, turns):
         return transcript_html(list(turns or []), colour)
@@ -325,7 +338,7 @@ class Handlers:
         except (ConfigError, KeyError, TypeError) as exc:
             yield NO_COMPARE, status_html(f"cannot repeat the last answer's settings: {exc}", "error")
             return
-        history = history_of(turns[:last])
+        history = history_of(turns[:last], spec_answer.system)
         if self.manager.is_answering(owner_of(request)):
             yield (
                 gr.skip(),

@@ -20,12 +20,14 @@ from .manager import ModelManager
 from .recorder import Recorder
 from .render import NO_COMPARE, legend_html, stats_html, status_html, transcript_html
 from .settings import proposer_choices
+from .system_prompt import system_prompt_box
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TITLE = "localspec"
 CONNECTING = "Connecting to the model…"
 PAIR_POLL_S = 2.0  # how often a tab checks whether another tab switched the pair
 INTRO = "Local chat with speculative decoding: hover, tap or focus a token to see how it was made."
+FOCUS_MESSAGE = "() => { document.querySelector('#ls-message textarea')?.focus(); }"  # after New chat: type away
 
 
 def stylesheet() -> str:
@@ -61,6 +63,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
         with gr.Column(elem_id="ls-chat"):
             with gr.Row(elem_id="ls-header"):
                 gr.HTML(f'<div class="ls-title"><b>localspec</b> <span>{INTRO}</span></div>', js_on_load=None)
+                new_chat = gr.Button("New chat", size="sm", elem_id="ls-new-chat", scale=0, min_width=80)
             transcript = gr.HTML(
                 transcript_html([]),
                 js_on_load=transcript_script(),
@@ -94,6 +97,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                 manager.choices(), value=manager.name, label="Model pair", interactive=True, elem_id="ls-model"
             )
             machine_panel(manager, model)
+            system, make_default = system_prompt_box(handlers.system_prompts)
             proposer = CheckedRadio(
                 proposer_choices(available),
                 value=spec.proposer if spec else "none",
@@ -158,6 +162,8 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             "events": events,
             "colour": colour,
             "compare_panel": compare_panel,
+            "system": system,
+            "system_prompts": handlers.system_prompts,
         }
         if store is not None:
             with gr.Sidebar(label="Conversations", position="left", open=True, width=300, elem_id="ls-sidebar"):
@@ -165,7 +171,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
 
         # tree_nodes and keep last: a gradio_client caller written for the inputs before them may leave them out (a
         # raw HTTP call sends every input)
-        sampling_inputs = [proposer, k, temperature, top_p, top_k, max_new, seed, colour, tree_nodes, keep]
+        sampling_inputs = [proposer, k, temperature, top_p, top_k, max_new, seed, colour, tree_nodes, keep, system]
         send_outputs = [transcript, stats, status, events, message, turns]
         sent = gr.on(
             [send.click, message.submit],
@@ -176,7 +182,8 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             concurrency_limit=None,
             show_progress="hidden",
         )
-        redone = actions.wire(redo, sent, clear, dict(parts, message=message), sampling_inputs)
+        clearing = [clear.click, new_chat.click]  # both empty the window: the next message starts a new chat
+        redone = actions.wire(redo, sent, clearing, dict(parts, message=message), sampling_inputs)
         if "refresh_list" in parts:  # a new or longer conversation moves to the top of the saved list
             refresh_list, chooser, search = parts["refresh_list"]
             sent.then(refresh_list, [search], [chooser], api_name=False, show_progress="hidden")
@@ -198,17 +205,23 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
         api_stop.click(
             handlers.stop, None, [status], api_name="stop", concurrency_limit=None, queue=False, show_progress="hidden"
         )
-        cleared = clear.click(
+        cleared = gr.on(
+            clearing,
             handlers.clear,
             None,
-            [transcript, stats, status, events, compare_panel, turns],
+            [transcript, stats, status, events, compare_panel, turns, system],
             api_name="clear",
             concurrency_limit=None,
             show_progress="hidden",
         )
+        new_chat.click(None, None, None, js=FOCUS_MESSAGE, api_name=False, queue=False)
         if "refresh_list" in parts:  # no conversation open: no title, none chosen in the list
-            clear.click(lambda: "", None, [parts["title"]], api_name=False, queue=False, show_progress="hidden")
+            gr.on(clearing, lambda: "", None, [parts["title"]], api_name=False, queue=False, show_progress="hidden")
             cleared.then(refresh_list, [search], [chooser], api_name=False, show_progress="hidden")
+        make_default.click(
+            handlers.system_prompts.save_default, [system], [status], api_name=False, show_progress="hidden"
+        )
+        demo.load(handlers.system_prompts.default, None, [system], api_name=False, show_progress="hidden")
         compare.click(
             handlers.compare,
             [turns],

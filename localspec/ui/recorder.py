@@ -49,6 +49,7 @@ def turns_from_conversation(conversation) -> list[dict]:
                 k=m.k,
                 tree_nodes=m.tree_nodes,
                 sampling=m.sampling,
+                system=conversation.system_prompt or "",
                 label=answer_label(m.model, m.proposer, m.k, m.tree_nodes),
             )
         )
@@ -104,8 +105,16 @@ class Recorder:
     def is_editing(self, owner: str) -> bool:
         return owner in self._editing
 
-    def sink(self, owner: str, user_text: str, sampling: Optional[dict] = None, replaces: Replaces = "nothing"):
-        """A Message sink for one answer of this owner (see ModelManager.answer); sampling is saved with the answer.
+    def sink(
+        self,
+        owner: str,
+        user_text: str,
+        sampling: Optional[dict] = None,
+        replaces: Replaces = "nothing",
+        system: Optional[str] = None,
+    ):
+        """A Message sink for one answer of this owner (see ModelManager.answer); sampling is saved with the answer,
+        and system (the system prompt it is given; None: left as saved) with its conversation.
 
         replaces="answer": the answer regenerates the last one, under the user message already saved (a new
         conversation holding user_text when the tab has none). Otherwise a pending edit (begin_edit) makes this
@@ -114,7 +123,7 @@ class Recorder:
 
         def on_message(message: Message) -> None:
             if message.kind == "started":
-                self._start(owner, user_text, message, state, sampling)
+                self._start(owner, user_text, message, state, sampling, system)
             elif state.message_id is None or state.finished:
                 return
             elif message.kind == "event":
@@ -159,7 +168,13 @@ class Recorder:
         state.finished = True
 
     def _start(
-        self, owner: str, user_text: str, message: Message, state: AnswerRecord, sampling: Optional[dict] = None
+        self,
+        owner: str,
+        user_text: str,
+        message: Message,
+        state: AnswerRecord,
+        sampling: Optional[dict] = None,
+        system: Optional[str] = None,
     ) -> None:
         from localspec.store.db import StoreError
 
@@ -175,10 +190,12 @@ class Recorder:
                     if state.replaces != "answer":
                         state.user_message_id = self.store.add_message(conversation_id, "user", user_text)
                     state.message_id = self.store.start_answer(conversation_id, model, proposer, k, sampling, tree)
+                    if system is not None:
+                        self.store.set_system_prompt(conversation_id, system)
                 except StoreError:  # deleted in another tab: start a new one
                     conversation_id = None
             if conversation_id is None:
-                conversation_id = self.store.create_conversation(title_from(user_text), model)
+                conversation_id = self.store.create_conversation(title_from(user_text), model, system)
                 state.user_message_id = self.store.add_message(conversation_id, "user", user_text)
                 state.message_id = self.store.start_answer(conversation_id, model, proposer, k, sampling, tree)
                 self._current[owner] = conversation_id

@@ -34,6 +34,7 @@ class AssistantTurn:
     k: Optional[int] = None
     tree_nodes: Optional[int] = None  # the size of the token trees it drafted; 0 or None: chains of K
     sampling: Optional[dict] = None  # settings_dict of the SamplingParams it ran with
+    system: Optional[str] = None  # the system prompt it was given ("" or None: none), for Compare to repeat
     label: str = ""
     notice: Optional[str] = None
 
