@@ -173,6 +173,8 @@ def quant_choice(spec: ModelSpec, device: torch.device) -> tuple[ModelSpec, str]
     is_gguf = path is not None
     if spec.quant == "auto" and (not is_gguf or device.type != "cpu"):
         return replace(spec, quant="none"), ""
+    if spec.quant == "auto" and spec.dtype not in ("auto", "bfloat16"):  # gguf computes in bfloat16 only
+        return replace(spec, quant="none"), ""
     if spec.quant == "auto" and spec.dtype in ("auto", "bfloat16"):
         from .gguf_linear import auto_quant
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sqlite3
@@ -24,6 +25,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, the fingerprint check runs unguarded
+    fcntl = None
+
 from localspec.config import ConfigError
 
 from .schema import SCHEMA_VERSION, migrate, user_version
@@ -34,6 +40,9 @@ EXPORT_FORMAT = "localspec-conversation"
 TOKEN_FIELDS = ("id", "text", "kind", "p_target", "p_draft", "rejected_id", "rejected_p_target", "rejected_p_draft")
 UNTITLED = "Untitled conversation"
 STATE_SUFFIX = "-state"  # the main file's (inode, size, mtime) after our last checkpoint
+# held exclusively while a checkpoint changes the main file and records its fingerprint, shared while a probe
+# compares them: without it, a probe between another connection's checkpoint and its record finds "damage"
+LOCK_SUFFIX = "-lock"
 WAL_HEADER_BYTES = 32  # a WAL no longer than its header holds no frames
 CHECKPOINT_BYTES = 4 << 20  # merge the WAL into the main file once it grows past this
 BUSY_TIMEOUT_S = 10.0  # how long a connection waits for another one's lock
@@ -237,13 +246,14 @@ class ConversationStore:
         if not self.path.exists() or self.path.stat().st_size == 0:
             return None
         wal, state = self._side("-wal"), self._side(STATE_SUFFIX)
-        if wal.exists() and wal.stat().st_size > WAL_HEADER_BYTES and state.exists():
-            try:
-                recorded = json.loads(state.read_text())
-            except (OSError, ValueError):
-                recorded = None
-            if recorded != self._fingerprint():  # the main file changed since our last checkpoint
-                return "the database file was replaced or changed while its write-ahead log remained"
+        with self._fingerprint_lock(exclusive=False):
+            if wal.exists() and wal.stat().st_size > WAL_HEADER_BYTES and state.exists():
+                try:
+                    recorded = json.loads(state.read_text())
+                except (OSError, ValueError):
+                    recorded = None
+                if recorded != self._fingerprint():  # the main file changed since our last checkpoint
+                    return "the database file was replaced or changed while its write-ahead log remained"
         shm = self._side("-shm")
         shm_before = shm.read_bytes() if shm.exists() else None
         try:
@@ -272,9 +282,25 @@ class ConversationStore:
         except OSError:
             pass
 
+    @contextlib.contextmanager
+    def _fingerprint_lock(self, exclusive: bool):
+        """The side lock (LOCK_SUFFIX) between checkpoints and probes, across threads and processes; where it
+        cannot be had (no fcntl, a read-only folder) the code runs without it."""
+        try:
+            handle = open(self._side(LOCK_SUFFIX), "a+b") if fcntl is not None else None
+        except OSError:
+            handle = None
+        try:
+            if handle is not None:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            if handle is not None:
+                handle.close()  # closing the file releases the lock
+
     def _checkpoint(self, mode: str) -> None:
         """Merge the WAL into the main file and record the main file's fingerprint (see _probe)."""
-        with self._lock:
+        with self._lock, self._fingerprint_lock(exclusive=True):
             try:
                 self._conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
                 state = self._side(STATE_SUFFIX)
