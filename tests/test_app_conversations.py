@@ -68,7 +68,7 @@ def test_kill_9_mid_answer_keeps_the_partial_answer(tiny_pair, tmp_path):
         client = client_for(app)
         ((label, cid),) = choices(client)
         assert label.startswith("[incomplete]") and cid == summary.id
-        transcript, _stats, status, events, turns_title = client.predict(cid, True, api_name="/open_conversation")
+        transcript, _stats, status, events, turns_title, _system = client.predict(cid, True, api_name="/open_conversation")
         assert "incomplete" in status and "the app stopped during this answer" in transcript
         assert span_kinds(transcript) == stored_kinds  # highlighting comes back
         assert turns_title == summary.title
@@ -148,7 +148,7 @@ def test_reopen_rename_export_delete(stored_app):
     update, status = client.predict(cid, hostile, api_name="/rename_conversation")
     assert "Renamed" in status and (hostile + " · ") in dict((c, label) for label, c in update["choices"])[cid]
 
-    transcript, _stats, status, events, title = client.predict(cid, True, api_name="/open_conversation")
+    transcript, _stats, status, events, title, _system = client.predict(cid, True, api_name="/open_conversation")
     assert title == hostile and "<img" not in status and "&lt;img" in status
     assert transcript.count("ls-msg ls-user") == 2 and span_kinds(transcript)
     assert events["finish_reason"] in ("stop", "length")

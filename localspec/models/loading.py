@@ -246,6 +246,9 @@ def load_causal_lm(
     _quiet_transformers()
     from transformers import AutoModelForCausalLM
 
+    if role == "target" and spec.quant == "auto":  # a caller that did not resolve it (load_pair does, timing)
+        spec = resolve_quant(spec, device)
+        spec = replace(spec, quant="none") if spec.quant == "auto" else spec
     folder = resolve_folder(spec, what, progress)
     dtype = model_dtype(spec.dtype, device)
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": spec.trust_remote_code}
