@@ -68,7 +68,9 @@ def test_kill_9_mid_answer_keeps_the_partial_answer(tiny_pair, tmp_path):
         client = client_for(app)
         ((label, cid),) = choices(client)
         assert label.startswith("[incomplete]") and cid == summary.id
-        transcript, _stats, status, events, turns_title, _system = client.predict(cid, True, api_name="/open_conversation")
+        transcript, _stats, status, events, turns_title, _system = client.predict(
+            cid, True, api_name="/open_conversation"
+        )
         assert "incomplete" in status and "the app stopped during this answer" in transcript
         assert span_kinds(transcript) == stored_kinds  # highlighting comes back
         assert turns_title == summary.title
