@@ -142,6 +142,7 @@ def test_api_values_get_the_documented_messages(inproc_app, kwargs, words):
             True,
             args["tree_nodes"],
             False,  # keep speculating: a raw HTTP call sends every input
+            "",  # no system prompt
         ],
     )[2]
     assert words in status and "Could not preprocess" not in status
