@@ -16,6 +16,16 @@ os.environ.setdefault("LOCALSPEC_HOME", str(REPO / ".localspec-home"))
 STARTING_ENV = frozenset(os.environ)  # what the suite was started with (apphelpers.child_env)
 
 
+def library_or_skip(what: str = "kernels' library"):
+    """The kernels' library loaded on this machine, or the test skipped with the reason it does not load."""
+    from localspec.models.gguf_linear import library_here_now
+
+    load = library_here_now()
+    if load.library is None:
+        pytest.skip(f"{what}: {load.reason}")
+    return load.library
+
+
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
     from localspec.testing import make_tiny_pair

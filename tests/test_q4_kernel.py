@@ -14,6 +14,7 @@ from localspec.runtime import q4_kernel
 from localspec.runtime.library import load_library
 from localspec.runtime.q4_kernel import pack_q4, reference_and_bound, self_check, unpack_q4
 
+from .conftest import library_or_skip
 from .test_gguf_linear import random_blocks
 
 
@@ -24,10 +25,7 @@ def _fields(n: int, k: int, seed: int = 0):
 
 @pytest.fixture(scope="module")
 def kernel():
-    load = library_here_now()
-    if load.library is None:
-        pytest.skip(f"q4 kernel: {load.reason}")
-    return load.library
+    return library_or_skip("q4 kernel")
 
 
 def test_the_layout_round_trips():
