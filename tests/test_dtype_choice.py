@@ -149,3 +149,16 @@ def test_runtime_header_and_generate_json_say_which_dtype_and_why(tiny_pair, hom
     record = session.loaded.dtype.to_dict()
     assert record["dtype"] == "bfloat16" and record["text"] == header
     assert [t["dtype"] for t in record["timings"]] == ["float32", "bfloat16"]
+
+
+def test_the_stats_panel_header_prints_the_targets_forward_plan_and_its_reasons(tiny_session):
+    from localspec.ui.render import stats_html
+    from localspec.ui.runtime import runtime_of
+
+    plan = tiny_session.engine.target.plan
+    runtime = runtime_of(tiny_session)
+    panel = stats_html(None, runtime=runtime)
+    assert runtime["plan"] == plan.summary() and f"plan {plan.summary()}" in panel
+    for name, choice in (("lm_head", plan.lm_head), ("decode_attention", plan.decode_attention)):
+        assert f"{name}: {choice.value} — {choice.reason}" in runtime["plan_reasons"]
+    assert 'class="ls-runtime ls-plan" title="' in panel

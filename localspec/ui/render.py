@@ -162,7 +162,11 @@ def runtime_html(runtime: Optional[dict]) -> str:
         f"sampler {runtime['sampler']}" if runtime.get("sampler") else None,
     ]
     title = f' title="dtype chosen at load: {escape(why.rstrip(")"))}"' if why else ""
-    return f'<div class="ls-runtime"{title}>{escape(" · ".join(str(p) for p in parts if p))}</div>'
+    line = f'<div class="ls-runtime"{title}>{escape(" · ".join(str(p) for p in parts if p))}</div>'
+    if not runtime.get("plan"):
+        return line
+    reasons = f' title="{escape(runtime["plan_reasons"])}"' if runtime.get("plan_reasons") else ""
+    return line + f'<div class="ls-runtime ls-plan"{reasons}>plan {escape(runtime["plan"])}</div>'
 
 
 # the one definition of each figure in the stats panel (the row's tooltip and the panel's help list)
