@@ -24,8 +24,8 @@ def ids_of(session, prompt_ids, spec):
 
 @pytest.fixture(scope="module")
 def prompts(embedded_session):
-    texts = shared_prompts(limit_mt=6, limit_code=4)
-    assert len(texts) >= 10
+    texts = shared_prompts(limit_mt=3, limit_code=2)
+    assert len(texts) >= 5
     return [embedded_session.prompt_ids([{"role": "user", "content": t}], NEW_TOKENS)[0] for t in texts]
 
 
@@ -78,7 +78,7 @@ def test_exact_forwards_give_plain_decodings_greedy_tokens_on_every_cpu_dtype(dt
     if session.engine.target.setup.attention_kernel and cpu_family() == "amd-epyc":
         assert stated.greedy == "identical" and stated.tree_greedy == "identical", stated.text
     tree = SpecConfig(proposer="ngram", k=4, tree_nodes=8)
-    for n, text in enumerate(shared_prompts(limit_mt=2, limit_code=1)):
+    for n, text in enumerate(shared_prompts(limit_mt=1, limit_code=1)):
         prompt_ids = session.prompt_ids([{"role": "user", "content": text}], NEW_TOKENS)[0]
         baseline = ids_of(session, prompt_ids, SpecConfig(proposer="none"))
         for k in KS:
@@ -121,7 +121,7 @@ def check_speculative_equals_plain(dtype: str, quant: str, limit_mt: int, limit_
 
 
 def test_nf4_speculative_equals_nf4_plain():
-    check_speculative_equals_plain("float32", "nf4", limit_mt=4, limit_code=2)
+    check_speculative_equals_plain("float32", "nf4", limit_mt=2, limit_code=1)
 
 
 def test_nf4_exact_forwards_give_nf4_plain_decodings_tokens_chains_and_trees():
