@@ -36,7 +36,7 @@ EDITING = (
     "stays, under ‹ ›), or Cancel edit."
 )
 FOCUS_MESSAGE = "() => { document.querySelector('#ls-message textarea')?.focus(); }"  # after New chat or Edit
-NO_SUCH_MESSAGE = "That message is no longer in the window; nothing was changed."
+NO_SUCH_MESSAGE = "There is no such message to edit or answer to regenerate in the window; nothing was changed."
 
 
 def last_exchange(turns: list[dict]) -> Optional[int]:
