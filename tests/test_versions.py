@@ -18,15 +18,7 @@ from localspec.ui.recorder import Recorder, turns_from_conversation
 from localspec.ui.render import transcript_html
 from localspec.ui.versions import version_of
 
-# proposer, k, temperature, top_p, top_k, max_new_tokens, seed, colour, tree nodes
-SETTINGS = ("ngram", 3, 0.0, 1.0, 0, 256, 0, True, 0)
-
-
-def last(generator):
-    out = None
-    for out in generator:  # noqa: B007 - the last value is the point
-        pass
-    return out
+from .test_actions import SETTINGS, last
 
 
 def token(i: int) -> dict:

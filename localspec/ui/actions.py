@@ -318,70 +318,38 @@ class Actions:
             show_progress="hidden",
         )
 
-    # ---- each message's own controls: the transcript's events (the page) and hidden buttons (the API) ----------
-    def edit_clicked(self, turns, editing, colour, evt: gr.EventData, request: gr.Request = None):
-        return self.edit(turns, editing, colour, _event_value(evt, "index"), request=request)
-
-    def switch_clicked(self, turns, editing, colour, evt: gr.EventData, request: gr.Request = None):
-        step = _event_value(evt, "step")
-        return self.switch_version(turns, editing, colour, _event_value(evt, "index"), step, request=request)
-
-    def regenerate_clicked(
-        self,
-        turns,
-        editing,
-        proposer,
-        k,
-        temperature,
-        top_p,
-        top_k,
-        max_new_tokens,
-        seed,
-        colour,
-        tree_nodes,
-        keep_speculating,
-        system_prompt,
-        evt: gr.EventData,
-        request: gr.Request = None,
-    ):
-        settings = (proposer, k, temperature, top_p, top_k, max_new_tokens, seed, colour, tree_nodes, keep_speculating)
-        index = _event_value(evt, "index")
-        yield from self.regenerate(turns, editing, *settings, system_prompt, index, request=request)
-
+    # ---- each message's own controls: the transcript's events (the page) and hidden inputs (the API) -----------
     def _wire_messages(self, redo: dict, parts: dict, sampling_inputs: list, edit_outputs: list, outputs: list):
         transcript, turns, editing, colour = parts["transcript"], parts["turns"], redo["editing"], parts["colour"]
-        transcript.edit_message(
-            self.edit_clicked, [turns, editing, colour], edit_outputs, api_name=False, show_progress="hidden"
-        ).then(None, None, None, js=FOCUS_MESSAGE, api_name=False, queue=False)
-        transcript.switch_version(
-            self.switch_clicked, [turns, editing, colour], outputs, api_name=False, show_progress="hidden"
-        )
-        transcript.regenerate_answer(
-            self.regenerate_clicked,
-            [turns, editing, *sampling_inputs],
-            outputs,
-            api_name=False,
-            concurrency_limit=None,
-            show_progress="hidden",
-        )
-        with gr.Group(visible=False):  # the API's way to the same: the message's index (and a step) as inputs
+        with gr.Group(visible=False):  # the message's index (and a step): set by a transcript event, or by the API
             index = gr.Number(-1, precision=0, label="index", elem_id="ls-api-index")
             step = gr.Number(1, precision=0, label="step", elem_id="ls-api-step")
             api_edit = gr.Button("edit message", elem_id="ls-api-edit")
             api_switch = gr.Button("switch version", elem_id="ls-api-switch")
             api_regenerate = gr.Button("regenerate answer", elem_id="ls-api-regenerate")
-        api_edit.click(self.edit, [turns, editing, colour, index], edit_outputs, api_name="edit_message")
-        api_switch.click(self.switch_version, [turns, editing, colour, index, step], outputs, api_name="switch_version")
-        api_regenerate.click(
-            self.regenerate,
-            [turns, editing, *sampling_inputs, index],
-            outputs,
-            api_name="regenerate_answer",
-            concurrency_limit=None,
-        )
+        picked = {"fn": clicked_message, "inputs": None, "outputs": [index, step], "api_name": False, "queue": False}
+        edit = {"fn": self.edit, "inputs": [turns, editing, colour, index], "outputs": edit_outputs}
+        switch = {"fn": self.switch_version, "inputs": [turns, editing, colour, index, step], "outputs": outputs}
+        regenerate = {"fn": self.regenerate, "inputs": [turns, editing, *sampling_inputs, index], "outputs": outputs}
+        regenerate["concurrency_limit"] = None
+        for event, action in (
+            (transcript.edit_message, edit),
+            (transcript.switch_version, switch),
+            (transcript.regenerate_answer, regenerate),
+        ):
+            event(**picked, show_progress="hidden").then(**action, api_name=False, show_progress="hidden")
+        transcript.edit_message(None, None, None, js=FOCUS_MESSAGE, api_name=False, queue=False)
+        api_edit.click(**edit, api_name="edit_message")
+        api_switch.click(**switch, api_name="switch_version")
+        api_regenerate.click(**regenerate, api_name="regenerate_answer")
+
+
+def clicked_message(evt: gr.EventData):
+    """The index (and step) a transcript event sent: Edit, Regenerate or ‹ › under a message (assets/transcript.js)."""
+    return _event_value(evt, "index"), _event_value(evt, "step")
 
 
 def _event_value(evt, name: str):
-    """A number the page's script sent with a transcript event (None when it sent none)."""
+    """A number the page's script sent with a transcript event (-1 when it sent none: no index, or no step)."""
     value = (getattr(evt, "_data", None) or {}).get(name) if evt is not None else None
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else -1
