@@ -397,4 +397,13 @@ def test_editing_an_earlier_message_keeps_the_old_branch_behind_its_version_swit
     first.locator(".ls-version-next").click()
     wait_status(page, "another version")
     assert "I see 1 messages" in page.inner_text("#ls-transcript")
+    page.locator("#ls-transcript .ls-assistant").first.locator(".ls-regen-msg").click()  # a new version of it
+    page.wait_for_function(
+        "document.querySelector('#ls-transcript .ls-assistant .ls-version-count')?.innerText == '2/2'", timeout=30_000
+    )
+    wait_status(page, "Done")
+    if AXE.exists():  # the version switches, Edit and Regenerate buttons are named and legible
+        page.add_style_tag(content="* { transition: none !important; }")
+        found = axe_violations(page)
+        assert found == [], json.dumps(found, indent=1)
     context.close()
