@@ -243,3 +243,21 @@ def test_switching_is_refused_while_editing_and_where_there_is_no_other_version(
     assert "finish the edit first" in status
     _t, status, *_ = actions.edit(turns, None, True, 1)  # an answer is not a message to edit
     assert "no such message" in status
+
+
+def test_a_hand_edited_cycle_of_parents_neither_hangs_nor_loses_the_rest(tmp_path):
+    path = tmp_path / "c.db"
+    with ConversationStore(path) as store:
+        cid = store.create_conversation("t", "m")
+        q1, a1 = store.add_message(cid, "user", "q1"), store.add_message(cid, "assistant", "a1")
+        q2, a2 = store.add_message(cid, "user", "q2"), store.add_message(cid, "assistant", "a2")
+    with sqlite3.connect(path) as raw:
+        raw.execute("UPDATE messages SET parent_id = ? WHERE id = ?", (a2, q2))  # q2 → a2 → q2
+    with ConversationStore(path) as store:
+        conv = store.get_conversation(cid)
+        assert texts_of(conv) == ["q1", "a1"] and len(conv.every) == 4
+        assert [m["content"] for m in store.export_dict(cid)["other_versions"]] == ["q2", "a2"]
+        assert "q2" in store.export_markdown(cid)
+        store.add_message(cid, "assistant", "in the loop", parent=q2)  # marks it and its "ancestors" shown
+        store.add_message(cid, "user", "q3", parent=a1)
+        assert store.path_ids(cid)[:2] == [q1, a1] and texts_of(store.get_conversation(cid))[-1] == "q3"

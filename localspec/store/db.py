@@ -119,10 +119,11 @@ class Conversation:
     def depth_of(self, message: Message) -> int:
         """Its place in its path: 1 for a first message."""
         parents = {m.id: m.parent_id for m in self.every}
-        depth, at = 1, message.parent_id
-        while at is not None:
-            depth, at = depth + 1, parents.get(at)
-        return depth
+        seen, at = {message.id}, message.parent_id
+        while at is not None and at not in seen:  # a cycle (a hand-edited file) ends the walk
+            seen.add(at)
+            at = parents.get(at)
+        return len(seen)
 
     def chat_messages(self) -> list[dict]:
         """The history as {'role', 'content'} dicts, ready for ChatSession.prompt_ids: the conversation's system
@@ -507,7 +508,7 @@ class ConversationStore:
         """Put the message on the shown path: it and its ancestors become the most recently shown."""
         shown = conn.execute("SELECT COALESCE(MAX(shown), 0) + 1 FROM messages WHERE conversation_id = ?", (cid,))
         conn.execute(
-            "WITH RECURSIVE up(id) AS (SELECT ? UNION ALL SELECT m.parent_id FROM messages m JOIN up ON m.id = up.id "
+            "WITH RECURSIVE up(id) AS (SELECT ? UNION SELECT m.parent_id FROM messages m JOIN up ON m.id = up.id "
             "WHERE m.parent_id IS NOT NULL) UPDATE messages SET shown = ? WHERE id IN up",
             (message_id, shown.fetchone()[0]),
         )
