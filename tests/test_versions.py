@@ -238,6 +238,9 @@ def test_switching_is_refused_while_editing_and_where_there_is_no_other_version(
     turns = send(handlers, "hello", [])
     *_, status, _events, same = actions.switch_version(turns, None, True, 0, 1)
     assert "no other version" in status and same == turns
+    for index, step in ((float("nan"), 1), (float("inf"), -1), (-3, 1), (0, float("nan")), ("0", 1)):
+        *_, status, _events, same = actions.switch_version(turns, None, True, index, step)
+        assert "no other version" in status and same == turns
     *_, kept, editing, _cancel = actions.edit(turns, None, True, 0)
     *_, status, _events, _same = actions.switch_version(kept, editing, True, 0, 1)
     assert "finish the edit first" in status

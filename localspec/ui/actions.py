@@ -10,6 +10,7 @@ Handlers.edits (send reads it there): None, or {"turns": the turns taken out, "a
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import gradio as gr
@@ -53,9 +54,9 @@ def last_exchange(turns: list[dict]) -> Optional[int]:
 
 def _index(value) -> Optional[int]:
     """A turn index from a control or the API (None, a negative number or not a whole number: none given)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
-    return int(value)
+    return int(value) if value == int(value) and value >= 0 else None
 
 
 def user_turn_at(turns: list[dict], index) -> Optional[int]:
@@ -243,7 +244,7 @@ class Actions:
         it. Outputs: transcript, stats, status, events, state."""
         owner = owner_of(request)
         turns = list(turns or [])
-        at, step = _index(index), step if isinstance(step, (int, float)) and not isinstance(step, bool) else 0
+        at, step = _index(index), step if isinstance(step, int) and not isinstance(step, bool) else 0
         problem = (
             "finish the edit first: press Send, or Cancel edit"
             if self._editing(editing, turns, owner)
