@@ -190,3 +190,15 @@ document.addEventListener('click', (event) => {
   if (box && !box.checked) box.click();
   event.target.textContent = 'on for the next answers';
 });
+
+// Each message's own controls (localspec/ui/render.py message_tools_html): Edit, Regenerate and the version switch
+// ‹ 1/2 › send the message's index to the server as the transcript's events.
+element.addEventListener('click', (event) => {
+  const button = event.target.closest('[data-ls-action]');
+  if (!button || !element.contains(button) || button.disabled) return;
+  const index = Number(button.dataset.index);
+  const action = button.dataset.lsAction;
+  if (action === 'edit') trigger('edit_message', { index });
+  else if (action === 'regenerate') trigger('regenerate_answer', { index });
+  else if (action === 'switch') trigger('switch_version', { index, step: Number(button.dataset.step) });
+});

@@ -64,7 +64,7 @@ def messages_of(store, title_part: str) -> list[tuple[str, str]]:
     return [(m.role, m.content) for m in store.get_conversation(summary.id).messages]
 
 
-def test_regenerate_through_the_app_keeps_one_answer_in_the_store(served):
+def test_regenerate_through_the_app_shows_the_new_answer_and_keeps_the_first_as_a_version(served):
     url, store = served
     c = client(url)
     c.predict("regenerate me please", *SETTINGS, api_name="/send")
@@ -73,8 +73,11 @@ def test_regenerate_through_the_app_keeps_one_answer_in_the_store(served):
     assert "Done: 2 tokens" in status, status
     said = "".join(pieces("regenerate me please")[:2])
     assert len(events["tokens"]) == 2 and "".join(t["text"] for t in events["tokens"]) == said
-    assert transcript.count('class="tok tok-') == 2  # the first answer is gone from the window
+    assert transcript.count('class="tok tok-') == 2  # the first answer is not shown, only its version switch
+    assert "2/2" in transcript
     assert messages_of(store, "regenerate me please") == [("user", "regenerate me please"), ("assistant", said)]
+    (summary,) = [s for s in store.list_conversations() if s.title == "regenerate me please"]
+    assert len(store.get_conversation(summary.id).every) == 3  # the question and both answers
 
 
 def test_tree_nodes_through_the_app(served):
@@ -90,6 +93,24 @@ def test_tree_nodes_through_the_app(served):
     assert answer.tree_nodes == 8
     transcript, *_ = c.predict("a chain answer please", *SETTINGS, api_name="/send")
     assert transcript.count("n-gram · K=3") == 1 and transcript.count("tree 8") == 1
+
+
+def test_edit_any_message_regenerate_any_answer_and_switch_versions_through_the_api(served):
+    url, store = served
+    c = client(url)
+    c.predict("api versions one", *SETTINGS, api_name="/send")
+    c.predict("api versions two", *SETTINGS, api_name="/send")
+    _transcript, status, box = c.predict(True, 0, api_name="/edit_message")[:3]
+    assert box == "api versions one" and "Editing" in status
+    transcript, *_ = c.predict("api versions uno", *SETTINGS, api_name="/send")
+    assert "2/2" in transcript and "api versions two" not in transcript
+    transcript, _stats, status, _events = c.predict(True, 0, -1, api_name="/switch_version")
+    assert "api versions two" in transcript and "1/2" in transcript, status
+    transcript, _stats, status, events = c.predict(*SETTINGS, index=1, api_name="/regenerate_answer")
+    assert "Done" in status and "api versions two" not in transcript and events["tokens"]
+    assert messages_of(store, "api versions one") == [("user", "api versions one"), ("assistant", "api versions one")]
+    (summary,) = [s for s in store.list_conversations() if s.title == "api versions one"]
+    assert len(store.get_conversation(summary.id).every) == 7  # 2 exchanges, the edited one, the new answer
 
 
 def test_edit_and_resend_through_the_app_replaces_the_exchange(served):

@@ -365,3 +365,45 @@ def test_a_first_start_serves_the_window_while_the_model_loads(chromium, tmp_pat
         context.close()
     finally:
         app.stop()
+
+
+# ---- versions of messages ----------------------------------------------------------------------------------------
+
+
+def test_editing_an_earlier_message_keeps_the_old_branch_behind_its_version_switch(chromium, window):
+    context, page = open_window(chromium, window)
+    send_and_wait(page, "first words", 0)
+    send_and_wait(page, "second words", 1)
+    page.locator("#ls-transcript .ls-user").first.locator(".ls-edit-msg").click()
+    wait_status(page, "Editing")
+    assert page.locator("#ls-message textarea").input_value() == "first words"
+    page.fill("#ls-message textarea", COUNT)
+    page.click("#ls-send")
+    wait_status(page, "Done")
+    transcript = page.inner_text("#ls-transcript")
+    assert "I see 1 messages" in transcript and "second words" not in transcript  # only the new branch was given
+    first = page.locator("#ls-transcript .ls-user").first
+    assert first.locator(".ls-version-count").inner_text() == "2/2"
+    first.locator(".ls-version-prev").click()
+    wait_status(page, "another version")
+    page.wait_for_function("document.querySelectorAll('#ls-transcript .ls-assistant').length == 2", timeout=10_000)
+    transcript = page.inner_text("#ls-transcript")
+    assert "first words" in transcript and "second words" in transcript and "I see" not in transcript
+    reopen(page)  # the switch was saved: the conversation opens on the old branch, its new version one click away
+    first = page.locator("#ls-transcript .ls-user").first
+    assert first.locator(".ls-version-count").inner_text() == "1/2" and "second words" in page.inner_text(
+        "#ls-transcript"
+    )
+    first.locator(".ls-version-next").click()
+    wait_status(page, "another version")
+    assert "I see 1 messages" in page.inner_text("#ls-transcript")
+    page.locator("#ls-transcript .ls-assistant").first.locator(".ls-regen-msg").click()  # a new version of it
+    page.wait_for_function(
+        "document.querySelector('#ls-transcript .ls-assistant .ls-version-count')?.innerText == '2/2'", timeout=30_000
+    )
+    wait_status(page, "Done")
+    if AXE.exists():  # the version switches, Edit and Regenerate buttons are named and legible
+        page.add_style_tag(content="* { transition: none !important; }")
+        found = axe_violations(page)
+        assert found == [], json.dumps(found, indent=1)
+    context.close()

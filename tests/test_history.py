@@ -142,8 +142,8 @@ def test_the_app_keeps_the_index_in_step_with_what_it_saves(tiny_pair, tmp_path)
     recorder = Recorder(store)
     sampling = SamplingParams(max_new_tokens=24)
 
-    def answer(first_source=(), replaces="nothing"):
-        sink = recorder.sink("tab", "abc abc abc", None, replaces=replaces)
+    def answer(first_source=(), regenerate=False):
+        sink = recorder.sink("tab", "abc abc abc", None, regenerate=regenerate)
         out = manager.answer(
             [{"role": "user", "content": "abc abc abc"}],
             sampling,
@@ -163,7 +163,7 @@ def test_the_app_keeps_the_index_in_step_with_what_it_saves(tiny_pair, tmp_path)
     first = answer()
     ids = [r["id"] for r in first]
     assert len(session.history) == 2  # the user message and the answer, saved and indexed
-    again = answer(first_source=tuple(ids), replaces="answer")
+    again = answer(first_source=tuple(ids), regenerate=True)
     assert [r["id"] for r in again] == ids  # greedy: the same answer, now drafted from the replaced one
     assert sum(r["kind"] == "accepted" for r in again) >= len(ids) // 2
     (summary,) = store.list_conversations()

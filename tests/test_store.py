@@ -52,7 +52,7 @@ def test_default_path_follows_localspec_home(tmp_path, monkeypatch):
 
 def test_wal_mode_and_schema_version(store):
     assert store.journal_mode == "wal"
-    assert store.schema_version == SCHEMA_VERSION == 5
+    assert store.schema_version == SCHEMA_VERSION == 6
     raw = sqlite3.connect(store.path)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # persistent: a second reader sees it too
     raw.close()
@@ -399,7 +399,7 @@ def test_migration_from_v1(tmp_path):
     with sqlite3.connect(path) as raw:
         assert "error" not in [r[1] for r in raw.execute("PRAGMA table_info(messages)")]
     with ConversationStore(path) as store:
-        assert store.schema_version == 5 and store.recovered_from is None
+        assert store.schema_version == SCHEMA_VERSION and store.recovered_from is None
         (summary,) = store.list_conversations()
         assert (summary.title, summary.model, summary.incomplete) == ("from v1", "old-model", True)
         user, answer = store.get_conversation(1).messages
@@ -416,7 +416,7 @@ def test_migration_from_v1(tmp_path):
     with sqlite3.connect(path) as raw:
         indexes = {r[1] for r in raw.execute("PRAGMA index_list(messages)")}
         assert "messages_by_conversation" in indexes
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_newer_schema_is_refused_not_destroyed(tmp_path):

@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from localspec.store.db import ConversationStore
-from localspec.store.schema import migrate
+from localspec.store.schema import SCHEMA_VERSION, migrate
 from localspec.ui.actions import Actions
 from localspec.ui.conversations import ConversationHandlers
 from localspec.ui.echo import ECHO_PAIR, EchoSession
@@ -125,7 +125,7 @@ def test_a_schema_4_database_opens_with_no_system_prompts(tmp_path):
     )
     conn.close()
     with ConversationStore(path) as store:
-        assert store.schema_version == 5
+        assert store.schema_version == SCHEMA_VERSION
         old = store.get_conversation(1)
         assert old.system_prompt is None and old.chat_messages() == [{"role": "user", "content": "hi"}]
         assert store.get_setting("default_system_prompt") is None

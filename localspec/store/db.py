@@ -7,6 +7,9 @@
   serialises answers anyway, and each write is a few rows).
 - A file that is not a readable database is moved aside to `conversations.db.corrupt-<timestamp>` (with its -wal
   and -shm files) and a fresh one is started; `recovered_from` then names the moved file so the UI can say so.
+- A conversation's messages form a tree (schema v6): an edited message or a regenerated answer is a new version, a
+  sibling of the one it replaces, and every version is kept. The shown path starts at the most recently shown first
+  message and follows, at each step, the child shown most recently (shown_path: the one rule, also the window's).
 - Titles and content are stored exactly as given (lone surrogates, which cannot be UTF-8, become U+FFFD);
   escaping is the renderer's job.
 """
@@ -19,7 +22,7 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,6 +49,7 @@ LOCK_SUFFIX = "-lock"
 WAL_HEADER_BYTES = 32  # a WAL no longer than its header holds no frames
 CHECKPOINT_BYTES = 4 << 20  # merge the WAL into the main file once it grows past this
 BUSY_TIMEOUT_S = 10.0  # how long a connection waits for another one's lock
+SHOWN_LEAF = "leaf"  # a new message's default parent: the last message of the shown path
 
 
 class StoreError(ConfigError):
@@ -80,6 +84,8 @@ class Message:
     tokens: tuple[dict, ...] = ()  # TokenEvent.to_dict() rows, in order
     sampling: Optional[dict] = field(default=None, hash=False, compare=False)  # SamplingParams fields, when saved
     tree_nodes: Optional[int] = None  # the size of the token trees the answer drafted; None or 0: chains of K
+    parent_id: Optional[int] = None  # the message it follows; None: a first message
+    shown: int = 0  # when it was last on the shown path (larger: later)
 
     @property
     def token_kinds(self) -> list[str]:
@@ -93,12 +99,31 @@ class Conversation:
     model: str
     created_at: float
     updated_at: float
-    messages: tuple[Message, ...]
+    messages: tuple[Message, ...]  # the shown path, first message first
     system_prompt: Optional[str] = None  # the system message its answers are given; None or blank: none
+    every: tuple[Message, ...] = field(default=(), compare=False)  # every version of every message, by id
 
     @property
     def incomplete(self) -> bool:
         return any(not m.complete for m in self.messages)
+
+    def versions_of(self, message: Message) -> tuple[Message, ...]:
+        """Every version of the message (itself included): the messages that follow the same one, oldest first."""
+        return tuple(m for m in self.every if m.parent_id == message.parent_id)
+
+    def path_from(self, message: Message) -> tuple[Message, ...]:
+        """The message and what is shown below it when it is shown."""
+        by_id = {m.id: m for m in self.every}
+        return tuple(by_id[i] for i in shown_path(((m.id, m.parent_id, m.shown) for m in self.every), message.id))
+
+    def depth_of(self, message: Message) -> int:
+        """Its place in its path: 1 for a first message."""
+        parents = {m.id: m.parent_id for m in self.every}
+        seen, at = {message.id}, message.parent_id
+        while at is not None and at not in seen:  # a cycle (a hand-edited file) ends the walk
+            seen.add(at)
+            at = parents.get(at)
+        return len(seen)
 
     def chat_messages(self) -> list[dict]:
         """The history as {'role', 'content'} dicts, ready for ChatSession.prompt_ids: the conversation's system
@@ -119,6 +144,21 @@ class HistoryDocument:
     role: str  # "user" | "assistant"
     content: str  # the user's text (empty for an answer)
     token_ids: tuple[int, ...]  # the answer's ids (empty for a user message)
+
+
+def shown_path(rows: Iterable[tuple[int, Optional[int], int]], start: Optional[int] = None) -> list[int]:
+    """The ids of the shown path through (id, parent_id, shown) rows: from `start` (None: the first message shown
+    most recently) down, taking at each step the child shown most recently (a tie: the newest)."""
+    children: dict[Optional[int], list[tuple[int, int]]] = {}
+    for message_id, parent_id, shown in rows:
+        children.setdefault(parent_id, []).append((shown or 0, message_id))
+    path: list[int] = []
+    at = start if start is not None else max(children.get(None, [(0, None)]))[1]
+    while at is not None and at not in path:  # a cycle (a hand-edited file) ends the path
+        path.append(at)
+        below = children.get(at)
+        at = max(below)[1] if below else None
+    return path
 
 
 def default_path() -> Path:
@@ -458,6 +498,52 @@ class ConversationStore:
             )
         )
 
+    @staticmethod
+    def _path(conn: sqlite3.Connection, cid: int) -> list[int]:
+        rows = conn.execute("SELECT id, parent_id, shown FROM messages WHERE conversation_id = ?", (cid,)).fetchall()
+        return shown_path(tuple(r) for r in rows)
+
+    @staticmethod
+    def _show(conn: sqlite3.Connection, cid: int, message_id: int) -> None:
+        """Put the message on the shown path: it and its ancestors become the most recently shown."""
+        shown = conn.execute("SELECT COALESCE(MAX(shown), 0) + 1 FROM messages WHERE conversation_id = ?", (cid,))
+        conn.execute(
+            "WITH RECURSIVE up(id) AS (SELECT ? UNION SELECT m.parent_id FROM messages m JOIN up ON m.id = up.id "
+            "WHERE m.parent_id IS NOT NULL) UPDATE messages SET shown = ? WHERE id IN up",
+            (message_id, shown.fetchone()[0]),
+        )
+
+    def path_ids(self, conversation_id: int) -> list[int]:
+        """The ids of the conversation's shown path, first message first ([] for none or an unknown id)."""
+        cid = _int_or_none(conversation_id)
+        with self._lock:
+            return self._path(self._conn, cid) if cid is not None else []
+
+    def switch_version(self, conversation_id: int, at: int, step: int) -> Optional[int]:
+        """Show another version of the shown path's message at index `at`: `step` versions later (+) or earlier (-);
+        the path below it becomes the one last shown there. Returns the id now shown, or None (no such version)."""
+        index, step = _int_or_none(at), _int_or_none(step)
+
+        def switch(conn) -> Optional[int]:
+            cid = self._require_conversation(conn, conversation_id)
+            path = self._path(conn, cid)
+            if index is None or step is None or not 0 <= index < len(path):
+                return None
+            parent = conn.execute("SELECT parent_id FROM messages WHERE id = ?", (path[index],)).fetchone()[0]
+            versions = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ? ORDER BY id", (cid, parent)
+                )
+            ]
+            target = versions.index(path[index]) + step
+            if not 0 <= target < len(versions):
+                return None
+            self._show(conn, cid, versions[target])
+            return versions[target]
+
+        return self._write(switch)
+
     def _insert_message(
         self,
         conversation_id: Any,
@@ -469,6 +555,7 @@ class ConversationStore:
         k=None,
         sampling: Optional[dict] = None,
         tree_nodes=None,
+        parent: Any = SHOWN_LEAF,
     ) -> int:
         if role not in ROLES:
             raise StoreError(f"unknown message role {role!r}; choose one of {', '.join(ROLES)}")
@@ -478,19 +565,44 @@ class ConversationStore:
 
         def insert(conn):
             cid = self._require_conversation(conn, conversation_id)
+            if parent == SHOWN_LEAF:
+                path = self._path(conn, cid)
+                parent_id = path[-1] if path else None
+            else:
+                parent_id = _int_or_none(parent)
+                found = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (parent_id,)).fetchone()
+                if parent is not None and (found is None or found[0] != cid):
+                    raise StoreError(f"message {parent!r} is not in conversation {cid}")
             cur = conn.execute(
                 "INSERT INTO messages (conversation_id, role, content, complete, model, proposer, k, sampling, "
-                "tree_nodes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (cid, role, content, int(bool(complete)), model, proposer, k, sampling_json, tree_nodes, now),
+                "tree_nodes, created_at, parent_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    cid,
+                    role,
+                    content,
+                    int(bool(complete)),
+                    model,
+                    proposer,
+                    k,
+                    sampling_json,
+                    tree_nodes,
+                    now,
+                    parent_id,
+                ),
             )
+            message_id = int(cur.lastrowid)
+            self._show(conn, cid, message_id)
             conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, cid))
-            return int(cur.lastrowid)
+            return message_id
 
         return self._write(insert)
 
-    def add_message(self, conversation_id: int, role: str, content: str, complete: bool = True) -> int:
-        """A user or system message, or an assistant message that is already whole. Returns the message id."""
-        message_id = self._insert_message(conversation_id, role, content, complete)
+    def add_message(
+        self, conversation_id: int, role: str, content: str, complete: bool = True, parent: Any = SHOWN_LEAF
+    ) -> int:
+        """A user or system message, or an assistant message that is already whole, now shown. parent: the message
+        it follows (None: a first message; default: the shown path's last). Returns the message id."""
+        message_id = self._insert_message(conversation_id, role, content, complete, parent=parent)
         if role == "user":
             self._tell("user_message", message_id)
         return message_id
@@ -503,9 +615,11 @@ class ConversationStore:
         k: int,
         sampling: Optional[dict] = None,
         tree_nodes: Optional[int] = None,
+        parent: Any = SHOWN_LEAF,
     ) -> int:
         """An empty assistant message, marked incomplete until finish_answer. Returns its id for append_tokens.
-        tree_nodes: the size of the token trees it drafts (None or 0: chains of K)."""
+        tree_nodes: the size of the token trees it drafts (None or 0: chains of K); parent: as for add_message (a
+        regenerated answer is a new version: it follows the same user message as the answer it joins)."""
         return self._insert_message(
             conversation_id,
             "assistant",
@@ -516,6 +630,7 @@ class ConversationStore:
             _int_or_none(k),
             sampling,
             _int_or_none(tree_nodes),
+            parent,
         )
 
     def _open_answer(self, conn: sqlite3.Connection, message_id: Any) -> Optional[sqlite3.Row]:
@@ -616,8 +731,9 @@ class ConversationStore:
 
     def retract_exchange(self, user_message_id: int, answer_id: int) -> bool:
         """Take back a user message and its answer when the answer failed before saying anything (the window puts
-        the message back in the box, so a resend must not store it twice). A conversation left empty goes too;
-        returns True when it did."""
+        the message back in the box, so a resend must not store it twice; user_message_id None: a regenerated answer
+        alone). The version shown before is shown again (it is the most recently shown of what is left). A
+        conversation left empty goes too; returns True when it did."""
         uid, aid = _int_or_none(user_message_id), _int_or_none(answer_id)
 
         def retract(conn) -> bool:
@@ -633,48 +749,6 @@ class ConversationStore:
             return False
 
         return self._write(retract)
-
-    def drop_earlier_answers(self, answer_id: int) -> int:
-        """A regenerated answer replaces the ones before it: delete the other answers to the same user message (the
-        assistant messages after the last user message before answer_id). Returns how many went."""
-        aid = _int_or_none(answer_id)
-
-        def drop(conn) -> int:
-            row = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (aid,)).fetchone()
-            if row is None:
-                return 0
-            last_user = conn.execute(
-                "SELECT COALESCE(MAX(id), 0) FROM messages WHERE conversation_id = ? AND role = 'user' AND id < ?",
-                (row[0], aid),
-            ).fetchone()[0]
-            cur = conn.execute(
-                "DELETE FROM messages WHERE conversation_id = ? AND role = 'assistant' AND id > ? AND id <> ?",
-                (row[0], last_user, aid),
-            )
-            return cur.rowcount
-
-        return self._write(drop)
-
-    def drop_previous_exchange(self, user_message_id: int) -> int:
-        """An edited message replaces the one before it: delete the user message before user_message_id and every
-        message between the two (its answers). Returns how many went."""
-        uid = _int_or_none(user_message_id)
-
-        def drop(conn) -> int:
-            row = conn.execute("SELECT conversation_id FROM messages WHERE id = ? AND role = 'user'", (uid,)).fetchone()
-            if row is None:
-                return 0
-            previous = conn.execute(
-                "SELECT MAX(id) FROM messages WHERE conversation_id = ? AND role = 'user' AND id < ?", (row[0], uid)
-            ).fetchone()[0]
-            if previous is None:
-                return 0
-            cur = conn.execute(
-                "DELETE FROM messages WHERE conversation_id = ? AND id >= ? AND id < ?", (row[0], previous, uid)
-            )
-            return cur.rowcount
-
-        return self._write(drop)
 
     def delete_conversation(self, conversation_id: int) -> None:
         """Delete the conversation, its messages and their tokens. Deleting one that is already gone is a no-op."""
@@ -785,7 +859,7 @@ class ConversationStore:
             if t["extra"]:
                 record.update(json.loads(t["extra"]))
             tokens.setdefault(t["message_id"], []).append(record)
-        messages = tuple(
+        every = tuple(
             Message(
                 id=m["id"],
                 role=m["role"],
@@ -801,17 +875,31 @@ class ConversationStore:
                 tokens=tuple(tokens.get(m["id"], ())),
                 sampling=json.loads(m["sampling"]) if m["sampling"] else None,
                 tree_nodes=m["tree_nodes"],
+                parent_id=m["parent_id"],
+                shown=m["shown"],
             )
             for m in message_rows
         )
+        by_id = {m.id: m for m in every}
+        path = shown_path((m.id, m.parent_id, m.shown) for m in every)
         return Conversation(
-            row["id"], row["title"], row["model"], row["created_at"], row["updated_at"], messages, row["system_prompt"]
+            row["id"],
+            row["title"],
+            row["model"],
+            row["created_at"],
+            row["updated_at"],
+            tuple(by_id[i] for i in path),
+            row["system_prompt"],
+            every,
         )
 
     # -- export --------------------------------------------------------------------------------------------------
 
     def export_dict(self, conversation_id: int) -> dict:
+        """The conversation as plain data: `messages` is the shown path, `other_versions` every message not shown
+        (each names the message it follows, `parent_id`, and which version it is of how many)."""
         conv = self.get_conversation(conversation_id)
+        shown = {m.id for m in conv.messages}
         return {
             "format": EXPORT_FORMAT,
             "schema_version": SCHEMA_VERSION,
@@ -821,30 +909,8 @@ class ConversationStore:
             "created_at": _iso(conv.created_at),
             "updated_at": _iso(conv.updated_at),
             "system_prompt": conv.system_prompt,
-            "messages": [
-                {
-                    "role": m.role,
-                    "content": m.content,
-                    "complete": m.complete,
-                    "created_at": _iso(m.created_at),
-                    **(
-                        {
-                            "model": m.model,
-                            "proposer": m.proposer,
-                            "k": m.k,
-                            "tree_nodes": m.tree_nodes,
-                            "finish_reason": m.finish_reason,
-                            "error": m.error,
-                            "sampling": m.sampling,
-                            "stats": m.stats,
-                            "tokens": list(m.tokens),
-                        }
-                        if m.role == "assistant"
-                        else {}
-                    ),
-                }
-                for m in conv.messages
-            ],
+            "messages": [_message_dict(conv, m) for m in conv.messages],
+            "other_versions": [_message_dict(conv, m) for m in conv.every if m.id not in shown],
         }
 
     def export_json(self, conversation_id: int) -> str:
@@ -852,7 +918,8 @@ class ConversationStore:
         return json.dumps(_jsonable(self.export_dict(conversation_id)), ensure_ascii=False, indent=2, allow_nan=False)
 
     def export_markdown(self, conversation_id: int) -> str:
-        """A readable Markdown transcript. Plain text: titles and messages appear exactly as stored."""
+        """A readable Markdown transcript: the shown path, then the other versions (each with its place and version
+        number). Plain text: titles and messages appear exactly as stored."""
         conv = self.get_conversation(conversation_id)
         lines = [
             f"# {conv.title}",
@@ -863,22 +930,66 @@ class ConversationStore:
         if (conv.system_prompt or "").strip():
             lines += ["## System prompt", "", conv.system_prompt, ""]
         for m in conv.messages:
-            heading = m.role.capitalize()
-            notes = []
-            if m.role == "assistant":
-                if m.model:
-                    notes.append(m.model)
-                if m.proposer:
-                    shape = f", tree {m.tree_nodes}" if m.tree_nodes else f", K={m.k}" if m.k else ""
-                    notes.append(f"proposer {m.proposer}{shape}")
-                if not m.complete:
-                    notes.append("incomplete: the app stopped before this answer finished")
-                elif m.finish_reason and m.finish_reason != "stop":
-                    notes.append(finish_words(m.finish_reason))
-                if m.error:
-                    notes.append(f"error: {m.error}")
-            lines.append(f"## {heading}" + (f" ({'; '.join(notes)})" if notes else ""))
-            lines.append("")
-            lines.append(m.content)
-            lines.append("")
+            lines += _message_markdown(conv, m, "##")
+        shown = {m.id for m in conv.messages}
+        others = [m for m in conv.every if m.id not in shown]
+        if others:
+            lines += ["## Other versions (not shown)", ""]
+            for m in others:
+                lines += _message_markdown(conv, m, "###", where=f"message {conv.depth_of(m)}")
         return "\n".join(lines)
+
+
+def _version(conv: Conversation, m: Message) -> tuple[int, int]:
+    """(which version the message is, of how many), from 1."""
+    versions = [v.id for v in conv.versions_of(m)]
+    return versions.index(m.id) + 1, len(versions)
+
+
+def _message_dict(conv: Conversation, m: Message) -> dict:
+    version, versions = _version(conv, m)
+    data = {
+        "id": m.id,
+        "parent_id": m.parent_id,
+        "version": version,
+        "versions": versions,
+        "role": m.role,
+        "content": m.content,
+        "complete": m.complete,
+        "created_at": _iso(m.created_at),
+    }
+    if m.role == "assistant":
+        data.update(
+            model=m.model,
+            proposer=m.proposer,
+            k=m.k,
+            tree_nodes=m.tree_nodes,
+            finish_reason=m.finish_reason,
+            error=m.error,
+            sampling=m.sampling,
+            stats=m.stats,
+            tokens=list(m.tokens),
+        )
+    return data
+
+
+def _message_markdown(conv: Conversation, m: Message, level: str, where: str = "") -> list[str]:
+    """One message of the Markdown transcript: a heading with its notes, then its text."""
+    notes = [where] if where else []
+    version, versions = _version(conv, m)
+    if versions > 1:
+        notes.append(f"version {version} of {versions}")
+    if m.role == "assistant":
+        if m.model:
+            notes.append(m.model)
+        if m.proposer:
+            shape = f", tree {m.tree_nodes}" if m.tree_nodes else f", K={m.k}" if m.k else ""
+            notes.append(f"proposer {m.proposer}{shape}")
+        if not m.complete:
+            notes.append("incomplete: the app stopped before this answer finished")
+        elif m.finish_reason and m.finish_reason != "stop":
+            notes.append(finish_words(m.finish_reason))
+        if m.error:
+            notes.append(f"error: {m.error}")
+    heading = f"{level} {m.role.capitalize()}" + (f" ({'; '.join(notes)})" if notes else "")
+    return [heading, "", m.content, ""]

@@ -9,6 +9,10 @@ reopened answer).
 Version 4: messages.tree_nodes (the size of the token trees an answer drafted; NULL or 0: chains of K).
 Version 5: conversations.system_prompt (the system message its answers were given; NULL in a conversation saved
 before: none) and settings (the window's saved defaults, such as the default system prompt, one row per key).
+Version 6: the messages of a conversation form a tree, so every version of an edited message or a regenerated answer
+is kept: messages.parent_id (the message it follows; NULL: a first message) and messages.shown (when it was last on
+the shown path; the path follows the most recently shown child at each step). A v5 conversation becomes one chain,
+each message following the one before it, all of it shown.
 
 A migration is a list of SQL statements run in one transaction together with the user_version bump, so a
 crash during an upgrade leaves the file at the old version, never half-way.
@@ -70,8 +74,16 @@ V5 = [
     "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
 ]
 
+V6 = [
+    "ALTER TABLE messages ADD COLUMN parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE",
+    "ALTER TABLE messages ADD COLUMN shown INTEGER NOT NULL DEFAULT 0",
+    "UPDATE messages SET parent_id = (SELECT MAX(p.id) FROM messages p "
+    "WHERE p.conversation_id = messages.conversation_id AND p.id < messages.id), shown = id",
+    "CREATE INDEX IF NOT EXISTS messages_by_parent ON messages(parent_id)",
+]
+
 # MIGRATIONS[n] takes a database from version n to version n + 1 (version 0 = an empty file).
-MIGRATIONS: list[list[str]] = [V1, V2, V3, V4, V5]
+MIGRATIONS: list[list[str]] = [V1, V2, V3, V4, V5, V6]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

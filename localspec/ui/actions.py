@@ -1,26 +1,29 @@
-"""Regenerate the last answer, and edit and resend the last message.
+"""Regenerate an answer, edit and resend a message, and switch between their versions.
 
-Regenerate drops the last answer and answers the same user message again with the controls' current settings; the
-saved conversation keeps one answer to it. Edit takes the last exchange out of the conversation (it stays in view,
-marked, with what to do) and puts its message back in the box; the next Send replaces that exchange (in the window
-and in the saved conversation), and Cancel edit puts it back. The edit in progress lives in a gr.State: None, or
-{"turns": [the user turn, its answer], "at": how many turns stayed}.
+Regenerate answers a user message again with the controls' current settings; Edit takes a user message and what
+follows it out of the conversation (it stays in view, marked, with what to do) and puts the message back in the box;
+the next Send answers the edited message (Cancel edit puts it all back). Either way the new turn is a new version of
+the one it replaces, which is kept with what followed it (versions.py; the store keeps the same tree) and comes back
+with ‹ ›. The model is given only the shown path before the new turn. The edit in progress lives in a gr.State and in
+Handlers.edits (send reads it there): None, or {"turns": the turns taken out, "at": how many turns stayed}.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import gradio as gr
 
 from localspec.config import ConfigError
 
-from .handlers import Handlers, history_of, owner_of
+from .handlers import Handlers, answer_stats_html, events_json, history_of, owner_of
 from .manager import Busy
 from .render import stats_html, status_html, transcript_html
 from .settings import read_sampling, read_speculation, sampling_dict
 from .system_prompt import system_text
 from .turns import AssistantTurn, turns_from_state
+from .versions import branch, switch
 
 STREAMING = "an answer is still streaming in this window; press Stop or wait for it"
 NOTHING_TO_REDO = "Send a message first: there is no answer to regenerate or message to edit."
@@ -29,7 +32,12 @@ GREEDY_NOTE = (
     "At temperature 0 (greedy) regenerating gives the same answer; “Regenerate sampled” answers again at "
     f"temperature {SAMPLED_TEMPERATURE}."
 )
-EDITING = "Editing your last message: change it and press Send to replace it and its answer, or Cancel edit."
+EDITING = (
+    "Editing your message: change it and press Send to replace it and its answer with a new version (the old one "
+    "stays, under ‹ ›), or Cancel edit."
+)
+FOCUS_MESSAGE = "() => { document.querySelector('#ls-message textarea')?.focus(); }"  # after New chat or Edit
+NO_SUCH_MESSAGE = "There is no such message to edit or answer to regenerate in the window; nothing was changed."
 
 
 def last_exchange(turns: list[dict]) -> Optional[int]:
@@ -44,6 +52,30 @@ def last_exchange(turns: list[dict]) -> Optional[int]:
     return None
 
 
+def _index(value) -> Optional[int]:
+    """A turn index from a control or the API (None, a negative number or not a whole number: none given)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return int(value) if value == int(value) and value >= 0 else None
+
+
+def user_turn_at(turns: list[dict], index) -> Optional[int]:
+    """The user turn to edit: `index` where it is one (None: the last exchange's); None when there is none."""
+    at = _index(index)
+    if at is None:
+        return last_exchange(turns)
+    return at if at < len(turns) and turns[at]["role"] == "user" else None
+
+
+def answer_at(turns: list[dict], index) -> Optional[int]:
+    """The answer to regenerate: `index` (None: the last turn) where it is a finished answer to a user message."""
+    at = _index(index)
+    at = len(turns) - 1 if at is None else at
+    if 1 <= at < len(turns) and turns[at]["role"] == "assistant" and turns[at - 1]["role"] == "user":
+        return at
+    return None
+
+
 class Actions:
     def __init__(self, handlers: Handlers) -> None:
         self.handlers = handlers
@@ -52,9 +84,7 @@ class Actions:
 
     def _editing(self, editing, turns: list[dict], owner: str) -> bool:
         """An edit is in progress in this window (not ended by Clear or by opening another conversation)."""
-        if not editing or len(turns) != editing["at"]:
-            return False
-        return self.recorder is None or self.recorder.is_editing(owner)
+        return bool(editing) and self.handlers.edit_in_progress(owner, turns) is not None
 
     # ---- regenerate ------------------------------------------------------------------------------------------
     def regenerate(
@@ -72,43 +102,45 @@ class Actions:
         tree_nodes,
         keep_speculating=False,
         system_prompt="",
+        index=None,
         request: gr.Request = None,
     ):
-        """Outputs: transcript, stats, status, events, state. The answer is given the system prompt in the box now."""
+        """Outputs: transcript, stats, status, events, state. index: the answer to regenerate (None: the last one);
+        the new answer is a new version of it, given the system prompt in the box now and the turns before it."""
         owner = owner_of(request)
         turns = list(turns or [])
-        at = last_exchange(turns)
+        at = answer_at(turns, index)
         try:
             if self._editing(editing, turns, owner):
                 raise ConfigError("finish the edit first: press Send, or Cancel edit")
-            if self.manager.is_answering(owner):
+            if self.manager.is_answering(owner) or any(t.get("pending") for t in turns):
                 raise Busy(STREAMING)
             if at is None:
-                raise ConfigError(NOTHING_TO_REDO)
+                raise ConfigError(NOTHING_TO_REDO if _index(index) is None else NO_SUCH_MESSAGE)
             sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed)
             choice = read_speculation(proposer, k, tree_nodes, keep_speculating)
         except ConfigError as exc:
             yield gr.skip(), gr.skip(), status_html(str(exc), "error"), gr.skip(), turns
             return
-        old = turns[-1]
-        user_text = turns[at]["content"]
+        before, old = turns, turns[at]
+        user_text = turns[at - 1]["content"]
         system = system_text(system_prompt)
         answer = AssistantTurn(
             streaming=True, proposer=proposer, k=choice.k, sampling=sampling_dict(sampling), system=system
         )
-        kept = turns[:-1]
-        turns = kept + [answer.to_state()]
+        kept = turns[:at]
+        turns = branch(before, at, [answer.to_state()])
         note = GREEDY_NOTE if sampling.greedy else ""
         shown = f"Regenerating… {note}".strip()
         yield transcript_html(turns, colour), stats_html(None), status_html(shown), gr.skip(), turns
         sink = None
         if self.recorder is not None:
-            sink = self.recorder.sink(owner, user_text, sampling_dict(sampling), replaces="answer", system=system)
+            sink = self.recorder.sink(owner, user_text, sampling_dict(sampling), system=system, at=at, regenerate=True)
         history = history_of(turns_from_state(kept), system)
         replaced = tuple(int(r["id"]) for r in old.get("tokens", []) if "id" in r)  # the history's first source
         for _, status in self.handlers._run(owner, history, sampling, choice, answer, sink, replaced):  # fills it
             if answer.finish_reason == "error" and not answer.tokens:
-                turns = kept + [old]  # nothing was said: the previous answer stays
+                turns = before  # nothing was said: the previous answer stays
                 yield (
                     transcript_html(turns, colour),
                     gr.skip(),
@@ -117,7 +149,7 @@ class Actions:
                     turns,
                 )
                 return
-            turns = kept + [answer.to_state()]
+            turns = branch(before, at, [answer.to_state()])
             yield (*self.handlers.answer_views(answer, turns, colour, status, note), turns)
 
     def regenerate_sampled(
@@ -135,33 +167,34 @@ class Actions:
         tree_nodes,
         keep_speculating=False,
         system_prompt="",
+        index=None,
         request: gr.Request = None,
     ):
         """Regenerate with a temperature above 0: the control's, or SAMPLED_TEMPERATURE where it is at 0."""
         sampled = temperature if isinstance(temperature, (int, float)) and temperature > 0 else SAMPLED_TEMPERATURE
         settings = (proposer, k, sampled, top_p, top_k, max_new_tokens, seed, colour, tree_nodes, keep_speculating)
-        yield from self.regenerate(turns, editing, *settings, system_prompt, request=request)
+        yield from self.regenerate(turns, editing, *settings, system_prompt, index, request=request)
 
     # ---- edit and resend -------------------------------------------------------------------------------------
-    def edit(self, turns, editing, colour, request: gr.Request = None):
-        """Outputs: transcript, status, message box, state, edit state, Cancel edit button."""
+    def edit(self, turns, editing, colour, index=None, request: gr.Request = None):
+        """Edit the user message at `index` (None: the last one). Outputs: transcript, status, message box, state, edit
+        state, Cancel edit button."""
         owner = owner_of(request)
         turns = list(turns or [])
-        at = last_exchange(turns)
+        at = user_turn_at(turns, index)
         problem = (
             "already editing: press Send or Cancel edit"
             if self._editing(editing, turns, owner)
             else STREAMING
-            if self.manager.is_answering(owner)
-            else NOTHING_TO_REDO
+            if self.manager.is_answering(owner) or any(t.get("pending") for t in turns)
+            else (NOTHING_TO_REDO if _index(index) is None else NO_SUCH_MESSAGE)
             if at is None
             else None
         )
         if problem:
             return gr.skip(), status_html(problem, "error"), gr.skip(), turns, editing, gr.skip()
-        if self.recorder is not None:
-            self.recorder.begin_edit(owner)
         kept, taken = turns[:at], turns[at:]
+        self.handlers.edits[owner] = {"turns": taken, "at": len(kept), "kept": kept}
         return (
             transcript_html(turns, colour, editing_from=at),  # the exchange stays in view, marked as being edited
             status_html(EDITING),
@@ -180,8 +213,7 @@ class Actions:
             return gr.skip(), status_html("Nothing is being edited."), gr.skip(), turns, None, hidden
         owner = owner_of(request)
         active = self._editing(editing, turns, owner)  # not when Clear or another conversation ended it
-        if self.recorder is not None:
-            self.recorder.end_edit(owner)
+        self.handlers.edits.pop(owner, None)
         if not active:
             return (
                 gr.skip(),
@@ -203,9 +235,37 @@ class Actions:
 
     def reset(self, request: gr.Request = None):
         """Clear: no edit any more. Outputs: edit state, Cancel edit button."""
-        if self.recorder is not None:
-            self.recorder.end_edit(owner_of(request))
+        self.handlers.edits.pop(owner_of(request), None)
         return None, gr.update(visible=False)
+
+    # ---- versions --------------------------------------------------------------------------------------------
+    def switch_version(self, turns, editing, colour, index, step, request: gr.Request = None):
+        """Show the version `step` away (−1: the one before) of the message at `index`, with the turns that followed
+        it. Outputs: transcript, stats, status, events, state."""
+        owner = owner_of(request)
+        turns = list(turns or [])
+        at, step = _index(index), step if isinstance(step, int) and not isinstance(step, bool) else 0
+        problem = (
+            "finish the edit first: press Send, or Cancel edit"
+            if self._editing(editing, turns, owner)
+            else STREAMING
+            if self.manager.is_answering(owner) or any(t.get("pending") for t in turns)
+            else None
+        )
+        shown = switch(turns, at, int(step)) if problem is None and at is not None else None
+        if shown is None:
+            why = problem or "That message has no other version there."
+            return gr.skip(), gr.skip(), status_html(why, "error"), gr.skip(), turns
+        if self.recorder is not None:
+            self.recorder.switch_version(owner, at, int(step))
+        last = next((t for t in reversed(turns_from_state(shown)) if isinstance(t, AssistantTurn)), None)
+        return (
+            transcript_html(shown, colour),
+            answer_stats_html(last, last.finish_reason if last else None),
+            status_html("Showing another version; Send continues from it."),
+            events_json(last),
+            shown,
+        )
 
     # ---- the buttons and their wiring (called by layout.build_app) -------------------------------------------
     def buttons(self) -> dict:
@@ -241,6 +301,7 @@ class Actions:
             show_progress="hidden",
         )
         outputs = [parts["transcript"], parts["stats"], parts["status"], parts["events"], turns]
+        self._wire_messages(redo, parts, sampling_inputs, edit_outputs, outputs)
         redo["sampled"].click(
             self.regenerate_sampled,
             [turns, editing, *sampling_inputs],
@@ -257,3 +318,39 @@ class Actions:
             concurrency_limit=None,
             show_progress="hidden",
         )
+
+    # ---- each message's own controls: the transcript's events (the page) and hidden inputs (the API) -----------
+    def _wire_messages(self, redo: dict, parts: dict, sampling_inputs: list, edit_outputs: list, outputs: list):
+        transcript, turns, editing, colour = parts["transcript"], parts["turns"], redo["editing"], parts["colour"]
+        with gr.Group(visible=False):  # the message's index (and a step): set by a transcript event, or by the API
+            index = gr.Number(-1, precision=0, label="index", elem_id="ls-api-index")
+            step = gr.Number(1, precision=0, label="step", elem_id="ls-api-step")
+            api_edit = gr.Button("edit message", elem_id="ls-api-edit")
+            api_switch = gr.Button("switch version", elem_id="ls-api-switch")
+            api_regenerate = gr.Button("regenerate answer", elem_id="ls-api-regenerate")
+        picked = {"fn": clicked_message, "inputs": None, "outputs": [index, step], "api_name": False, "queue": False}
+        edit = {"fn": self.edit, "inputs": [turns, editing, colour, index], "outputs": edit_outputs}
+        switch = {"fn": self.switch_version, "inputs": [turns, editing, colour, index, step], "outputs": outputs}
+        regenerate = {"fn": self.regenerate, "inputs": [turns, editing, *sampling_inputs, index], "outputs": outputs}
+        regenerate["concurrency_limit"] = None
+        for event, action in (
+            (transcript.edit_message, edit),
+            (transcript.switch_version, switch),
+            (transcript.regenerate_answer, regenerate),
+        ):
+            event(**picked, show_progress="hidden").then(**action, api_name=False, show_progress="hidden")
+        transcript.edit_message(None, None, None, js=FOCUS_MESSAGE, api_name=False, queue=False)
+        api_edit.click(**edit, api_name="edit_message")
+        api_switch.click(**switch, api_name="switch_version")
+        api_regenerate.click(**regenerate, api_name="regenerate_answer")
+
+
+def clicked_message(evt: gr.EventData):
+    """The index (and step) a transcript event sent: Edit, Regenerate or ‹ › under a message (assets/transcript.js)."""
+    return _event_value(evt, "index"), _event_value(evt, "step")
+
+
+def _event_value(evt, name: str):
+    """A number the page's script sent with a transcript event (-1 when it sent none: no index, or no step)."""
+    value = (getattr(evt, "_data", None) or {}).get(name) if evt is not None else None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else -1

@@ -33,6 +33,7 @@ from .settings import (
 )
 from .system_prompt import SystemPrompts, system_text
 from .turns import AssistantTurn, Turn, UserTurn, turns_from_state
+from .versions import branch
 
 YIELD_EVERY_S = 0.08  # at most ~12 screen updates a second while streaming
 UNCHANGED = (gr.skip(),) * 3  # the proposer, K and tree-nodes controls left as they are
@@ -83,6 +84,14 @@ class Handlers:
         self.system_prompts = SystemPrompts(recorder.store if recorder is not None else None)
         self.shown: dict[str, Optional[str]] = {}  # the pair each tab's controls show, by owner
         self.watching: set[str] = set()  # tabs opened while a pair loaded: they show its stages until it ends
+        # each tab's edit in progress (Actions.edit): {"turns": the turns taken out, "at": where}, with "kept": the
+        # turns left in the window, so a window that changed since (another conversation opened) no longer matches
+        self.edits: dict[str, dict] = {}
+
+    def edit_in_progress(self, owner: str, turns: list[dict]) -> Optional[dict]:
+        """The tab's edit in progress, when its window still shows what the edit left in it."""
+        edit = self.edits.get(owner)
+        return edit if edit is not None and edit["kept"] == turns else None
 
     # ---- one answer ------------------------------------------------------------------------------------------
     def _run(
@@ -192,17 +201,22 @@ class Handlers:
         answer = AssistantTurn(
             streaming=True, proposer=proposer, k=choice.k, sampling=sampling_dict(sampling), system=system
         )
-        turns = state + [question, answer.to_state()]
+        # an edit in progress: this exchange is a new version of the edited message, the old one kept with its turns
+        edit = self.edit_in_progress(owner, state)
+        before, at = (state + list(edit["turns"]), edit["at"]) if edit else (state, len(state))
+        turns = branch(before, at, [question, answer.to_state()])
         yield (transcript_html(turns, colour), stats_html(None), status_html("Thinking…"), gr.skip(), "", turns)
         sink = None
         if self.recorder is not None:
-            sink = self.recorder.sink(owner, text, sampling_dict(sampling), system=system)
+            sink = self.recorder.sink(owner, text, sampling_dict(sampling), system=system, at=at if edit else None)
         for _, status in self._run(owner, history, sampling, choice, answer, sink):  # fills `answer`
             if answer.finish_reason == "error" and not answer.tokens:
-                yield self._refused(answer.error, text, state, colour)  # nothing was said: message back
+                yield self._refused(answer.error, text, state, colour)  # nothing was said: message back, edit on
                 return
-            turns = state + [question, answer.to_state()]
+            turns = branch(before, at, [question, answer.to_state()])
             yield (*self.answer_views(answer, turns, colour, status), gr.skip(), turns)
+        if edit is not None:
+            self.edits.pop(owner, None)
 
     def answer_views(
         self, answer: AssistantTurn, turns: list[dict], colour, status: str, note: str = ""
@@ -293,6 +307,7 @@ class Handlers:
         """Clear and New chat: an empty window whose next message starts a new conversation, with the default
         system prompt. Outputs: transcript, stats, status, events, compare, state, system prompt."""
         self.manager.cancel(owner_of(request))
+        self.edits.pop(owner_of(request), None)
         if self.recorder is not None:
             self.recorder.set_conversation(owner_of(request), None)  # the next message starts a new conversation
         status = status_html(NEW_CHAT)

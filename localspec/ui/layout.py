@@ -11,7 +11,7 @@ import gradio as gr
 from localspec.chat import TRUNCATION_POLICY
 from localspec.config import K_MAX, K_MIN, TEMPERATURE_MAX, TREE_NODES_MAX
 
-from .actions import Actions
+from .actions import FOCUS_MESSAGE, Actions
 from .controls import CheckedNumber, CheckedRadio, CheckedSlider
 from .conversations import conversations_panel
 from .handlers import Handlers
@@ -27,7 +27,6 @@ TITLE = "localspec"
 CONNECTING = "Connecting to the model…"
 PAIR_POLL_S = 2.0  # how often a tab checks whether another tab switched the pair
 INTRO = "Local chat with speculative decoding: hover, tap or focus a token to see how it was made."
-FOCUS_MESSAGE = "() => { document.querySelector('#ls-message textarea')?.focus(); }"  # after New chat: type away
 
 
 def stylesheet() -> str:
@@ -197,6 +196,9 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             redo["regenerate"].click,
             redo["sampled"].click,
             redo["edit"].click,
+            transcript.edit_message,
+            transcript.switch_version,
+            transcript.regenerate_answer,
         ):
             trigger(lambda: NO_COMPARE, None, [compare_panel], api_name=False, queue=False, show_progress="hidden")
         stop.click(handlers.stop_button, None, [status], api_name=False, queue=False, show_progress="hidden")

@@ -4,22 +4,21 @@ Each browser tab (owner) has a current conversation. An answer is written when t
 message, then an incomplete assistant message, then every step's token records, then finish_answer. A killed
 app leaves the answer marked incomplete, with every step that was written.
 
-A regenerated answer (replaces="answer") is saved under the user message already stored, and an edited message
-(see begin_edit) is saved as a new exchange; either way what it replaces is deleted when the new answer says its
-first token, so an answer that fails before saying anything leaves the saved conversation as it was.
+An edited message or a regenerated answer is saved as a new version (`at`: its index in the shown path), beside the
+one it replaces, which stays saved with what followed it; an answer that fails before saying anything is taken back,
+so the saved conversation shows what it showed before.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Optional
 
 from .manager import Message
 from .settings import answer_label
-from .turns import AssistantTurn, Turn, UserTurn, turns_to_state
-
-Replaces = Literal["nothing", "answer", "exchange"]  # answer: regenerated; exchange: an edited message and its answer
+from .turns import AssistantTurn, UserTurn
+from .versions import from_tree
 
 
 def title_from(text: str) -> str:
@@ -31,48 +30,46 @@ def title_from(text: str) -> str:
 
 def turns_from_conversation(conversation) -> list[dict]:
     """A stored Conversation → the UI's turns in their gr.State form (token records and stats included, so
-    highlighting comes back)."""
-    turns: list[Turn] = []
-    for m in conversation.messages:
+    highlighting comes back; every version of each message nested where it belongs)."""
+
+    def turn_of(m) -> dict:
         if m.role != "assistant":
-            turns.append(UserTurn(m.content, m.role))
-            continue
-        turns.append(
-            AssistantTurn(
-                content=m.content,
-                tokens=list(m.tokens),
-                stats=m.stats,
-                finish_reason=m.finish_reason if m.complete else "incomplete",
-                error=m.error,
-                model=m.model,
-                proposer=m.proposer,
-                k=m.k,
-                tree_nodes=m.tree_nodes,
-                sampling=m.sampling,
-                system=conversation.system_prompt or "",
-                label=answer_label(m.model, m.proposer, m.k, m.tree_nodes),
-            )
-        )
-    return turns_to_state(turns)
+            return UserTurn(m.content, m.role).to_state()
+        return AssistantTurn(
+            content=m.content,
+            tokens=list(m.tokens),
+            stats=m.stats,
+            finish_reason=m.finish_reason if m.complete else "incomplete",
+            error=m.error,
+            model=m.model,
+            proposer=m.proposer,
+            k=m.k,
+            tree_nodes=m.tree_nodes,
+            sampling=m.sampling,
+            system=conversation.system_prompt or "",
+            label=answer_label(m.model, m.proposer, m.k, m.tree_nodes),
+        ).to_state()
+
+    return from_tree(conversation, turn_of)
 
 
 @dataclass
 class AnswerRecord:
     """Where one answer being saved stands in the store."""
 
-    replaces: Replaces
+    at: Optional[int]  # where in the shown path it goes as a new version; None: after the last message
+    regenerate: bool  # a new version of an answer (no user message is saved)
     message_id: Optional[int] = None  # the assistant message, once started
     user_message_id: Optional[int] = None
     conversation_id: Optional[int] = None
     finished: bool = False  # finished or retracted: later messages change nothing
-    said: bool = False  # the answer said its first token (what it replaces is gone from the store)
+    said: bool = False  # the answer said its first token
 
 
 class Recorder:
     def __init__(self, store) -> None:
         self.store = store
         self._current: dict[str, int] = {}  # owner → conversation id
-        self._editing: set[str] = set()  # owners whose next exchange replaces their last one
         self._lock = threading.Lock()
 
     def conversation_of(self, owner: str) -> Optional[int]:
@@ -80,7 +77,6 @@ class Recorder:
 
     def set_conversation(self, owner: str, conversation_id: Optional[int]) -> None:
         with self._lock:
-            self._editing.discard(owner)
             if conversation_id is None:
                 self._current.pop(owner, None)
             else:
@@ -91,35 +87,34 @@ class Recorder:
         with self._lock:
             for owner in [o for o, c in self._current.items() if c == conversation_id]:
                 del self._current[owner]
-                self._editing.discard(owner)
 
-    def begin_edit(self, owner: str) -> None:
-        """The owner's next exchange replaces its last stored one (the last user message and its answers)."""
-        with self._lock:
-            self._editing.add(owner)
+    def switch_version(self, owner: str, at: int, step: int) -> None:
+        """The window showed another version of its message at index `at`: the store shows it too."""
+        conversation_id = self._current.get(owner)
+        if conversation_id is not None:
+            from localspec.store.db import StoreError
 
-    def end_edit(self, owner: str) -> None:
-        with self._lock:
-            self._editing.discard(owner)
-
-    def is_editing(self, owner: str) -> bool:
-        return owner in self._editing
+            try:
+                self.store.switch_version(conversation_id, at, step)
+            except StoreError:  # deleted in another tab: nothing to follow
+                pass
 
     def sink(
         self,
         owner: str,
         user_text: str,
         sampling: Optional[dict] = None,
-        replaces: Replaces = "nothing",
         system: Optional[str] = None,
+        at: Optional[int] = None,
+        regenerate: bool = False,
     ):
         """A Message sink for one answer of this owner (see ModelManager.answer); sampling is saved with the answer,
         and system (the system prompt it is given; None: left as saved) with its conversation.
 
-        replaces="answer": the answer regenerates the last one, under the user message already saved (a new
-        conversation holding user_text when the tab has none). Otherwise a pending edit (begin_edit) makes this
-        exchange replace the last one."""
-        state = AnswerRecord(replaces)
+        at: the index in the shown path where this exchange (or, with regenerate, this answer) goes as a new version
+        of the message there; None: after the last message. regenerate: the answer is a new version of an answer, to
+        the user message already saved (a new conversation holding user_text when the tab has none)."""
+        state = AnswerRecord(at, regenerate)
 
         def on_message(message: Message) -> None:
             if message.kind == "started":
@@ -129,8 +124,6 @@ class Recorder:
             elif message.kind == "event":
                 if message.records:
                     self.store.append_tokens(state.message_id, list(message.records))
-                    if not state.said:
-                        self._replace(owner, state)
                     state.said = True
                 event = message.event
                 if event.finished and event.finish_reason == "error" and not state.said:
@@ -149,15 +142,6 @@ class Recorder:
                 state.finished = True
 
         return on_message
-
-    def _replace(self, owner: str, state: AnswerRecord) -> None:
-        """The new answer said its first token: what it replaces goes from the store."""
-        if state.replaces == "answer":
-            self.store.drop_earlier_answers(state.message_id)
-        elif state.replaces == "exchange":
-            with self._lock:
-                self._editing.discard(owner)
-            self.store.drop_previous_exchange(state.user_message_id)
 
     def _retract(self, owner: str, state: AnswerRecord) -> None:
         """The answer failed before its first token: the window takes the message back, so does the database."""
@@ -183,13 +167,16 @@ class Recorder:
         proposer, k, tree = (spec.proposer, spec.k, spec.tree_nodes) if spec is not None else ("none", 0, 0)
         with self._lock:
             conversation_id = self._current.get(owner)
-            if state.replaces == "nothing" and owner in self._editing:
-                state.replaces = "exchange"
             if conversation_id is not None:
                 try:
-                    if state.replaces != "answer":
-                        state.user_message_id = self.store.add_message(conversation_id, "user", user_text)
-                    state.message_id = self.store.start_answer(conversation_id, model, proposer, k, sampling, tree)
+                    parent = self._parent(conversation_id, state)
+                    if not state.regenerate:
+                        parent = state.user_message_id = self.store.add_message(
+                            conversation_id, "user", user_text, parent=parent
+                        )
+                    state.message_id = self.store.start_answer(
+                        conversation_id, model, proposer, k, sampling, tree, parent=parent
+                    )
                     if system is not None:
                         self.store.set_system_prompt(conversation_id, system)
                 except StoreError:  # deleted in another tab: start a new one
@@ -200,3 +187,15 @@ class Recorder:
                 state.message_id = self.store.start_answer(conversation_id, model, proposer, k, sampling, tree)
                 self._current[owner] = conversation_id
         state.conversation_id = conversation_id
+
+    def _parent(self, conversation_id: int, state: AnswerRecord):
+        """The stored message the new message follows: for a new version at index `at` of the shown path, the one
+        before it (None: a first message); the shown path's last message where at is None or past it. A regenerated
+        answer with no `at` is a new version of the last message."""
+        from localspec.store.db import SHOWN_LEAF
+
+        path = self.store.path_ids(conversation_id)
+        at = len(path) - 1 if state.at is None and state.regenerate else state.at
+        if at is None or not 0 <= at < len(path):
+            return SHOWN_LEAF
+        return path[at - 1] if at > 0 else None

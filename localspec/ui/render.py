@@ -17,6 +17,7 @@ from localspec.store.validation import finish_words
 from .markdown import answer_markdown_html, plain_markdown_html
 from .settings import shape_label
 from .spans import KIND_LABELS, escape, token_record, token_span, token_title  # noqa: F401 (the render API)
+from .versions import version_of
 
 
 def tokens_html(records: Iterable[dict], colour: bool = True, greedy: bool = False) -> str:
@@ -41,7 +42,36 @@ def is_greedy(turn: dict) -> bool:
     return "temperature" in sampling and not sampling["temperature"]
 
 
-def _message_html(turn: dict, colour: bool, editing: bool = False) -> str:
+def message_tools_html(turn: dict, index: int, idle: bool) -> str:
+    """A message's version switch (‹ 2/3 ›, where it has versions) and, while nothing streams or is being edited, its
+    Edit (a user message) or Regenerate (an answer) button; assets/transcript.js sends their clicks."""
+    version, versions = version_of(turn)
+    parts = []
+    if versions > 1:
+        earlier = "" if version > 1 and idle else " disabled"
+        later = "" if version < versions and idle else " disabled"
+        parts.append(
+            f'<span class="ls-versions" role="group" aria-label="version {version} of {versions}">'
+            f'<button type="button" class="ls-version-prev" data-ls-action="switch" data-index="{index}" '
+            f'data-step="-1" aria-label="previous version"{earlier}>‹</button>'
+            f'<span class="ls-version-count">{version}/{versions}</span>'
+            f'<button type="button" class="ls-version-next" data-ls-action="switch" data-index="{index}" '
+            f'data-step="1" aria-label="next version"{later}>›</button></span>'
+        )
+    if idle and turn.get("role") == "user":
+        parts.append(
+            f'<button type="button" class="ls-edit-msg" data-ls-action="edit" data-index="{index}" '
+            'aria-label="edit this message">edit</button>'
+        )
+    elif idle and turn.get("role") == "assistant":
+        parts.append(
+            f'<button type="button" class="ls-regen-msg" data-ls-action="regenerate" data-index="{index}" '
+            'aria-label="regenerate this answer (a new version)">regenerate</button>'
+        )
+    return f'<div class="ls-msg-tools">{"".join(parts)}</div>' if parts else ""
+
+
+def _message_html(turn: dict, colour: bool, editing: bool = False, versions: str = "") -> str:
     role = turn.get("role", "user")
     mark = " ls-editing" if editing else ""
     if role == "assistant":
@@ -66,10 +96,10 @@ def _message_html(turn: dict, colour: bool, editing: bool = False) -> str:
         )
         return (
             f'<div class="ls-msg ls-assistant{mark}">{head}<div class="ls-body ls-md"{card}>{body}</div>{tools}{note}'
-            "</div>"
+            f"{versions}</div>"
         )
     text = escape(turn.get("content", ""))
-    return f'<div class="ls-msg ls-{escape(role)}{mark}"><div class="ls-body">{text}</div></div>'
+    return f'<div class="ls-msg ls-{escape(role)}{mark}"><div class="ls-body">{text}</div>{versions}</div>'
 
 
 def copy_markdown_html(content: str) -> str:
@@ -82,7 +112,8 @@ def copy_markdown_html(content: str) -> str:
 
 EMPTY = "Type a message below. Each token of an answer is marked by how it was made."
 EDIT_NOTE = (
-    "Editing this message: change it in the box below and press Send to replace it and its answer, or Cancel edit."
+    "Editing this message: change it in the box below and press Send to replace it and its answer with a new "
+    "version (the old one stays, under ‹ ›), or Cancel edit."
 )
 
 
@@ -91,12 +122,16 @@ def transcript_html(
 ) -> str:
     """The whole conversation: user text escaped, assistant answers as token spans. colour: the full token colours
     (else the subtle underlines); editing_from: the index of the turn being edited (it and its answer stay in view,
-    marked)."""
+    marked). Each message has its version switch and, while nothing streams or is edited, Edit or Regenerate."""
     if not turns:
         inner = f'<div class="ls-empty">{EMPTY}</div>'
     else:
+        idle = editing_from is None and not any(t.get("pending") for t in turns)
         shown = [(i, t) for i, t in enumerate(turns) if t.get("role") != "system"]
-        inner = "".join(_message_html(t, colour, editing_from is not None and i >= editing_from) for i, t in shown)
+        inner = "".join(
+            _message_html(t, colour, editing_from is not None and i >= editing_from, message_tools_html(t, i, idle))
+            for i, t in shown
+        )
         if editing_from is not None:
             inner += f'<div class="ls-edit-note">{escape(EDIT_NOTE)}</div>'
     notice_html = f'<div class="ls-notice">{escape(notice)}</div>' if notice else ""
