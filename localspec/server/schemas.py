@@ -30,13 +30,16 @@ DEFAULT_MAX_TOKENS = SamplingParams().max_new_tokens
 Endpoint = Literal["chat", "completions"]
 # accepted only with these values (what OpenAI's clients send by default); anything else is refused by name
 NEUTRAL = {
-    "presence_penalty": (0, 0.0, None),
-    "frequency_penalty": (0, 0.0, None),
     "logit_bias": (None, {}),
     "echo": (False, None),
     "best_of": (1, None),
     "suffix": (None,),
-    "repetition_penalty": (None, 1, 1.0),  # vLLM's; changes the output and the engine has none
+}
+# the penalties' request fields (null: neutral) and the words SamplingParams.validate names them with
+PENALTIES = {
+    "repetition_penalty": "repetition penalty",  # vLLM's: > 0, 1 off
+    "frequency_penalty": "frequency penalty",  # OpenAI's: -2..2, 0 off
+    "presence_penalty": "presence penalty",  # OpenAI's: -2..2, 0 off
 }
 
 
@@ -342,6 +345,7 @@ def _sampling(body: dict, top_logprobs: int, top_param: str) -> SamplingParams:
         "seed": secrets.randbelow(2**63) if seed is None else seed,
         "seeded": seed is not None,
         "top_logprobs": top_logprobs,
+        **{name: body.get(name) for name in PENALTIES},
     }
     values = {k: (SamplingParams.__dataclass_fields__[k].default if v is None else v) for k, v in values.items()}
     params = SamplingParams(**values)
@@ -358,6 +362,7 @@ def _sampling(body: dict, top_logprobs: int, top_param: str) -> SamplingParams:
                     ("top_k", "top-k"),
                     ("seed", "seed"),
                     (top_param, "top logprobs"),
+                    *PENALTIES.items(),
                 )
                 if message.startswith(words)
             ),
@@ -365,6 +370,8 @@ def _sampling(body: dict, top_logprobs: int, top_param: str) -> SamplingParams:
         )
         if param == top_param:
             message = message.replace("top logprobs", top_param, 1)  # the field's name in the request
+        elif param in PENALTIES:
+            message = message.replace(PENALTIES[param], param, 1)
         raise APIError(message, param) from None
 
 
