@@ -7,13 +7,14 @@ the times token t is in the answer so far plus the path:
                  multiplied by r (r > 1 lowers each, whatever its sign)
   frequency  f   minus f · count(t)
   presence   p   minus p where count(t) > 0
-in that order, each an elementwise operation on the row alone: a row is processed bitwise the same whether it is
-scored alone or among drafts, which keeps the rejection sampler exact for the penalised distribution and greedy
-speculation equal to greedy plain decoding. Neutral values build no processor (penalties_for returns none).
+in that order, each an elementwise operation on one logit: a row is processed bitwise the same whether it is scored
+alone or among drafts, which keeps the rejection sampler exact for the penalised distribution and greedy speculation
+equal to greedy plain decoding. Neutral values build no processor (penalties_for returns none).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
@@ -39,58 +40,62 @@ class Penalties:
 
 
 class PenaltyProcessor:
-    """The penalties for one answer to `prompt_ids`: the answer's token counts live on the logits' device (made at
-    the first process, when the vocabulary is known), grown by each commit."""
+    """The penalties for one answer to `prompt_ids`. Only the tokens seen so far (the prompt's and the answer's) are
+    read and rewritten, each from the forward's own logit by one rule (penalise), so a row's tokens get the same
+    values whether its counts are committed or come from its path. The answer's counts live on the logits' device
+    (made at the first process, when the vocabulary is known), grown by each commit."""
 
     def __init__(self, penalties: Penalties, prompt_ids: Sequence[int]) -> None:
         self.penalties = penalties
-        self.prompt_ids = list(prompt_ids)
+        self.seen: set[int] = set(prompt_ids)  # the tokens a penalty applies to: the prompt's and the answer's
+        self.committed: list[int] = []  # the answer's tokens not yet counted on the device
         self.counts: Optional[torch.Tensor] = None  # [V] float32, each token's count in the answer so far
-        self.in_prompt: Optional[torch.Tensor] = None  # [V] bool
-        self.pending: list[int] = []  # committed before the counts existed
+        self.index: Optional[torch.Tensor] = None  # [S] the seen tokens inside the vocabulary, made when needed
+
+    def penalise(self, logits: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The rule for seen tokens: their logits [...] float32 and answer counts [...] (0 for a prompt token)."""
+        rule, out = self.penalties, logits
+        if rule.repetition != 1.0:
+            out = torch.where(out > 0, out / rule.repetition, out * rule.repetition)
+        if rule.frequency != 0.0:
+            out = out - rule.frequency * counts
+        if rule.presence != 0.0:
+            out = out - rule.presence * (counts > 0).to(torch.float32)
+        return out
 
     def _state(self, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.counts is None or self.in_prompt is None:
+        """The answer's counts [V] and the seen tokens' index [S], brought up to date with the commits."""
+        if self.counts is None:
             self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)
-            self.in_prompt = torch.zeros(vocab, dtype=torch.bool, device=device)
-            self.in_prompt[_ids(self.prompt_ids, vocab, device)] = True
-            self._count(self.pending)
-            self.pending = []
-        return self.counts, self.in_prompt
-
-    def _count(self, tokens: Sequence[int]) -> None:
-        assert self.counts is not None
-        vocab = self.counts.shape[0]
-        ids = _ids(tokens, vocab, self.counts.device)
-        self.counts.index_put_((ids,), torch.ones_like(ids, dtype=torch.float32), accumulate=True)
+        if self.committed:
+            ids = _ids(self.committed, vocab, device)
+            self.counts.index_put_((ids,), torch.ones_like(ids, dtype=torch.float32), accumulate=True)
+            self.committed = []
+        if self.index is None:
+            self.index = _ids(sorted(self.seen), vocab, device)
+        return self.counts, self.index
 
     def process(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
         """logits [rows, V] → the penalised logits [rows, V] (float32, a new tensor)."""
         rows, vocab = logits.shape
-        counts, in_prompt = self._state(vocab, logits.device)
-        counts = counts.expand(rows, vocab).clone()  # [rows, V] the answer's counts, then each row's path on top
-        flat = [(row, token) for row, path in enumerate(paths) for token in path if 0 <= token < vocab]
-        if flat:
-            index = torch.tensor(flat, dtype=torch.long).to(logits.device)  # [n, 2] (row, token)
-            ones = torch.ones(len(flat), dtype=torch.float32, device=logits.device)
-            counts.index_put_((index[:, 0], index[:, 1]), ones, accumulate=True)
-        out = logits.to(torch.float32)
-        seen = counts > 0  # [rows, V]
-        rule = self.penalties
-        if rule.repetition != 1.0:
-            penalised = torch.where(out > 0, out / rule.repetition, out * rule.repetition)
-            out = torch.where(seen | in_prompt, penalised, out)
-        if rule.frequency != 0.0:
-            out = out - rule.frequency * counts
-        if rule.presence != 0.0:
-            out = out - rule.presence * seen.to(torch.float32)
-        return out  # a new tensor: some penalty is not neutral
+        counts, index = self._state(vocab, logits.device)
+        out = logits.to(torch.float32, copy=True)
+        if index.numel():  # the committed counts, every row
+            out[:, index] = self.penalise(out[:, index], counts[index].expand(rows, -1))
+        extra = [(row, token, n) for row, path in enumerate(paths) for token, n in Counter(path).items()]
+        extra = [(row, token, n) for row, token, n in extra if 0 <= token < vocab]
+        if extra:  # each row's own drafts on top, recomputed from the forward's logits
+            at = torch.tensor(extra, dtype=torch.long).to(logits.device)  # [n, 3] (row, token, count in the path)
+            row, token = at[:, 0], at[:, 1]
+            total = counts[token] + at[:, 2].to(torch.float32)
+            out[row, token] = self.penalise(logits[row, token].to(torch.float32), total)
+        return out
 
     def commit(self, tokens: Sequence[int]) -> None:
-        if self.counts is None:
-            self.pending.extend(tokens)
-        else:
-            self._count(tokens)
+        self.committed.extend(tokens)
+        if not self.seen.issuperset(tokens):
+            self.seen.update(tokens)
+            self.index = None
 
 
 def _ids(tokens: Sequence[int], vocab: int, device: torch.device) -> torch.Tensor:
