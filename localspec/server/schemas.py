@@ -16,12 +16,11 @@ from localspec.chat import MAX_MESSAGE_CHARS
 from localspec.config import ConfigError, SamplingParams, SpecConfig, check_tree_nodes
 from localspec.store.validation import ROLES, clean_text
 from localspec.structured.grammar import Constraint, json_schema_constraint
+from localspec.structured.stops import check_stops
 from localspec.structured.tools import ToolSpec
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_MESSAGES = 512
-MAX_STOPS = 16  # vLLM takes any number; Continue's autocomplete sends its template's stops plus three
-MAX_STOP_CHARS = 200
 MAX_TOOLS = 128  # OpenAI's limit
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 API_ROLES = (*ROLES, "tool")
@@ -285,9 +284,10 @@ def _stop(value: Any) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise APIError("stop must be a non-empty string or a list of them", "stop")
-    if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
-        raise APIError(f"stop takes at most {MAX_STOPS} strings of ≤ {MAX_STOP_CHARS} characters", "stop")
-    return tuple(stops)
+    try:
+        return check_stops(stops)
+    except ConfigError as exc:
+        raise APIError(str(exc), "stop") from None
 
 
 def _extension(value: Any) -> Extension:
