@@ -168,20 +168,20 @@ def test_penalties_reach_the_sampler_and_change_the_answer(api, tiny_session, mo
 
 
 @pytest.mark.parametrize(
-    "field, value",
+    "field, value, words",
     [
-        ("repetition_penalty", 0),
-        ("repetition_penalty", -1.2),
-        ("frequency_penalty", 2.5),
-        ("presence_penalty", -2.01),
-        ("presence_penalty", "1"),
-        ("frequency_penalty", True),
+        ("repetition_penalty", 0, "must be a number > 0"),
+        ("repetition_penalty", -1.2, "must be a number > 0"),
+        ("frequency_penalty", 2.5, "must be between -2 and 2"),
+        ("presence_penalty", -2.01, "must be between -2 and 2"),
+        ("presence_penalty", "1", "must be a number"),
+        ("frequency_penalty", True, "must be a number"),
     ],
 )
-def test_out_of_range_penalties_are_refused_by_name(api, field, value):
+def test_out_of_range_penalties_are_refused_by_name(api, field, value, words):
     r = api.post("/v1/chat/completions", json=chat(**{field: value}))
     error = r.json()["error"]
-    assert r.status_code == 400 and error["param"] == field and error["message"].startswith(field), error
+    assert r.status_code == 400 and error["param"] == field and error["message"].startswith(f"{field} {words}"), error
 
 
 def test_sixteen_stop_strings_are_accepted(api):

@@ -39,3 +39,25 @@ def test_without_stop_strings_every_record_is_shown_at_once():
     shown = StoppedRecords(())
     records = [{"text": "a"}, {"text": ""}, {"text": "b"}]
     assert shown.add(records) == tuple(records) and not shown.stopped
+
+
+def test_a_stop_string_lets_the_engine_go_for_the_next_answer(tiny_session):
+    """The real engine: the answer ends at the stop string, and the next answer runs (the engine's lock was let go
+    when the stream was closed)."""
+    from localspec.ui.handlers import Handlers
+    from localspec.ui.manager import ModelManager
+
+    manager = ModelManager([tiny_session.loaded.spec], lambda _spec, _progress: tiny_session)
+    manager.load(tiny_session.loaded.spec.name)
+    handlers = Handlers(manager)
+    settings = ("none", 3, 0.0, 1.0, 0, 24, 0, True, 0, False, "")
+
+    def answer(stops: str) -> dict:
+        *_, turns = list(handlers.send("Say something.", [], *settings, 1.0, stops))[-1]
+        return turns[-1]
+
+    whole = answer("")
+    stop = whole["content"][5:8]  # greedy says the same again: it ends where this first occurs
+    cut = answer(stop)
+    assert cut["finish_reason"] == "stop" and cut["content"] == whole["content"][: whole["content"].index(stop)]
+    assert answer("")["content"] == whole["content"]  # the engine answers again, in full
