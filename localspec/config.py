@@ -33,12 +33,16 @@ TREE_NODES_NAME = "tree nodes (draft tokens per tree step)"
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit value
 TEMPERATURE_MAX = 5.0
 TOP_LOGPROBS_MAX = 20  # OpenAI's limit on top_logprobs
+PENALTY_MAX = 2.0  # OpenAI's bound on frequency_penalty and presence_penalty (either sign)
 FIELD_LABELS = {
     "top_k": "top-k",
     "top_p": "top-p",
     "k": "K",
     "max_new_tokens": "max new tokens",
     "top_logprobs": "top logprobs",
+    "repetition_penalty": "repetition penalty",
+    "frequency_penalty": "frequency penalty",
+    "presence_penalty": "presence penalty",
 }
 
 
@@ -121,17 +125,28 @@ class SamplingParams:
     # per emitted token, the n most likely tokens and their log-probabilities under the distribution the sampler
     # used (logits_to_probs); 0 computes and transfers nothing more
     top_logprobs: int = 0
+    # penalties on the target's distribution (runtime/penalties.py), at their neutral values here: vLLM's
+    # repetition_penalty (> 1 lowers every token of the prompt and the answer so far), OpenAI's frequency_penalty
+    # (minus it times a token's count in the answer) and presence_penalty (minus it once a token is in the answer)
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def penalized(self) -> bool:
+        """Some penalty changes the target's distribution (neutral ones change nothing and cost nothing)."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
     def validate(self) -> SamplingParams:
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             too_big = isinstance(value, int) and abs(value) > 10**300
             if isinstance(value, bool) or not isinstance(value, (int, float)) or too_big:
-                raise ConfigError(f"{name.replace('_', '-')} must be a number in range (got {value!r})")
+                raise ConfigError(f"{FIELD_LABELS.get(name, name)} must be a number in range (got {shown(value)})")
         check_max_new_tokens(self.max_new_tokens)
         for name in ("top_k", "seed", "top_logprobs"):
             whole_number(getattr(self, name), FIELD_LABELS.get(name, name))
@@ -150,6 +165,18 @@ class SamplingParams:
             raise ConfigError(
                 f"top logprobs must be between 0 and {TOP_LOGPROBS_MAX} (got {self.top_logprobs!r}); 0 turns it off"
             )
+        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0.0:
+            raise ConfigError(
+                f"repetition penalty must be a number > 0 (got {self.repetition_penalty!r}); 1 turns it off, "
+                "above 1 discourages repeating the prompt's and the answer's tokens"
+            )
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or not -PENALTY_MAX <= value <= PENALTY_MAX:
+                raise ConfigError(
+                    f"{FIELD_LABELS[name]} must be between -{PENALTY_MAX:g} and {PENALTY_MAX:g} (got {value!r}); "
+                    "0 turns it off"
+                )
         return self
 
 

@@ -194,3 +194,44 @@ def test_keep_speculating_turns_adaptive_k_off_for_the_answer(app):
     send(handlers, "adaptive on", [], SETTINGS + (False,))
     send(handlers, "adaptive off", [], SETTINGS + (True,))
     assert seen == [True, False]
+
+
+def with_penalty_and_stops(repetition_penalty=1.0, stops=""):
+    """SETTINGS with the inputs that follow them: keep speculating, system prompt, repetition penalty, stop strings."""
+    return SETTINGS + (False, "", repetition_penalty, stops)
+
+
+def test_a_stop_string_ends_the_answer_before_it_in_the_window_and_the_store(app):
+    handlers, actions, store = app
+    text = "one two three stop here four five"  # echoed in pieces: ... "thre", "e", " ", "stop" ...
+    status, _, turns = send(handlers, text, [], with_penalty_and_stops(stops="never\nee st, five"))
+    answer = turns[-1]
+    assert answer["content"] == "one two thr" and answer["finish_reason"] == "stop", answer["content"]
+    assert "".join(t["text"] for t in answer["tokens"]) == "one two thr"  # the token "thre" keeps "thr"
+    assert answer["sampling"]["stop"] == ["never", "ee st", "five"] and "Done" in status
+    assert saved(store)[-1] == ("assistant", "one two thr")
+    _panel, status = last(handlers.compare(turns))  # the baseline repeats the answer's stop strings
+    assert "Baseline done: 5 tokens" in status, status
+    # Regenerate answers with the box's stop strings now; without any the whole message comes back
+    *_, regenerated = last(actions.regenerate(turns, None, *with_penalty_and_stops(stops="two")))
+    assert regenerated[-1]["content"] == "one "
+    *_, whole = last(actions.regenerate(regenerated, None, *with_penalty_and_stops()))
+    assert whole[-1]["content"] == text and "stop" not in whole[-1]["sampling"]
+    assert saved(store)[-1] == ("assistant", text)
+
+
+def test_the_repetition_penalty_reaches_the_sampler_and_bad_values_are_refused(app):
+    handlers, _actions, _store = app
+    seen = []
+    session = handlers.manager.session
+    original = session.stream_ids
+
+    def spy(ids, sampling, spec, cancel=None, first_source=()):
+        seen.append(sampling.repetition_penalty)
+        return original(ids, sampling, spec, cancel, first_source)
+
+    session.stream_ids = spy
+    _, _, turns = send(handlers, "penalised", [], with_penalty_and_stops(1.3))
+    assert seen == [1.3] and turns[-1]["sampling"]["repetition_penalty"] == 1.3
+    status, box, _ = send(handlers, "refused", turns, with_penalty_and_stops(0))
+    assert "repetition penalty must be a number &gt; 0" in status and box == "refused" and seen == [1.3]

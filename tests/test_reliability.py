@@ -115,6 +115,8 @@ def test_temperature_slider_reaches_the_documented_maximum(tiny_session):
         ({"tree_nodes": 40}, "tree nodes (draft tokens per tree step) must be a whole number between 0 and 32"),
         ({"tree_nodes": 2.5}, "tree nodes (draft tokens per tree step) must be a whole number between 0 and 32"),
         ({"seed": float("nan")}, "seed must be a finite number"),
+        ({"repetition": 0}, "repetition penalty must be a number &gt; 0"),
+        ({"stops": "a," * 17}, "the stop strings box takes at most 16 strings"),
     ],
 )
 def test_api_values_get_the_documented_messages(inproc_app, kwargs, words):
@@ -126,6 +128,8 @@ def test_api_values_get_the_documented_messages(inproc_app, kwargs, words):
         "max_new": 8,
         "seed": 0,
         "tree_nodes": 0,
+        "repetition": 1.0,
+        "stops": "",
         **kwargs,
     }
     status = raw_send(
@@ -143,6 +147,8 @@ def test_api_values_get_the_documented_messages(inproc_app, kwargs, words):
             args["tree_nodes"],
             False,  # keep speculating: a raw HTTP call sends every input
             "",  # no system prompt
+            args["repetition"],
+            args["stops"],
         ],
     )[2]
     assert words in status and "Could not preprocess" not in status

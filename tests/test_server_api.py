@@ -141,14 +141,47 @@ def test_top_k_reaches_the_sampler(api, tiny_session, monkeypatch):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_k"
 
 
-@pytest.mark.parametrize("field, value", [("repetition_penalty", 1.2), ("min_p", 0.05)])
-def test_fields_that_would_change_the_output_are_refused_by_name(api, field, value):
+def test_min_p_would_change_the_output_and_is_refused_by_name(api):
+    r = api.post("/v1/chat/completions", json=chat(min_p=0.05))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_p" and "min_p" in r.json()["error"]["message"]
+    assert api.post("/v1/chat/completions", json=chat(min_p=0)).status_code == 200
+
+
+def test_penalties_reach_the_sampler_and_change_the_answer(api, tiny_session, monkeypatch):
+    seen = []
+    original = tiny_session.stream_ids
+
+    def spy(ids, sampling, spec, cancel=None):
+        seen.append((sampling.repetition_penalty, sampling.frequency_penalty, sampling.presence_penalty))
+        return original(ids, sampling, spec, cancel)
+
+    monkeypatch.setattr(tiny_session, "stream_ids", spy)
+    greedy = dict(temperature=0, max_tokens=32)
+    plain = api.post("/v1/chat/completions", json=chat(**greedy)).json()
+    penalised = dict(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=-2)
+    r = api.post("/v1/chat/completions", json=chat(**greedy, **penalised))
+    assert r.status_code == 200
+    neutral = dict(repetition_penalty=None, frequency_penalty=0, presence_penalty=None)  # what clients send
+    assert api.post("/v1/chat/completions", json=chat(**greedy, **neutral)).status_code == 200
+    assert seen == [(1.0, 0.0, 0.0), (1.3, 0.5, -2), (1.0, 0.0, 0.0)]
+    assert r.json()["choices"][0]["message"]["content"] != plain["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("repetition_penalty", 0, "must be a number > 0"),
+        ("repetition_penalty", -1.2, "must be a number > 0"),
+        ("frequency_penalty", 2.5, "must be between -2 and 2"),
+        ("presence_penalty", -2.01, "must be between -2 and 2"),
+        ("presence_penalty", "1", "must be a number"),
+        ("frequency_penalty", True, "must be a number"),
+    ],
+)
+def test_out_of_range_penalties_are_refused_by_name(api, field, value, words):
     r = api.post("/v1/chat/completions", json=chat(**{field: value}))
-    assert r.status_code == 400 and r.json()["error"]["param"] == field and field in r.json()["error"]["message"]
-    assert (
-        api.post("/v1/chat/completions", json=chat(**{field: 1.0 if field == "repetition_penalty" else 0})).status_code
-        == 200
-    )
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == field and error["message"].startswith(f"{field} {words}"), error
 
 
 def test_sixteen_stop_strings_are_accepted(api):

@@ -12,6 +12,7 @@ import torch
 from localspec.config import ConfigError, SamplingParams, SpecConfig
 from localspec.proposers.base import Proposer
 from localspec.runtime.logits_processors import TargetProcessor
+from localspec.runtime.penalties import penalties_for
 from localspec.verify import Verifier
 
 from .metrics import StatsSnapshot
@@ -34,7 +35,7 @@ class Run:
     max_k: int  # draft tokens per step at most (0 without a proposer)
     context: list[int]  # the prompt plus every emitted token
     stats: StatsSnapshot
-    processors: tuple[TargetProcessor, ...] = ()  # what changes the target's distribution (a grammar's mask)
+    processors: tuple[TargetProcessor, ...] = ()  # what changes the target's distribution: penalties, a grammar's mask
     pending: int = 0  # the last known token: its logits are the next verified position
     produced: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -69,7 +70,7 @@ class Run:
             max_k=max_k,
             context=list(prompt_ids),
             stats=StatsSnapshot.start(max_k),
-            processors=tuple(processors),
+            processors=penalties_for(sampling, prompt_ids) + tuple(processors),
             pending=prompt_ids[-1],
         )
 

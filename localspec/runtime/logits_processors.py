@@ -1,5 +1,5 @@
-"""Target logits processors: what changes the target's distribution before anything is drawn from it (a grammar's
-token mask; later a repetition penalty), in one place that plain decoding and every verifier go through.
+"""Target logits processors: what changes the target's distribution before anything is drawn from it (the penalties,
+penalties.py; a grammar's token mask), in one place that plain decoding and every verifier go through.
 
 A step's verify forward scores rows: row r is the distribution of the token that follows the answer so far plus
 paths[r], the drafted tokens on the way to that row (a chain's row i: its first i drafts; a tree's row: its node's

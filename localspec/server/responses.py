@@ -15,6 +15,7 @@ import time
 import uuid
 
 from localspec.engine.events import StatsSnapshot, StepEvent, TokenEvent
+from localspec.structured.stops import StopScan
 from localspec.structured.tools import ToolCall, ToolStream
 
 from .metrics import Outcome
@@ -48,11 +49,8 @@ class Collector:
         self.tokenizer = tokenizer
         self.fingerprint = fingerprint  # system_fingerprint: model, dtype, weight format (runner.fingerprint)
         self.notice = notice  # what the prompt lost or merged (truncation, system messages): localspec.notice
-        self.text = ""
-        self.sent = 0
-        self.tokens: list[tuple[TokenEvent, int]] = []  # (token, offset of its text in self.text)
-        self.released = 0  # tokens handed out so far
-        self.cut: int | None = None  # where a stop string begins
+        self.scan = StopScan(request.stop)  # the text, and how much of it (and of the tokens) is released
+        self.tokens: list[TokenEvent] = []
         self.finish_reason: str | None = None
         self.stats = StatsSnapshot()
         self.delivered = 0  # tokens of the released ones whose chunk (or body) was handed to the client
@@ -65,36 +63,33 @@ class Collector:
         self.new_calls: list[ToolCall] = []  # calls parsed but not yet put in a chunk
         self.created = int(time.time())
 
+    @property
+    def text(self) -> str:
+        return self.scan.text
+
+    @property
+    def sent(self) -> int:
+        """The released text ends here."""
+        return self.scan.sent
+
+    @property
+    def released(self) -> int:
+        """Tokens handed out so far."""
+        return self.scan.released
+
     def add(self, event: StepEvent) -> tuple[str, list[TokenEvent]]:
         """The text and tokens this event releases. After a stop string (done), further events release nothing."""
         if self.done:
             return "", []
-        for tok in event.tokens:
-            self.tokens.append((tok, len(self.text)))
-            self.text += tok.text
+        self.tokens.extend(event.tokens)
         self.stats = event.stats
-        stops = self.request.stop
-        if stops:
-            start = max(0, self.sent - max(len(s) for s in stops))
-            found = [i for i in (self.text.find(s, start) for s in stops) if i >= 0]
-            if found:
-                self.cut, self.finish_reason, self.done = min(found), "stop", True
-        if event.finished and not self.done:
-            self.finish_reason, self.done = event.finish_reason, True
-        if self.cut is not None:
-            upto = self.cut
-        elif self.done:
-            upto = len(self.text)
-        else:
-            upto = len(self.text) - self._held(stops)
-        piece, self.sent = self.text[self.sent : upto], max(self.sent, upto)
-        out = []
-        while self.released < len(self.tokens):
-            tok, offset = self.tokens[self.released]
-            if not (offset < upto or (self.done and self.cut is None)):
-                break
-            out.append(tok)
-            self.released += 1
+        piece, released = self.scan.add([tok.text for tok in event.tokens], event.finished)
+        if self.scan.cut is not None:
+            self.finish_reason = "stop"
+        elif event.finished:
+            self.finish_reason = event.finish_reason
+        self.done = self.scan.done
+        out = [self.tokens[i] for i in released]
         if self.tool_stream is not None:
             piece, calls = self.tool_stream.push(piece, done=self.done)
             self.content += piece
@@ -109,16 +104,6 @@ class Collector:
         deltas = [{"index": first + i, **call.to_openai()} for i, call in enumerate(self.new_calls)]
         self.new_calls = []
         return deltas
-
-    def _held(self, stops: tuple[str, ...]) -> int:
-        """Length of the longest end of the text that may be the start of a stop string."""
-        best = 0
-        for s in stops:
-            for n in range(min(len(s) - 1, len(self.text)), best, -1):
-                if self.text.endswith(s[:n]):
-                    best = n
-                    break
-        return best
 
     # ---- pieces of the bodies -------------------------------------------------------------------------------
     def provenance(self, tokens: list[TokenEvent]) -> dict:
@@ -245,7 +230,7 @@ class Collector:
 
     def final(self, prompt_tokens: int) -> dict:
         """The non-streaming body of the whole answer."""
-        tokens = [tok for tok, _ in self.tokens[: self.released]]
+        tokens = self.tokens[: self.released]
         text = self.text[: self.sent]
         if self.tool_stream is not None and self.tool_stream.buffer:  # held back, and the answer has ended
             self.content += self.tool_stream.push("", done=True)[0]

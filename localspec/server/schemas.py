@@ -16,12 +16,11 @@ from localspec.chat import MAX_MESSAGE_CHARS
 from localspec.config import ConfigError, SamplingParams, SpecConfig, check_tree_nodes
 from localspec.store.validation import ROLES, clean_text
 from localspec.structured.grammar import Constraint, json_schema_constraint
+from localspec.structured.stops import check_stops
 from localspec.structured.tools import ToolSpec
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_MESSAGES = 512
-MAX_STOPS = 16  # vLLM takes any number; Continue's autocomplete sends its template's stops plus three
-MAX_STOP_CHARS = 200
 MAX_TOOLS = 128  # OpenAI's limit
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 API_ROLES = (*ROLES, "tool")
@@ -30,13 +29,16 @@ DEFAULT_MAX_TOKENS = SamplingParams().max_new_tokens
 Endpoint = Literal["chat", "completions"]
 # accepted only with these values (what OpenAI's clients send by default); anything else is refused by name
 NEUTRAL = {
-    "presence_penalty": (0, 0.0, None),
-    "frequency_penalty": (0, 0.0, None),
     "logit_bias": (None, {}),
     "echo": (False, None),
     "best_of": (1, None),
     "suffix": (None,),
-    "repetition_penalty": (None, 1, 1.0),  # vLLM's; changes the output and the engine has none
+}
+# the penalties' request fields (null: neutral) and the words SamplingParams.validate names them with
+PENALTIES = {
+    "repetition_penalty": "repetition penalty",  # vLLM's: > 0, 1 off
+    "frequency_penalty": "frequency penalty",  # OpenAI's: -2..2, 0 off
+    "presence_penalty": "presence penalty",  # OpenAI's: -2..2, 0 off
 }
 
 
@@ -282,9 +284,10 @@ def _stop(value: Any) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise APIError("stop must be a non-empty string or a list of them", "stop")
-    if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
-        raise APIError(f"stop takes at most {MAX_STOPS} strings of ≤ {MAX_STOP_CHARS} characters", "stop")
-    return tuple(stops)
+    try:
+        return check_stops(stops)
+    except ConfigError as exc:
+        raise APIError(str(exc), "stop") from None
 
 
 def _extension(value: Any) -> Extension:
@@ -342,6 +345,7 @@ def _sampling(body: dict, top_logprobs: int, top_param: str) -> SamplingParams:
         "seed": secrets.randbelow(2**63) if seed is None else seed,
         "seeded": seed is not None,
         "top_logprobs": top_logprobs,
+        **{name: body.get(name) for name in PENALTIES},
     }
     values = {k: (SamplingParams.__dataclass_fields__[k].default if v is None else v) for k, v in values.items()}
     params = SamplingParams(**values)
@@ -358,6 +362,7 @@ def _sampling(body: dict, top_logprobs: int, top_param: str) -> SamplingParams:
                     ("top_k", "top-k"),
                     ("seed", "seed"),
                     (top_param, "top logprobs"),
+                    *PENALTIES.items(),
                 )
                 if message.startswith(words)
             ),
@@ -365,6 +370,8 @@ def _sampling(body: dict, top_logprobs: int, top_param: str) -> SamplingParams:
         )
         if param == top_param:
             message = message.replace("top logprobs", top_param, 1)  # the field's name in the request
+        elif param in PENALTIES:
+            message = message.replace(PENALTIES[param], param, 1)
         raise APIError(message, param) from None
 
 

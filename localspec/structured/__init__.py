@@ -1,1 +1,2 @@
-"""Structured output: grammars on the target's distribution (grammar.py) and tool calls (tools.py)."""
+"""Structured output: grammars on the target's distribution (grammar.py), tool calls (tools.py) and stop strings
+(stops.py)."""

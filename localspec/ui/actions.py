@@ -20,7 +20,7 @@ from localspec.config import ConfigError
 from .handlers import Handlers, answer_stats_html, events_json, history_of, owner_of
 from .manager import Busy
 from .render import stats_html, status_html, transcript_html
-from .settings import read_sampling, read_speculation, sampling_dict
+from .settings import read_sampling, read_speculation, read_stops, sampling_dict
 from .system_prompt import system_text
 from .turns import AssistantTurn, turns_from_state
 from .versions import branch, switch
@@ -102,6 +102,8 @@ class Actions:
         tree_nodes,
         keep_speculating=False,
         system_prompt="",
+        repetition_penalty=1.0,
+        stop_strings="",
         index=None,
         request: gr.Request = None,
     ):
@@ -117,7 +119,8 @@ class Actions:
                 raise Busy(STREAMING)
             if at is None:
                 raise ConfigError(NOTHING_TO_REDO if _index(index) is None else NO_SUCH_MESSAGE)
-            sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed)
+            sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed, repetition_penalty)
+            stops = read_stops(stop_strings)
             choice = read_speculation(proposer, k, tree_nodes, keep_speculating)
         except ConfigError as exc:
             yield gr.skip(), gr.skip(), status_html(str(exc), "error"), gr.skip(), turns
@@ -125,9 +128,8 @@ class Actions:
         before, old = turns, turns[at]
         user_text = turns[at - 1]["content"]
         system = system_text(system_prompt)
-        answer = AssistantTurn(
-            streaming=True, proposer=proposer, k=choice.k, sampling=sampling_dict(sampling), system=system
-        )
+        settings = sampling_dict(sampling, stops)
+        answer = AssistantTurn(streaming=True, proposer=proposer, k=choice.k, sampling=settings, system=system)
         kept = turns[:at]
         turns = branch(before, at, [answer.to_state()])
         note = GREEDY_NOTE if sampling.greedy else ""
@@ -135,10 +137,10 @@ class Actions:
         yield transcript_html(turns, colour), stats_html(None), status_html(shown), gr.skip(), turns
         sink = None
         if self.recorder is not None:
-            sink = self.recorder.sink(owner, user_text, sampling_dict(sampling), system=system, at=at, regenerate=True)
+            sink = self.recorder.sink(owner, user_text, settings, system=system, at=at, regenerate=True)
         history = history_of(turns_from_state(kept), system)
         replaced = tuple(int(r["id"]) for r in old.get("tokens", []) if "id" in r)  # the history's first source
-        for _, status in self.handlers._run(owner, history, sampling, choice, answer, sink, replaced):  # fills it
+        for _, status in self.handlers._run(owner, history, sampling, choice, answer, sink, replaced, stops):
             if answer.finish_reason == "error" and not answer.tokens:
                 turns = before  # nothing was said: the previous answer stays
                 yield (
@@ -167,13 +169,16 @@ class Actions:
         tree_nodes,
         keep_speculating=False,
         system_prompt="",
+        repetition_penalty=1.0,
+        stop_strings="",
         index=None,
         request: gr.Request = None,
     ):
         """Regenerate with a temperature above 0: the control's, or SAMPLED_TEMPERATURE where it is at 0."""
         sampled = temperature if isinstance(temperature, (int, float)) and temperature > 0 else SAMPLED_TEMPERATURE
         settings = (proposer, k, sampled, top_p, top_k, max_new_tokens, seed, colour, tree_nodes, keep_speculating)
-        yield from self.regenerate(turns, editing, *settings, system_prompt, index, request=request)
+        last = (system_prompt, repetition_penalty, stop_strings, index)
+        yield from self.regenerate(turns, editing, *settings, *last, request=request)
 
     # ---- edit and resend -------------------------------------------------------------------------------------
     def edit(self, turns, editing, colour, index=None, request: gr.Request = None):

@@ -28,7 +28,9 @@ from .settings import (
     proposer_label,
     read_proposer,
     read_sampling,
+    read_saved,
     read_speculation,
+    read_stops,
     sampling_dict,
 )
 from .system_prompt import SystemPrompts, system_text
@@ -103,9 +105,10 @@ class Handlers:
         answer: AssistantTurn,
         sink=None,
         first_source: tuple[int, ...] = (),
+        stops: tuple[str, ...] = (),
     ):
         """Stream one answer into `answer`; yields (answer, status) as it changes. first_source: the token ids the
-        history proposers search first (the answer a Regenerate replaces)."""
+        history proposers search first (the answer a Regenerate replaces). stops: stop strings that end it."""
 
         def spec_for(session):
             name = read_proposer(choice.proposer, tuple(session.proposers))
@@ -115,7 +118,7 @@ class Handlers:
 
         cancel = threading.Event()
         try:
-            out = self.manager.answer(history, sampling, spec_for, cancel, sink, owner, first_source)
+            out = self.manager.answer(history, sampling, spec_for, cancel, sink, owner, first_source, stops)
         except Busy as exc:
             answer.streaming = False
             answer.finish_reason, answer.error = "error", str(exc)
@@ -176,18 +179,21 @@ class Handlers:
         tree_nodes,
         keep_speculating=False,
         system_prompt="",
+        repetition_penalty=1.0,
+        stop_strings="",
         request: gr.Request = None,
     ):
-        """Outputs: transcript, stats, status, events, message box, state. tree_nodes, keep_speculating and the
-        system prompt come last of the inputs, so a gradio_client caller written for the inputs before them may leave
-        them out (they get the controls' values)."""
+        """Outputs: transcript, stats, status, events, message box, state. tree_nodes, keep_speculating, the system
+        prompt, the repetition penalty and the stop strings come last of the inputs, so a gradio_client caller written
+        for the inputs before them may leave them out (they get the controls' values)."""
         owner = owner_of(request)
         state = list(turns or [])
         text = "" if message is None else str(message)
         try:
             if not text.strip():
                 raise ConfigError("the message is empty; type something to send")
-            sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed)
+            sampling = read_sampling(temperature, top_p, top_k, max_new_tokens, seed, repetition_penalty)
+            stops = read_stops(stop_strings)
             choice = read_speculation(proposer, k, tree_nodes, keep_speculating)
             self._check_pair_shown(owner, proposer)
             if self.manager.is_answering(owner):
@@ -198,9 +204,8 @@ class Handlers:
         system = system_text(system_prompt)
         history = history_of(turns_from_state(state), system) + [{"role": "user", "content": text}]
         question = UserTurn(text).to_state()
-        answer = AssistantTurn(
-            streaming=True, proposer=proposer, k=choice.k, sampling=sampling_dict(sampling), system=system
-        )
+        settings = sampling_dict(sampling, stops)
+        answer = AssistantTurn(streaming=True, proposer=proposer, k=choice.k, sampling=settings, system=system)
         # an edit in progress: this exchange is a new version of the edited message, the old one kept with its turns
         edit = self.edit_in_progress(owner, state)
         before, at = (state + list(edit["turns"]), edit["at"]) if edit else (state, len(state))
@@ -208,8 +213,8 @@ class Handlers:
         yield (transcript_html(turns, colour), stats_html(None), status_html("Thinking…"), gr.skip(), "", turns)
         sink = None
         if self.recorder is not None:
-            sink = self.recorder.sink(owner, text, sampling_dict(sampling), system=system, at=at if edit else None)
-        for _, status in self._run(owner, history, sampling, choice, answer, sink):  # fills `answer`
+            sink = self.recorder.sink(owner, text, settings, system=system, at=at if edit else None)
+        for _, status in self._run(owner, history, sampling, choice, answer, sink, stops=stops):  # fills `answer`
             if answer.finish_reason == "error" and not answer.tokens:
                 yield self._refused(answer.error, text, state, colour)  # nothing was said: message back, edit on
                 return
@@ -349,7 +354,7 @@ class Handlers:
             )
             return
         try:
-            sampling = read_sampling(**spec_answer.sampling)
+            sampling, stops = read_saved(spec_answer.sampling)
         except (ConfigError, KeyError, TypeError) as exc:
             yield NO_COMPARE, status_html(f"cannot repeat the last answer's settings: {exc}", "error")
             return
@@ -363,7 +368,7 @@ class Handlers:
         baseline = AssistantTurn(streaming=True)
         yield compare_running_html(0), status_html("Baseline: regenerating the last prompt with speculation off…")
         baseline_choice = Speculation("none", spec_answer.k or 1)
-        for _, status in self._run(owner_of(request), history, sampling, baseline_choice, baseline):
+        for _, status in self._run(owner_of(request), history, sampling, baseline_choice, baseline, stops=stops):
             if baseline.streaming:
                 yield (
                     compare_running_html(len(baseline.tokens)),

@@ -130,7 +130,7 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                 elem_id="ls-colour",
             )
             gr.HTML(legend_html(), js_on_load=None)
-            with gr.Accordion("Sampling (temperature, top-p, top-k, seed)", open=False):
+            with gr.Accordion("Sampling (temperature, top-p, top-k, seed, penalty, stop strings)", open=False):
                 temperature = CheckedSlider(
                     0.0,
                     TEMPERATURE_MAX,
@@ -150,6 +150,23 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
                         elem_classes="ls-compact",
                     )
                     seed = CheckedNumber(0, label="Seed", min_width=70, elem_id="ls-seed", elem_classes="ls-compact")
+                repetition = CheckedSlider(
+                    0.8,
+                    2.0,
+                    value=1.0,
+                    step=0.05,
+                    label="Repetition penalty",
+                    info="1 = off; above 1 makes the prompt's and the answer's tokens less likely (vLLM's)",
+                    elem_id="ls-repetition-penalty",
+                )
+                stop_strings = gr.Textbox(
+                    "",
+                    label="Stop strings",
+                    info="the answer ends where one appears (it is left out); comma- or newline-separated",
+                    lines=1,
+                    max_lines=4,
+                    elem_id="ls-stop-strings",
+                )
             with gr.Accordion("Events of the last answer (JSON)", open=False):
                 events = gr.JSON(None, elem_id="ls-events")
             gr.HTML(f'<div class="ls-policy">Long conversations: {TRUNCATION_POLICY}</div>', js_on_load=None)
@@ -168,9 +185,12 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             with gr.Sidebar(label="Conversations", position="left", open=True, width=300, elem_id="ls-sidebar"):
                 conversations_panel(store, recorder, manager, parts)
 
-        # tree_nodes and keep last: a gradio_client caller written for the inputs before them may leave them out (a
-        # raw HTTP call sends every input)
-        sampling_inputs = [proposer, k, temperature, top_p, top_k, max_new, seed, colour, tree_nodes, keep, system]
+        # tree_nodes and what follows last: a gradio_client caller written for the inputs before them may leave them
+        # out (a raw HTTP call sends every input)
+        sampling_inputs = [
+            *(proposer, k, temperature, top_p, top_k, max_new, seed, colour, tree_nodes, keep, system),
+            *(repetition, stop_strings),
+        ]
         send_outputs = [transcript, stats, status, events, message, turns]
         sent = gr.on(
             [send.click, message.submit],

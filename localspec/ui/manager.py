@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 from localspec.config import ConfigError, PairSpec, SamplingParams, SpecConfig, require_proposer
@@ -22,6 +22,7 @@ from localspec.server.admission import Admission, QueueFull
 
 from .loadbar import LoadProgress
 from .render import token_record
+from .stopping import StoppedRecords
 
 Progress = Callable[[str], None]
 SessionFactory = Callable[[PairSpec, Progress], object]  # (pair, progress) -> ChatSession
@@ -232,13 +233,14 @@ class ModelManager:
         sink: Optional[Sink] = None,
         owner: str = "",
         first_source: tuple[int, ...] = (),
+        stops: tuple[str, ...] = (),
     ) -> queue.Queue[Message]:
         """Start one answer in a worker thread; read its Messages from the returned queue until 'done'.
 
         spec is called with the session that will answer (so a proposer is checked against the pair in use).
         sink, when given, sees every message in the worker thread, so an answer is saved even when the browser tab
         that asked for it is gone. first_source: token ids the history proposers search first (the answer a
-        Regenerate replaces).
+        Regenerate replaces). stops: stop strings that end the answer where one appears (ui/stopping.py).
         """
         out = _Out(sink)
         with self._count_lock:
@@ -249,7 +251,9 @@ class ModelManager:
                 self._busy_owners.add(owner)
                 self._cancels[owner] = cancel  # Stop in that window sets it
         self._lock.workers.start(
-            lambda: self._work(messages, sampling, spec, cancel, out, owner, first_source), cancel, "localspec-answer"
+            lambda: self._work(messages, sampling, spec, cancel, out, owner, first_source, stops),
+            cancel,
+            "localspec-answer",
         )
         return out.queue
 
@@ -258,7 +262,7 @@ class ModelManager:
         ended in time. For a process that is ending."""
         return self._lock.workers.stop()
 
-    def _work(self, messages, sampling, spec_for, cancel, out, owner="", first_source=()) -> None:
+    def _work(self, messages, sampling, spec_for, cancel, out, owner="", first_source=(), stops=()) -> None:
         try:
             try:
                 ticket = self._lock.enter("chat")
@@ -268,7 +272,7 @@ class ModelManager:
             try:
                 early = self._prompt_then_wait(ticket, messages, sampling, cancel, out)
                 if early is not None:
-                    self._answer_locked(messages, sampling, spec_for, cancel, out, early, first_source)
+                    self._answer_locked(messages, sampling, spec_for, cancel, out, early, first_source, stops)
             finally:
                 self._lock.leave(ticket)
         finally:
@@ -315,9 +319,9 @@ class ModelManager:
         except Exception as exc:
             return exc
 
-    def _answer_locked(self, messages, sampling, spec_for, cancel, out, early, first_source=()) -> None:
+    def _answer_locked(self, messages, sampling, spec_for, cancel, out, early, first_source=(), stops=()) -> None:
         """Answer with the engine held. `early`: (session, prompt) built before the wait (_prompt_then_wait), the
-        session still loaded. first_source: see answer()."""
+        session still loaded. first_source, stops: see answer()."""
         session, prompt = early
         if session is None:
             out.put(Message("error", text=self.load_error or "no model is loaded; choose a model pair"))
@@ -332,11 +336,18 @@ class ModelManager:
             if notice:
                 out.put(Message("notice", text=notice))
             decode = session.tokenizer.decode
-            for event in session.stream_ids(ids, sampling, spec, cancel, first_source):
-                records = tuple(token_record(tok, decode) for tok in event.tokens)
+            shown = StoppedRecords(stops)
+            events = session.stream_ids(ids, sampling, spec, cancel, first_source)
+            for event in events:
+                records = shown.add([token_record(tok, decode) for tok in event.tokens], event.finished)
                 if self.observer is not None:
                     self.observer(event, self.name or "", len(ids))
+                if shown.stopped:  # a stop string: the answer ends here, and the engine is let go
+                    event = replace(event, finished=True, finish_reason="stop")
                 out.put(Message("event", event=event, records=records))
+                if shown.stopped:
+                    events.close()
+                    break
         except ConfigError as exc:
             out.put(Message("error", text=str(exc)))
         except Exception as exc:  # the app stays up; the user sees what went wrong

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig, check_tree_nodes
+from localspec.structured.stops import check_stops, parse_stops
 
 PROPOSER_LABELS = {
     "draft": "draft model",
@@ -65,7 +66,9 @@ def whole(value: Any, name: str) -> int:
     return number
 
 
-def read_sampling(temperature: Any, top_p: Any, top_k: Any, max_new_tokens: Any, seed: Any) -> SamplingParams:
+def read_sampling(
+    temperature: Any, top_p: Any, top_k: Any, max_new_tokens: Any, seed: Any, repetition_penalty: Any = 1.0
+) -> SamplingParams:
     """Control values → SamplingParams, checked by SamplingParams.validate (the limits the CLI and API share).
     Raises ConfigError with a message for the user on any bad value."""
     return SamplingParams(
@@ -74,7 +77,26 @@ def read_sampling(temperature: Any, top_p: Any, top_k: Any, max_new_tokens: Any,
         top_k=_exact(top_k, "top-k"),
         max_new_tokens=_exact(max_new_tokens, "max new tokens"),
         seed=_exact(seed, "seed"),
+        repetition_penalty=_number(repetition_penalty, "repetition penalty"),
     ).validate()
+
+
+def read_stops(text: Any) -> tuple[str, ...]:
+    """The "Stop strings" box → stop strings (structured/stops.py), within the API's limits."""
+    if text is None:
+        return ()
+    if not isinstance(text, str):
+        raise ConfigError(f"stop strings must be text (got {type(text).__name__})")
+    return check_stops(parse_stops(text), "the stop strings box")
+
+
+def read_saved(settings: dict) -> tuple[SamplingParams, tuple[str, ...]]:
+    """An answer's saved settings (sampling_dict) → its SamplingParams and stop strings, checked as the controls'."""
+    values = dict(settings)
+    stops = values.pop("stop", None) or ()
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+        raise ConfigError("the saved stop strings are not a list of text")
+    return read_sampling(**values), tuple(stops)
 
 
 def read_k(k: Any) -> int:
@@ -112,14 +134,17 @@ def read_proposer(proposer: Any, available: tuple[str, ...]) -> str:
     return name
 
 
-def sampling_dict(sampling: SamplingParams) -> dict:
-    return {
+def sampling_dict(sampling: SamplingParams, stops: tuple[str, ...] = ()) -> dict:
+    """What an answer saves of its settings, for Compare to repeat them (read_saved reads it back)."""
+    saved = {
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
         "max_new_tokens": sampling.max_new_tokens,
         "seed": sampling.seed,
+        "repetition_penalty": sampling.repetition_penalty,
     }
+    return {**saved, "stop": list(stops)} if stops else saved
 
 
 def proposer_choices(available: tuple[str, ...]) -> list[tuple[str, str]]:
