@@ -85,10 +85,31 @@ def test_the_json_schema_task_end_to_end_on_the_tiny_pair(tiny_pair, tmp_path):
     assert any(n.startswith("hf skipped") and "JSON-schema" in n for n in data["notes"])
     rows = data["summary"]["rows"]
     for label in ("none", "ngram K=3", "draft K=3"):
-        assert rows[label]["all"]["schema_answers"] == 2 and rows[label]["all"]["schema_valid"] == 2
+        row = rows[label]["all"]
+        assert row["schema_answers"] == 2 and row["schema_valid"] == 2 and row["schema_cut"] == 0
     assert rows["draft K=3"]["all"]["same_as_none"] == 2 and rows["ngram K=3"]["all"]["same_as_none"] == 2
     assert rows["draft K=3"]["all"]["accepted"] > 0  # at least the forced tokens are drafted and kept
     for prompt in data["prompts"]:
         assert all(result["schema_valid"] is True for result in prompt["results"].values())
     table = (out / "results.md").read_text()
-    assert "## JSON-schema task" in table and "| none | cities |" in table and "100% (2/2)" in table
+    assert "## JSON-schema task" in table and "| none | cities |" in table and "100% (2/2) | 0 |" in table
+
+
+@pytest.mark.parametrize(
+    "ids, valid",
+    [([1, 9], True), ([2, 9], False), ([1], None)],  # complete and valid, complete and invalid, cut short
+    ids=["valid", "invalid", "cut"],
+)
+def test_a_complete_answer_is_checked_and_a_cut_one_counted_apart(monkeypatch, ids, valid):
+    from types import SimpleNamespace
+
+    from localspec.bench import runner
+    from localspec.bench.modes import Mode, RunResult
+    from localspec.bench.prompts import BenchPrompt
+
+    texts = {1: '{"name": "Rome", "rank": 3, "tags": [], "capital": true}', 2: '{"name": "Oslo"}', 9: ""}
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: "".join(texts[i] for i in ids))
+    session = SimpleNamespace(engine=SimpleNamespace(stop_token_ids=frozenset({9})), tokenizer=tokenizer)
+    monkeypatch.setattr(runner, "run_mode", lambda *args: RunResult(list(ids), 1.0, 1.0))
+    record = runner.PromptRecord(BenchPrompt("t/0", "t", (), schema=CITY), [0])
+    assert record.answer(session, Mode("none"), 8).schema_valid is valid

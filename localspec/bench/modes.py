@@ -66,7 +66,7 @@ class RunResult:
     k_per_step: list[int] = field(default_factory=list)  # adaptive: the K asked for at each step (0 = plain)
     # the llama.cpp modes: llama.cpp's own timings of the answer (llama_server.Completion.timings)
     peer_timings: dict | None = None
-    schema_valid: bool | None = None  # a JSON-schema task: whether the answer is valid against its schema
+    schema_valid: bool | None = None  # a JSON-schema task's complete answer: valid against its schema (None: cut)
 
 
 def available_modes(session) -> dict[str, str | None]:
@@ -177,13 +177,13 @@ def for_prompts(modes: list[Mode], prompts) -> tuple[list[Mode], list[str]]:
 def run_mode(
     session, mode: Mode, prompt_ids: list[int], max_new_tokens: int, constraint: Constraint | None = None
 ) -> RunResult:
-    if constraint is not None:
+    if mode.name in ENGINE_MODES:
         return run_engine(session, mode, prompt_ids, max_new_tokens, constraint)
+    if constraint is not None:
+        raise ConfigError(f"{mode.label} cannot answer a JSON-schema task (for_prompts leaves it out)")
     if mode.name in HF_MODES:
         return run_hf(session, mode, prompt_ids, max_new_tokens)
-    if mode.name in LLAMA_MODES:
-        return run_llama_cpp(session, mode, prompt_ids, max_new_tokens)
-    return run_engine(session, mode, prompt_ids, max_new_tokens)
+    return run_llama_cpp(session, mode, prompt_ids, max_new_tokens)
 
 
 _FLOAT32_COPIES: dict[int, torch.nn.Module] = {}  # id(loaded target) → the same weights loaded in float32

@@ -100,10 +100,11 @@ def summarize(run: BenchRun) -> dict:
                 row["exactly_hf"] = sum(
                     r.results[mode.label].token_ids == r.results[hf_label].token_ids for r in records
                 )
-            checked = [r.results[mode.label] for r in records if r.prompt.schema is not None]
-            if checked:  # the JSON-schema task: answers valid against their schema
-                row["schema_answers"] = len(checked)
-                row["schema_valid"] = sum(bool(x.schema_valid) for x in checked)
+            tasks = [r.results[mode.label] for r in records if r.prompt.schema is not None]
+            if tasks:  # the JSON-schema task: complete answers valid against their schema, answers cut short
+                row["schema_answers"] = sum(x.schema_valid is not None for x in tasks)
+                row["schema_valid"] = sum(x.schema_valid is True for x in tasks)
+                row["schema_cut"] = len(tasks) - row["schema_answers"]
             if none_label is not None and mode.label != none_label:
                 row["same_as_none"] = sum(
                     r.results[mode.label].token_ids == r.results[none_label].token_ids for r in records
@@ -272,18 +273,19 @@ def schema_markdown(data: dict) -> list[str]:
         "## JSON-schema task",
         "",
         "Each answer constrained to its schema (llguidance's token mask on the target; the grammar's forced tokens "
-        "drafted first), then checked against the schema by a separate checker (bench/schema_check.py).",
+        "drafted first); each complete answer checked against its schema by a separate checker "
+        "(bench/schema_check.py), an answer cut by the max new tokens counted apart (it is not complete JSON).",
         "",
-        "| mode | prompts | tok/s | × none | acceptance | mean acc. len | valid | same as none |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| mode | prompts | tok/s | × none | acceptance | mean acc. len | valid | cut by max tokens | same as none |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, category, row in rows:
         same_none = f"{row['same_as_none']}/{row['prompts']}" if "same_as_none" in row else "–"
         lines.append(
             f"| {label} | {category} | {row['tokens_per_s']:.1f} | {_fmt(row['speedup_vs_none'], '.2f', '×')} | "
             f"{_fmt(row.get('acceptance_rate'), '.0%')} | {_fmt(row.get('mean_acceptance_length'))} | "
-            f"{row['schema_valid'] / row['schema_answers']:.0%} ({row['schema_valid']}/{row['schema_answers']}) | "
-            f"{same_none} |"
+            f"{_fmt(row['schema_valid'] / row['schema_answers'] if row['schema_answers'] else None, '.0%')} "
+            f"({row['schema_valid']}/{row['schema_answers']}) | {row['schema_cut']} | {same_none} |"
         )
     return lines + [""]
 

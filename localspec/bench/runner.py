@@ -58,10 +58,12 @@ class PromptRecord:
     constraint: Optional[Constraint] = None  # a JSON-schema task's grammar (prompt.schema)
 
     def answer(self, session, mode: Mode, max_new_tokens: int) -> RunResult:
-        """One mode's answer; a JSON-schema task's answer is checked against its schema (schema_check.py)."""
+        """One mode's answer; a JSON-schema task's complete answer (one that ended on a stop token, not cut by
+        max_new_tokens) is checked against its schema (schema_check.py)."""
         result = run_mode(session, mode, self.prompt_ids, max_new_tokens, self.constraint)
-        if self.prompt.schema is not None:
-            text = session.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        ids = result.token_ids
+        if self.prompt.schema is not None and ids and ids[-1] in session.engine.stop_token_ids:
+            text = session.tokenizer.decode(ids, skip_special_tokens=True)
             result.schema_valid = is_valid(text, self.prompt.schema)
         return result
 
