@@ -153,6 +153,17 @@ class ChatSession:
             return LookupFirstProposer(NgramProposer(min_n, spec.ngram_max), head)
         raise ConfigError(f"unknown proposer {spec.proposer!r}")
 
+    def answer_parts(
+        self, spec: SpecConfig, first_source: list[int] | tuple[int, ...] = (), constraint: Optional[Constraint] = None
+    ) -> tuple[Optional[Proposer], tuple]:
+        """(proposer, target processors) of one answer: with a constraint, its grammar's mask on the target and its
+        forced tokens drafted first, the entry's proposer drafting the free parts (the API and the bench alike)."""
+        processors = (self.grammars.processor(constraint),) if constraint is not None else ()
+        proposer = self.make_proposer(spec, first_source)
+        if processors and proposer is not None:
+            proposer = LookupFirstProposer(GrammarForcedProposer(processors[0]), proposer)
+        return proposer, processors
+
     def answer_spec(self, spec: SpecConfig) -> SpecConfig:
         """spec as the engine runs it: tree_nodes 0 where the answer drafts chains of K (engine/policy.py's
         drafts_trees: a proposer that drafts trees and a target that verifies them)."""
@@ -326,10 +337,7 @@ class ChatSession:
     ) -> Iterator[StepEvent]:
         """first_source: what the history proposers search first (see make_proposer). constraint: a grammar the
         answer follows (structured/grammar.py), applied to the target's distribution at every position."""
-        processors = (self.grammars.processor(constraint),) if constraint is not None else ()
-        proposer = self.make_proposer(spec, first_source)
-        if processors and proposer is not None:  # the grammar's forced tokens first, the entry's proposer otherwise
-            proposer = LookupFirstProposer(GrammarForcedProposer(processors[0]), proposer)
+        proposer, processors = self.answer_parts(spec, first_source, constraint)
         detok = IncrementalDetokenizer(self.tokenizer)
         for event in self.engine.generate(ids, sampling, spec, proposer, cancel, processors):
             tokens = tuple(replace(tok, text=detok.push(tok.token_id)) for tok in event.tokens)

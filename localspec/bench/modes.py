@@ -10,6 +10,7 @@ import torch
 
 from localspec.config import K_MAX, K_MIN, ConfigError, SamplingParams, SpecConfig, check_tree_nodes, k_error
 from localspec.engine.metrics import StatsSnapshot
+from localspec.structured.grammar import Constraint
 
 from .llama_cpp import LLAMA_MODES
 
@@ -65,6 +66,7 @@ class RunResult:
     k_per_step: list[int] = field(default_factory=list)  # adaptive: the K asked for at each step (0 = plain)
     # the llama.cpp modes: llama.cpp's own timings of the answer (llama_server.Completion.timings)
     peer_timings: dict | None = None
+    schema_valid: bool | None = None  # a JSON-schema task's complete answer: valid against its schema (None: cut)
 
 
 def available_modes(session) -> dict[str, str | None]:
@@ -159,12 +161,29 @@ def parse_modes(
     return modes, notes
 
 
-def run_mode(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
+def for_prompts(modes: list[Mode], prompts) -> tuple[list[Mode], list[str]]:
+    """The modes that can answer these prompts, and a note per mode left out: a JSON-schema task is answered under
+    its grammar, which only our engine applies (Hugging Face's generate() and llama.cpp's modes here do not)."""
+    if not any(p.schema is not None for p in prompts):
+        return modes, []
+    kept = [m for m in modes if m.name in ENGINE_MODES]
+    why = "the JSON-schema task is constrained decoding, ours only"
+    notes = [f"{m.label} skipped: {why}" for m in modes if m not in kept]
+    if not kept:
+        raise ConfigError("the JSON-schema task runs on our engine's modes only (none, ngram, draft, head, ...)")
+    return kept, notes
+
+
+def run_mode(
+    session, mode: Mode, prompt_ids: list[int], max_new_tokens: int, constraint: Constraint | None = None
+) -> RunResult:
+    if mode.name in ENGINE_MODES:
+        return run_engine(session, mode, prompt_ids, max_new_tokens, constraint)
+    if constraint is not None:
+        raise ConfigError(f"{mode.label} cannot answer a JSON-schema task (for_prompts leaves it out)")
     if mode.name in HF_MODES:
         return run_hf(session, mode, prompt_ids, max_new_tokens)
-    if mode.name in LLAMA_MODES:
-        return run_llama_cpp(session, mode, prompt_ids, max_new_tokens)
-    return run_engine(session, mode, prompt_ids, max_new_tokens)
+    return run_llama_cpp(session, mode, prompt_ids, max_new_tokens)
 
 
 _FLOAT32_COPIES: dict[int, torch.nn.Module] = {}  # id(loaded target) → the same weights loaded in float32
@@ -231,16 +250,20 @@ def engine_spec(session, mode: Mode) -> SpecConfig:
     return session.default_spec(proposer=mode.name, k=mode.k or session.loaded.spec.k, adaptive=False, tree_nodes=0)
 
 
-def run_engine(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
-    """Our engine through the same loop for every proposer; none = plain decoding."""
+def run_engine(
+    session, mode: Mode, prompt_ids: list[int], max_new_tokens: int, constraint: Constraint | None = None
+) -> RunResult:
+    """Our engine through the same loop for every proposer; none = plain decoding. With a constraint: its grammar
+    masks the target and drafts its forced tokens first, as in an API answer (chat.answer_parts); none is then plain
+    constrained decoding. The grammar's setup counts in the time, as it does for a user."""
     sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     spec = engine_spec(session, mode)
-    proposer = session.make_proposer(spec)
     token_ids: list[int] = []
     ks: list[int] = []
     last = None
     started, cpu_started = time.perf_counter(), time.process_time()
-    for event in session.engine.generate(prompt_ids, sampling, spec, proposer):
+    proposer, processors = session.answer_parts(spec, constraint=constraint)
+    for event in session.engine.generate(prompt_ids, sampling, spec, proposer, processors=processors):
         token_ids.extend(token.token_id for token in event.tokens)
         ks.append(event.stats.k)
         last = event

@@ -1,4 +1,5 @@
-"""Benchmark prompts: MT-Bench first turns and HumanEval function stubs (../shared/data), or the user's own files."""
+"""Benchmark prompts: MT-Bench first turns and HumanEval function stubs (../shared/data), the JSON-schema task
+(data/json_schema.jsonl, shipped: `--prompts json-schema`), or the user's own files."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from localspec.config import ConfigError, Environment
 
 MT_BENCH_FILE = "mt_bench_question.jsonl"
 HUMANEVAL_FILE = "HumanEval.jsonl.gz"
+BUILTIN_SETS = {"json-schema": Path(__file__).with_name("data") / "json_schema.jsonl"}  # a --prompts name → its file
 CODE_INSTRUCTION = "Complete this Python function. Reply with the whole function in one code block.\n\n"
 
 
@@ -22,6 +24,7 @@ class BenchPrompt:
     category: str  # 'mt-bench' | 'humaneval' | the stem of a --prompts file
     messages: tuple[dict, ...]
     subcategory: str = ""  # MT-Bench's own category (writing, coding, …) when known
+    schema: dict | None = None  # a JSON-schema task: the answer is constrained to it, then checked against it
 
 
 def default_data_dir() -> Path:
@@ -99,8 +102,9 @@ def load_humaneval(path: Path, limit: int | None = None) -> list[BenchPrompt]:
 
 
 def load_prompt_file(path: Path, limit: int | None = None) -> list[BenchPrompt]:
-    """A .jsonl(.gz) with one of turns / prompt / text / messages per line, or a .txt with one prompt per line."""
-    path = Path(path)
+    """A .jsonl(.gz) with one of turns / prompt / text / messages per line (and optionally a JSON schema the answer
+    follows, "schema"), or a .txt with one prompt per line; or the name of a shipped set (BUILTIN_SETS)."""
+    path = BUILTIN_SETS.get(str(path), Path(path))
     if not path.exists():
         raise ConfigError(f"prompt file {path} not found")
     name = path.name.split(".")[0]
@@ -124,10 +128,28 @@ def load_prompt_file(path: Path, limit: int | None = None) -> list[BenchPrompt]:
             messages = ({"role": "user", "content": text},)
         prompts.append(
             BenchPrompt(
-                f"{name}/{row.get('id', row.get('question_id', i))}", name, messages, str(row.get("category", ""))
+                f"{name}/{row.get('id', row.get('question_id', i))}",
+                name,
+                messages,
+                str(row.get("category", "")),
+                _schema(row.get("schema"), f"{path}: entry {i + 1}'s schema"),
             )
         )
     return _spread(prompts, limit)
+
+
+def _schema(value, where: str) -> dict | None:
+    """A task's schema, checked by both readers: llguidance (it can constrain to it) and schema_check (the bench
+    can check the answers against it)."""
+    if value is None:
+        return None
+    from localspec.structured.grammar import json_schema_constraint
+
+    from .schema_check import check_supported
+
+    check_supported(value, where)
+    json_schema_constraint(value, where)
+    return value
 
 
 def is_held_out(prompt: BenchPrompt) -> bool:

@@ -100,6 +100,11 @@ def summarize(run: BenchRun) -> dict:
                 row["exactly_hf"] = sum(
                     r.results[mode.label].token_ids == r.results[hf_label].token_ids for r in records
                 )
+            tasks = [r.results[mode.label] for r in records if r.prompt.schema is not None]
+            if tasks:  # the JSON-schema task: complete answers valid against their schema, answers cut short
+                row["schema_answers"] = sum(x.schema_valid is not None for x in tasks)
+                row["schema_valid"] = sum(x.schema_valid is True for x in tasks)
+                row["schema_cut"] = len(tasks) - row["schema_answers"]
             if none_label is not None and mode.label != none_label:
                 row["same_as_none"] = sum(
                     r.results[mode.label].token_ids == r.results[none_label].token_ids for r in records
@@ -227,6 +232,7 @@ def to_json(run: BenchRun, summary: dict) -> dict:
                         "target_forwards": x.stats.target_forwards if x.stats else None,
                         "token_ids": x.token_ids,
                         "llama_timings": x.peer_timings,
+                        "schema_valid": x.schema_valid,
                     }
                     for label, x in r.results.items()
                 },
@@ -249,6 +255,39 @@ def same_as_hf_note(data: dict) -> str:
         )
     short = guarantee.get("short", guarantee["greedy"])
     return f"Guarantee on this path, greedy {short}: {guarantee['text']}."
+
+
+def schema_markdown(data: dict) -> list[str]:
+    """The JSON-schema task's rows: speed under the grammar and the share of answers valid against their schema."""
+    summary = data["summary"]
+    categories = [c for c in summary["categories"] if c != ALL]
+    rows = [
+        (mode["label"], category, summary["rows"][mode["label"]][category])
+        for category in categories
+        for mode in data["modes"]
+        if "schema_answers" in summary["rows"][mode["label"]][category]
+    ]
+    if not rows:
+        return []
+    lines = [
+        "## JSON-schema task",
+        "",
+        "Each answer constrained to its schema (llguidance's token mask on the target; the grammar's forced tokens "
+        "drafted first); each complete answer checked against its schema by a separate checker "
+        "(bench/schema_check.py), an answer cut by the max new tokens counted apart (it is not complete JSON).",
+        "",
+        "| mode | prompts | tok/s | × none | acceptance | mean acc. len | valid | cut by max tokens | same as none |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, category, row in rows:
+        same_none = f"{row['same_as_none']}/{row['prompts']}" if "same_as_none" in row else "–"
+        lines.append(
+            f"| {label} | {category} | {row['tokens_per_s']:.1f} | {_fmt(row['speedup_vs_none'], '.2f', '×')} | "
+            f"{_fmt(row.get('acceptance_rate'), '.0%')} | {_fmt(row.get('mean_acceptance_length'))} | "
+            f"{_fmt(row['schema_valid'] / row['schema_answers'] if row['schema_answers'] else None, '.0%')} "
+            f"({row['schema_valid']}/{row['schema_answers']}) | {row['schema_cut']} | {same_none} |"
+        )
+    return lines + [""]
 
 
 def to_markdown(data: dict) -> str:
@@ -339,6 +378,7 @@ def to_markdown(data: dict) -> str:
         "of speculation: bitwise identical where the path's guarantee says so.",
         "",
     ]
+    lines += schema_markdown(data)
     if summary["k_sweep"]:
         lines += ["## K sweep (tokens/s)", ""]
         for name, sweep in summary["k_sweep"].items():

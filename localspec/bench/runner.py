@@ -17,11 +17,13 @@ from typing import Optional
 
 import torch
 
+from localspec.structured.grammar import Constraint, json_schema_constraint
 from localspec.verify.guarantee import guarantee_for_model
 
 from .llama_cpp import LLAMA_MODES, llama_bench_line, stop_servers
 from .modes import Mode, RunResult, run_mode
 from .prompts import BenchPrompt
+from .schema_check import is_valid
 
 WARMUP_TOKENS = 32
 # Warm-up prompts: never timed, in no prompt set. Their lengths differ (a short question, a code stub, a pasted
@@ -53,6 +55,17 @@ class PromptRecord:
     prompt: BenchPrompt
     prompt_ids: list[int]  # chat-templated
     results: dict[str, RunResult] = field(default_factory=dict)  # mode label → result
+    constraint: Optional[Constraint] = None  # a JSON-schema task's grammar (prompt.schema)
+
+    def answer(self, session, mode: Mode, max_new_tokens: int) -> RunResult:
+        """One mode's answer; a JSON-schema task's complete answer (one that ended on a stop token, not cut by
+        max_new_tokens) is checked against its schema (schema_check.py)."""
+        result = run_mode(session, mode, self.prompt_ids, max_new_tokens, self.constraint)
+        ids = result.token_ids
+        if self.prompt.schema is not None and ids and ids[-1] in session.engine.stop_token_ids:
+            text = session.tokenizer.decode(ids, skip_special_tokens=True)
+            result.schema_valid = is_valid(text, self.prompt.schema)
+        return result
 
 
 @dataclass
@@ -139,7 +152,11 @@ def run_bench(
     encoded = []
     for prompt in prompts:
         ids, _notice = session.prompt_ids(list(prompt.messages), max_new_tokens)
-        encoded.append(PromptRecord(prompt, ids))
+        schema = prompt.schema
+        constraint = json_schema_constraint(schema, prompt.prompt_id) if schema is not None else None
+        encoded.append(PromptRecord(prompt, ids, constraint=constraint))
+    if any(r.constraint is not None for r in encoded):
+        session.grammars.get()  # the tokenizer's grammar form, made once per model: not in the first answer's time
     # Each mode keeps its own adaptive controllers, started from the state a user's first answer meets (the costs
     # timed at load, nothing learnt yet), so no mode starts a prompt with another mode's acceptance on it.
     engine = session.engine
@@ -159,7 +176,7 @@ def run_bench(
             shift = index % len(modes)
             for mode in modes[shift:] + modes[:shift]:
                 engine.controllers = per_mode[mode.label]
-                result = run_mode(session, mode, record.prompt_ids, max_new_tokens)
+                result = record.answer(session, mode, max_new_tokens)
                 record.results[mode.label] = result
                 if on_result is not None:
                     on_result(record, mode, result)

@@ -46,8 +46,9 @@ def add_parser(sub) -> None:
         nargs="+",
         default=None,
         metavar="FILE",
-        help="prompt files (.jsonl[.gz] with turns/prompt/text/messages, or .txt one per line); "
-        "default: MT-Bench first turns and HumanEval from ../shared/data",
+        help="prompt files (.jsonl[.gz] with turns/prompt/text/messages and optionally a JSON schema per line, or "
+        ".txt one per line), or json-schema (the shipped JSON-schema task: constrained answers, each checked "
+        "against its schema); default: MT-Bench first turns and HumanEval from ../shared/data",
     )
     parser.add_argument(
         "--held-out",
@@ -124,6 +125,7 @@ def run(args) -> int:
         return TOOLS[args.bench_command].run(args)
     from localspec.bench import load_prompts, parse_modes
     from localspec.bench.load import background_load, check_load
+    from localspec.bench.modes import for_prompts
 
     from .common import load_session
 
@@ -147,6 +149,8 @@ def run(args) -> int:
     modes, notes = parse_modes(
         args.modes, ks, session, args.adaptive_max_k, args.hf_k, args.adaptive_proposers, args.tree_nodes
     )
+    modes, skipped = for_prompts(modes, prompts)
+    notes = notes + skipped
     for note in notes:
         print(f"localspec bench: {note}", file=sys.stderr)
     print(

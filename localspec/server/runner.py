@@ -10,6 +10,7 @@ from typing import Optional, Protocol
 
 from localspec.chat import PromptTooLong
 from localspec.config import ConfigError, PairSpec
+from localspec.models.fim import fim_prompt_ids
 from localspec.structured.tools import generic_messages, native_messages, template_uses_tools
 
 from .admission import Admission
@@ -164,6 +165,11 @@ class Job:
                     "messages",
                     code="context_length_exceeded",
                 ) from None
+        elif request.suffix:
+            try:
+                ids = fim_prompt_ids(session.tokenizer, request.prompt, request.suffix)
+            except ConfigError as exc:
+                raise APIError(str(exc), "suffix") from None
         else:
             ids = list(session.tokenizer.encode(request.prompt))
         self.prompt_tokens = len(ids)

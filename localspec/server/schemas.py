@@ -32,7 +32,6 @@ NEUTRAL = {
     "logit_bias": (None, {}),
     "echo": (False, None),
     "best_of": (1, None),
-    "suffix": (None,),
 }
 # the penalties' request fields (null: neutral) and the words SamplingParams.validate names them with
 PENALTIES = {
@@ -81,6 +80,7 @@ class GenerationRequest:
     sampling: SamplingParams
     messages: tuple = ()  # chat: ({'role', 'content'}, …)
     prompt: str = ""  # completions
+    suffix: str = ""  # completions: the text after the gap to fill in (models/fim.py); "" continues the prompt
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
@@ -425,6 +425,8 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
             raise APIError(
                 "tool_choice required (or a named function) and response_format cannot be combined", "response_format"
             )
+        if body.get("suffix") not in (None, ""):
+            raise APIError("suffix (fill in the middle) is for /v1/completions", "suffix")
         return replace(request, messages=_messages(body.get("messages")), tools=tools, constraint=constraint or forced)
     for name, neutral in (("tools", (None, [])), ("tool_choice", (None, "none", "auto"))):
         if body.get(name) not in neutral:
@@ -441,4 +443,17 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
         prompt = clean_text(prompt, "prompt")
     except ConfigError as exc:
         raise APIError(str(exc), "prompt") from None
-    return replace(request, prompt=prompt)
+    return replace(request, prompt=prompt, suffix=_suffix(body.get("suffix")))
+
+
+def _suffix(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise APIError("suffix must be a string (the text after the gap to fill in)", "suffix")
+    if len(value) > MAX_MESSAGE_CHARS:
+        raise APIError(f"suffix has {len(value)} characters; the limit is {MAX_MESSAGE_CHARS}", "suffix")
+    try:
+        return clean_text(value, "suffix")
+    except ConfigError as exc:
+        raise APIError(str(exc), "suffix") from None
