@@ -179,19 +179,20 @@ def test_quant_auto_takes_kernel_types_by_itself_and_names_the_linears_without_o
     assert none.quant == "none" and "no kernel for MXFP4" in none.reason and "blk.0.attn_q.weight" in none.reason
 
 
-# the mixes llama.cpp's quantizer writes at 1–8B shapes (attn_v and ffn_down one step up), and Q5_1 alone
-MIXES = {
-    "Q4_K_M": ("Q4_K", "Q6_K"),
-    "Q5_K_M": ("Q5_K", "Q6_K"),
-    "Q5_1": ("Q5_1", "Q5_1"),
+# a file holding every new type: layer 0 as a Q4_K_M file stores it (attn_v and ffn_down one step up, in Q6_K), layer
+# 1 as a Q5_K_M one with a Q5_1 attn_v (as the 576-wide embedded model's "Q4_K_M" file holds)
+MIXED = {
+    **{f"blk.0.{name}.weight": "Q4_K" for name in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up")},
+    **{f"blk.{i}.{name}.weight": "Q6_K" for i in (0, 1) for name in ("attn_v", "ffn_down")},
+    "blk.1.attn_v.weight": "Q5_1",
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mix", MIXES)
-def test_a_tiny_k_quant_models_tensors_run_on_their_kernels_and_speculation_is_plain_decoding(mix, library, tmp_path):
-    """A tiny llama GGUF in each mix loads by itself (quant auto) with every linear on its type's kernel; every row
-    of its chain verify forwards is bitwise plain decoding's, and greedy n-gram speculation emits plain's tokens."""
+def test_a_tiny_k_quant_models_tensors_run_on_their_kernels_and_speculation_is_plain_decoding(library, tmp_path):
+    """A tiny llama GGUF of Q4_K, Q5_K, Q6_K and Q5_1 linears loads by itself (quant auto) with every linear on its
+    type's kernel; every row of its chain verify forwards is bitwise plain decoding's, and greedy n-gram speculation
+    emits plain decoding's tokens."""
     from pathlib import Path
 
     from localspec.config import SamplingParams, SpecConfig
@@ -206,17 +207,14 @@ def test_a_tiny_k_quant_models_tensors_run_on_their_kernels_and_speculation_is_p
     from .gguf_files import write_gguf
     from .test_lean_llama import unequal_chain_rows
 
-    main, up = MIXES[mix]
-    layers = 2
-    stepped = {f"blk.{i}.{name}.weight": up for i in range(layers) for name in ("attn_v", "ffn_down")}
-    path = write_gguf(tmp_path / f"tiny-{mix}.gguf", layers=layers, hidden=256, linear_type=main, tensor_types=stepped)
+    path = write_gguf(tmp_path / "tiny-k.gguf", layers=2, hidden=256, linear_type="Q5_K", tensor_types=MIXED)
     pair = parse_pair(file_entry(path), 0, Path.cwd())
     loaded = load_pair(pair, device="cpu", load_draft=False, exact="off")
     assert loaded.quant == "gguf"  # no flag: the file's blocks on the kernels
     plan = plan_forward(loaded.target, exact=True)
-    types = dict(plan.tensor_types)
-    assert {kind: types[kind].value for kind in (main, up)} == {main: KERNEL[main], up: KERNEL[up]}
-    assert all(choice.value in ("q4f", "q8k") for _, choice in plan.linears)  # every linear of every layer
+    kinds = ("Q4_K", "Q5_K", "Q6_K", "Q5_1")
+    assert {kind: choice.value for kind, choice in plan.tensor_types} == {kind: KERNEL[kind] for kind in kinds}
+    assert {choice.value for _, choice in plan.linears} <= {"q4f", "q8k", "q4f+q8k", "q8k+q4f"}  # no linear dense
     assert plan.setup_id == "exact-kernels" and plan.layer_kernel.value == "off"  # the layer kernel reads q4 only
     target = loaded.target
     assert unequal_chain_rows(target, exact_setup_for(target)) == 0
