@@ -138,19 +138,18 @@ def q8_reference_and_bound(
     return xs @ weight.T, (group + 2 * (k // group) + 2) * FLOAT32_EPS * (xs.abs() @ magnitude.T)
 
 
-def _rows_problem(call, x: torch.Tensor) -> int | None:
-    """The first row count 1..MAX_CHECK_ROWS at which a row of `call` (x rows → outputs) is not bitwise the same
-    alone, inside the first rows and inside all of x; None when there is none."""
+def _problem(label: str, call, x: torch.Tensor, reference: torch.Tensor, bound: torch.Tensor) -> str | None:
+    """What fails of a self-check of `call` (x rows → outputs): a row of an M-row call (M = 1..MAX_CHECK_ROWS) not
+    bitwise the row alone, or an output off `reference` by more than `bound`; None when nothing does. label: the
+    kernel's name in the message ("" for the q4 kernel)."""
     full = call(x)
     for rows in range(1, MAX_CHECK_ROWS + 1):
         alone = call(x[rows - 1 : rows])
         if not torch.equal(call(x[:rows]), full[:rows]) or not torch.equal(alone, full[rows - 1 : rows]):
-            return rows
+            return f"a {label}row's output changes with the row count ({rows})"
+    if not bool(((full.double() - reference).abs() <= bound).all()):
+        return f"its {label}outputs are off a float64 reference by more than their rounding bound"
     return None
-
-
-def _within(out: torch.Tensor, reference: torch.Tensor, bound: torch.Tensor) -> bool:
-    return bool(((out.double() - reference).abs() <= bound).all())
 
 
 def q8_self_check(kernel: Q8Matmul, seed: int = 0) -> str | None:
@@ -162,12 +161,7 @@ def q8_self_check(kernel: Q8Matmul, seed: int = 0) -> str | None:
     d = (torch.rand(n, k // GROUP, generator=generator) * 0.01).half()
     packed, scales = pack_q8(codes, d)
     x = torch.randn(MAX_CHECK_ROWS, k, generator=generator).to(torch.bfloat16)
-    rows = _rows_problem(lambda xs: kernel.matmul(xs, packed, scales, n), x)
-    if rows is not None:
-        return f"a q8 row's output changes with the row count ({rows})"
-    if not _within(kernel.matmul(x, packed, scales, n), *q8_reference_and_bound(x, codes, d)):
-        return "its q8 outputs are off a float64 reference by more than their rounding bound"
-    return None
+    return _problem("q8 ", lambda xs: kernel.matmul(xs, packed, scales, n), x, *q8_reference_and_bound(x, codes, d))
 
 
 def k_scales(generator: torch.Generator, rows: int, groups: int, top: int) -> torch.Tensor:
@@ -185,12 +179,7 @@ def q8k_self_check(kernel: Q8KMatmul, seed: int = 0) -> str | None:
     d, m = k_scales(generator, n, k // K_GROUP, 127), -k_scales(generator, n, k // K_GROUP, 63)
     packed, dm = pack_q8k(codes, d, m)
     x = torch.randn(MAX_CHECK_ROWS, k, generator=generator).to(torch.bfloat16)
-    rows = _rows_problem(lambda xs: kernel.matmul(xs, packed, dm, n), x)
-    if rows is not None:
-        return f"a q8k row's output changes with the row count ({rows})"
-    if not _within(kernel.matmul(x, packed, dm, n), *q8_reference_and_bound(x, codes, d, m)):
-        return "its q8k outputs are off a float64 reference by more than their rounding bound"
-    return None
+    return _problem("q8k ", lambda xs: kernel.matmul(xs, packed, dm, n), x, *q8_reference_and_bound(x, codes, d, m))
 
 
 def unpack_q4(packed: torch.Tensor, dm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -234,9 +223,4 @@ def self_check(kernel: Q4Matmul | Q4FMatmul, seed: int = 0, wide: bool = False) 
         m, dtype = (-torch.rand(n, k // GROUP, generator=generator) * 0.1).half(), torch.float16
     packed, dm = pack_q4(codes, d, m, dtype)
     x = torch.randn(MAX_CHECK_ROWS, k, generator=generator).to(torch.bfloat16)
-    rows = _rows_problem(lambda xs: kernel.matmul(xs, packed, dm, n), x)
-    if rows is not None:
-        return f"a row's output changes with the row count ({rows})"
-    if not _within(kernel.matmul(x, packed, dm, n), *reference_and_bound(x, codes, d, m)):
-        return "its outputs are off a float64 reference by more than their rounding bound"
-    return None
+    return _problem("", lambda xs: kernel.matmul(xs, packed, dm, n), x, *reference_and_bound(x, codes, d, m))

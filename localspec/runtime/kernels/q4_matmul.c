@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "limits.h" /* LOCALSPEC_AVX512BF16 / LOCALSPEC_AVX2 */
-#include "scalar.h" /* rows_per_pass, float_to_bf16 */
+#include "scalar.h" /* rows_per_pass, float_to_bf16, group_sums */
 
 #if defined(LOCALSPEC_AVX512BF16)
 
@@ -149,17 +149,7 @@ static int q4_run(const uint16_t *x, const uint8_t *codes, const void *dm, int w
     const int groups = k / 32, blocks = n / 16;
     float *xsum = malloc(sizeof(float) * (size_t)rows * groups); /* [M, K/32]: Σ x over each group, in order */
     if (xsum == NULL) return -1;
-    for (int r = 0; r < rows; r++)
-        for (int g = 0; g < groups; g++) {
-            float s = 0.0f;
-            for (int i = 0; i < 32; i++) {
-                uint32_t bits = (uint32_t)x[(size_t)r * k + g * 32 + i] << 16;
-                float f;
-                memcpy(&f, &bits, sizeof f);
-                s += f;
-            }
-            xsum[(size_t)r * groups + g] = s;
-        }
+    group_sums(x, rows, k, 32, xsum);
     const int per = rows_per_pass(rows, CHUNK);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int nb = 0; nb < blocks; nb++) { /* a constant width per branch: each is its own specialized code */
@@ -301,12 +291,7 @@ static int q4_run(const uint16_t *x, const uint8_t *codes, const void *dm, int w
         uint32_t bits = (uint32_t)x[i] << 16;
         memcpy(xf + i, &bits, sizeof bits);
     }
-    for (int r = 0; r < rows; r++)
-        for (int g = 0; g < groups; g++) {
-            float s = 0.0f;
-            for (int i = 0; i < 32; i++) s += xf[(size_t)r * k + g * 32 + i];
-            xsum[(size_t)r * groups + g] = s;
-        }
+    group_sums(x, rows, k, 32, xsum);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int nb = 0; nb < blocks; nb++) { /* a constant width per branch: each is its own specialized code */
         if (wide)

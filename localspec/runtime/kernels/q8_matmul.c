@@ -28,17 +28,7 @@
 #include <string.h>
 
 #include "limits.h" /* LOCALSPEC_AVX512BF16 / LOCALSPEC_AVX2 */
-#include "scalar.h" /* rows_per_pass */
-
-/* Σ x over each group of `len` of each row, in order: xsum [M, K/len] (the offsets' factor). */
-static void group_sums(const uint16_t *x, int rows, int k, int len, float *xsum) {
-    for (int r = 0; r < rows; r++)
-        for (int g = 0; g < k / len; g++) {
-            float s = 0.0f;
-            for (int i = 0; i < len; i++) s += bf16_to_float(x[(size_t)r * k + g * len + i]);
-            xsum[(size_t)r * (k / len) + g] = s;
-        }
-}
+#include "scalar.h" /* rows_per_pass, group_sums */
 
 #if defined(LOCALSPEC_AVX512BF16)
 
