@@ -49,7 +49,7 @@ class Limits:
 
     isa: str  # the build of the sources that runs: avx512bf16 | avx2
     group: int  # weights per scale along K (a GGUF block)
-    k_group: int  # the q8k matmul's (a Q6_K sub-block)
+    k_group: int  # the q8k matmul's (a Q6_K sub-block); 0: a build without it
     lanes: int  # outputs per packed block; head sizes are multiples of it
     max_dim: int  # the attention kernel's largest head size
     max_group: int  # and most query heads per key-value head
@@ -58,8 +58,13 @@ class Limits:
     def of(cls, library: ctypes.CDLL) -> Limits:
         library.localspec_isa.restype = ctypes.c_char_p
         read = lambda name: ctypes.c_int.in_dll(library, f"localspec_{name}").value  # noqa: E731
-        names = ("group", "k_group", "lanes", "max_dim", "max_group")
-        return cls(library.localspec_isa().decode(), *map(read, names))
+        try:
+            k_group = read("k_group")
+        except ValueError:  # a build of sources before the q8k kernel (`localspec bench kernels --against` one)
+            k_group = 0
+        return cls(
+            library.localspec_isa().decode(), read("group"), k_group, *map(read, ("lanes", "max_dim", "max_group"))
+        )
 
 
 @dataclass(frozen=True)
