@@ -103,6 +103,24 @@ def test_each_type_runs_on_its_kernel_row_invariant_and_within_the_bound_of_floa
     assert bool(((full.double() - exact).abs() <= bound + rounding).all())
 
 
+def test_the_packed_layers_cache_gives_each_k_quant_layer_back_on_its_kernel(library, tmp_path):
+    from localspec.models import gguf_linear
+
+    layers = {}
+    for index, kind in enumerate(("Q4_K", "Q6_K", "Q5_1", "Q8_0")):
+        blocks, _ = _blocks(kind, 32, 256, seed=index)
+        layers[f"model.layers.{index}.mlp.up_proj"] = _block_linear(
+            kind, blocks, tensor_kernel(kind, "linear", library), library, kind
+        )
+    cache = tmp_path / "layers.safetensors"
+    gguf_linear._write_cache(cache, gguf_linear.PackedLayers(layers, None), library)
+    read = gguf_linear._read_cache(cache, library).linears
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    for name, layer in layers.items():
+        assert read[name].kernel is layer.kernel and read[name].in_features == 256  # q4f, q8k, q8k, q8
+        assert torch.equal(read[name](x), layer(x))
+
+
 def test_a_q4_0_scale_whose_minimum_overflows_float16_stays_dense_with_the_reason(library):
     blocks, _ = _blocks("Q4_0", 16, 64)
     blocks[0, 0:2] = torch.tensor([60000.0], dtype=torch.float16).view(torch.uint8)  # 8·d = 480,000: no float16
