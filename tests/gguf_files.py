@@ -23,6 +23,35 @@ def embedded_tokenizer() -> dict:
     return {key: fields[key].contents() for key in fields if key.startswith("tokenizer.")}
 
 
+# where each block type keeps its float16 scales (byte offsets) and how large a scale keeps weights near ±0.05, for
+# the types gguf.quants cannot quantize (the K-quants): random bytes are valid blocks, these fields made sane
+K_SCALES = {"Q4_K": ((0, 2), 5e-5), "Q5_K": ((0, 2), 2.5e-5), "Q6_K": ((208,), 1.2e-5)}
+
+
+def random_k_blocks(kind: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Random blocks [rows, K/256 · bytes] uint8 of a K-quant type: random codes and sub-block scales, float16
+    super-block scales drawn in [size/2, size]."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[kind]
+    weights, size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (rows, k // weights, size), dtype=np.uint8)
+    offsets, scale = K_SCALES[kind]
+    for at in offsets:
+        values = (rng.uniform(0.5, 1.0, (rows, k // weights)) * scale).astype(np.float16)
+        blocks[..., at : at + 2] = values.view(np.uint8).reshape(rows, k // weights, 2)
+    return blocks.reshape(rows, -1)
+
+
+def quantized(values: np.ndarray, kind: str, rng: np.random.Generator) -> np.ndarray:
+    """gguf.quants' blocks of `values` [rows, K], or random blocks of that shape for a K-quant it cannot make."""
+    import gguf
+
+    if kind in K_SCALES:
+        return random_k_blocks(kind, *values.shape, rng)
+    return gguf.quants.quantize(values, gguf.GGMLQuantizationType[kind])
+
+
 def write_gguf(
     path: Path,
     *,
@@ -37,8 +66,8 @@ def write_gguf(
 ) -> Path:
     """A llama-shaped GGUF with random weights and SmolLM2's tokenizer (its first `vocab_size` tokens;
     `shuffle_tokens` swaps two of them, so its ids mean other tokens than the target's). The decoder linears are
-    stored as `linear_type` (a gguf.GGMLQuantizationType name, quantized by gguf.quants), `tensor_types` overriding
-    it per tensor name; the rest F32."""
+    stored as `linear_type` (a gguf.GGMLQuantizationType name, quantized by gguf.quants, or random blocks of a
+    K-quant: `hidden` a multiple of 256 then), `tensor_types` overriding it per tensor name; the rest F32."""
     import gguf
 
     tok = embedded_tokenizer()
@@ -81,8 +110,7 @@ def write_gguf(
         if kind == "F32":
             writer.add_tensor(name, values)
             return
-        qtype = gguf.GGMLQuantizationType[kind]
-        writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+        writer.add_tensor(name, quantized(values, kind, rng), raw_dtype=gguf.GGMLQuantizationType[kind])
 
     writer.add_tensor("token_embd.weight", weight(vocab, hidden))
     writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))

@@ -1,6 +1,7 @@
 """GGUF block types beyond Q4_1 on the kernels as stored: Q4_0 on the q4 kernel (m = −8·d), Q8_0 and Q5_0 on the q8
-kernel, each taken apart as gguf.quants dequantizes it; a row alone is bitwise the row inside a multi-row call and
-within the stated rounding bound of a float64 matmul with gguf.quants' weights; a damaged scale names its tensor."""
+kernel, Q4_K on the q4 kernel with float32 scales (q4f), Q6_K, Q5_K and Q5_1 on the q8k kernel, each taken apart as
+gguf.quants dequantizes it; a row alone is bitwise the row inside a multi-row call and within the stated rounding
+bound of a float64 matmul with gguf.quants' weights; a damaged scale names its tensor."""
 
 from __future__ import annotations
 
@@ -9,13 +10,21 @@ import pytest
 import torch
 
 from localspec.config import ConfigError
-from localspec.models.gguf_linear import _block_linear, dequantize, q4_fields, q8_fields
+from localspec.models.gguf_linear import _block_linear, dequantize, q4_fields, q8_fields, q8k_fields
 from localspec.runtime.plan import Choice, tensor_kernel
-from localspec.runtime.q4_kernel import q8_reference_and_bound, reference_and_bound
+from localspec.runtime.q4_kernel import FLOAT32_EPS, q8_reference_and_bound, reference_and_bound
 
 from .conftest import library_or_skip
+from .gguf_files import quantized
 
-TYPES = ("Q4_0", "Q5_0", "Q8_0")
+KERNEL = {"Q4_0": "q4", "Q5_0": "q8", "Q8_0": "q8", "Q4_K": "q4f", "Q6_K": "q8k", "Q5_K": "q8k", "Q5_1": "q8k"}
+TYPES = tuple(KERNEL)
+SUPER = ("Q4_K", "Q5_K", "Q6_K")  # 256 weights a block: K a multiple of 256
+
+
+def _k(kind: str, k: int) -> int:
+    """A row width of `kind`: k, or the next multiple of 256 for a K-quant."""
+    return -(-k // 256) * 256 if kind in SUPER else k
 
 
 @pytest.fixture(scope="module")
@@ -24,41 +33,83 @@ def library():
 
 
 def _blocks(kind: str, rows: int, k: int, seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
-    """gguf.quants' blocks [N, K/32 · bytes] of random weights, and its own dequantization [N, K] float32."""
+    """gguf.quants' blocks [N, K/32 · bytes] of random weights (random valid blocks of a K-quant, which it cannot
+    quantize), and its own dequantization [N, K] float32."""
     import gguf
 
     qtype = gguf.GGMLQuantizationType[kind]
-    values = (np.random.default_rng(seed).standard_normal((rows, k)) * 0.05).astype(np.float32)
-    blocks = gguf.quants.quantize(values, qtype)
+    rng = np.random.default_rng(seed)
+    blocks = quantized((rng.standard_normal((rows, k)) * 0.05).astype(np.float32), kind, rng)
     return torch.from_numpy(np.ascontiguousarray(blocks)), gguf.quants.dequantize(blocks, qtype).reshape(rows, k)
 
 
 @pytest.mark.parametrize("kind", TYPES)
 def test_blocks_come_apart_as_gguf_quants_dequantizes_them(kind):
-    blocks, theirs = _blocks(kind, 16, 128, seed=1)
+    blocks, theirs = _blocks(kind, 16, _k(kind, 128) * 2, seed=1)
     assert torch.equal(dequantize(blocks, kind), torch.from_numpy(np.ascontiguousarray(theirs)))
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K"])
+def test_k_quant_scales_and_minima_use_all_six_bits_of_every_sub_block(kind):
+    # the 6-bit (sc, mn) of sub-blocks 4..7 are split across three bytes: every one of the 8 pairs and both top bits
+    # must come out as gguf.quants reads them (random bytes reach them all)
+    import gguf
+
+    blocks, _ = _blocks(kind, 64, 256, seed=5)
+    sc, mn = gguf.quants.Q4_K.get_scale_min(blocks.numpy().reshape(64, -1)[:, 4:16].copy())
+    d = blocks[:, 0:2].contiguous().view(torch.float16).float()  # [64, 1]
+    fields = q4_fields(blocks, kind) if kind == "Q4_K" else q8k_fields(blocks, kind)
+    step = 1 if kind == "Q4_K" else 2  # q8k: each sub-block's scale twice (groups of 16)
+    assert torch.equal(fields.d[:, ::step], d * torch.from_numpy(sc.astype(np.float32)))
+    assert bool((torch.from_numpy(sc) >= 32).any()) and bool((torch.from_numpy(mn)[:, 4:] >= 48).any())
 
 
 @pytest.mark.parametrize("kind", TYPES)
 def test_each_type_runs_on_its_kernel_row_invariant_and_within_the_bound_of_float64(kind, library):
-    blocks, theirs = _blocks(kind, 48, 192, seed=2)
+    k = _k(kind, 192) if kind not in SUPER else 512
+    blocks, theirs = _blocks(kind, 48, k, seed=2)
     choice = tensor_kernel(kind, "linear", library)
-    assert choice.value == ("q4" if kind == "Q4_0" else "q8")
+    assert choice.value == KERNEL[kind]
     layer = _block_linear(kind, blocks, choice, library, f"blk.0.{kind}")
-    x = torch.randn(13, 192, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
-    full = layer(x)  # [13, 48] bf16
-    for row in range(13):
-        assert torch.equal(layer(x[row : row + 1]), full[row : row + 1])  # bitwise the row alone
-    if kind == "Q4_0":
+    assert getattr(layer, "layout", None) == KERNEL[kind] or layer.kernel.KIND == KERNEL[kind]
+    x = torch.randn(17, k, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    full, nine = layer(x), layer(x[:9])  # [17, 48], [9, 48] bf16
+    for row in range(17):
+        alone = layer(x[row : row + 1])
+        assert torch.equal(alone, full[row : row + 1])  # bitwise the row alone, inside 17 rows
+        assert row >= 9 or torch.equal(alone, nine[row : row + 1])  # and inside 9
+    if KERNEL[kind] in ("q4", "q4f"):
         fields = q4_fields(blocks, kind)
         reference, bound = reference_and_bound(x, fields.codes, fields.d, fields.m)
     else:
-        codes, d = q8_fields(blocks, kind)
-        reference, bound = q8_reference_and_bound(x, codes, d)
+        fields = q8k_fields(blocks, kind) if KERNEL[kind] == "q8k" else None
+        codes, d = q8_fields(blocks, kind) if fields is None else (fields.codes, fields.d)
+        reference, bound = q8_reference_and_bound(x, codes, d, None if fields is None else fields.m)
         bound = bound + 2.0**-8 * reference.abs()  # and the float32 sum rounded to bf16 once (half an ulp: 2^-9)
-    exact = x.double() @ torch.from_numpy(np.ascontiguousarray(theirs)).double().T  # gguf.quants' weights
-    assert torch.allclose(reference, exact, rtol=0, atol=1e-12)
-    assert bool(((full.double() - exact).abs() <= bound).all())
+    weights = torch.from_numpy(np.ascontiguousarray(theirs)).double()  # gguf.quants' float32 weights
+    exact = x.double() @ weights.T
+    # the reference's weights are the blocks' exact ones; gguf.quants rounds each to float32 (at most half an ulp)
+    rounding = FLOAT32_EPS * (x.double().abs() @ weights.abs().T)
+    assert bool(((reference - exact).abs() <= rounding).all())
+    assert bool(((full.double() - exact).abs() <= bound + rounding).all())
+
+
+def test_the_packed_layers_cache_gives_each_k_quant_layer_back_on_its_kernel(library, tmp_path):
+    from localspec.models import gguf_linear
+
+    layers = {}
+    for index, kind in enumerate(("Q4_K", "Q6_K", "Q5_1", "Q8_0")):
+        blocks, _ = _blocks(kind, 32, 256, seed=index)
+        layers[f"model.layers.{index}.mlp.up_proj"] = _block_linear(
+            kind, blocks, tensor_kernel(kind, "linear", library), library, kind
+        )
+    cache = tmp_path / "layers.safetensors"
+    gguf_linear._write_cache(cache, gguf_linear.PackedLayers(layers, None), library)
+    read = gguf_linear._read_cache(cache, library).linears
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    for name, layer in layers.items():
+        assert read[name].kernel is layer.kernel and read[name].in_features == 256  # q4f, q8k, q8k, q8
+        assert torch.equal(read[name](x), layer(x))
 
 
 def test_a_q4_0_scale_whose_minimum_overflows_float16_stays_dense_with_the_reason(library):
@@ -70,8 +121,9 @@ def test_a_q4_0_scale_whose_minimum_overflows_float16_stays_dense_with_the_reaso
 
 @pytest.mark.parametrize("kind", TYPES)
 def test_a_nan_scale_is_an_error_naming_the_tensor(kind, library):
-    blocks, _ = _blocks(kind, 16, 64)
-    blocks[2, 0:2] = torch.tensor([float("nan")], dtype=torch.float16).view(torch.uint8)
+    blocks, _ = _blocks(kind, 16, _k(kind, 64))
+    at = 208 if kind == "Q6_K" else 0  # Q6_K's d is its last two bytes
+    blocks[2, at : at + 2] = torch.tensor([float("nan")], dtype=torch.float16).view(torch.uint8)
     with pytest.raises(ConfigError, match=r"tensor blk\.1\.attn_v\.weight: block 0 of row 2 has the scale nan"):
         _block_linear(kind, blocks, tensor_kernel(kind, "linear", library), library, "blk.1.attn_v.weight")
 
@@ -128,9 +180,59 @@ def test_quant_auto_takes_kernel_types_by_itself_and_names_the_linears_without_o
 
     from .gguf_files import write_gguf
 
-    mixed = {"blk.0.ffn_down.weight": "Q5_1"}  # no kernel for Q5_1
+    mixed = {"blk.0.ffn_down.weight": "MXFP4", "blk.0.ffn_up.weight": "Q5_1"}  # no kernel for MXFP4
     chosen = auto_quant(write_gguf(tmp_path / "m.gguf", layers=1, linear_type="Q8_0", tensor_types=mixed))
-    assert chosen.quant == "gguf" and "Q8_0 linears run on the kernels" in chosen.reason
-    assert "Q5_1 stays dense" in chosen.reason and "blk.0.ffn_down.weight" in chosen.reason
-    none = auto_quant(write_gguf(tmp_path / "n.gguf", layers=1, linear_type="Q5_1"))
-    assert none.quant == "none" and "no kernel for Q5_1" in none.reason and "blk.0.attn_q.weight" in none.reason
+    assert chosen.quant == "gguf" and "Q5_1, Q8_0 linears run on the kernels" in chosen.reason
+    assert "MXFP4 stays dense" in chosen.reason and "blk.0.ffn_down.weight" in chosen.reason
+    none = auto_quant(write_gguf(tmp_path / "n.gguf", layers=1, linear_type="MXFP4"))
+    assert none.quant == "none" and "no kernel for MXFP4" in none.reason and "blk.0.attn_q.weight" in none.reason
+
+
+# a file holding every new type: layer 0 as a Q4_K_M file stores it (attn_v and ffn_down one step up, in Q6_K), layer
+# 1 as a Q5_K_M one with a Q5_1 attn_v (as the 576-wide embedded model's "Q4_K_M" file holds)
+MIXED = {
+    **{f"blk.0.{name}.weight": "Q4_K" for name in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up")},
+    **{f"blk.{i}.{name}.weight": "Q6_K" for i in (0, 1) for name in ("attn_v", "ffn_down")},
+    "blk.1.attn_v.weight": "Q5_1",
+}
+
+
+@pytest.mark.slow
+def test_a_tiny_k_quant_models_tensors_run_on_their_kernels_and_speculation_is_plain_decoding(library, tmp_path):
+    """A tiny llama GGUF of Q4_K, Q5_K, Q6_K and Q5_1 linears loads by itself (quant auto) with every linear on its
+    type's kernel; every row of its chain verify forwards is bitwise plain decoding's, and greedy n-gram speculation
+    emits plain decoding's tokens."""
+    from pathlib import Path
+
+    from localspec.config import SamplingParams, SpecConfig
+    from localspec.engine.loop import Engine
+    from localspec.models.loading import load_pair
+    from localspec.models.registry import parse_pair
+    from localspec.models.user_models import file_entry
+    from localspec.proposers import NgramProposer
+    from localspec.runtime.model_runner import exact_setup_for
+    from localspec.runtime.plan import plan_forward
+
+    from .gguf_files import write_gguf
+    from .test_lean_llama import unequal_chain_rows
+
+    path = write_gguf(tmp_path / "tiny-k.gguf", layers=2, hidden=256, linear_type="Q5_K", tensor_types=MIXED)
+    pair = parse_pair(file_entry(path), 0, Path.cwd())
+    loaded = load_pair(pair, device="cpu", load_draft=False, exact="off")
+    assert loaded.quant == "gguf"  # no flag: the file's blocks on the kernels
+    plan = plan_forward(loaded.target, exact=True)
+    kinds = ("Q4_K", "Q5_K", "Q6_K", "Q5_1")
+    assert {kind: choice.value for kind, choice in plan.tensor_types} == {kind: KERNEL[kind] for kind in kinds}
+    assert {choice.value for _, choice in plan.linears} <= {"q4f", "q8k", "q4f+q8k", "q8k+q4f"}  # no linear dense
+    assert plan.setup_id == "exact-kernels" and plan.layer_kernel.value == "off"  # the layer kernel reads q4 only
+    target = loaded.target
+    assert unequal_chain_rows(target, exact_setup_for(target)) == 0
+    engine = Engine(target, exact=True)
+    prompt = torch.randint(0, target.config.vocab_size, (30,), generator=torch.Generator().manual_seed(0)).tolist()
+    sampling = SamplingParams(max_new_tokens=24)
+
+    def tokens(spec, proposer):
+        return [t.token_id for e in engine.generate(prompt * 2, sampling, spec, proposer) for t in e.tokens]
+
+    plain = tokens(SpecConfig(proposer="none"), None)
+    assert tokens(SpecConfig(proposer="ngram", k=4), NgramProposer(1, 4)) == plain

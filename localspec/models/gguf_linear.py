@@ -10,11 +10,24 @@ this module takes each type's blocks apart into the layout that kernel reads (BL
   Q8_0  32 int8 codes and an fp16 d: w = q·d (34 bytes) → the q8 layout as they are
   Q5_0  an fp16 d, 4 bytes of fifth bits and Q4_0's nibbles: w = d·(q − 16), q ∈ [0, 31] (22 bytes) → the q8
         layout with codes q − 16 ∈ [−16, 15]
+  Q5_1  fp16 d and m, Q5_0's fifth bits and nibbles: w = d·q + m (24 bytes) → the q8k layout, d and m per 16
 
-The q4 kernel (runtime/q4_kernel.py) runs the q4 layout as an Int4Linear, the q8 kernel the q8 layout as a Q8Linear
-(runtime/q8_head.py), wherever the kernels' library loads. Elsewhere torch's `_weight_int4pack_mm_for_cpu` takes the
-q4 layout as w = (q − 8)·scale + zero, so scale = d and zero = m + 8d, rounded to bfloat16 (its fast path wants
-bfloat16 scales and zeros: docs/kernels.md states what that changes), and the q8 layout stays dense.
+The K-quants come in super-blocks of 256 weights (so K is a multiple of 256) with an fp16 super-scale; each sub-block's
+scale is that times a small integer, which float32 holds exactly (and float16 may not):
+
+  Q4_K  fp16 d and dmin, 12 bytes of 6-bit (sc, mn) pairs for 8 sub-blocks of 32, 128 bytes of nibbles (byte l of
+        chunk c: weight l of sub-block 2c low, of 2c + 1 high): w = (d·sc)·q − dmin·mn (144 bytes) → the q4 layout
+        with float32 d = d·sc and m = −dmin·mn (the q4f kernel)
+  Q5_K  Q4_K's fields and 32 bytes of fifth bits (bit i of byte l: weight l of sub-block i) (176 bytes) → the q8k
+        layout, d·sc and −dmin·mn per 16
+  Q6_K  128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, fp16 d: w = (d·sc)·(q − 32) per 16 (210 bytes)
+        → the q8k layout with codes q − 32 ∈ [−32, 31] and m = 0
+
+The q4 kernel (runtime/q4_kernel.py) runs the q4 layout as an Int4Linear (q4f: its float32 scales), the q8 kernel
+the q8 layout as a Q8Linear (runtime/q8_head.py; q8k: the q8k layout), wherever the kernels' library loads.
+Elsewhere torch's `_weight_int4pack_mm_for_cpu` takes the Q4_0 / Q4_1 q4 layout as w = (q − 8)·scale + zero, so
+scale = d and zero = m + 8d, rounded to bfloat16 (its fast path wants bfloat16 scales and zeros: docs/kernels.md
+states what that changes), and the other layouts stay dense.
 
 Only the linears of a llama-architecture GGUF are swapped in, each checked against the dense weight the cached
 dequantized folder loaded, and, on the library, a Q8_0 token embedding that is also the tied LM head gets a Q8Head
@@ -34,8 +47,8 @@ from torch import nn
 from localspec.config import ConfigError
 from localspec.runtime.int4_linear import ROW_MULTIPLE, Int4Linear, layout_tag
 from localspec.runtime.library import KernelLibrary, LibraryLoad
-from localspec.runtime.plan import KERNELS, Choice, LoadRecord, library_here, record_load, tensor_kernel
-from localspec.runtime.q4_kernel import GROUP, Q4Matmul
+from localspec.runtime.plan import KERNEL_NAMES, KERNELS, Choice, LoadRecord, library_here, record_load, tensor_kernel
+from localspec.runtime.q4_kernel import GROUP, K_GROUP, Q4Matmul
 from localspec.runtime.q8_head import Q8Head, Q8Linear
 
 from .paths import cache_dir
@@ -49,13 +62,24 @@ __all__ = [
     "int4_kernel_note",
     "q4_fields",
     "q8_fields",
+    "q8k_fields",
     "auto_quant",
     "library_here_now",
     "linear_types",
     "swap_in_gguf_linears",
 ]
 
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34}  # bytes of a block of GROUP weights, per type
+# (weights, bytes) of a block, per type
+BLOCK_BYTES = {
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q8_0": (32, 34),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
+}
 HEAD = "lm_head"  # the packed-layer cache's name for the Q8_0 LM head's tensors
 # GGUF tensor name within block i → the transformers llama module path within model.model.layers[i]
 LLAMA_LINEARS = {
@@ -71,8 +95,17 @@ LLAMA_LINEARS = {
 
 @dataclass(frozen=True)
 class Q4Fields:
-    """A q4-layout tensor's blocks taken apart: codes [N, K] int32 in 0..15, d and m [N, K/32] float16
-    (w = q·d + m)."""
+    """A q4-layout tensor's blocks taken apart: codes [N, K] int32 in 0..15, d and m [N, K/32] float16 (Q4_K:
+    float32) (w = q·d + m)."""
+
+    codes: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Q8KFields:
+    """A q8k-layout tensor's blocks taken apart: codes [N, K] int8, d and m [N, K/16] float32 (w = d·q + m)."""
 
     codes: torch.Tensor
     d: torch.Tensor
@@ -80,9 +113,9 @@ class Q4Fields:
 
 
 def _split(blocks: torch.Tensor, kind: str) -> torch.Tensor:
-    """blocks [N, K/32 · bytes] uint8 (one row of blocks per output row) → [N, G, bytes]."""
+    """blocks [N, K/weights · bytes] uint8 (one row of blocks per output row) → [N, blocks, bytes]."""
     rows, width = blocks.shape
-    size = BLOCK_BYTES[kind]
+    size = BLOCK_BYTES[kind][1]
     if width % size:
         raise ConfigError(f"a {kind} row is a whole number of {size}-byte blocks; got {width} bytes")
     return blocks.reshape(rows, width // size, size)
@@ -98,10 +131,40 @@ def _nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([packed & 0xF, packed >> 4], dim=-1)  # [N, G, 32]
 
 
+def _fifth_bits(split: torch.Tensor, at: int) -> torch.Tensor:
+    """Bit j of the little-endian uint32 at byte `at` of each block: weight j's fifth bit, [N, G, 32] int64."""
+    high = split[..., at : at + 4].to(torch.int64)
+    bits = high[..., 0] | high[..., 1] << 8 | high[..., 2] << 16 | high[..., 3] << 24  # [N, G]
+    return (bits[..., None] >> torch.arange(GROUP)) & 1
+
+
+def _k_scales(split: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K: each super-block's 8 sub-block (d·sc, −dmin·mn), [N, B, 8] float32, exact: the 6-bit sc and mn
+    of sub-blocks 0..3 are the low bits of bytes 4..7 and 8..11, those of 4..7 the nibbles of bytes 12..15 with the
+    top two bits of bytes 4..7 and 8..11 above them."""
+    packed = split[..., 4:16].to(torch.int32)
+    low, mins, high = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = torch.cat([low & 63, (high & 0xF) | ((low >> 2) & 0x30)], dim=-1)
+    mn = torch.cat([mins & 63, (high >> 4) | ((mins >> 2) & 0x30)], dim=-1)
+    d, dmin = _half(split, 0).float()[..., None], _half(split, 2).float()[..., None]
+    return d * sc.float(), -(dmin * mn.float())
+
+
+def _q4_k_codes(qs: torch.Tensor) -> torch.Tensor:
+    """Q4_K / Q5_K's 128 bytes of nibbles [N, B, 128] → the 256 low nibbles in weight order, [N, B, 256]."""
+    chunks = qs.reshape(*qs.shape[:-1], 4, 1, 32)  # byte l of chunk c: sub-block 2c low, 2c + 1 high
+    return torch.cat([chunks & 0xF, chunks >> 4], dim=-2).reshape(*qs.shape[:-1], 256)
+
+
 def q4_fields(blocks: torch.Tensor, kind: str = "Q4_1") -> Q4Fields:
-    """A Q4_1 or Q4_0 tensor's blocks [N, K/32 · bytes] uint8 → codes, d, m (Q4_0: m = −8·d, ±inf where it
-    overflows float16)."""
+    """A Q4_1, Q4_0 or Q4_K tensor's blocks [N, K/weights · bytes] uint8 → codes, d, m (Q4_0: m = −8·d, ±inf where
+    it overflows float16; Q4_K: float32 d = d·sc and m = −dmin·mn per 32)."""
     split = _split(blocks, kind)
+    if kind == "Q4_K":
+        rows, supers = split.shape[:2]
+        d, m = _k_scales(split)
+        codes = _q4_k_codes(split[..., 16:]).reshape(rows, supers * 256).to(torch.int32)
+        return Q4Fields(codes, d.reshape(rows, supers * 8), m.reshape(rows, supers * 8))
     rows, groups = split.shape[:2]
     d = _half(split, 0)
     m = _half(split, 2) if kind == "Q4_1" else (d.float() * -8.0).half()  # exact: a power of 2 times d
@@ -117,15 +180,45 @@ def q8_fields(blocks: torch.Tensor, kind: str = "Q8_0") -> tuple[torch.Tensor, t
     if kind == "Q8_0":
         codes = split[..., 2:].contiguous().view(torch.int8)  # [N, G, 32]
     else:  # Q5_0: bit j of the little-endian uint32 at bytes 2..5 is weight j's fifth bit
-        high = split[..., 2:6].to(torch.int64)
-        bits = high[..., 0] | high[..., 1] << 8 | high[..., 2] << 16 | high[..., 3] << 24  # [N, G]
-        fifth = (bits[..., None] >> torch.arange(GROUP)) & 1  # [N, G, 32]
-        codes = (_nibbles(split[..., 6:]).to(torch.int64) | fifth << 4) - 16
+        codes = (_nibbles(split[..., 6:]).to(torch.int64) | _fifth_bits(split, 2) << 4) - 16
     return codes.reshape(rows, groups * GROUP).to(torch.int8), d
+
+
+def q8k_fields(blocks: torch.Tensor, kind: str) -> Q8KFields:
+    """A Q6_K, Q5_K or Q5_1 tensor's blocks → codes [N, K] int8, d and m [N, K/16] float32: w = d·q + m."""
+    split = _split(blocks, kind)
+    rows, count = split.shape[:2]
+    if kind == "Q5_1":
+        codes = _nibbles(split[..., 8:]).to(torch.int64) | _fifth_bits(split, 4) << 4  # [N, G, 32]
+        d, m = _half(split, 0).float()[..., None], _half(split, 2).float()[..., None]  # [N, G, 1]
+    elif kind == "Q5_K":
+        fifth = (split[..., 16:48, None].to(torch.int64) >> torch.arange(8)) & 1  # [N, B, 32 (l), 8 (sub-block)]
+        codes = _q4_k_codes(split[..., 48:]).to(torch.int64) | fifth.transpose(-1, -2).reshape(rows, count, 256) << 4
+        d, m = _k_scales(split)  # [N, B, 8]
+    elif kind == "Q6_K":
+        low = split[..., 0:128].reshape(rows, count, 2, 1, 64)  # half h: weights 128h + 0..63 low, + 64..127 high
+        low = torch.cat([low & 0xF, low >> 4], dim=-2).reshape(rows, count, 256).to(torch.int64)
+        high = split[..., 128:192].reshape(rows, count, 2, 1, 32).to(torch.int64)  # 2 bits each, 4 per byte
+        high = ((high >> torch.tensor([0, 2, 4, 6])[:, None]) & 3).reshape(rows, count, 256)
+        codes = (low | high << 4) - 32
+        d = _half(split, 208).float()[..., None] * split[..., 192:208].contiguous().view(torch.int8).float()
+        return Q8KFields(
+            codes.reshape(rows, -1).to(torch.int8), d.reshape(rows, -1), torch.zeros_like(d).reshape(rows, -1)
+        )
+    else:
+        raise ConfigError(f"no q8k layout for {kind}")
+    per = codes.shape[-1] // d.shape[-1] // K_GROUP  # groups of 16 per scale: each scale twice
+    d, m = (t.reshape(rows, -1).repeat_interleave(per, dim=1) for t in (d, m))
+    return Q8KFields(codes.reshape(rows, -1).to(torch.int8), d, m)
 
 
 def dequantize(blocks: torch.Tensor, kind: str) -> torch.Tensor:
     """The file's own dequantization in float32, as gguf.quants computes it (and transformers with it): [N, K]."""
+    if kind in ("Q6_K", "Q5_K", "Q5_1"):
+        fields = q8k_fields(blocks, kind)
+        rows, k = fields.codes.shape
+        codes = fields.codes.reshape(rows, -1, K_GROUP).float()  # [N, G, 16]
+        return (codes * fields.d[..., None] + fields.m[..., None]).reshape(rows, k)  # Q6_K: + 0 changes nothing
     if kind in ("Q8_0", "Q5_0"):
         codes, d = q8_fields(blocks, kind)
         rows, k = codes.shape
@@ -133,7 +226,7 @@ def dequantize(blocks: torch.Tensor, kind: str) -> torch.Tensor:
     fields = q4_fields(blocks, kind)
     rows, k = fields.codes.shape
     codes = fields.codes.reshape(rows, k // GROUP, GROUP).float()  # [N, G, 32]
-    offset = fields.m.float() if kind == "Q4_1" else -8.0 * fields.d.float()  # Q4_0: d·q − 8d = d·(q − 8), exact
+    offset = -8.0 * fields.d.float() if kind == "Q4_0" else fields.m.float()  # Q4_0: d·q − 8d = d·(q − 8), exact
     return (codes * fields.d.float()[..., None] + offset[..., None]).reshape(rows, k)
 
 
@@ -227,7 +320,7 @@ def auto_quant(path: Path) -> FileQuant:
     load = library_here_now()
     choices = dict(type_choices(types, load.library, load.reason))
     dense = "".join(f"; {kind} stays dense: {c.reason}" for kind, c in choices.items() if c.value == "dense")
-    fast = [kind for kind, choice in choices.items() if choice.value in ("q4", "q8")]
+    fast = [kind for kind, choice in choices.items() if choice.value in KERNEL_NAMES]
     if fast:
         return FileQuant("gguf", f"its {', '.join(fast)} linears run on the kernels as stored{dense}")
     return FileQuant("auto", f"no kernels' library here ({load.reason}){dense}")
@@ -294,8 +387,12 @@ def _block_linear(kind: str, blocks: torch.Tensor, choice: Choice, library: Kern
         codes, d = q8_fields(blocks, kind)
         _finite(tensor, d)
         return Q8Linear.from_q8_0(codes, d, library.q8)
+    if choice.value == "q8k":
+        fields = q8k_fields(blocks, kind)
+        _finite(tensor, fields.d, fields.m)
+        return Q8Linear.from_q8k(fields.codes, fields.d, fields.m, library.q8k)
     fields = q4_fields(blocks, kind)
-    _finite(tensor, fields.d, *([fields.m] if kind == "Q4_1" else []))
+    _finite(tensor, fields.d, *([] if kind == "Q4_0" else [fields.m]))
     if not bool(torch.isfinite(fields.m).all()):  # Q4_0 only: its d is finite
         return Choice("dense", f"{tensor}: a scale d past ±8188 makes m = −8·d overflow float16: the dense weight")
     return Int4Linear.from_q4_1(fields.codes, fields.d, fields.m, _member(library, choice))
@@ -354,7 +451,7 @@ def _read_cache(cache: Path, library: KernelLibrary | None) -> PackedLayers | No
     format): which module each is and the plan's choices come from its metadata."""
     from safetensors import safe_open
 
-    kernel = library.q4 if library is not None else None
+    kernel = library.q4 if library is not None else None  # q4f where the scales are float32
     try:
         with safe_open(cache, "pt") as handle:
             meta = handle.metadata() or {}
@@ -372,15 +469,17 @@ def _read_cache(cache: Path, library: KernelLibrary | None) -> PackedLayers | No
     for name in {key.rpartition(".")[0] for key in flat}:
         packed, scales_zeros = flat.get(f"{name}.packed"), flat.get(f"{name}.scales_zeros")
         codes, scales = flat.get(f"{name}.codes"), flat.get(f"{name}.scales")
-        if codes is not None and scales is not None and library is not None:  # [N/16, K/32, 32, 16]
-            built[name] = Q8Linear(codes, scales, codes.shape[1] * codes.shape[2], library.q8)
+        if codes is not None and scales is not None and library is not None:  # [N/16, K/g, g, 16]
+            q8 = library.q8k if scales.dtype == torch.float32 else library.q8
+            built[name] = Q8Linear(codes, scales, codes.shape[1] * codes.shape[2], q8)
         elif packed is None or scales_zeros is None:
             return None
         elif kernel is None:  # [N, K/2]
             built[name] = Int4Linear(packed, scales_zeros, packed.shape[1] * 2, packed.shape[0])
         else:  # [N/16, K/32, 16, 16]
             blocks, groups, pairs, lanes = packed.shape
-            built[name] = Int4Linear(packed, scales_zeros, groups * pairs * 2, blocks * lanes, kernel)
+            q4 = library.q4f if scales_zeros.dtype == torch.float32 else kernel
+            built[name] = Int4Linear(packed, scales_zeros, groups * pairs * 2, blocks * lanes, q4)
     return PackedLayers(built, head, choices, types)
 
 

@@ -3,6 +3,7 @@
 - **q4** (q4_kernel.py, where the forward plan's kernel table gives Q4_1 to it): w = q·d + m with float16 d and m
   as the GGUF stores them;
   `packed` [N/16, K/32, 16, 16] uint8 and `scales_zeros` [N/16, K/32, 2, 16] float16 (d, m); row-invariant.
+  **q4f** is the same with float32 d and m (Q4_K: d·sc and −dmin·mn of each sub-block of 32).
 - **torch** (`_weight_int4pack_mm_for_cpu`): w = (q − 8)·scale + zero; `packed` [N, K/2] uint8 in its layout and
   `scales_zeros` [K/32, N, 2] bfloat16 (its fast path wants bfloat16 activations, scales and zeros; float32
   activations take a path ~100× slower here).
@@ -20,7 +21,7 @@ from torch import nn
 
 from .q4_kernel import GROUP, LANES, LAYOUT_VERSION, Q4Matmul, pack_q4
 
-Layout = Literal["torch", "q4"]
+Layout = Literal["torch", "q4", "q4f"]
 
 
 COMPUTE_DTYPE = torch.bfloat16  # the kernel's fast path: bf16 activations, scales and zeros
@@ -56,7 +57,7 @@ class Int4Linear(nn.Module):
 
     @property
     def layout(self) -> Layout:
-        return "torch" if self.kernel is None else "q4"
+        return "torch" if self.kernel is None else self.kernel.KIND
 
     @property
     def row_invariant(self) -> bool:
@@ -76,14 +77,17 @@ class Int4Linear(nn.Module):
 
     @classmethod
     def from_q4_1(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, kernel: Q4Matmul | None) -> Int4Linear:
-        """From a GGUF Q4_1 tensor's fields (codes [N, K] in 0..15, d and m [N, K/32] float16: w = q·d + m), on
-        `kernel` (q4 layout, d and m kept as they are) or, with None, torch's (scale = d, zero = m + 8d in bf16)."""
+        """From a GGUF Q4_1 tensor's fields (codes [N, K] in 0..15, d and m [N, K/32]: w = q·d + m), on `kernel`
+        (the q4 layout, d and m kept as they are in the kernel's scale dtype: float16 for q4, float32 for q4f) or,
+        with None, torch's (scale = d, zero = m + 8d in bf16)."""
         if kernel is None:
             scale = d.float()
             return cls.from_codes(
                 codes.to(torch.int32), scale, m.float() + 8.0 * scale
             )  # (q − 8)·d + (m + 8d) = q·d + m
-        packed, dm = pack_q4(codes, d, m)
+        if d.dtype.itemsize > kernel.SCALES.itemsize:
+            raise ValueError(f"the {kernel.KIND} kernel reads {kernel.SCALES} scales; these are {d.dtype}")
+        packed, dm = pack_q4(codes, d, m, kernel.SCALES)
         return cls(packed, dm, codes.shape[1], codes.shape[0], kernel)
 
     @classmethod

@@ -246,7 +246,7 @@ def layer_weights(layer, attn_heads: int, kv_heads: int, dim: int, scaling: floa
     """LayerWeights from a LeanLayer's modules, or None where the kernel cannot run it: every linear an Int4Linear
     on the q4 kernel with q, k, v and gate, up fused, bfloat16 norms, and D a multiple of 16."""
     parts = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
-    if not all(isinstance(part, Int4Linear) and part.kernel is not None for part in parts):
+    if not all(isinstance(part, Int4Linear) and part.layout == "q4" for part in parts):
         return None
     norms = (layer.input_norm.weight, layer.post_norm.weight)
     if any(w.dtype != torch.bfloat16 or w.device.type != "cpu" for w in norms) or dim % LANES:

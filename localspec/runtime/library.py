@@ -1,8 +1,11 @@
 """The kernels' library (kernels/*.c): one shared object, built once for this CPU, verified, self-checked, loaded
 once, and handed out as one handle whose members are its kernels:
 
-  q4          the q4 matmul (q4_kernel.Q4Matmul): GGUF Q4_1 linears, row-invariant
-  q8          the q8 matmul (q4_kernel.Q8Matmul): a Q8_0 LM head, row-invariant
+  q4          the q4 matmul (q4_kernel.Q4Matmul): GGUF Q4_1 and Q4_0 linears, row-invariant
+  q8          the q8 matmul (q4_kernel.Q8Matmul): Q8_0 and Q5_0 linears, a Q8_0 LM head, row-invariant
+  q4f         the q4 matmul with float32 scales (q4_kernel.Q4FMatmul): Q4_K linears, row-invariant
+  q8k         int8 codes with float32 scales and offsets per 16 (q4_kernel.Q8KMatmul): Q6_K, Q5_K and Q5_1
+              linears, row-invariant
   attention   decode / verify attention (attention_kernel.AttentionKernel), or None with the reason
   layer       a whole llama layer in one call (layer_kernel.LayerKernel), or None with the reason
 
@@ -46,6 +49,7 @@ class Limits:
 
     isa: str  # the build of the sources that runs: avx512bf16 | avx2
     group: int  # weights per scale along K (a GGUF block)
+    k_group: int  # the q8k matmul's (a Q6_K sub-block); 0: a build without it
     lanes: int  # outputs per packed block; head sizes are multiples of it
     max_dim: int  # the attention kernel's largest head size
     max_group: int  # and most query heads per key-value head
@@ -54,7 +58,13 @@ class Limits:
     def of(cls, library: ctypes.CDLL) -> Limits:
         library.localspec_isa.restype = ctypes.c_char_p
         read = lambda name: ctypes.c_int.in_dll(library, f"localspec_{name}").value  # noqa: E731
-        return cls(library.localspec_isa().decode(), read("group"), read("lanes"), read("max_dim"), read("max_group"))
+        try:
+            k_group = read("k_group")
+        except ValueError:  # a build of sources before the q8k kernel (`localspec bench kernels --against` one)
+            k_group = 0
+        return cls(
+            library.localspec_isa().decode(), read("group"), k_group, *map(read, ("lanes", "max_dim", "max_group"))
+        )
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,8 @@ class KernelLibrary:
     limits: Limits
     q4: object  # q4_kernel.Q4Matmul
     q8: object  # q4_kernel.Q8Matmul
+    q4f: object  # q4_kernel.Q4FMatmul
+    q8k: object  # q4_kernel.Q8KMatmul
     attention: object | None  # attention_kernel.AttentionKernel
     layer: object | None  # layer_kernel.LayerKernel
     notes: tuple[str, ...]  # why a member is None
@@ -201,7 +213,18 @@ def load_library(build_dir: Path, enabled: bool = True, layer: bool = True, marc
     from .attention_kernel import self_check as attention_self_check
     from .layer_kernel import LayerKernel
     from .layer_kernel import self_check as layer_self_check
-    from .q4_kernel import GROUP, LANES, Q4Matmul, Q8Matmul, q8_self_check, self_check
+    from .q4_kernel import (
+        GROUP,
+        K_GROUP,
+        LANES,
+        Q4FMatmul,
+        Q4Matmul,
+        Q8KMatmul,
+        Q8Matmul,
+        q8_self_check,
+        q8k_self_check,
+        self_check,
+    )
 
     if not enabled:
         return LibraryLoad(None, "turned off (LOCALSPEC_Q4_KERNEL=off)")
@@ -213,10 +236,11 @@ def load_library(build_dir: Path, enabled: bool = True, layer: bool = True, marc
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return LibraryLoad(None, f"could not build it: {exc}")
     limits = Limits.of(handle)
-    if (limits.group, limits.lanes) != (GROUP, LANES):
-        return LibraryLoad(None, f"its layout ({limits.group}, {limits.lanes}) is not the one q4_kernel.py packs")
-    q4, q8 = Q4Matmul(handle), Q8Matmul(handle)
-    problem = self_check(q4) or q8_self_check(q8)
+    if (limits.group, limits.k_group, limits.lanes) != (GROUP, K_GROUP, LANES):
+        layout = (limits.group, limits.k_group, limits.lanes)
+        return LibraryLoad(None, f"its layout {layout} is not the one q4_kernel.py packs")
+    q4, q8, q4f, q8k = Q4Matmul(handle), Q8Matmul(handle), Q4FMatmul(handle), Q8KMatmul(handle)
+    problem = self_check(q4) or q8_self_check(q8) or self_check(q4f, wide=True) or q8k_self_check(q8k)
     if problem is not None:
         return LibraryLoad(None, f"self-check failed: {problem}")
     attention, notes = AttentionKernel(handle, limits), []
@@ -234,6 +258,6 @@ def load_library(build_dir: Path, enabled: bool = True, layer: bool = True, marc
         if layer_problem is not None:
             layer_kernel = None
             notes.append(f"no layer kernel (self-check failed: {layer_problem})")
-    library = KernelLibrary(limits, q4, q8, attention, layer_kernel, tuple(notes))
+    library = KernelLibrary(limits, q4, q8, q4f, q8k, attention, layer_kernel, tuple(notes))
     note = "".join(f"; {n}" for n in notes)
     return LibraryLoad(library, f"{limits.isa}, built for this CPU with {compiler()}{note}")

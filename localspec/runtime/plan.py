@@ -49,7 +49,7 @@ class KernelRow:
     `fallback` (torch's), with why."""
 
     block_type: str
-    kernel: str  # KernelLibrary member: q4 | q8
+    kernel: str  # KernelLibrary member: q4 | q8 | q4f | q8k
     roles: tuple[str, ...]  # linear (a decoder layer's matmul) | lm_head (a tied Q8_0 token embedding)
     fallback: str  # what runs the tensor without the library: torch-int4 | dense
     why: str
@@ -62,8 +62,13 @@ KERNELS: dict[str, KernelRow] = {
         KernelRow("Q4_1", "q4", ("linear",), "torch-int4", "row-invariant, the file's own d and m"),
         KernelRow("Q5_0", "q8", ("linear",), "dense", "row-invariant, codes q - 16 as int8, the file's own d"),
         KernelRow("Q8_0", "q8", ("linear", "lm_head"), "dense", "the exact weights, float32 sums, row-invariant"),
+        KernelRow("Q4_K", "q4f", ("linear",), "dense", "row-invariant, the q4 layout with float32 d·sc and −dmin·m"),
+        KernelRow("Q6_K", "q8k", ("linear",), "dense", "row-invariant, codes q − 32 as int8, float32 d·sc per 16"),
+        KernelRow("Q5_K", "q8k", ("linear",), "dense", "row-invariant, int8 codes, float32 d·sc and −dmin·m"),
+        KernelRow("Q5_1", "q8k", ("linear",), "dense", "row-invariant, int8 codes, the file's own d and m"),
     )
 }
+KERNEL_NAMES = frozenset(row.kernel for row in KERNELS.values())  # the library's members the table names
 
 
 @dataclass(frozen=True)
@@ -215,7 +220,7 @@ def q4_layout_layers(model: nn.Module) -> bool:
     from .int4_linear import Int4Linear
 
     linears = _decoder_linears(model)
-    return bool(linears) and all(isinstance(m, Int4Linear) and m.row_invariant for m in linears)
+    return bool(linears) and all(isinstance(m, Int4Linear) and m.layout == "q4" for m in linears)
 
 
 def lean_supported(model: nn.Module) -> bool:

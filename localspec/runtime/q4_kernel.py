@@ -1,7 +1,9 @@
 """The q4 and q8 matmuls of the kernels' library (kernels/q4_matmul.c, q8_matmul.c; runtime/library.py builds,
 verifies and loads the library): y = x · Wᵀ for 4-bit weights in groups of 32 along K, w = q·d + m with the GGUF's
 own float16 d and m (not rounded to bfloat16 as torch's int4 kernel needs them), and for Q8_0 weights w = q·d,
-bfloat16 activations, float32 sums. Two properties make them the verify-friendly kernels:
+bfloat16 activations, float32 sums; and their float32-scale variants for the K-quants: q4f (the q4 layout with float32
+d and m: Q4_K's d·sc and −dmin·mn per 32, exact in float32, not in float16) and q8k (int8 codes in groups of 16 with
+float32 d and m, w = d·q + m: Q6_K, Q5_K, Q5_1). Two properties make them the verify-friendly kernels:
 
 - **row-invariant**: each output is summed by one thread in one fixed order whatever the row count, so a row inside a
   (K+1)-row verify forward is bitwise the same row run alone (torch's kernels pick tiles by shape);
@@ -20,8 +22,9 @@ import torch
 # The packed layout's sizes, as kernels/limits.h states them (LOCALSPEC_GROUP, LOCALSPEC_LANES): library.py refuses a
 # built library whose exported limits differ, so these are checked against the C, never a second source of truth
 GROUP = 32  # weights per (d, m) pair along K: a GGUF Q4_1 / Q8_0 block
+K_GROUP = 16  # the q8k layout's: a Q6_K sub-block
 LANES = 16  # outputs per packed block
-LAYOUT_VERSION = 2  # of pack_q4's (and pack_q8's) layout: a packed-layer cache of another version is rebuilt
+LAYOUT_VERSION = 3  # of pack_q4's (and pack_q8's) layout: a packed-layer cache of another version is rebuilt
 MAX_CHECK_ROWS = 13  # the self-check compares rows 1..13 (one pass of 12 rows and a split into 7 + 6)
 FLOAT32_EPS = 2.0**-24  # unit roundoff of the float32 sums
 BF16_REL = 2.0**-7  # the output's rounding to bfloat16 moves it by at most this, relative
@@ -33,6 +36,7 @@ class BlockMatmul:
 
     KIND = ""
     OUT = torch.bfloat16
+    SCALES = torch.float16  # the dtype of the scales (and offsets) its layout holds
 
     def __init__(self, library: ctypes.CDLL):
         self._fn = getattr(library, f"{self.KIND}_matmul")
@@ -64,16 +68,30 @@ class Q8Matmul(BlockMatmul):
     KIND, OUT = "q8", torch.float32
 
 
-def pack_q4(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """codes [N, K] in 0..15, d and m [N, K/32] float16 → (packed codes [N/16, K/32, 16, 16] uint8,
-    dm [N/16, K/32, 2, 16] float16), the layout kernels/q4_matmul.c reads."""
+class Q4FMatmul(BlockMatmul):
+    """The q4 matmul with float32 d and m: pack_q4(..., torch.float32)'s layout, bf16 outputs."""
+
+    KIND, OUT, SCALES = "q4f", torch.bfloat16, torch.float32
+
+
+class Q8KMatmul(BlockMatmul):
+    """The q8k matmul: codes, d and m in pack_q8k's layout, float32 outputs."""
+
+    KIND, OUT, SCALES = "q8k", torch.float32, torch.float32
+
+
+def pack_q4(
+    codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: torch.dtype = torch.float16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes [N, K] in 0..15, d and m [N, K/32] → (packed codes [N/16, K/32, 16, 16] uint8, dm [N/16, K/32, 2, 16]
+    in `dtype`: float16 for the q4 kernel, float32 for q4f), the layout kernels/q4_matmul.c reads."""
     n, k = codes.shape
     if n % LANES or k % GROUP:
         raise ValueError(f"the q4 kernel packs {LANES}·n outputs and {GROUP}·k inputs; got {n} × {k}")
     blocks, groups = n // LANES, k // GROUP
     pairs = codes.to(torch.uint8).reshape(blocks, LANES, groups, GROUP // 2, 2)  # [NB, lane, G, pair, 2]
     packed = (pairs[..., 0] | (pairs[..., 1] << 4)).permute(0, 2, 3, 1).contiguous()  # [NB, G, pair, lane]
-    dm = torch.stack([d.to(torch.float16), m.to(torch.float16)])  # [2, N, G]
+    dm = torch.stack([d.to(dtype), m.to(dtype)])  # [2, N, G]
     dm = dm.reshape(2, blocks, LANES, groups).permute(1, 3, 0, 2).contiguous()  # [NB, G, 2, lane]
     return packed, dm
 
@@ -90,13 +108,48 @@ def pack_q8(codes: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return packed, scales
 
 
-def q8_reference_and_bound(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float64 x · Wᵀ, the most the q8 kernel may be off it) for x [M, K], codes [N, K] int8, d [N, K/32]: its
-    float32 sums' first-order bound, (32 + 2·K/32 + 2) unit roundoffs of Σ_k |d·q_k·x_k| (outputs stay float32)."""
+def pack_q8k(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes [N, K] int8, d and m [N, K/16] float32 (w = d·q + m) → (codes [N/16, K/16, 16, 16] int8,
+    dm [N/16, K/16, 2, 16] float32), the layout kernels/q8_matmul.c's q8k_matmul reads."""
     n, k = codes.shape
-    weight = (codes.reshape(n, -1, GROUP).double() * d.double()[..., None]).reshape(n, k)  # [N, K]
+    if n % LANES or k % K_GROUP:
+        raise ValueError(f"the q8k kernel packs {LANES}·n outputs and {K_GROUP}·k inputs; got {n} × {k}")
+    blocks, groups = n // LANES, k // K_GROUP
+    packed = codes.to(torch.int8).reshape(blocks, LANES, groups, K_GROUP).permute(0, 2, 3, 1).contiguous()
+    dm = torch.stack([d.to(torch.float32), m.to(torch.float32)])  # [2, N, G]
+    dm = dm.reshape(2, blocks, LANES, groups).permute(1, 3, 0, 2).contiguous()  # [NB, G, 2, lane]
+    return packed, dm
+
+
+def q8_reference_and_bound(
+    x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float64 x · Wᵀ, the most the q8 or q8k kernel may be off it) for x [M, K], codes [N, K] int8, d (and q8k's
+    m) [N, K/g] with g = K / d.shape[1] (32: q8, 16: q8k): w = d·q (+ m). Its float32 sums' first-order bound,
+    (g + 2·K/g + 2) unit roundoffs of Σ_k (|d·q_k| + |m|)·|x_k| (a term passes through at most g roundings in its
+    group's sum, then two per group after; m's Σx over a group rounds g − 1 times); outputs stay float32."""
+    n, k = codes.shape
+    group = k // d.shape[1]
+    d64 = d.double()[..., None]  # [N, G, 1]
+    m64 = torch.zeros_like(d64) if m is None else m.double()[..., None]
+    scaled = codes.reshape(n, -1, group).double() * d64  # [N, G, g]
+    weight, magnitude = (scaled + m64).reshape(n, k), (scaled.abs() + m64.abs()).reshape(n, k)
     xs = x.double()
-    return xs @ weight.T, (GROUP + 2 * (k // GROUP) + 2) * FLOAT32_EPS * (xs.abs() @ weight.abs().T)
+    return xs @ weight.T, (group + 2 * (k // group) + 2) * FLOAT32_EPS * (xs.abs() @ magnitude.T)
+
+
+def _problem(label: str, call, x: torch.Tensor, reference: torch.Tensor, bound: torch.Tensor) -> str | None:
+    """What fails of a self-check of `call` (x rows → outputs): a row of an M-row call (M = 1..MAX_CHECK_ROWS) not
+    bitwise the row alone, or an output off `reference` by more than `bound`; None when nothing does. label: the
+    kernel's name in the message ("" for the q4 kernel)."""
+    full = call(x)
+    for rows in range(1, MAX_CHECK_ROWS + 1):
+        alone = call(x[rows - 1 : rows])
+        if not torch.equal(call(x[:rows]), full[:rows]) or not torch.equal(alone, full[rows - 1 : rows]):
+            return f"a {label}row's output changes with the row count ({rows})"
+    if not bool(((full.double() - reference).abs() <= bound).all()):
+        return f"its {label}outputs are off a float64 reference by more than their rounding bound"
+    return None
 
 
 def q8_self_check(kernel: Q8Matmul, seed: int = 0) -> str | None:
@@ -108,17 +161,25 @@ def q8_self_check(kernel: Q8Matmul, seed: int = 0) -> str | None:
     d = (torch.rand(n, k // GROUP, generator=generator) * 0.01).half()
     packed, scales = pack_q8(codes, d)
     x = torch.randn(MAX_CHECK_ROWS, k, generator=generator).to(torch.bfloat16)
-    full = kernel.matmul(x, packed, scales, n)
-    for rows in range(1, MAX_CHECK_ROWS + 1):
-        alone = kernel.matmul(x[rows - 1 : rows], packed, scales, n)
-        if not torch.equal(kernel.matmul(x[:rows], packed, scales, n), full[:rows]) or not torch.equal(
-            alone, full[rows - 1 : rows]
-        ):
-            return f"a q8 row's output changes with the row count ({rows})"
-    reference, bound = q8_reference_and_bound(x, codes, d)
-    if not bool(((full.double() - reference).abs() <= bound).all()):
-        return "its q8 outputs are off a float64 reference by more than their rounding bound"
-    return None
+    return _problem("q8 ", lambda xs: kernel.matmul(xs, packed, scales, n), x, *q8_reference_and_bound(x, codes, d))
+
+
+def k_scales(generator: torch.Generator, rows: int, groups: int, top: int) -> torch.Tensor:
+    """Random K-quant scales as a file holds them: a float16 super-block scale times an integer in 0..top, exact in
+    float32: [rows, groups] float32."""
+    d = (torch.rand(rows, groups, generator=generator) * 1e-3).half().float()
+    return d * torch.randint(0, top + 1, (rows, groups), generator=generator).float()
+
+
+def q8k_self_check(kernel: Q8KMatmul, seed: int = 0) -> str | None:
+    """q8_self_check for the q8k matmul (codes in −32..31, float32 d and m per 16)."""
+    generator = torch.Generator().manual_seed(seed)
+    n, k = 48, 3 * K_GROUP * 2
+    codes = torch.randint(-32, 32, (n, k), generator=generator).to(torch.int8)
+    d, m = k_scales(generator, n, k // K_GROUP, 127), -k_scales(generator, n, k // K_GROUP, 63)
+    packed, dm = pack_q8k(codes, d, m)
+    x = torch.randn(MAX_CHECK_ROWS, k, generator=generator).to(torch.bfloat16)
+    return _problem("q8k ", lambda xs: kernel.matmul(xs, packed, dm, n), x, *q8_reference_and_bound(x, codes, d, m))
 
 
 def unpack_q4(packed: torch.Tensor, dm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -148,24 +209,18 @@ def reference_and_bound(
     return reference, BF16_REL * reference.abs() + sums
 
 
-def self_check(kernel: Q4Matmul, seed: int = 0) -> str | None:
+def self_check(kernel: Q4Matmul | Q4FMatmul, seed: int = 0, wide: bool = False) -> str | None:
     """None when every row of an M-row call is bitwise the row alone (M = 1..MAX_CHECK_ROWS) and the outputs are
-    within reference_and_bound of float64; otherwise what failed."""
+    within reference_and_bound of float64; otherwise what failed. wide: the q4f kernel, with Q4_K-like float32 d
+    and m."""
     generator = torch.Generator().manual_seed(seed)
     n, k = 48, 3 * GROUP * 2
     codes = torch.randint(0, 16, (n, k), generator=generator)
-    d = (torch.rand(n, k // GROUP, generator=generator) * 0.02).half()
-    m = (-torch.rand(n, k // GROUP, generator=generator) * 0.1).half()
-    packed, dm = pack_q4(codes, d, m)
+    if wide:
+        d, m, dtype = k_scales(generator, n, k // GROUP, 63), -k_scales(generator, n, k // GROUP, 63), torch.float32
+    else:
+        d = (torch.rand(n, k // GROUP, generator=generator) * 0.02).half()
+        m, dtype = (-torch.rand(n, k // GROUP, generator=generator) * 0.1).half(), torch.float16
+    packed, dm = pack_q4(codes, d, m, dtype)
     x = torch.randn(MAX_CHECK_ROWS, k, generator=generator).to(torch.bfloat16)
-    full = kernel.matmul(x, packed, dm, n)
-    for rows in range(1, MAX_CHECK_ROWS + 1):
-        alone = kernel.matmul(x[rows - 1 : rows], packed, dm, n)  # [1, N]
-        if not torch.equal(kernel.matmul(x[:rows], packed, dm, n), full[:rows]) or not torch.equal(
-            alone, full[rows - 1 : rows]
-        ):
-            return f"a row's output changes with the row count ({rows})"
-    reference, bound = reference_and_bound(x, codes, d, m)
-    if not bool(((full.double() - reference).abs() <= bound).all()):
-        return "its outputs are off a float64 reference by more than their rounding bound"
-    return None
+    return _problem("", lambda xs: kernel.matmul(xs, packed, dm, n), x, *reference_and_bound(x, codes, d, m))

@@ -12,7 +12,8 @@ The dense weight stays in the model (it is the token embedding, and a head propo
 Q8Head with the model (plan.record_load) and the forward plan makes it the runner's LM head.
 
 `Q8Linear` is the same matmul as a decoder linear: int8 codes with a float16 scale per 32 weights (Q8_0: w = q·d;
-Q5_0: w = d·(q − 16), whose q − 16 in −16..15 is an int8 code), float32 sums rounded to the bfloat16 the layers
+Q5_0: w = d·(q − 16), whose q − 16 in −16..15 is an int8 code), or on the q8k matmul with a float32 scale and offset
+per 16 (Q6_K, Q5_K, Q5_1: `from_q8k`; `scales` then holds d and m), float32 sums rounded to the bfloat16 the layers
 compute in (an elementwise rounding: a row still does not depend on the other rows). The layer kernel does not take
 it (it reads the q4 layout only), so a layer with one runs the lean forward's torch-op layer around the kernels.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .q4_kernel import Q8Matmul, pack_q8
+from .q4_kernel import Q8KMatmul, Q8Matmul, pack_q8, pack_q8k
 
 
 class Q8Head(nn.Module):
@@ -54,6 +55,12 @@ class Q8Linear(Q8Head):
 
     row_invariant = True  # one thread sums each output in one order whatever the row count (q8_matmul.c)
 
+    @classmethod
+    def from_q8k(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, kernel: Q8KMatmul) -> Q8Linear:
+        """On the q8k matmul: codes [N, K] int8, d and m [N, K/16] float32 (w = d·q + m: Q6_K, Q5_K, Q5_1)."""
+        packed, dm = pack_q8k(codes, d, m)
+        return cls(packed, dm, codes.shape[1], kernel)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 → [..., N] bf16
         return super().forward(x).to(torch.bfloat16)
 
@@ -74,4 +81,5 @@ class Q8Linear(Q8Head):
             part.codes, part.scales = codes, scales
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 codes group 32, q8"
+        group, kind = self.codes.shape[2], self.kernel.KIND
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 codes group {group}, {kind}"

@@ -7,6 +7,7 @@
 
 const char *localspec_isa(void) { return LOCALSPEC_ISA; }
 const int localspec_group = LOCALSPEC_GROUP;
+const int localspec_k_group = LOCALSPEC_K_GROUP;
 const int localspec_lanes = LOCALSPEC_LANES;
 const int localspec_max_dim = LOCALSPEC_MAX_DIM;
 const int localspec_max_group = LOCALSPEC_MAX_GROUP;

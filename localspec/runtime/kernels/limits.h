@@ -18,6 +18,7 @@
 #endif
 
 #define LOCALSPEC_GROUP 32      /* weights per scale (and offset) along K: a GGUF block of Q4_1 or Q8_0 */
+#define LOCALSPEC_K_GROUP 16    /* the q8k matmul's: a Q6_K sub-block (Q5_K and Q5_1 groups of 32 are two) */
 #define LOCALSPEC_LANES 16      /* outputs per packed block of the matmuls; head sizes are multiples of it */
 #define LOCALSPEC_MAX_DIM 512   /* the attention kernel's largest head size */
 #define LOCALSPEC_MAX_GROUP 16  /* and most query heads per key-value head */

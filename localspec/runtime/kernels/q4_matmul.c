@@ -1,5 +1,6 @@
-/* y = x · Wᵀ for 4-bit weights in groups of 32 along K (w = q·d + m, q in 0..15, d and m float16) and bfloat16
- * activations, float32 sums. Every output element is computed by one thread in one fixed order whatever the row
+/* y = x · Wᵀ for 4-bit weights in groups of 32 along K (w = q·d + m, q in 0..15) and bfloat16 activations, float32
+ * sums: q4_matmul with float16 d and m (GGUF Q4_1, Q4_0), q4f_matmul with float32 ones (GGUF Q4_K, whose d·sc and
+ * dmin·m of a sub-block are exact in float32 and not in float16); one body, the scales' width a constant of it. Every output element is computed by one thread in one fixed order whatever the row
  * count M, so a row's result does not depend on the other rows in the call (bitwise); the weights of 16 outputs are
  * expanded once for up to CHUNK rows, which is what keeps a (K+1)-row verify cheap. Two builds of the same contract,
  * picked by the compiler's target (-march=native):
@@ -15,7 +16,7 @@
  *
  * Layout (runtime/q4_kernel.py packs it):
  *   codes [N/16][K/32][16][16] uint8: block (nb, g), pair j, lane i = q[16nb+i][32g+2j] | q[16nb+i][32g+2j+1] << 4
- *   dm    [N/16][K/32][2][16]  float16: d, then m, of outputs 16nb..16nb+15 in group g
+ *   dm    [N/16][K/32][2][16]  float16 (q4f: float32): d, then m, of outputs 16nb..16nb+15 in group g
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -23,15 +24,27 @@
 #include <string.h>
 
 #include "limits.h" /* LOCALSPEC_AVX512BF16 / LOCALSPEC_AVX2 */
-#include "scalar.h" /* rows_per_pass, float_to_bf16 */
+#include "scalar.h" /* rows_per_pass, float_to_bf16, group_sums */
 
 #if defined(LOCALSPEC_AVX512BF16)
 
 #define CHUNK 12 /* rows per pass over a block of weights: 2 accumulators a row, 24 of the 32 registers */
 
+/* Group g's d and m of a block's 16 outputs, from its (d, m) pairs: float16, or float32 where `wide`. */
+static inline __attribute__((always_inline)) void scales(const void *dm, int wide, int g, __m512 *d, __m512 *m) {
+    if (wide) {
+        const float *p = (const float *)dm + (size_t)g * 32;
+        *d = _mm512_loadu_ps(p);
+        *m = _mm512_loadu_ps(p + 16);
+    } else {
+        const uint16_t *p = (const uint16_t *)dm + (size_t)g * 32;
+        *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 16)));
+    }
+}
 
 
-static inline __attribute__((always_inline)) void block_rows(const uint8_t *codes, const uint16_t *dm,
+static inline __attribute__((always_inline)) void block_rows(const uint8_t *codes, const void *dm, int wide,
                                                              const uint16_t *x, const float *xsum, int k, int groups,
                                                              int rows, uint16_t *y, int n, int n0) {
     __m512 acc[CHUNK], part[CHUNK];
@@ -50,9 +63,9 @@ static inline __attribute__((always_inline)) void block_rows(const uint8_t *code
             for (int r = 0; r < rows; r++)
                 part[r] = _mm512_dpbf16_ps(part[r], (__m512bh)w, (__m512bh)_mm512_set1_epi32(xg[(size_t)r * k / 2 + j]));
         }
-        const uint16_t *p = dm + (size_t)g * 32;
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-        __m512 m = _mm512_fmadd_ps(minus128, d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 16))));
+        __m512 d, m;
+        scales(dm, wide, g, &d, &m);
+        m = _mm512_fmadd_ps(minus128, d, m);
         for (int r = 0; r < rows; r++) {
             acc[r] = _mm512_fmadd_ps(d, part[r], acc[r]);
             acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[(size_t)r * groups + g]), acc[r]);
@@ -69,7 +82,7 @@ static inline __attribute__((always_inline)) void block_rows(const uint8_t *code
  * with one row the chain's latency, not the bytes read, set the pace. This runs SPREAD groups' chains side by side
  * (each group's partial sum still starts at zero and takes its 16 products in j order) and folds them into acc in
  * group order, so every output has exactly block_rows' bits. */
-static inline __attribute__((always_inline)) void block_few_rows(const uint8_t *codes, const uint16_t *dm,
+static inline __attribute__((always_inline)) void block_few_rows(const uint8_t *codes, const void *dm, int wide,
                                                                  const uint16_t *x, const float *xsum, int k,
                                                                  int groups, int rows, uint16_t *y, int n, int n0) {
     __m512 acc[FEW], part[SPREAD][FEW];
@@ -93,9 +106,9 @@ static inline __attribute__((always_inline)) void block_few_rows(const uint8_t *
             }
         for (int s = 0; s < spread; s++) {
             const int g = g0 + s;
-            const uint16_t *p = dm + (size_t)g * 32;
-            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-            __m512 m = _mm512_fmadd_ps(minus128, d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 16))));
+            __m512 d, m;
+            scales(dm, wide, g, &d, &m);
+            m = _mm512_fmadd_ps(minus128, d, m);
             for (int r = 0; r < rows; r++) {
                 acc[r] = _mm512_fmadd_ps(d, part[s][r], acc[r]);
                 acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[(size_t)r * groups + g]), acc[r]);
@@ -106,44 +119,44 @@ static inline __attribute__((always_inline)) void block_few_rows(const uint8_t *
         _mm256_storeu_si256((__m256i *)(y + (size_t)r * n + n0), (__m256i)_mm512_cvtneps_pbh(acc[r]));
 }
 
-/* x [M, K] bf16, y [M, N] bf16, both contiguous; K % 32 == 0, N % 16 == 0. Returns 0, or -1 when out of memory. */
-int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint16_t *y, int rows, int k, int n,
-              int threads) {
+/* The rows of a call through output block nb, `per` rows a pass. */
+static inline __attribute__((always_inline)) void output_block(const uint16_t *x, const float *xsum,
+                                                               const uint8_t *codes, const void *dm, int wide,
+                                                               uint16_t *y, int rows, int per, int k, int n, int nb) {
+    const int groups = k / 32;
+    const uint8_t *c = codes + (size_t)nb * groups * 256;
+    const void *p = (const char *)dm + (size_t)nb * groups * 32 * (wide ? 4 : 2);
+    for (int r0 = 0; r0 < rows; r0 += per) {
+        const int count = rows - r0 < per ? rows - r0 : per;
+        const uint16_t *xr = x + (size_t)r0 * k;
+        const float *sr = xsum + (size_t)r0 * groups;
+        uint16_t *yr = y + (size_t)r0 * n;
+        switch (count) { /* a constant row count per case keeps the accumulators in registers */
+#define FEW_ROWS(R) \
+    case R: block_few_rows(c, p, wide, xr, sr, k, groups, R, yr, n, nb * 16); break;
+#define ROWS(R) \
+    case R: block_rows(c, p, wide, xr, sr, k, groups, R, yr, n, nb * 16); break;
+            FEW_ROWS(1) FEW_ROWS(2) FEW_ROWS(3)
+            ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
+#undef ROWS
+#undef FEW_ROWS
+        }
+    }
+}
+
+static int q4_run(const uint16_t *x, const uint8_t *codes, const void *dm, int wide, uint16_t *y, int rows, int k,
+                  int n, int threads) {
     const int groups = k / 32, blocks = n / 16;
     float *xsum = malloc(sizeof(float) * (size_t)rows * groups); /* [M, K/32]: Σ x over each group, in order */
     if (xsum == NULL) return -1;
-    for (int r = 0; r < rows; r++)
-        for (int g = 0; g < groups; g++) {
-            float s = 0.0f;
-            for (int i = 0; i < 32; i++) {
-                uint32_t bits = (uint32_t)x[(size_t)r * k + g * 32 + i] << 16;
-                float f;
-                memcpy(&f, &bits, sizeof f);
-                s += f;
-            }
-            xsum[(size_t)r * groups + g] = s;
-        }
+    group_sums(x, rows, k, 32, xsum);
     const int per = rows_per_pass(rows, CHUNK);
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int nb = 0; nb < blocks; nb++) {
-        const uint8_t *c = codes + (size_t)nb * groups * 256;
-        const uint16_t *p = dm + (size_t)nb * groups * 32;
-        for (int r0 = 0; r0 < rows; r0 += per) {
-            const int count = rows - r0 < per ? rows - r0 : per;
-            const uint16_t *xr = x + (size_t)r0 * k;
-            const float *sr = xsum + (size_t)r0 * groups;
-            uint16_t *yr = y + (size_t)r0 * n;
-            switch (count) { /* a constant row count per case keeps the accumulators in registers */
-#define FEW_ROWS(R) \
-    case R: block_few_rows(c, p, xr, sr, k, groups, R, yr, n, nb * 16); break;
-#define ROWS(R) \
-    case R: block_rows(c, p, xr, sr, k, groups, R, yr, n, nb * 16); break;
-                FEW_ROWS(1) FEW_ROWS(2) FEW_ROWS(3)
-                ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
-#undef ROWS
-#undef FEW_ROWS
-            }
-        }
+    for (int nb = 0; nb < blocks; nb++) { /* a constant width per branch: each is its own specialized code */
+        if (wide)
+            output_block(x, xsum, codes, dm, 1, y, rows, per, k, n, nb);
+        else
+            output_block(x, xsum, codes, dm, 0, y, rows, per, k, n, nb);
     }
     free(xsum);
     return 0;
@@ -170,6 +183,19 @@ static inline void expand(const uint8_t *c, float *q) {
  * row (codes expanded in registers), and to one or two rows at a time from q (expanded once for up to CHUNK rows);
  * they differ in which registers hold what, never in the operations, so a row's bits are the same in any call
  * (the self-check compares rows alone and inside calls of 1..13 rows). */
+static inline __attribute__((always_inline)) void scales(const void *dm, int wide, size_t g, __m256 *d, __m256 *m) {
+    for (int half = 0; half < 2; half++)
+        if (wide) {
+            const float *p = (const float *)dm + g * 32;
+            d[half] = _mm256_loadu_ps(p + half * 8);
+            m[half] = _mm256_loadu_ps(p + 16 + half * 8);
+        } else {
+            const uint16_t *p = (const uint16_t *)dm + g * 32;
+            d[half] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + half * 8)));
+            m[half] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 + half * 8)));
+        }
+}
+
 static inline void finish(__m256 p[2][2], const __m256 *d, const __m256 *m, float xsum, float *acc) {
     const __m256 xs = _mm256_set1_ps(xsum);
     for (int half = 0; half < 2; half++) {
@@ -222,9 +248,41 @@ static inline void group_two_rows(const float *q, const float *x, const float *x
     finish(p2, d, m, xsum2, acc2);
 }
 
-/* x [M, K] bf16, y [M, N] bf16, both contiguous; K % 32 == 0, N % 16 == 0. Returns 0, or -1 when out of memory. */
-int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint16_t *y, int rows, int k, int n,
-              int threads) {
+/* The rows of a call through output block nb, CHUNK rows a pass (xf: x in float32, then Σ x per group). */
+static inline __attribute__((always_inline)) void output_block(const float *xf, const float *xsum,
+                                                               const uint8_t *codes, const void *dm, int wide,
+                                                               uint16_t *y, int rows, int k, int n, int nb) {
+    const int groups = k / 32;
+    float q[32 * 16] __attribute__((aligned(32))), acc[CHUNK * 16];
+    for (int r0 = 0; r0 < rows; r0 += CHUNK) {
+        const int count = rows - r0 < CHUNK ? rows - r0 : CHUNK;
+        memset(acc, 0, sizeof(float) * 16 * count);
+        for (int g = 0; g < groups; g++) {
+            __m256 d[2], m[2];
+            scales(dm, wide, (size_t)nb * groups + g, d, m);
+            const uint8_t *c = codes + ((size_t)nb * groups + g) * 256;
+            if (count == 1) {
+                group_one_row(c, xf + (size_t)r0 * k + g * 32, d, m, xsum[(size_t)r0 * groups + g], acc);
+                continue;
+            }
+            expand(c, q);
+            int r = 0;
+            for (; r + 1 < count; r += 2) {
+                const size_t a = (size_t)(r0 + r), b = a + 1;
+                group_two_rows(q, xf + a * k + g * 32, xf + b * k + g * 32, d, m, xsum[a * groups + g],
+                               xsum[b * groups + g], acc + r * 16, acc + (r + 1) * 16);
+            }
+            if (r < count)
+                group_row(q, xf + (size_t)(r0 + r) * k + g * 32, d, m, xsum[(size_t)(r0 + r) * groups + g],
+                          acc + r * 16);
+        }
+        for (int r = 0; r < count; r++)
+            for (int i = 0; i < 16; i++) y[(size_t)(r0 + r) * n + nb * 16 + i] = float_to_bf16(acc[r * 16 + i]);
+    }
+}
+
+static int q4_run(const uint16_t *x, const uint8_t *codes, const void *dm, int wide, uint16_t *y, int rows, int k,
+                  int n, int threads) {
     const int groups = k / 32, blocks = n / 16;
     float *xf = malloc(sizeof(float) * ((size_t)rows * k + (size_t)rows * groups)); /* x in float32, then Σ x */
     if (xf == NULL) return -1;
@@ -233,47 +291,30 @@ int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint1
         uint32_t bits = (uint32_t)x[i] << 16;
         memcpy(xf + i, &bits, sizeof bits);
     }
-    for (int r = 0; r < rows; r++)
-        for (int g = 0; g < groups; g++) {
-            float s = 0.0f;
-            for (int i = 0; i < 32; i++) s += xf[(size_t)r * k + g * 32 + i];
-            xsum[(size_t)r * groups + g] = s;
-        }
+    group_sums(x, rows, k, 32, xsum);
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int nb = 0; nb < blocks; nb++) {
-        float q[32 * 16] __attribute__((aligned(32))), acc[CHUNK * 16];
-        for (int r0 = 0; r0 < rows; r0 += CHUNK) {
-            const int count = rows - r0 < CHUNK ? rows - r0 : CHUNK;
-            memset(acc, 0, sizeof(float) * 16 * count);
-            for (int g = 0; g < groups; g++) {
-                const uint16_t *p = dm + ((size_t)nb * groups + g) * 32;
-                __m256 d[2], m[2];
-                for (int half = 0; half < 2; half++) {
-                    d[half] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + half * 8)));
-                    m[half] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 + half * 8)));
-                }
-                const uint8_t *c = codes + ((size_t)nb * groups + g) * 256;
-                if (count == 1) {
-                    group_one_row(c, xf + (size_t)r0 * k + g * 32, d, m, xsum[(size_t)r0 * groups + g], acc);
-                    continue;
-                }
-                expand(c, q);
-                int r = 0;
-                for (; r + 1 < count; r += 2) {
-                    const size_t a = (size_t)(r0 + r), b = a + 1;
-                    group_two_rows(q, xf + a * k + g * 32, xf + b * k + g * 32, d, m, xsum[a * groups + g],
-                                   xsum[b * groups + g], acc + r * 16, acc + (r + 1) * 16);
-                }
-                if (r < count)
-                    group_row(q, xf + (size_t)(r0 + r) * k + g * 32, d, m, xsum[(size_t)(r0 + r) * groups + g],
-                              acc + r * 16);
-            }
-            for (int r = 0; r < count; r++)
-                for (int i = 0; i < 16; i++) y[(size_t)(r0 + r) * n + nb * 16 + i] = float_to_bf16(acc[r * 16 + i]);
-        }
+    for (int nb = 0; nb < blocks; nb++) { /* a constant width per branch: each is its own specialized code */
+        if (wide)
+            output_block(xf, xsum, codes, dm, 1, y, rows, k, n, nb);
+        else
+            output_block(xf, xsum, codes, dm, 0, y, rows, k, n, nb);
     }
     free(xf);
     return 0;
 }
 
+#endif
+
+#if defined(LOCALSPEC_AVX512BF16) || defined(LOCALSPEC_AVX2)
+/* x [M, K] bf16, y [M, N] bf16, both contiguous; K % 32 == 0, N % 16 == 0. Returns 0, or -1 when out of memory. */
+int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint16_t *y, int rows, int k, int n,
+              int threads) {
+    return q4_run(x, codes, dm, 0, y, rows, k, n, threads);
+}
+
+/* The same with float32 d and m (dm [N/16][K/32][2][16] float32). */
+int q4f_matmul(const uint16_t *x, const uint8_t *codes, const float *dm, uint16_t *y, int rows, int k, int n,
+               int threads) {
+    return q4_run(x, codes, dm, 1, y, rows, k, n, threads);
+}
 #endif

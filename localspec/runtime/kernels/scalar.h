@@ -29,6 +29,16 @@ static inline int rows_per_pass(int rows, int chunk) {
     return passes ? (rows + passes - 1) / passes : 1;
 }
 
+/* Σ x over each group of `len` of each bfloat16 row, in order: xsum [M, K/len] (the factor of a group's offset m). */
+static inline void group_sums(const uint16_t *x, int rows, int k, int len, float *xsum) {
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < k / len; g++) {
+            float s = 0.0f;
+            for (int i = 0; i < len; i++) s += bf16_to_float(x[(size_t)r * k + g * len + i]);
+            xsum[(size_t)r * (k / len) + g] = s;
+        }
+}
+
 /* exp(x) for x <= 0 (a score minus its row's maximum, or -|x|): 0 below -87 (exp(-87) < 2^-125: against the
  * values it is added to, far under float32's resolution); otherwise x = n·ln 2 + r with n = round(x / ln 2)
  * (Cody-Waite, ln 2 in two parts), e^r by its Taylor series to r^7 in Horner form (|r| <= ln 2 / 2: truncation under
