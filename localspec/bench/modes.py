@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from localspec.config import K_MAX, K_MIN, ConfigError, SamplingParams, SpecConfig, check_tree_nodes, k_error
+from localspec.engine.events import steps
 from localspec.engine.metrics import StatsSnapshot
 
 from .llama_cpp import LLAMA_MODES
@@ -240,7 +241,7 @@ def run_engine(session, mode: Mode, prompt_ids: list[int], max_new_tokens: int) 
     ks: list[int] = []
     last = None
     started, cpu_started = time.perf_counter(), time.process_time()
-    for event in session.engine.generate(prompt_ids, sampling, spec, proposer):
+    for event in steps(session.engine.generate(prompt_ids, sampling, spec, proposer)):
         token_ids.extend(token.token_id for token in event.tokens)
         ks.append(event.stats.k)
         last = event
