@@ -15,7 +15,7 @@ from localspec.config import (
     check_max_new_tokens,
     require_proposer,
 )
-from localspec.engine.events import StepEvent
+from localspec.engine.events import EngineEvent, StepEvent
 from localspec.engine.loop import Engine
 from localspec.engine.policy import drafts_trees
 from localspec.models.chat_template import template_ids
@@ -320,8 +320,8 @@ class ChatSession:
 
     def stream(
         self, messages: list[dict], sampling: SamplingParams, spec: SpecConfig, cancel: Optional[threading.Event] = None
-    ) -> Iterator[StepEvent]:
-        """Yield the engine's step events with each token's text filled in."""
+    ) -> Iterator[EngineEvent]:
+        """Yield the engine's events with each token's text filled in (a PrefillProgress as it came)."""
         sampling.validate()
         ids, _notice = self.prompt_ids(messages, sampling.max_new_tokens, cancel=cancel)
         yield from self.stream_ids(ids, sampling, spec, cancel)
@@ -334,11 +334,15 @@ class ChatSession:
         cancel: Optional[threading.Event] = None,
         first_source: list[int] | tuple[int, ...] = (),
         constraint: Optional[Constraint] = None,
-    ) -> Iterator[StepEvent]:
-        """first_source: what the history proposers search first (see make_proposer). constraint: a grammar the
-        answer follows (structured/grammar.py), applied to the target's distribution at every position."""
+    ) -> Iterator[EngineEvent]:
+        """The engine's events, each step's tokens with their text. first_source: what the history proposers search
+        first (see make_proposer). constraint: a grammar the answer follows (structured/grammar.py), applied to the
+        target's distribution at every position."""
         proposer, processors = self.answer_parts(spec, first_source, constraint)
         detok = IncrementalDetokenizer(self.tokenizer)
         for event in self.engine.generate(ids, sampling, spec, proposer, cancel, processors):
+            if not isinstance(event, StepEvent):
+                yield event
+                continue
             tokens = tuple(replace(tok, text=detok.push(tok.token_id)) for tok in event.tokens)
             yield replace(event, tokens=tokens)

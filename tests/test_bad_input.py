@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.engine.events import steps
 from localspec.models.registry import parse_registry
 
 GOOD_YAML = "- name: ok\n  target: {source: owner/model}\n"
@@ -336,7 +337,7 @@ def test_message_longer_than_the_context(tiny_session):
     assert len(ids) <= context - 16
     assert tiny_session.tokenizer.decode(ids).rstrip().endswith("<|im_start|>assistant")  # the reply prompt stays
     tokens = []
-    for event in tiny_session.stream_ids(ids, SamplingParams(max_new_tokens=6), tiny_session.default_spec()):
+    for event in steps(tiny_session.stream_ids(ids, SamplingParams(max_new_tokens=6), tiny_session.default_spec())):
         tokens.extend(event.tokens)
     assert tokens  # the answer still comes
     assert_session_usable(tiny_session)

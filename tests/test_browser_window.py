@@ -2,13 +2,16 @@
 
 The window runs on echo sessions (localspec/ui/echo.py) with a conversation store, so each path is driven by text
 the test chooses: a second pair that takes a while to load and to index its history (the switch race), messages
-that stream slowly (Stop during Compare) or wait until Stop (stopped before the first token). The first-start test
+that stream slowly (Stop during Compare), wait until Stop (stopped before the first token) or read a long prompt
+first (held before the first token until the test saw the window say so). The first-start test
 runs `python app.py` on a fresh data folder.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import threading
 import time
 import urllib.request
 from dataclasses import replace
@@ -29,6 +32,9 @@ SLOW_STEP_S = 0.1  # a "slow:" message streams two tokens per step
 WAIT = "wait for Stop"  # a message that says nothing until Stop
 COUNT = "how many messages"  # answered with the number of messages the model was given
 LONG = " ".join(f"word{i}" for i in range(300))  # 256 tokens and more
+READ = "read:"  # a message whose prompt is 4,000 tokens long, read in chunks of READ_STEP_S
+READ_STEP_S = 0.15  # 8 chunks: the reading passes a second, and the window says so
+READ_HELD = threading.Event()  # the first token of a READ message waits for it
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +49,7 @@ def chromium():
 def window_session(pair, progress=lambda _m: None):
     """An echo session: `slow:` messages stream slowly, WAIT says nothing until Stop; the second pair loads for
     LOAD_S (saying its stages) and builds its history index for INDEX_S."""
+    from localspec.engine.events import StepEvent
     from localspec.ui.echo import EchoSession
 
     class WindowEcho(EchoSession):
@@ -69,9 +76,14 @@ def window_session(pair, progress=lambda _m: None):
 
         def stream_ids(self, ids, sampling, spec, cancel=None, first_source=()):
             self.step_s = SLOW_STEP_S if self._text.startswith("slow:") else 0.005
+            reading = self._text.startswith(READ)
+            self.prompt_tokens, self.step_s = (4000, READ_STEP_S) if reading else (0, self.step_s)
             if self._text == WAIT and cancel is not None:
                 cancel.wait(60)
-            yield from super().stream_ids(ids, sampling, spec, cancel, first_source)
+            for event in super().stream_ids(ids, sampling, spec, cancel, first_source):
+                if reading and isinstance(event, StepEvent):
+                    READ_HELD.wait(60)
+                yield event
 
     if pair.name != "echo":
         progress(f"Loading {pair.name}…")
@@ -254,6 +266,24 @@ def test_a_new_answer_takes_the_old_compare_away_while_it_streams(chromium, wind
     page.click("#ls-send")
     page.wait_for_selector("#ls-transcript .ls-cursor", timeout=30_000)
     assert not page.locator("#ls-compare-panel .ls-compare").is_visible()  # while the new answer streams
+    context.close()
+
+
+def test_a_long_prompt_says_it_is_being_read_then_answers(chromium, window):
+    READ_HELD.clear()
+    context, page = open_window(chromium, window)
+    page.fill("#ls-message textarea", f"{READ} the pasted document")
+    page.click("#ls-send")
+    try:
+        wait_status(page, "Reading the prompt…", 30_000)  # after a second of reading; the answer is held till then
+    finally:
+        READ_HELD.set()
+    shown = page.inner_text("#ls-status")
+    assert re.fullmatch(r"Reading the prompt… \d,\d{3} / 4,000 tokens \(\d+ %\)", shown.strip()), shown
+    wait_status(page, "Done")
+    assert f"{READ} the pasted document" in page.locator("#ls-transcript .ls-assistant").last.inner_text()
+    statuses = page.evaluate("window.lsStatuses")
+    assert "Reading the prompt" not in statuses[-1] and "Done" in statuses[-1], statuses
     context.close()
 
 

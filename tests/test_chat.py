@@ -4,6 +4,7 @@ import pytest
 
 from localspec.chat import IncrementalDetokenizer
 from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.engine.events import steps
 
 
 def test_stream_fills_text_and_kinds(tiny_session):
@@ -40,7 +41,7 @@ def test_old_turns_dropped_then_long_message_cut(tiny_session):
     ids, notice = tiny_session.prompt_ids(huge, 100)
     assert len(ids) <= max_context - 100 and "only its end was kept" in notice
     assert "the end" in tiny_session.tokenizer.decode(ids)
-    events = list(tiny_session.stream(huge, SamplingParams(max_new_tokens=5), SpecConfig(proposer="none")))
+    events = list(steps(tiny_session.stream(huge, SamplingParams(max_new_tokens=5), SpecConfig(proposer="none"))))
     assert sum(len(e.tokens) for e in events) == 5
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from localspec.config import ConfigError, SamplingParams, SpecConfig
+from localspec.engine.events import steps
 from localspec.engine.loop import Engine
 from localspec.proposers import DraftModelProposer, NgramProposer
 from tests.support import COUNTING_PROMPT
@@ -15,7 +16,7 @@ PROMPT = COUNTING_PROMPT
 
 
 def run(engine, proposer, spec, sampling, prompt=PROMPT, cancel=None):
-    events = list(engine.generate(prompt, sampling, spec, proposer, cancel))
+    events = list(steps(engine.generate(prompt, sampling, spec, proposer, cancel)))  # a long prompt's progress left out
     tokens = [t for e in events for t in e.tokens]
     return [t.token_id for t in tokens], tokens, events
 
@@ -219,3 +220,24 @@ def test_top_logprobs_zero_adds_nothing_and_the_range_is_checked(engine):
     for bad in (21, -1):
         with pytest.raises(ConfigError, match="top logprobs must be between 0 and 20"):
             SamplingParams(top_logprobs=bad).validate()
+
+
+def test_a_long_prompt_is_read_with_progress_between_chunks_and_the_same_answer(engine, monkeypatch):
+    from localspec.engine.events import PrefillProgress, StepEvent
+
+    sampling, spec = SamplingParams(max_new_tokens=8), SpecConfig(proposer="none")
+    whole, _, _ = run(engine, None, spec, sampling)  # read in one forward
+    monkeypatch.setattr("localspec.engine.loop.PREFILL_CHUNK", 12)
+    events = list(engine.generate(PROMPT, sampling, spec))
+    progress = [e for e in events if isinstance(e, PrefillProgress)]
+    stepped = [e for e in events if isinstance(e, StepEvent)]
+    assert events[: len(progress)] == progress  # all before the first step
+    assert [p.read for p in progress] == [12, 24, 36, len(PROMPT)]  # 39 cached in 4 forwards, then all read
+    assert {p.total for p in progress} == {len(PROMPT)}
+    assert all(a.elapsed_s <= b.elapsed_s for a, b in zip(progress, progress[1:]))
+    assert [t.token_id for e in stepped for t in e.tokens] == whole  # reading in chunks changes no token
+    assert stepped[-1].stats.target_forwards == len(stepped) == 8  # no progress event counted as a step
+
+    # a prompt read in one forward (all of it but its last token, which the first step reads) says nothing
+    monkeypatch.setattr("localspec.engine.loop.PREFILL_CHUNK", len(PROMPT) - 1)
+    assert all(isinstance(e, StepEvent) for e in engine.generate(PROMPT, sampling, spec))

@@ -134,6 +134,47 @@ def test_stream_equals_non_stream_and_ends_with_done(client):
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
 
 
+def test_prompt_reading_progress_sends_no_chunk_and_leaves_usage_alone(client, tiny_session, monkeypatch):
+    from localspec.engine.events import PrefillProgress
+
+    seen, stream_ids = [], tiny_session.stream_ids
+
+    def spy(ids, sampling, spec, cancel=None, **constrained):
+        for event in stream_ids(ids, sampling, spec, cancel, **constrained):
+            seen.append(event)
+            yield event
+
+    monkeypatch.setattr(tiny_session, "stream_ids", spy)
+    plain = {"provenance": True, "proposer": "none"}  # one token a step: the chunks do not depend on timing
+    request = body(stream=True, stream_options={"include_usage": True}, localspec=plain)
+
+    def streamed() -> tuple[list, dict, float]:
+        """Each chunk's (content, finish reason, token ids and kinds); the usage less its time; that time."""
+        seen.clear()
+        with client.stream("POST", "/v1/chat/completions", json=request) as r:
+            raw = "".join(r.iter_text())
+        chunks = [json.loads(e[6:]) for e in raw.split("\n\n") if e and e != "data: [DONE]"]
+        *answer, last = chunks
+        shape = [
+            (
+                c["choices"][0]["delta"].get("content"),
+                c["choices"][0]["finish_reason"],
+                [(t["id"], t["kind"]) for t in c["choices"][0]["localspec"]["tokens"]],
+            )
+            for c in answer
+        ]
+        usage = dict(last["usage"])
+        return shape, usage, usage.pop("time_to_first_token_s")
+
+    whole, usage, _ = streamed()
+    assert not any(isinstance(e, PrefillProgress) for e in seen)  # the prompt in one forward
+    monkeypatch.setattr("localspec.engine.loop.PREFILL_CHUNK", 4)
+    chunked, chunked_usage, first_token_s = streamed()
+    assert sum(isinstance(e, PrefillProgress) for e in seen) >= 2  # the engine told the prompt's progress …
+    assert chunked == whole and chunked_usage == usage  # … and the client got the same chunks, none more
+    assert first_token_s > 0 and chunked_usage["completion_tokens"] == 12
+
+
 def test_stop_string_cuts_the_answer(client):
     whole = client.post("/v1/chat/completions", json=body(max_tokens=24)).json()["choices"][0]["message"]["content"]
     stop = whole[4:6]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from localspec.config import K_MAX, K_MIN, ConfigError, SamplingParams, SpecConfig, check_tree_nodes, k_error
+from localspec.engine.events import steps
 from localspec.engine.metrics import StatsSnapshot
 from localspec.structured.grammar import Constraint
 
@@ -263,7 +264,7 @@ def run_engine(
     last = None
     started, cpu_started = time.perf_counter(), time.process_time()
     proposer, processors = session.answer_parts(spec, constraint=constraint)
-    for event in session.engine.generate(prompt_ids, sampling, spec, proposer, processors=processors):
+    for event in steps(session.engine.generate(prompt_ids, sampling, spec, proposer, processors=processors)):
         token_ids.extend(token.token_id for token in event.tokens)
         ks.append(event.stats.k)
         last = event

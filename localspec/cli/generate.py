@@ -6,6 +6,7 @@ import json
 import sys
 
 from localspec.config import ConfigError, SamplingParams, check_tree_nodes
+from localspec.engine.events import steps
 from localspec.store.validation import validate_messages
 
 from .common import (
@@ -60,7 +61,7 @@ def run(args) -> int:
         proposer=args.proposer, k=args.k, sampler=args.sampler, adaptive=adaptive, tree_nodes=args.tree_nodes
     ).validate()
     tokens, last = [], None
-    for event in session.stream(messages, sampling, spec):
+    for event in steps(session.stream(messages, sampling, spec)):
         tokens.extend(event.tokens)
         last = event
         if not args.json:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from localspec.config import SamplingParams
+from localspec.engine.events import steps
 from localspec.verify import get_verifier, rejection_sample, triton_available
 from localspec.verify.checks import compare_outputs, emitted_distribution_pvalues, make_verify_case
 
@@ -149,9 +150,9 @@ def check_greedy_lossless(args, device: torch.device, info: dict) -> CheckResult
     details = []
     for prompt in PROMPTS:
         ids, _notice = session.prompt_ids([{"role": "user", "content": prompt}], GREEDY_TOKENS)
-        plain = [t.token_id for ev in session.stream_ids(ids, sampling, plain_spec) for t in ev.tokens]
+        plain = [t.token_id for ev in steps(session.stream_ids(ids, sampling, plain_spec)) for t in ev.tokens]
         spec_tokens, accepted = [], 0
-        for ev in session.stream_ids(ids, sampling, spec):
+        for ev in steps(session.stream_ids(ids, sampling, spec)):
             spec_tokens.extend(t.token_id for t in ev.tokens)
             accepted = ev.stats.accepted
         result = compare_greedy(loaded.target, ids, plain, spec_tokens, guarantee)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from localspec.config import DEFAULT_K, SamplingParams, SpecConfig
+from localspec.engine.events import steps
 from localspec.proposers.base import DraftNoise
 from localspec.runtime.model_runner import ModelRunner
 
@@ -38,7 +39,7 @@ def generate_ids(engine, ids, sampling, spec, proposer):
     """One answer through the engine: (emitted ids, the last step's stats, seconds)."""
     out, stats = [], None
     t0 = time.perf_counter()
-    for event in engine.generate(ids, sampling, spec, proposer):
+    for event in steps(engine.generate(ids, sampling, spec, proposer)):
         out.extend(t.token_id for t in event.tokens)
         stats = event.stats
     return out, stats, time.perf_counter() - t0

@@ -2,8 +2,8 @@
 step function (step.py), events, metrics and the adaptive controllers. Sits on runtime/ (sampling, trees, model
 runner), proposers/ and verify/; knows only token ids and never imports the UI."""
 
-from .events import StepEvent, TokenEvent
+from .events import EngineEvent, PrefillProgress, StepEvent, TokenEvent, steps
 from .loop import Engine
 from .metrics import StatsSnapshot
 
-__all__ = ["Engine", "StatsSnapshot", "StepEvent", "TokenEvent"]
+__all__ = ["Engine", "EngineEvent", "PrefillProgress", "StatsSnapshot", "StepEvent", "TokenEvent", "steps"]

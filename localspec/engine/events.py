@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal, Optional, get_args
+from typing import Literal, Optional, Union, get_args
 
 from .metrics import StatsSnapshot
 from .plan import PLAIN, StepPlan
@@ -12,7 +13,18 @@ TokenKind = Literal["accepted", "resampled", "bonus", "target"]
 TOKEN_KINDS: tuple[TokenKind, ...] = get_args(TokenKind)
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
-__all__ = ["TokenKind", "TOKEN_KINDS", "FinishReason", "TokenEvent", "StatsSnapshot", "StepEvent", "StepPlan"]
+__all__ = [
+    "TokenKind",
+    "TOKEN_KINDS",
+    "FinishReason",
+    "TokenEvent",
+    "StatsSnapshot",
+    "StepEvent",
+    "StepPlan",
+    "PrefillProgress",
+    "EngineEvent",
+    "steps",
+]
 
 
 @dataclass(frozen=True)
@@ -110,3 +122,27 @@ class StepEvent:
     ) -> StepEvent:
         """The answer ends without emitting this step: cancelled, or an error (with its message)."""
         return cls(propose_token_num=drafted, stats=stats, finished=True, finish_reason=reason, error=error, plan=plan)
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """The prompt is being read: `read` of its `total` tokens are in the cache, `elapsed_s` seconds after the engine
+    took the answer (the clock of StatsSnapshot.first_token_s). Yielded between the prefill's forwards of a prompt
+    longer than one of them, the last one with read == total just before the first step; never for a prompt read in
+    one forward. It emits nothing and is no step: a consumer that counts steps or tokens skips it (`steps`)."""
+
+    read: int
+    total: int
+    elapsed_s: float
+
+    @property
+    def fraction(self) -> float:
+        return self.read / self.total if self.total else 1.0
+
+
+EngineEvent = Union[StepEvent, PrefillProgress]  # what Engine.generate yields
+
+
+def steps(events: Iterable[EngineEvent]) -> Iterator[StepEvent]:
+    """The step events of an engine stream, for a consumer with no use for the prompt's reading progress."""
+    return (event for event in events if isinstance(event, StepEvent))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Optional
 
 import torch
@@ -25,13 +25,13 @@ from localspec.runtime.plan import plan_forward
 from localspec.verify import get_verifier
 
 from .drafts import Draft, draft_for
-from .events import StepEvent
+from .events import EngineEvent, PrefillProgress, StepEvent
 from .plan import StepPlan
 from .policy import Controllers, StepPolicy
 from .run import Run
 from .step import step
 
-PREFILL_CHUNK = 512  # prompt tokens per prefill forward: a cancel is looked at between them
+PREFILL_CHUNK = 512  # prompt tokens per prefill forward: a cancel is looked at, and progress told, between them
 
 
 class Engine:
@@ -60,8 +60,9 @@ class Engine:
         proposer: Optional[Proposer] = None,
         cancel: Optional[threading.Event] = None,
         processors: Sequence[TargetProcessor] = (),
-    ) -> Iterator[StepEvent]:
-        """Answer prompt_ids, one StepEvent per target forward. proposer None (or spec.proposer 'none') is plain
+    ) -> Iterator[EngineEvent]:
+        """Answer prompt_ids, one StepEvent per target forward, after a PrefillProgress between the prefill's forwards
+        of a prompt longer than one (events.py). proposer None (or spec.proposer 'none') is plain
         autoregressive decoding through the same loop: the baseline every speedup is measured against. processors:
         what changes the target's distribution at every position (runtime/logits_processors.py), fresh for this
         answer."""
@@ -70,7 +71,7 @@ class Engine:
         )
         try:
             with self.lock:
-                if not self._prefill(run, prompt_ids, cancel):
+                if not (yield from self._prefill(run, prompt_ids, cancel)):
                     yield StepEvent.finished_early(run.snapshot(), "cancelled")
                     return
                 yield from self._steps(run, policy, cancel)
@@ -90,22 +91,30 @@ class Engine:
         run = Run.start(prompt_ids, sampling, spec, proposer, verify, device, limit, processors)
         return run, StepPolicy(self.controllers, spec, proposer, run.max_k, self.target.supports_tree)
 
-    def _prefill(self, run: Run, prompt_ids: list[int], cancel: Optional[threading.Event] = None) -> bool:
+    def _prefill(
+        self, run: Run, prompt_ids: list[int], cancel: Optional[threading.Event] = None
+    ) -> Generator[PrefillProgress, None, bool]:
         """Cache the prompt but its last token (whose logits are the first verified position); start the proposer.
-        A long prompt runs in forwards of PREFILL_CHUNK tokens; False when `cancel` was set between two of them."""
+        A long prompt runs in forwards of PREFILL_CHUNK tokens, with a PrefillProgress after each and one more once
+        the prompt is read; returns False when `cancel` was set during one of them (the rest is never run)."""
         self.target.reset()
         started = time.perf_counter()
         cached = prompt_ids[:-1]  # its logits are never read (logits_to_keep 0)
+        total, chunk = len(prompt_ids), PREFILL_CHUNK
         hiddens = []
-        for start in range(0, len(cached), PREFILL_CHUNK):
-            if start and cancel is not None and cancel.is_set():
-                return False
-            chunk = cached[start : start + PREFILL_CHUNK]
-            hiddens.append(self.target.extend(chunk, run.wants_hidden, 0, run.feature_layers).hidden)
+        for start in range(0, len(cached), chunk):
+            piece = cached[start : start + chunk]
+            hiddens.append(self.target.extend(piece, run.wants_hidden, 0, run.feature_layers).hidden)
+            if start + chunk < len(cached):
+                if cancel is not None and cancel.is_set():
+                    return False
+                yield PrefillProgress(start + chunk, total, time.perf_counter() - run.started)
         hidden = (hiddens[0] if len(hiddens) == 1 else torch.cat(hiddens)) if run.wants_hidden and hiddens else None
         if run.proposer is not None:
             run.proposer.begin(list(prompt_ids), hidden)
         run.prefilled(time.perf_counter() - started)
+        if len(cached) > chunk:  # the last token is read by the first step, which follows at once
+            yield PrefillProgress(total, total, time.perf_counter() - run.started)
         return True
 
     def _steps(self, run: Run, policy: StepPolicy, cancel: Optional[threading.Event]) -> Iterator[StepEvent]:

@@ -10,6 +10,7 @@ from typing import Optional, Protocol
 
 from localspec.chat import PromptTooLong
 from localspec.config import ConfigError, PairSpec
+from localspec.engine.events import steps
 from localspec.models.fim import fim_prompt_ids
 from localspec.structured.tools import generic_messages, native_messages, template_uses_tools
 
@@ -181,7 +182,8 @@ class Job:
         check_model(self.backend, request.model)  # the same pair still: a switch waits behind this request
         spec = request.spec_for(session)
         constrained = {"constraint": request.constraint} if request.constraint is not None else {}
-        for event in session.stream_ids(ids, request.sampling, spec, self.cancel, **constrained):
+        # the prompt's reading progress is the window's: an OpenAI client is sent no chunk it does not know
+        for event in steps(session.stream_ids(ids, request.sampling, spec, self.cancel, **constrained)):
             if self.metrics is not None:  # the request itself is counted by the route, with what it answered
                 self.metrics.observe_step(event, model=name)
             if event.finish_reason == "error":

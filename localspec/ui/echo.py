@@ -16,10 +16,11 @@ from dataclasses import replace
 from typing import Optional
 
 from localspec.config import ModelSpec, PairSpec, SamplingParams, SpecConfig
-from localspec.engine.events import StatsSnapshot, StepEvent, TokenEvent
+from localspec.engine.events import EngineEvent, PrefillProgress, StatsSnapshot, StepEvent, TokenEvent
 
 PIECE = re.compile(r"\s+|\w{1,4}|[^\w\s]{1,2}")  # roughly how a BPE tokenizer cuts text
 CYCLE = ("accepted", "accepted", "resampled", "bonus", "target")
+READ_CHUNK = 512  # prompt tokens "read" per step_s when the session is given a prompt length (the engine's chunk)
 ECHO_PAIR = PairSpec(name="echo", target=ModelSpec(source="echo"), k=3, default_proposer="ngram")
 
 
@@ -37,13 +38,15 @@ class _Tokenizer:
 
 class EchoSession:
     """Answers each message with its own text; token kinds cycle accepted, accepted, resampled, bonus, target.
-    Its speculation defaults are its entry's (default proposer, K, tree nodes, adaptive)."""
+    Its speculation defaults are its entry's (default proposer, K, tree nodes, adaptive). With prompt_tokens over
+    READ_CHUNK it first reads that long a prompt as the engine does, a PrefillProgress per chunk of step_s."""
 
     notices: tuple[str, ...] = ()  # nothing of a pair failed to load
     vocab_size: Optional[int] = None  # no model: its history index holds no ids to check
 
-    def __init__(self, step_s: float = 0.0, pair: PairSpec = ECHO_PAIR) -> None:
+    def __init__(self, step_s: float = 0.0, pair: PairSpec = ECHO_PAIR, prompt_tokens: int = 0) -> None:
         self.step_s = step_s
+        self.prompt_tokens = prompt_tokens
         self.pair = pair
         self.tokenizer = _Tokenizer()
         self.loaded = None
@@ -75,9 +78,10 @@ class EchoSession:
         spec: SpecConfig,
         cancel: Optional[threading.Event] = None,
         first_source: tuple[int, ...] = (),
-    ) -> Iterator[StepEvent]:
+    ) -> Iterator[EngineEvent]:
         parts = pieces(self._text)[: sampling.max_new_tokens]
         started, emitted = time.perf_counter(), 0
+        yield from self._read(started)
         for step in range(0, len(parts), 2):
             if cancel is not None and cancel.is_set():
                 yield StepEvent((), 0.0, 0.0, 0.0, 0, 0, StatsSnapshot(emitted=emitted), True, "cancelled")
@@ -114,6 +118,14 @@ class EchoSession:
             yield StepEvent(tuple(tokens), 0.0, 0.0, 0.0, len(tokens), 1, stats, done, "stop" if done else None)
         if not parts:
             yield StepEvent((), 0.0, 0.0, 0.0, 0, 0, StatsSnapshot(), True, "stop")
+
+    def _read(self, started: float) -> Iterator[PrefillProgress]:
+        total = self.prompt_tokens
+        if total <= READ_CHUNK:
+            return
+        for read in (*range(READ_CHUNK, total, READ_CHUNK), total):
+            time.sleep(self.step_s)
+            yield PrefillProgress(read, total, time.perf_counter() - started)
 
 
 def echo_manager(step_s: float = 0.0):

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import gradio as gr
 
 from localspec.config import ConfigError
+from localspec.engine.events import PrefillProgress
 from localspec.engine.metrics import StatsSnapshot
 
 from .loadbar import LoadProgress
@@ -42,6 +43,17 @@ UNCHANGED = (gr.skip(),) * 3  # the proposer, K and tree-nodes controls left as 
 STOPPING = "Stopping…"
 WAITING = "Waiting: another answer is streaming (the model answers one request at a time)…"
 NEW_CHAT = "Cleared: the next message starts a new chat."
+ANSWERING = "Answering… (Stop keeps the partial answer)"
+READING = "Reading the prompt…"
+READING_SHOWN_AFTER_S = 1.0  # a prompt read faster than this is not worth a line of its own
+
+
+def reading_status(progress: PrefillProgress, shown_after_s: float = READING_SHOWN_AFTER_S) -> Optional[str]:
+    """The status while the engine reads a long prompt, once it has taken shown_after_s; None before."""
+    if progress.elapsed_s < shown_after_s:
+        return None
+    percent = 100 * progress.read // max(progress.total, 1)  # rounded down: 100 % only once it is all read
+    return f"{READING} {progress.read:,} / {progress.total:,} tokens ({percent} %)"
 
 
 def _tokens_text(n: int) -> str:
@@ -79,6 +91,8 @@ def answer_stats_html(turn: Optional[AssistantTurn], finish_reason: Optional[str
 
 
 class Handlers:
+    reading_shown_after_s = READING_SHOWN_AFTER_S
+
     def __init__(self, manager: ModelManager, recorder: Any = None, notice: Optional[str] = None) -> None:
         self.manager = manager
         self.notice = notice
@@ -136,10 +150,13 @@ class Handlers:
                     answer.model, answer.proposer, answer.k = msg.text, spec.proposer, spec.k
                     answer.tree_nodes = spec.tree_nodes
                     answer.label = answer_label(answer.model, answer.proposer, answer.k, answer.tree_nodes)
-                    status = "Answering… (Stop keeps the partial answer)"
+                    status = ANSWERING
                 elif msg.kind == "notice":
                     answer.notice = msg.text
+                elif msg.kind == "reading":
+                    status = reading_status(msg.progress, self.reading_shown_after_s) or status
                 elif msg.kind == "event":
+                    status = ANSWERING  # the prompt is read (a step follows it at once)
                     event = msg.event
                     answer.tokens.extend(msg.records)
                     answer.content += "".join(r["text"] for r in msg.records)
@@ -373,9 +390,11 @@ class Handlers:
                 yield (
                     compare_running_html(len(baseline.tokens)),
                     status_html(
-                        f"Baseline (speculation off): {_tokens_text(len(baseline.tokens))} so far…"
-                        if status not in (WAITING, STOPPING)
-                        else status
+                        status
+                        if status in (WAITING, STOPPING)
+                        else f"Baseline: {status}"
+                        if status.startswith(READING)
+                        else f"Baseline (speculation off): {_tokens_text(len(baseline.tokens))} so far…"
                     ),
                 )
                 continue

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 from localspec.config import ConfigError, PairSpec, SamplingParams, SpecConfig, require_proposer
-from localspec.engine.events import StepEvent
+from localspec.engine.events import PrefillProgress, StepEvent
 from localspec.models.memory import must_free_first, release_models
 from localspec.models.registry import BrokenEntry, find_pair
 from localspec.server.admission import Admission, QueueFull
@@ -47,7 +47,7 @@ def trust_marker(pair: PairSpec) -> bool:
     return bool(pair.target.trust_remote_code or (pair.draft is not None and pair.draft.trust_remote_code))
 
 
-MessageKind = Literal["waiting", "started", "notice", "event", "error", "done"]
+MessageKind = Literal["waiting", "started", "notice", "reading", "event", "error", "done"]
 
 
 @dataclass
@@ -56,6 +56,7 @@ class Message:
 
     kind: MessageKind
     event: Optional[StepEvent] = None  # for 'event'
+    progress: Optional[PrefillProgress] = None  # for 'reading': how much of the prompt the engine has read
     records: tuple[dict, ...] = ()  # token records (TokenEvent.to_dict() plus text) of this event's tokens
     text: str = ""  # for 'notice' / 'error' / 'started' (the pair name)
     spec: Optional[SpecConfig] = None  # for 'started': the SpecConfig the answer runs with
@@ -339,6 +340,9 @@ class ModelManager:
             shown = StoppedRecords(stops)
             events = session.stream_ids(ids, sampling, spec, cancel, first_source)
             for event in events:
+                if isinstance(event, PrefillProgress):  # no step: nothing to record or count
+                    out.put(Message("reading", progress=event))
+                    continue
                 records = shown.add([token_record(tok, decode) for tok in event.tokens], event.finished)
                 if self.observer is not None:
                     self.observer(event, self.name or "", len(ids))
