@@ -20,9 +20,9 @@ def test_each_mode_keeps_its_own_controllers_and_warm_up_is_not_timed(tiny_sessi
     seen: list[tuple[str, int, tuple[int, ...], int]] = []  # (mode, id of its controllers, prompt ids, max tokens)
     real = bench_modes.run_mode
 
-    def spy(session, mode, prompt_ids, max_new_tokens):
+    def spy(session, mode, prompt_ids, max_new_tokens, constraint=None):
         seen.append((mode.label, id(session.engine.controllers), tuple(prompt_ids), max_new_tokens))
-        return real(session, mode, prompt_ids, max_new_tokens)
+        return real(session, mode, prompt_ids, max_new_tokens, constraint)
 
     monkeypatch.setattr(runner, "run_mode", spy)
     prompts = [
