@@ -338,18 +338,22 @@ def test_clear_leaves_no_title_and_stop_before_a_token_says_so(chromium, window)
     context.close()
 
 
-def test_search_says_when_nothing_matches(chromium, window):
+def test_search_finds_any_message_and_says_when_nothing_matches(chromium, window):
     context, page = open_window(chromium, window)
     send_and_wait(page, "about tokenizers", 0)
     search = page.locator("#ls-search").get_by_role("textbox")
     search.fill("zebra")
     page.wait_for_function(
-        "/No conversation title holds “zebra”/.test(document.querySelector('#ls-conversation').innerText)",
+        "/No conversation holds “zebra”/.test(document.querySelector('#ls-conversation').innerText)",
         timeout=10_000,
     )
     search.fill("token")
     page.wait_for_function("document.querySelectorAll('#ls-conversation label').length === 1", timeout=10_000)
     assert "No conversation" not in page.inner_text("#ls-conversation")
+    send_and_wait(page, "and what of giraffes", 1)  # a word that is in a later message, not in the title
+    search.fill("giraffes")
+    page.wait_for_function("document.querySelectorAll('#ls-conversation label').length === 1", timeout=10_000)
+    assert "about tokenizers" in page.inner_text("#ls-conversation")
     context.close()
 
 

@@ -76,3 +76,27 @@ def test_delete_hides_at_once_and_undo_brings_it_back(sidebar, monkeypatch):
     time.sleep(0.8)  # no undo: the deletion goes through
     assert store.list_conversations() == []
     assert "Nothing to undo" in panel.undo_delete("")[2]
+
+
+def test_search_finds_words_in_any_message_of_a_conversation(sidebar):
+    handlers, panel, store = sidebar
+    send(handlers, "First question about rivers")
+    send(handlers, "and now the Zambezi delta", [])  # a second message in the same conversation
+    handlers.clear()
+    send(handlers, "Another question about mountains")
+    labels = lambda query: [label.split(" · ")[0] for label, _ in panel.choices(query)]  # noqa: E731
+    assert labels("zambezi") == ["First question about rivers"]  # not in its title: in its second message
+    assert labels("ZAMBEZI rivers") == ["First question about rivers"]  # every word, anywhere in it
+    assert labels("zambezi mountains") == []  # no conversation holds both
+    assert sorted(labels("question")) == ["Another question about mountains", "First question about rivers"]
+    assert store.conversations_holding(["ΔΈΛΤΑ"]) == set()
+    update = panel.refresh("zambezi mountains")
+    assert update["choices"] == [] and update["info"] == "No conversation holds “zambezi mountains”."
+    assert panel.refresh("zambezi")["info"] == ""
+
+
+def test_search_folds_case_beyond_ascii(sidebar):
+    handlers, panel, store = sidebar
+    send(handlers, "Über die Straße")
+    handlers.clear()
+    assert [label.split(" · ")[0] for label, _ in panel.choices("über STRASSE")] == ["Über die Straße"]

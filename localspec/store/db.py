@@ -208,6 +208,10 @@ def _int_or_none(value: Any) -> Optional[int]:
         return None
 
 
+def _casefold(text: Any) -> str:
+    return str(text or "").casefold()
+
+
 def _switch_to_wal(conn: sqlite3.Connection) -> str:
     """The journal mode after asking for WAL. SQLite answers 'database is locked' at once, without its busy handler,
     when another connection holds the lock the switch needs (two first opens of a new file), so wait here."""
@@ -361,6 +365,7 @@ class ConversationStore:
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints are ours, so each one is recorded
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a killed process loses nothing committed
             conn.execute("PRAGMA foreign_keys = ON")
+            conn.create_function("casefold", 1, _casefold, deterministic=True)  # search beyond ASCII's lower()
             check = conn.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise sqlite3.DatabaseError(f"database disk image is malformed: {check}")
@@ -774,6 +779,21 @@ class ConversationStore:
             )
             for r in rows
         ]
+
+    def conversations_holding(self, words: Iterable[str]) -> set[int]:
+        """Ids of the conversations in which every word occurs (case-folded, as a substring) in the title or in
+        the text of any message, any version included. No words: every conversation."""
+        words = [str(w).casefold() for w in words if str(w).strip()]
+        query = "SELECT c.id FROM conversations c"
+        where = [
+            "(instr(casefold(c.title), ?) > 0 OR EXISTS (SELECT 1 FROM messages m "
+            "WHERE m.conversation_id = c.id AND instr(casefold(m.content), ?) > 0))"
+        ] * len(words)
+        if where:
+            query += " WHERE " + " AND ".join(where)
+        with self._lock:
+            rows = self._conn.execute(query, [w for w in words for _ in range(2)]).fetchall()
+        return {r[0] for r in rows}
 
     def history_documents(self, model: str) -> list[HistoryDocument]:
         """The saved messages the 'history' proposers of pair `model` learn from, oldest first: its finished answers

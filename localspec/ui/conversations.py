@@ -1,5 +1,5 @@
-"""The saved-conversations sidebar: a searchable list with full titles (shortened on screen only), reopen on click,
-rename in place, delete with undo, export as JSON or Markdown.
+"""The saved-conversations sidebar: a list searchable by title and message text, full titles (shortened on screen
+only), reopen on click, rename in place, delete with undo, export as JSON or Markdown.
 
 Delete hides the conversation from the list at once and deletes it from the store UNDO_S seconds later (or when the
 tab deletes another one); Undo within that time brings it back. The API's delete_conversation deletes at once.
@@ -29,6 +29,7 @@ from .turns import AssistantTurn, turns_from_state
 
 UNDO_S = 10.0  # how long a deleted conversation can be brought back
 UNDO_NOTE = f" Undo brings it back within {UNDO_S:.0f} s."  # said while it can
+SEARCH_WORDS = 8  # a search uses at most this many words (one SQL condition each)
 FILE_STEM_CHARS = 80  # an export's file name: the title made file-safe, cut to fit every file system
 
 
@@ -76,19 +77,22 @@ class ConversationHandlers:
             return {p.cid for p in self.pending.values()}
 
     def choices(self, query: str = "") -> list[tuple[str, int]]:
-        words = str(query or "").casefold().split()
+        """The list, newest first, of the conversations holding every word of `query` in the title or in any
+        message (SEARCH_WORDS at most; any version of a message counts)."""
+        words = str(query or "").split()[:SEARCH_WORDS]
+        holding = self.store.conversations_holding(words) if words else None
         hidden = self._hidden()
         return [
             (conversation_label(s), s.id)
             for s in self.store.list_conversations()
-            if s.id not in hidden and all(w in s.title.casefold() for w in words)
+            if s.id not in hidden and (holding is None or s.id in holding)
         ]
 
     def refresh(self, query: str = "", request: gr.Request = None):
         current = self.recorder.conversation_of(owner_of(request))
         choices = self.choices(query)
         query = str(query or "").strip()
-        found = f"No conversation title holds “{query}”." if query and not choices else ""
+        found = f"No conversation holds “{query}”." if query and not choices else ""
         return gr.update(choices=choices, value=current, info=found)
 
     def open(self, conversation_id, colour, request: gr.Request = None):
@@ -252,7 +256,7 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
     """Render the sidebar's content where it is called (inside a gr.Sidebar) and wire its events."""
     handlers = ConversationHandlers(store, recorder, manager, parts.get("system_prompts"))
     search = gr.Textbox(
-        placeholder="Search titles",
+        placeholder="Search conversations",
         label="Search conversations",  # its accessible name; not shown
         show_label=False,
         max_lines=1,
