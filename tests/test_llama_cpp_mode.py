@@ -253,6 +253,9 @@ def test_the_cpu_tag_names_the_machine_and_changes_with_the_cpu_flags(monkeypatc
     monkeypatch.setattr(library, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "sse2", "avx_vnni"}))
     assert "-avx2-" in avx2 and llama_bin.cpu_tag() != avx2  # a native build is not shared across CPUs
     assert llama_bin.LLAMA_CPP_PYTHON in str(llama_bin.bin_dir())
+    zen4 = {"avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni"}  # /proc/cpuinfo's spelling
+    monkeypatch.setattr(library, "cpu_flags", lambda: frozenset(zen4))
+    assert "-avx512bf16-" in llama_bin.cpu_tag()
 
 
 # -- the server's life -------------------------------------------------------------------------------------------------

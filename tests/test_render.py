@@ -309,7 +309,7 @@ class Tree(HTMLParser):
 
     def __init__(self):
         super().__init__()
-        self.stack, self.spans, self.tags = [], [], []
+        self.stack, self.spans, self.tags, self.syntax = [], [], [], []
 
     def handle_starttag(self, tag, attrs):
         self.tags.append((tag, dict(attrs)))
@@ -321,8 +321,19 @@ class Tree(HTMLParser):
             pass
 
     def handle_data(self, data):
-        if self.stack and self.stack[-1][0] == "span" and "tok" in self.stack[-1][1].get("class", ""):
-            self.spans.append((data, self.stack[-1][1]["class"].split()[1][4:], [t for t, _ in self.stack[:-1]]))
+        """Text inside a token span, a syntax-colour span between them or not: (text, kind, the tags around the token
+        span); the syntax class of each piece goes to self.syntax."""
+        at = next((i for i in range(len(self.stack) - 1, -1, -1) if is_token_span(self.stack[i])), None)
+        if at is None:
+            return
+        self.spans.append((data, self.stack[at][1]["class"].split()[1][4:], [t for t, _ in self.stack[:at]]))
+        inner = [a.get("class", "") for _, a in self.stack[at + 1 :]]
+        self.syntax.append((data, inner[-1] if inner else None))
+
+
+def is_token_span(element) -> bool:
+    tag, attrs = element
+    return tag == "span" and "tok" in attrs.get("class", "").split()
 
 
 def tree(markup: str) -> Tree:
@@ -351,7 +362,7 @@ def test_markdown_renders_structure_and_every_span_keeps_its_token_kind():
     assert ("accepted", ["p", "strong"]) in by_text["iciency"]
     assert by_text["one"] == [("accepted", ["ol", "li"])]
     assert [(k, p[-2:]) for k, p in by_text["(x):\n"]] == [("bonus", ["pre", "code"])]
-    assert by_text["2"][0][1][-2:] == ["td", "code"]
+    assert ["td", "code"] in [p[-2:] for _, p in by_text["2"]]  # the table's `2` (the code block has a 2 too)
     # every character of text the renderer shows came from a span of the token that produced it
     shown = "".join(text for text, _, _ in parsed.spans)
     for name in ("Eff", "iciency", "Heading", "def f(x):", "return x * 2", "quote end"):
@@ -359,6 +370,48 @@ def test_markdown_renders_structure_and_every_span_keeps_its_token_kind():
     code = [text for text, _, parents in parsed.spans if "pre" in parents]
     assert "".join(code) == "def f(x):\n    return x * 2\n"
     assert 'class="ls-code-lang">python<' in answer_markdown_html(records)
+
+
+def test_code_is_coloured_by_syntax_inside_its_token_spans():
+    """A fence's keywords, names, strings, numbers and comments get a syntax class inside the token spans: every
+    character keeps its token's kind, a token across a keyword boundary is split by syntax, not by provenance."""
+    from localspec.ui.markdown import answer_markdown_html
+
+    texts = ["```py", "thon\nde", "f greet(name", "):\n    return ", '"hi" + ', "name * 2  # twice\n", "```\n"]
+    parsed = tree(answer_markdown_html(records_of(texts)))
+    pieces = [(text, kind, cls) for (text, kind, _), (_, cls) in zip(parsed.spans, parsed.syntax)]
+    code = "".join(text for text, _, _ in pieces)
+    assert code == 'def greet(name):\n    return "hi" + name * 2  # twice\n'
+    marked = {text: cls for text, _, cls in pieces if cls}
+    assert marked == {
+        "de": "hl-kw",
+        "f": "hl-kw",
+        "greet": "hl-def",
+        "return": "hl-kw",
+        '"hi"': "hl-str",
+        "2": "hl-num",
+        "# twice": "hl-com",
+    }
+    assert [kind for text, kind, _ in pieces if text in ("de", "f")] == ["target", "bonus"]  # one keyword, two tokens
+    plain = tree(answer_markdown_html(records_of(["```\n", "def f(): return 1\n", "```\n"])))
+    assert not any(cls for _, cls in plain.syntax)  # no language named: no colours
+    unknown = tree(answer_markdown_html(records_of(["```zzlang\n", "def f(): return 1\n", "```\n"])))
+    assert not any(cls for _, cls in unknown.syntax)
+
+
+def test_the_line_being_written_is_left_uncoloured_until_it_ends():
+    from localspec.ui.markdown import answer_markdown_html
+
+    streaming = tree(answer_markdown_html(records_of(["```python\n", "x = 1\n", "return 3"])))
+    marked = {text: cls for text, cls in streaming.syntax if cls}
+    assert marked == {"1": "hl-num"}  # "return 3" is on the unfinished line
+
+
+def test_code_html_stays_inert_whatever_the_lexer_sees():
+    from localspec.ui.markdown import answer_markdown_html
+
+    html = answer_markdown_html(records_of(["```html\n", "<script>alert(1)</script> {x} $y\n", "```\n"]))
+    assert "<script" not in html and "&lt;script&gt;" in html and "{x}" not in html and "$y" not in html
 
 
 def test_markdown_spans_split_at_token_boundaries_inside_one_word():

@@ -25,6 +25,7 @@ from typing import Optional
 
 from markdown_it import MarkdownIt
 
+from .highlight import Mark, code_marks
 from .spans import escape, token_span
 
 LINK_SCHEMES = ("http://", "https://", "mailto:")
@@ -123,43 +124,70 @@ class _Tokens:
     base: int = 0  # source offset of the parsed chunk within the answer
     greedy: bool = False  # the answer ran at temperature 0 (the cards say why a draft was kept or rejected)
 
-    def spans(self, piece: str, runs: list[tuple[int, int, int]]) -> str:
+    def spans(self, piece: str, runs: list[tuple[int, int, int]], marks: tuple[Mark, ...] = ()) -> str:
+        """The piece's characters as token spans; marks (piece offsets) colour its syntax inside them."""
         out: list[str] = []
-        pending_index, pending_text = -1, []
+        pending_index, pending = -1, []  # the open span's token and its (start, end) slices of the piece
         covered = 0
         starts, base = self.starts, self.base
         for offset, source_at, length in runs:
             if offset > covered:  # a gap: characters the aligner did not place (never happens for found pieces)
-                out.append(escape(piece[covered:offset]))
+                out.append(_marked(piece, covered, offset, marks))
             at, left, p = source_at + base, length, offset
             index = max(bisect_right(starts, at) - 1, 0)
             while left > 0:
                 end = starts[index + 1] if index + 1 < len(starts) else at + left
                 take = max(min(left, end - at), 1)
                 if index != pending_index:
-                    if pending_text:
-                        out.append(self._span(pending_index, "".join(pending_text)))
-                    pending_index, pending_text = index, []
-                pending_text.append(piece[p : p + take])
+                    if pending:
+                        out.append(self._span(pending_index, piece, pending, marks))
+                    pending_index, pending = index, []
+                pending.append((p, p + take))
                 at, p, left = at + take, p + take, left - take
                 if left > 0 and index + 1 < len(starts):
                     index += 1
             covered = offset + length
-        if pending_text:
-            out.append(self._span(pending_index, "".join(pending_text)))
+        if pending:
+            out.append(self._span(pending_index, piece, pending, marks))
         if covered < len(piece):
-            out.append(escape(piece[covered:]))
+            out.append(_marked(piece, covered, len(piece), marks))
         return "".join(out)
 
-    def _span(self, index: int, text: str) -> str:
+    def _span(self, index: int, piece: str, slices: list[tuple[int, int]], marks: tuple[Mark, ...]) -> str:
         record = self.records[index] if 0 <= index < len(self.records) else {}
-        return token_span(record, self.colour, text, self.greedy)
+        text = "".join(piece[a:b] for a, b in slices)
+        inner = "".join(_marked(piece, a, b, marks) for a, b in slices) if marks else None
+        return token_span(record, self.colour, text, self.greedy, inner)
 
 
-def _piece(token, env) -> str:
+def _marked(piece: str, start: int, end: int, marks: tuple[Mark, ...]) -> str:
+    """piece[start:end] escaped, its marked characters wrapped in their syntax class."""
+    if not marks:
+        return escape(piece[start:end])
+    out, at = [], start
+    for m_start, m_end, cls in marks[max(bisect_right(marks, (start, start, "")) - 1, 0) :]:
+        if m_start >= end:
+            break
+        a, b = max(m_start, at), min(m_end, end)
+        if a >= b:
+            continue
+        if a > at:
+            out.append(escape(piece[at:a]))
+        out.append(f'<span class="{cls}">{escape(piece[a:b])}</span>')
+        at = b
+    if at < end:
+        out.append(escape(piece[at:end]))
+    return "".join(out)
+
+
+def _piece(token, env, marks: tuple[Mark, ...] = ()) -> str:
     tokens: _Tokens = env["tokens"]
     runs = token.meta.get("runs")
-    return tokens.spans(token.content, runs) if runs is not None else escape(token.content)
+    return (
+        tokens.spans(token.content, runs, marks)
+        if runs is not None
+        else _marked(token.content, 0, len(token.content), marks)
+    )
 
 
 def _text(self, tokens, idx, options, env):
@@ -184,7 +212,8 @@ def _fence(self, tokens, idx, options, env):
         f'<div class="ls-code-head">{label}'
         '<button type="button" class="ls-copy" title="copy the code">copy</button></div>'
     )
-    return f'<div class="ls-code">{head}<pre><code>{_piece(token, env)}</code></pre></div>'
+    code = _piece(token, env, code_marks(token.content, language))
+    return f'<div class="ls-code">{head}<pre><code>{code}</code></pre></div>'
 
 
 def _link_open(self, tokens, idx, options, env):

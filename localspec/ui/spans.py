@@ -71,11 +71,13 @@ def token_title(record: dict, greedy: bool = False) -> str:
     return "\n".join(lines)
 
 
-def token_span(record: dict, colour: bool = True, text: Optional[str] = None, greedy: bool = False) -> str:
-    """The span of one token (or of the part `text` of it that one piece of markdown rendered)."""
+def token_span(
+    record: dict, colour: bool = True, text: Optional[str] = None, greedy: bool = False, inner: Optional[str] = None
+) -> str:
+    """The span of one token (or of the part `text` of it that one piece of markdown rendered). inner: that text
+    already as HTML (escaped, with its syntax colours), in place of the escaped text."""
     kind = record.get("kind") if record.get("kind") in TOKEN_KINDS else "target"
     shown = record.get("text", "") if text is None else text
     classes = f"tok tok-{kind}" + ("" if colour else " tok-plain") + ("" if shown.strip() else " tok-space")
-    return (
-        f'<span class="{classes}" tabindex="-1" data-tip="{escape(token_title(record, greedy))}">{escape(shown)}</span>'
-    )
+    body = escape(shown) if inner is None else inner
+    return f'<span class="{classes}" tabindex="-1" data-tip="{escape(token_title(record, greedy))}">{body}</span>'
