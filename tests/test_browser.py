@@ -306,6 +306,13 @@ def test_markdown_answer_keeps_coloured_tokens_in_the_browser(browser, echo_app)
     kinds = page.evaluate(f"[...document.querySelectorAll('{answer} pre code .tok')].map(e => e.classList[1])")
     assert {"tok-accepted", "tok-resampled", "tok-bonus", "tok-target"} <= set(kinds), kinds
     assert page.inner_text(f"{answer} .ls-code-lang") == "python"
+    syntax = page.evaluate(
+        f"[...document.querySelectorAll('{answer} pre code .tok [class^=hl-]')]"
+        ".map(e => [e.className, e.textContent, e.closest('.tok').classList[1]])"
+    )
+    joined = {cls: "".join(text for c, text, _ in syntax if c == cls) for cls, _, _ in syntax}
+    assert joined == {"hl-kw": "defreturnfor", "hl-def": "squares"}, syntax  # inside the token spans ("retu", "rn")
+    assert {kind for _, _, kind in syntax} >= {"tok-accepted", "tok-target"}, syntax
     assert "Efficiency" in page.inner_text(f"{answer} li strong")
     assert "**" not in page.inner_text(answer) and "```" not in page.inner_text(answer)
 
@@ -370,17 +377,26 @@ def test_markdown_injection_stays_inert_in_the_browser(browser, echo_app):
     page.close()
 
 
+CODE = '\n\n```python\ndef twice(n=2):\n    return "x" * n  # every syntax colour, on each kind\n```\n'
 CONTRAST_JS = """() => {
     const rgb = (c) => c.match(/[\\d.]+/g).slice(0, 3).map(Number);
     const lum = (c) => { const [r, g, b] = rgb(c).map(v => { v /= 255;
         return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
         return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
     const out = {};
+    const ratio = (fg, bg) => {
+        const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+        return (a + 0.05) / (b + 0.05);
+    };
     for (const kind of ['accepted', 'resampled', 'bonus', 'target']) {
         const e = document.querySelector('#ls-transcript .ls-assistant .tok-' + kind);
         const s = getComputedStyle(e);
-        const [a, b] = [lum(s.color), lum(s.backgroundColor)].sort((x, y) => y - x);
-        out[kind] = (a + 0.05) / (b + 0.05);
+        out[kind] = ratio(s.color, s.backgroundColor);
+    }
+    for (const e of document.querySelectorAll('#ls-transcript .ls-assistant .tok [class^=hl-]')) {
+        const tok = e.closest('.tok');
+        const key = e.className + ' in ' + tok.classList[1];
+        out[key] = Math.min(out[key] || 99, ratio(getComputedStyle(e).color, getComputedStyle(tok).backgroundColor));
     }
     return out;
 }"""
@@ -394,8 +410,9 @@ def test_token_colours_stay_legible_in_both_themes(browser, echo_app, theme):
     wait_status(page, "ready")
     assert page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
     page.get_by_label("Full token colours").check()
-    send_and_wait(page, "Some **bold** text and `code`, then more words to cycle every kind of token.", 0)
+    send_and_wait(page, "Some **bold** text and `code`, then more words to cycle every kind of token." + CODE, 0)
     ratios = page.evaluate(CONTRAST_JS)
+    assert len([k for k in ratios if k.startswith("hl-")]) >= 8, ratios  # the syntax colours on the token kinds
     assert all(ratio >= 4.5 for ratio in ratios.values()), ratios  # WCAG AA for body text
     page.close()
 
@@ -555,7 +572,7 @@ def test_no_serious_accessibility_violations(browser, echo_store_app, width):
     if not AXE.exists():
         pytest.skip(f"axe-core is not installed at {AXE} (make setup-test installs it with npm)")
     context, page = open_echo(browser, echo_store_app, viewport={"width": width, "height": 844})
-    send_and_wait(page, "Some **bold** words and `code` to check, then a few more words.", 0)
+    send_and_wait(page, "Some **bold** words and `code` to check, then a few more words." + CODE, 0)
     page.locator("#ls-transcript .ls-assistant .tok").first.hover()
     page.locator("#ls-pop").wait_for(state="visible", timeout=5_000)
     found = axe_violations(page)

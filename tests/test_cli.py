@@ -63,6 +63,24 @@ def test_generate_json_tiny(tiny_pair, proposer):
         assert plan[name]["value"] and plan[name]["reason"], name
 
 
+def test_generate_stops_at_a_stop_string_and_takes_the_penalties(tiny_pair):
+    models = tiny_pair["models_yaml"]
+    plain = check_json(generate("--prompt", "hi", "--proposer", "ngram", "--max-new-tokens", "24", models=models))
+    text = plain["text"]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert len(text) >= 8 and stop, text
+    proc = generate("--prompt", "hi", "--proposer", "ngram", "--max-new-tokens", "24", "--stop", stop, models=models)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cut = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert cut["text"] == text[: text.find(stop)] and cut["finish_reason"] == "stop"
+    assert "".join(e["text"] for e in cut["events"]).startswith(cut["text"])  # the last token may run past the cut
+    assert cut["token_ids"] == plain["token_ids"][: len(cut["token_ids"])]
+    penalized = generate("--prompt", "hi", "--max-new-tokens", "8", "--repetition-penalty", "1.3", models=models)
+    check_json(penalized)
+    refused = generate("--prompt", "hi", "--repetition-penalty", "0", models=models)
+    assert refused.returncode == 2 and "repetition penalty must be a number > 0" in refused.stderr
+
+
 def test_bad_arguments_give_a_message_not_a_traceback(tiny_pair):
     proc = generate("--prompt", "hi", "--temperature", "-1", models=tiny_pair["models_yaml"])
     assert proc.returncode == 2 and "temperature must be between 0 and 5" in proc.stderr

@@ -385,4 +385,5 @@ def test_the_report_puts_llama_bench_beside_every_mode():
     text = to_markdown(data)
     assert "pp512 320.0 ± 3.0 t/s, tg128 125.0 ± 1.0 t/s" in text
     assert "| llama.cpp-lookup | 1.00× | 1.00× | 200.0 | 100.0 | 0.80× | 25% |" in text
-    assert "all prompts: 0.89 (within 10% of it: no" in text
+    assert check["shortest"] == "chat" and check["shortest_prompt_tokens"] == pytest.approx(10.0)
+    assert "on the shortest prompts (chat, 10 tokens a prompt): 0.89 (within 10% of it: no); all prompts: 0.89" in text

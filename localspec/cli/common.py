@@ -61,6 +61,15 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument(
+        "--repetition-penalty", type=float, default=1.0, help="vLLM's: > 1 lowers every token seen so far (1 = off)"
+    )
+    parser.add_argument(
+        "--frequency-penalty", type=float, default=0.0, help="OpenAI's, -2..2: minus it times a token's count"
+    )
+    parser.add_argument(
+        "--presence-penalty", type=float, default=0.0, help="OpenAI's, -2..2: minus it once a token is in the answer"
+    )
 
 
 def read_pairs(path) -> list:

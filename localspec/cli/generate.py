@@ -8,6 +8,7 @@ import sys
 from localspec.config import ConfigError, SamplingParams, check_tree_nodes
 from localspec.engine.events import steps
 from localspec.store.validation import validate_messages
+from localspec.structured.stops import StopScan, check_stops
 
 from .common import (
     add_model_options,
@@ -35,6 +36,13 @@ def add_parser(sub) -> None:
         help="draft a token tree of this many nodes per step (0 = chains of K; default: the entry's tree_nodes)",
     )
     add_sampling_options(parser)
+    parser.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end the answer where this text begins (the text is not printed); repeat for several",
+    )
 
 
 def run(args) -> int:
@@ -44,7 +52,11 @@ def run(args) -> int:
         top_p=args.top_p,
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
+        repetition_penalty=args.repetition_penalty,
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
     ).validate()
+    scan = StopScan(check_stops(args.stop, "--stop"))
     messages = validate_messages(
         ([{"role": "system", "content": args.system}] if args.system else [])
         + [{"role": "user", "content": args.prompt}]
@@ -60,14 +72,24 @@ def run(args) -> int:
     spec = session.default_spec(
         proposer=args.proposer, k=args.k, sampler=args.sampler, adaptive=adaptive, tree_nodes=args.tree_nodes
     ).validate()
-    tokens, last = [], None
-    for event in steps(session.stream(messages, sampling, spec)):
-        tokens.extend(event.tokens)
-        last = event
-        if not args.json:
-            sys.stdout.write("".join(t.text for t in event.tokens))
-            sys.stdout.flush()
+    streamed, tokens, last, text = [], [], None, []  # every token; those released (before a stop string)
+    stream = session.stream(messages, sampling, spec)
+    try:
+        for event in steps(stream):
+            last = event
+            streamed.extend(event.tokens)
+            released, kept = scan.add([t.text for t in event.tokens], finished=event.finished)
+            tokens.extend(streamed[i] for i in kept)
+            text.append(released)
+            if not args.json:
+                sys.stdout.write(released)
+                sys.stdout.flush()
+            if scan.cut is not None:
+                break
+    finally:
+        stream.close()
     stats = last.stats if last else None
+    finish_reason = "stop" if scan.cut is not None else (last.finish_reason if last else None)
     if args.json:
         print(
             json.dumps(
@@ -82,10 +104,10 @@ def run(args) -> int:
                     "exact": session.loaded.exact.to_dict() if session.loaded.exact is not None else None,
                     "int4_kernel": _int4_kernel(session),
                     "plan": session.engine.target.plan.to_dict(),  # each choice of the target's forwards and why
-                    "text": "".join(t.text for t in tokens),
+                    "text": "".join(text),
                     "token_ids": [t.token_id for t in tokens],
                     "events": [t.to_dict() for t in tokens],
-                    "finish_reason": last.finish_reason if last else None,
+                    "finish_reason": finish_reason,
                     "error": last.error if last else None,
                     "stats": stats.to_dict() if stats else {},
                 },
