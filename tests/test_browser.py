@@ -472,6 +472,7 @@ def test_provenance_popover_on_tap_at_phone_width(browser, echo_app):
     pop.wait_for(state="visible", timeout=5_000)
     text = pop.inner_text()
     assert "resampled by the target" in text and "p_target = 0.400" in text
+    assert text.startswith(f"token {resampled.inner_text()!r}")  # the card names the token it describes
     assert "rejected draft token" in text and "rejected: the target's top token differs" in text  # greedy words
     assert "min(1, p_target/p_draft)" not in text
     box = pop.bounding_box()

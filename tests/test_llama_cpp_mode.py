@@ -386,4 +386,4 @@ def test_the_report_puts_llama_bench_beside_every_mode():
     assert "pp512 320.0 ± 3.0 t/s, tg128 125.0 ± 1.0 t/s" in text
     assert "| llama.cpp-lookup | 1.00× | 1.00× | 200.0 | 100.0 | 0.80× | 25% |" in text
     assert check["shortest"] == "chat" and check["shortest_prompt_tokens"] == pytest.approx(10.0)
-    assert "on the shortest prompts (chat, 10 tokens a prompt): 0.89 (within 10% of it: no); all prompts: 0.89" in text
+    assert "weighs least (chat: 10 prompt tokens, 100 answer tokens on average): 0.89 (within 10% of it: no)" in text

@@ -103,6 +103,9 @@ def test_tooltip_holds_probabilities_and_the_rejected_draft_token():
     title = parse(token_span(accepted)).spans[0]["data-tip"]
     assert "p_target = 0.300" in title and "p_draft = 0.600" in title
     assert "min(1, p_target/p_draft) = 0.500" in title  # TokenEvent.acceptance_prob, not recomputed here
+    assert title.splitlines()[0] == "token 'a' (id 1)"  # the card names its token, whitespace made visible
+    newline = token_record(TokenEvent(3, "target", 0.9, text=" x\n"))
+    assert parse(token_span(newline)).spans[0]["data-tip"].splitlines()[0] == "token ' x\\n' (id 3)"
 
     resampled = token_record(
         TokenEvent(
@@ -480,7 +483,8 @@ def test_markdown_injection_stays_inert():
     assert all(a["target"] == "_blank" and a["rel"] == "noopener noreferrer" for a in links)
     for t, attrs in parsed.tags:  # no event handler, style or script URL in any attribute
         assert not any(name.startswith("on") or name == "style" for name in attrs), (t, attrs)
-        assert not any(v and ("javascript:" in v or "data:" in v) for v in attrs.values()), (t, attrs)
+        urls = [v for name, v in attrs.items() if name != "data-tip"]  # data-tip: the card's text (textContent)
+        assert not any(v and ("javascript:" in v or "data:" in v) for v in urls), (t, attrs)
     for raw in ("{{", "${", "<script", "<img", "`"):
         assert raw not in markup.replace("&lt;script", "").replace("&lt;img", ""), raw
     shown = "".join(t for t, _, _ in parsed.spans)

@@ -49,6 +49,9 @@ def token_title(record: dict, greedy: bool = False) -> str:
     the card then says so instead of quoting an acceptance probability that played no part."""
     kind = record.get("kind", "target")
     lines = [KIND_LABELS.get(kind, kind), f"p_target = {_prob(record.get('p_target'))}"]
+    if record.get("text") is not None:  # the whole token, also where markdown shows a part of it
+        ident = record.get("id")
+        lines.insert(0, f"token {record['text']!r}" + (f" (id {ident})" if ident is not None else ""))
     if kind == "accepted":
         lines.append(f"p_draft = {_prob(record.get('p_draft'))}")
         if greedy:
