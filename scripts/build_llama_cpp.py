@@ -1,4 +1,4 @@
-"""Build llama.cpp's llama-server and llama-bench for this CPU, once, where `localspec bench` finds them
+"""Build llama.cpp's llama-server, llama-bench and llama-quantize for this CPU, once, where `localspec bench` finds them
 (localspec/bench/llama_bin.py: `<data folder>/llama.cpp/<version>-<cpu tag>/bin`). `make setup-bench-llama` runs it.
 
     python scripts/build_llama_cpp.py [--jobs 2] [--cflags '-mno-amx-int8 ...'] [--work DIR] [--build-dir DIR]
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from localspec.bench.llama_bin import BINARIES, LLAMA_CPP_PYTHON, bin_dir, cpu_tag  # noqa: E402
+from localspec.bench.llama_bin import BINARIES, LLAMA_CPP_PYTHON, TOOLS, bin_dir, cpu_tag  # noqa: E402
 from localspec.models.paths import cache_dir  # noqa: E402
 
 SDIST = f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
@@ -65,7 +65,7 @@ def build(tree: Path, build_dir: Path, cflags: str, jobs: int) -> None:
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     flags = [f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cflags}"]
     run(["cmake", "-S", str(tree), "-B", str(build_dir), *generator, *CMAKE_OPTIONS, *flags])
-    run(["cmake", "--build", str(build_dir), "--parallel", str(jobs), "--target", *BINARIES])
+    run(["cmake", "--build", str(build_dir), "--parallel", str(jobs), "--target", *BINARIES, *TOOLS])
 
 
 def install(build_dir: Path, cflags: str) -> Path:
@@ -74,7 +74,7 @@ def install(build_dir: Path, cflags: str) -> Path:
     staging = target.with_name(f"bin.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    for name in BINARIES:
+    for name in (*BINARIES, *TOOLS):
         shutil.copy2(build_dir / "bin" / name, staging / name)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
@@ -107,7 +107,8 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     build_dir = args.build_dir or work / "build"
     build(source(work), build_dir, args.cflags, args.jobs)
-    print(f"build_llama_cpp: llama.cpp {LLAMA_CPP_PYTHON}'s {', '.join(BINARIES)} in {install(build_dir, args.cflags)}")
+    names = ", ".join((*BINARIES, *TOOLS))
+    print(f"build_llama_cpp: llama.cpp {LLAMA_CPP_PYTHON}'s {names} in {install(build_dir, args.cflags)}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """Helpers shared by the test modules (no test module imports another): prompts, a random feature head for a tiny
-target, the token-span kinds of a transcript, and the one polling helper."""
+target, the token-span kinds of a transcript, the one polling helper, and a forward with and without the layer
+kernel."""
 
 from __future__ import annotations
 
@@ -63,3 +64,33 @@ def wait_until(
     if not value and fail:
         raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
     return value
+
+
+def layer_kernel_logits(target, prompt: list[int], new: list[int]):
+    """The exact setup's lean forward of `new` after `prompt`, with the layer kernel and with the torch-op layers
+    around the same kernels: (logits on the kernel [T, V], logits of the torch ops [T, V], layer-kernel calls)."""
+    import pytest
+
+    from localspec.runtime import layer_kernel
+    from localspec.runtime.lean_llama import backbone_for
+    from localspec.runtime.model_runner import ModelRunner, exact_setup_for
+    from localspec.runtime.plan import plan_forward
+
+    runner = ModelRunner(target, compile="off", setup=exact_setup_for(target), forward="lean")
+    layers = backbone_for(target, plan_forward(target, forward="lean"))[1].layers
+    runner.reset()
+    runner.extend(prompt, logits_to_keep=0)
+    calls, run = [], layer_kernel.BoundLayer.run
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(layer_kernel.BoundLayer, "run", lambda self, *a: calls.append(1) or run(self, *a))
+        on_kernel = runner.extend(new).logits
+    runner.crop(len(prompt))
+    bound = [layer.layer_kernel for layer in layers]
+    try:
+        for layer in layers:
+            layer.layer_kernel = None
+        torch_ops = runner.extend(new).logits
+    finally:
+        for layer, kernel in zip(layers, bound, strict=True):
+            layer.layer_kernel = kernel
+    return on_kernel, torch_ops, len(calls)

@@ -11,6 +11,7 @@ import torch
 
 from localspec.config import ConfigError
 from localspec.models.gguf_linear import _block_linear, dequantize, q4_fields, q8_fields, q8k_fields
+from localspec.runtime.layer_kernel import REFERENCE_REL
 from localspec.runtime.plan import Choice, tensor_kernel
 from localspec.runtime.q4_kernel import FLOAT32_EPS, q8_reference_and_bound, reference_and_bound
 
@@ -148,6 +149,18 @@ def test_a_truncated_file_and_an_unknown_type_name_the_tensor(tmp_path):
     assert found.loadable is not None and "type 99" in found.loadable and "token_embd.weight" in found.loadable
 
 
+def layer_kernel_gap(target, seed: int = 0) -> tuple[float, int]:
+    """A 5-row forward after a 40-token prompt on the layer kernel against the torch-op layers: (max |Δ logit| ÷
+    max |logit|, layer kernel calls)."""
+    from .support import layer_kernel_logits
+
+    generator = torch.Generator().manual_seed(seed)
+    vocab = target.config.vocab_size
+    prompt, new = (torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (40, 5))
+    on_kernel, torch_ops, calls = layer_kernel_logits(target, prompt, new)
+    return float((on_kernel - torch_ops).abs().max() / torch_ops.abs().max()), calls
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
 def test_a_tiny_models_verify_rows_are_plain_decodings_rows_bitwise(kind, library, tmp_path, monkeypatch):
@@ -170,9 +183,11 @@ def test_a_tiny_models_verify_rows_are_plain_decodings_rows_bitwise(kind, librar
     assert loaded.quant == "gguf" and loaded.dtype.how == "fixed"  # no flag: the file's blocks on the kernels
     plan = plan_forward(loaded.target, exact=True)
     assert dict(plan.tensor_types)[kind].value == ("q4" if kind == "Q4_0" else "q8")
-    assert plan.layer_kernel.value == ("on" if kind == "Q4_0" else "off")  # the layer kernel reads the q4 layout
+    assert plan.layer_kernel.value == "on"  # whole layers in one C call, each linear on its type's kernel
     assert plan.setup_id == "exact-kernels"
     assert unequal_chain_rows(loaded.target, exact_setup_for(loaded.target)) == 0
+    gap, calls = layer_kernel_gap(loaded.target)  # the layer kernel's own bound on its gap to the torch-op layer
+    assert calls == loaded.target.config.num_hidden_layers and gap <= REFERENCE_REL, gap
 
 
 def test_quant_auto_takes_kernel_types_by_itself_and_names_the_linears_without_one(tmp_path, library):
@@ -224,9 +239,11 @@ def test_a_tiny_k_quant_models_tensors_run_on_their_kernels_and_speculation_is_p
     kinds = ("Q4_K", "Q5_K", "Q6_K", "Q5_1")
     assert {kind: choice.value for kind, choice in plan.tensor_types} == {kind: KERNEL[kind] for kind in kinds}
     assert {choice.value for _, choice in plan.linears} <= {"q4f", "q8k", "q4f+q8k", "q8k+q4f"}  # no linear dense
-    assert plan.setup_id == "exact-kernels" and plan.layer_kernel.value == "off"  # the layer kernel reads q4 only
+    assert plan.setup_id == "exact-kernels" and plan.layer_kernel.value == "on"  # mixed block types in one call
     target = loaded.target
     assert unequal_chain_rows(target, exact_setup_for(target)) == 0
+    gap, calls = layer_kernel_gap(target)  # q4f and q8k linears, fused and apart, in the one C call per layer
+    assert calls == target.config.num_hidden_layers and gap <= REFERENCE_REL, gap
     engine = Engine(target, exact=True)
     prompt = torch.randint(0, target.config.vocab_size, (30,), generator=torch.Generator().manual_seed(0)).tolist()
     sampling = SamplingParams(max_new_tokens=24)
@@ -236,3 +253,21 @@ def test_a_tiny_k_quant_models_tensors_run_on_their_kernels_and_speculation_is_p
 
     plain = tokens(SpecConfig(proposer="none"), None)
     assert tokens(SpecConfig(proposer="ngram", k=4), NgramProposer(1, 4)) == plain
+
+
+def test_a_shaped_file_has_the_shapes_heads_and_float16_weights_it_names(tmp_path):
+    import gguf
+
+    from localspec.bench.shaped_gguf import SHAPES, Shape, write_shaped
+
+    assert SHAPES["smollm2-1.7b"] == Shape(layers=24, hidden=2048, heads=32, kv_heads=32, ffn=8192)
+    path = write_shaped(tmp_path / "shaped.gguf", Shape(layers=2, hidden=256, heads=8, kv_heads=2, ffn=512))
+    reader = gguf.GGUFReader(str(path))
+    field = lambda key: reader.fields[key].contents()  # noqa: E731
+    assert (field("llama.block_count"), field("llama.attention.head_count")) == (2, 8)
+    assert (field("llama.attention.head_count_kv"), field("llama.feed_forward_length")) == (2, 512)
+    tensors = {t.name: t for t in reader.tensors}
+    for name, rows, columns in (("attn_q", 256, 256), ("attn_k", 64, 256), ("attn_v", 64, 256), ("ffn_down", 256, 512)):
+        tensor = tensors[f"blk.1.{name}.weight"]
+        assert tensor.tensor_type.name == "F16" and list(tensor.shape) == [columns, rows], name
+    assert tensors["token_embd.weight"].tensor_type.name == "F16"

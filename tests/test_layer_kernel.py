@@ -100,26 +100,14 @@ def _layers(model):
 
 
 def test_the_embedded_targets_layers_run_on_it_and_stay_close_to_their_torch_ops(embedded_session, kernels):
-    from localspec.runtime.model_runner import ModelRunner, exact_setup_for
+    from .support import layer_kernel_logits
 
     model = embedded_session.engine.target.model
     assert _lean(model).on_layer_kernel
-    runner = ModelRunner(model, compile="off", setup=exact_setup_for(model), forward="lean")
     generator = torch.Generator().manual_seed(4)
     prompt, new = torch.randint(0, 30000, (40,), generator=generator).tolist(), [501, 9, 2000, 77, 4]
-    runner.reset()
-    runner.extend(prompt, logits_to_keep=0)
-    on_kernel = runner.extend(new).logits  # [5, V]
-    runner.crop(len(prompt))
-    layers = _layers(model)
-    bound = [layer.layer_kernel for layer in layers]
-    try:
-        for layer in layers:
-            layer.layer_kernel = None
-        torch_ops = runner.extend(new).logits
-    finally:
-        for layer, kernel in zip(layers, bound, strict=True):
-            layer.layer_kernel = kernel
+    on_kernel, torch_ops, calls = layer_kernel_logits(model, prompt, new)  # [5, V] each
+    assert calls == model.config.num_hidden_layers
     # lean_forward.py --compare layer (git show 7b6297d:scripts/lean_forward.py) measured at most 0.474 on the
     # AVX-512 EPYC (other ids: 100..163 then
     # 300..308); the bound is twice that. A wrong step (a norm, the rotary, a residual) moves logits by whole units

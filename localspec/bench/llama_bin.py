@@ -14,7 +14,8 @@ from pathlib import Path
 from localspec.config import ConfigError
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cpp is built
-BINARIES = ("llama-server", "llama-bench")
+BINARIES = ("llama-server", "llama-bench")  # what the bench's llama.cpp modes need
+TOOLS = ("llama-quantize",)  # built beside them: scripts/make_shaped_gguf.py turns its files into any block type
 # the instruction sets a tag names, best first (a GGML_NATIVE build needs every flag it was compiled for)
 TAG_ISAS = (("avx512bf16", {"avx512f", "avx512_bf16"}), ("avx2", {"avx2", "fma", "f16c"}))
 INSTALL_HINT = "run: make setup-bench-llama (builds llama.cpp's llama-server and llama-bench for this CPU once)"

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .int4_linear import Int4Linear
 from .q4_kernel import GROUP, LANES, Q4Matmul, pack_q4
 
 CHECK_PREFIX, CHECK_ROWS = 13, 9  # the self-check's cached positions and verify rows
@@ -33,13 +32,26 @@ CHECK_PREFIX, CHECK_ROWS = 13, 9  # the self-check's cached positions and verify
 REFERENCE_REL = 2.0**-6
 
 
+KINDS = ("q4", "q4f", "q8", "q8k")  # kernels/layer.c's LINEAR_* in order: the matmul each part's layout is for
+MAX_PARTS = 3  # kernels/layer.c's: q, k and v as three matmuls where their block types differ
+
+
+class _LinearRef(ctypes.Structure):
+    """kernels/layer.c's LinearRef, field for field."""
+
+    _fields_ = [("kind", ctypes.c_int), ("n", ctypes.c_int), ("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p)]
+
+
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+
 class _Args(ctypes.Structure):
     """kernels/layer.c's LayerArgs, field for field."""
 
     _fields_ = [
         *((name, ctypes.c_void_p) for name in ("input_norm", "post_norm")),
-        *((f"{part}_codes", ctypes.c_void_p) for part in ("qkv", "o", "gate_up", "down")),
-        *((f"{part}_dm", ctypes.c_void_p) for part in ("qkv", "o", "gate_up", "down")),
+        *((part, _LinearRef * MAX_PARTS) for part in PROJECTIONS),
+        *((f"{part}_parts", ctypes.c_int) for part in PROJECTIONS),
         *((name, ctypes.c_float) for name in ("input_eps", "post_eps", "scaling")),
         *((name, ctypes.c_int) for name in ("hidden", "heads", "kv_heads", "dim", "intermediate")),
         *((name, ctypes.c_void_p) for name in ("x", "out", "cos", "sin", "keys", "values")),
@@ -50,16 +62,35 @@ class _Args(ctypes.Structure):
 
 
 @dataclass(frozen=True)
+class LinearPart:
+    """One linear as its kernel reads it: `kind` (KINDS), N outputs, the codes and scales in that kernel's layout."""
+
+    kind: str
+    n: int
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+    @classmethod
+    def of(cls, module) -> LinearPart | None:
+        """An Int4Linear or Q8Linear on one of the kernels, or None."""
+        kind = getattr(getattr(module, "kernel", None), "KIND", None)
+        if kind not in KINDS:
+            return None
+        codes, scales = (module.packed, module.scales_zeros) if kind in ("q4", "q4f") else (module.codes, module.scales)
+        return cls(kind, int(module.out_features), codes, scales)
+
+
+@dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer's weights as the kernel reads them: norms [H] bfloat16, linears in the q4 layout
-    (codes [N/16, K/32, 16, 16] uint8, dm [N/16, K/32, 2, 16] float16) with q, k, v and gate, up side by side."""
+    """One decoder layer's weights as the kernel reads them: norms [H] bfloat16, each projection as 1..MAX_PARTS
+    LinearParts whose outputs lie side by side (q, k, v; gate, up)."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: tuple[torch.Tensor, torch.Tensor]
-    o: tuple[torch.Tensor, torch.Tensor]
-    gate_up: tuple[torch.Tensor, torch.Tensor]
-    down: tuple[torch.Tensor, torch.Tensor]
+    qkv: tuple[LinearPart, ...]
+    o: tuple[LinearPart, ...]
+    gate_up: tuple[LinearPart, ...]
+    down: tuple[LinearPart, ...]
     input_eps: float
     post_eps: float
     scaling: float
@@ -76,6 +107,12 @@ class LayerWeights:
     def qkv_width(self) -> int:
         return (self.heads + 2 * self.kv_heads) * self.dim
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The block layouts its linears are in, each once."""
+        parts = (*self.qkv, *self.o, *self.gate_up, *self.down)
+        return tuple(dict.fromkeys(part.kind for part in parts))
+
 
 class BoundLayer:
     """The kernel bound to one layer's weights: `run(x, cos, sin, cache_layer, visible)` → the layer's output."""
@@ -85,10 +122,13 @@ class BoundLayer:
         self.weights = weights  # kept alive: the kernel reads their storage
         args = _Args()
         args.input_norm, args.post_norm = weights.input_norm.data_ptr(), weights.post_norm.data_ptr()
-        for part in ("qkv", "o", "gate_up", "down"):
-            codes, dm = getattr(weights, part)
-            setattr(args, f"{part}_codes", codes.data_ptr())
-            setattr(args, f"{part}_dm", dm.data_ptr())
+        for name in PROJECTIONS:
+            parts = getattr(weights, name)
+            slots = getattr(args, name)
+            for slot, part in zip(slots, parts):  # at most MAX_PARTS (layer_weights)
+                slot.kind, slot.n = KINDS.index(part.kind), part.n
+                slot.codes, slot.scales = part.codes.data_ptr(), part.scales.data_ptr()
+            setattr(args, f"{name}_parts", len(parts))
         args.input_eps, args.post_eps, args.scaling = weights.input_eps, weights.post_eps, weights.scaling
         args.hidden, args.heads, args.kv_heads = weights.hidden, weights.heads, weights.kv_heads
         args.dim, args.intermediate = weights.dim, weights.intermediate
@@ -155,7 +195,7 @@ def random_layer(seed: int) -> tuple[LayerWeights, dict[str, tuple[torch.Tensor,
         d = (torch.rand(n, k // GROUP, generator=generator) * 0.4 / k**0.5).half()
         m = (-7.5 * d.float() + torch.randn(n, k // GROUP, generator=generator) * 0.01).half()  # centred weights
         raw[name] = (codes, d, m)
-        packed[name] = pack_q4(codes, d, m)
+        packed[name] = (LinearPart("q4", n, *pack_q4(codes, d, m)),)
     norm = lambda: (1 + 0.2 * torch.randn(hidden, generator=generator)).to(torch.bfloat16)  # noqa: E731
     weights = LayerWeights(norm(), norm(), packed["qkv"], packed["o"], packed["gate_up"], packed["down"], 1e-5, 1e-5,
                            dim**-0.5, heads, kv_heads, dim, inter)  # fmt: skip
@@ -179,8 +219,9 @@ def reference(weights: LayerWeights, q4: Q4Matmul, attention, x, cos, sin, cache
     def norm(w, v, eps):
         return w * F.rms_norm(v.float(), w.shape, eps=eps).to(v.dtype)
 
-    def linear(v, part, n):
-        return q4.matmul(v, *getattr(weights, part), n)
+    def linear(v, name, n):
+        (part,) = getattr(weights, name)  # random_layer's: one q4 part each
+        return q4.matmul(v, part.codes, part.scales, n)
 
     qkv = linear(norm(weights.input_norm, x, weights.input_eps), "qkv", weights.qkv_width)
     qk = qkv[..., : (heads + kv_heads) * dim].reshape(1, rows, heads + kv_heads, dim).transpose(1, 2)
@@ -242,18 +283,28 @@ def self_check(layer: LayerKernel, q4: Q4Matmul, attention, seed: int = 0) -> st
     return None
 
 
+def _projection(modules) -> tuple[LinearPart, ...] | None:
+    parts = tuple(LinearPart.of(module) for module in modules)
+    return parts if parts and len(parts) <= MAX_PARTS and all(parts) else None
+
+
 def layer_weights(layer, attn_heads: int, kv_heads: int, dim: int, scaling: float) -> LayerWeights | None:
-    """LayerWeights from a LeanLayer's modules, or None where the kernel cannot run it: every linear an Int4Linear
-    on the q4 kernel with q, k, v and gate, up fused, bfloat16 norms, and D a multiple of 16."""
-    parts = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
-    if not all(isinstance(part, Int4Linear) and part.layout == "q4" for part in parts):
+    """LayerWeights from a LeanLayer's modules, or None where the kernel cannot run it: every linear on one of the
+    kernels (Int4Linear on q4 / q4f, Q8Linear on q8 / q8k; q, k, v and gate, up fused where they share one),
+    bfloat16 norms, and D a multiple of 16."""
+    projections = (
+        _projection([layer.qkv] if layer.qkv is not None else [layer.q_proj, layer.k_proj, layer.v_proj]),
+        _projection([layer.o_proj]),
+        _projection([layer.gate_up] if layer.gate_up is not None else [layer.gate_proj, layer.up_proj]),
+        _projection([layer.down]),
+    )
+    if not all(projections):
         return None
     norms = (layer.input_norm.weight, layer.post_norm.weight)
     if any(w.dtype != torch.bfloat16 or w.device.type != "cpu" for w in norms) or dim % LANES:
         return None
-    buffers = [(part.packed, part.scales_zeros) for part in parts]
     return LayerWeights(
-        norms[0].detach().contiguous(), norms[1].detach().contiguous(), *buffers,
+        norms[0].detach().contiguous(), norms[1].detach().contiguous(), *projections,
         float(layer.input_norm.variance_epsilon), float(layer.post_norm.variance_epsilon), float(scaling),
         attn_heads, kv_heads, dim, layer.intermediate,
     )  # fmt: skip

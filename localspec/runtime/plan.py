@@ -215,12 +215,13 @@ def row_invariant_layers(model: nn.Module) -> bool:
     return bool(linears) and all(getattr(m, "row_invariant", False) for m in linears)
 
 
-def q4_layout_layers(model: nn.Module) -> bool:
-    """Whether every decoder linear is in the q4 layout on the q4 kernel: what the layer kernel reads."""
-    from .int4_linear import Int4Linear
+def kernel_layout_layers(model: nn.Module) -> bool:
+    """Whether every decoder linear is on one of the block-type kernels (q4, q4f, q8, q8k): what the layer kernel
+    reads."""
+    from .layer_kernel import KINDS
 
     linears = _decoder_linears(model)
-    return bool(linears) and all(isinstance(m, Int4Linear) and m.layout == "q4" for m in linears)
+    return bool(linears) and all(getattr(getattr(m, "kernel", None), "KIND", None) in KINDS for m in linears)
 
 
 def lean_supported(model: nn.Module) -> bool:
@@ -404,7 +405,7 @@ def plan_forward(
     lean = wanted == "lean" and preallocated and lean_supported(model)
     fits, why_kernel = _attention_kernel_fits(model, library)
     row_invariant = row_invariant_layers(model)
-    q4_layout = row_invariant and q4_layout_layers(model)
+    on_kernels = row_invariant and kernel_layout_layers(model)
 
     if not lean:
         why = "asked for" if wanted != "lean" else "not a plain llama, or not on the preallocated cache"
@@ -427,13 +428,13 @@ def plan_forward(
         dummy = Choice("no dummy rows", rows_why)
     else:
         dummy = Choice(setup.rows, "torch's matmuls round a row by the row count (EXACT_ROWS)")
-    layer_on = decode.value == "kernel" and q4_layout and library is not None and library.layer is not None
+    layer_on = decode.value == "kernel" and on_kernels and library is not None and library.layer is not None
     if layer_on:
-        layer = Choice("on", "whole layers in one C call (bf16 layers on q4, fused)")
+        layer = Choice("on", "whole layers in one C call (bf16 layers, each linear on its block type's kernel)")
     elif library is None or decode.value != "kernel":
         layer = Choice("off", "decode / verify attention is not on the attention kernel")
-    elif not q4_layout:
-        layer = Choice("off", "it runs only where every linear of a layer is in the q4 layout (Q4_0, Q4_1)")
+    elif not on_kernels:
+        layer = Choice("off", "it runs only where every linear of a layer is on a block-type kernel (q4, q4f, q8, q8k)")
     else:
         layer = Choice("off", "; ".join(library.notes))
     if record.head is not None:
@@ -461,5 +462,5 @@ def plan_forward(
         kernels=library,
         head=record.head,
         attention_kernel=library.attention if lean and fits else None,
-        layer=library.layer if lean and fits and q4_layout else None,
+        layer=library.layer if lean and fits and on_kernels else None,
     )

@@ -1,6 +1,9 @@
 /* One llama decoder layer for the decode and verify rows of a forward, in one call: the layer as lean_llama.py's
  * LeanLayer computes it from torch ops, with the q4 matmul (q4_matmul.c) for its linears and the exact attention
- * (attention.c), so a forward of T rows costs 30 C calls instead of ~90 torch ops a layer.
+ * (attention.c), so a forward of T rows costs 30 C calls instead of ~90 torch ops a layer. Each linear is in the
+ * layout of its block type's kernel (a LinearRef: q4, q4f, q8 or q8k); q, k, v and gate, up are one matmul where
+ * they share a layout, else each part is computed alone and its columns placed side by side. The q8 kernels sum in
+ * float32, rounded to bfloat16 once, as Q8Linear does.
  *
  * For each row t of the call, in this order (every step rounds to bfloat16 where the torch ops round):
  *   h    = w_in · bf16(x / sqrt(mean(x²) + eps))       the mean summed in dim order, in float32
@@ -26,16 +29,33 @@
 
 int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint16_t *y, int rows, int k, int n,
               int threads);
+int q4f_matmul(const uint16_t *x, const uint8_t *codes, const float *dm, uint16_t *y, int rows, int k, int n,
+               int threads);
+int q8_matmul(const uint16_t *x, const int8_t *codes, const uint16_t *dscale, float *y, int rows, int k, int n,
+              int threads);
+int q8k_matmul(const uint16_t *x, const int8_t *codes, const float *dm, float *y, int rows, int k, int n,
+               int threads);
 int exact_attention_bf16(const uint16_t *q, long q_row, long q_head, const uint16_t *keys, const uint16_t *values,
                          long kv_head, const uint8_t *visible, uint16_t *out, int rows, int heads, int kv_heads,
                          int dim, int prefix, float scaling, int threads);
 
+enum { LINEAR_Q4 = 0, LINEAR_Q4F = 1, LINEAR_Q8 = 2, LINEAR_Q8K = 3 };
+#define MAX_PARTS 3
+
+/* One linear's weights in its kernel's layout. Shared with runtime/layer_kernel.py, as LayerArgs is. */
+typedef struct {
+    int kind;             /* LINEAR_*: which matmul reads it */
+    int n;                /* outputs */
+    const void *codes;    /* q4 / q4f: uint8 codes; q8 / q8k: int8 codes */
+    const void *scales;   /* q4: d and m float16; q4f, q8k: float32; q8: d float16 */
+} LinearRef;
+
 /* Shared with runtime/layer_kernel.py (a ctypes Structure of the same fields, in this order). */
 typedef struct {
-    /* the layer's weights: norms [H] bf16; linears in the q4 layout (codes, d and m) */
+    /* the layer's weights: norms [H] bf16; each projection as 1..MAX_PARTS linears whose outputs lie side by side */
     const uint16_t *input_norm, *post_norm;
-    const uint8_t *qkv_codes, *o_codes, *gate_up_codes, *down_codes;
-    const uint16_t *qkv_dm, *o_dm, *gate_up_dm, *down_dm;
+    LinearRef qkv[MAX_PARTS], o[MAX_PARTS], gate_up[MAX_PARTS], down[MAX_PARTS];
+    int qkv_parts, o_parts, gate_up_parts, down_parts;
     float input_eps, post_eps, scaling;
     int hidden, heads, kv_heads, dim, intermediate;
     /* this call */
@@ -74,14 +94,51 @@ static float silu(float g) {
     return g < 0.0f ? g * e / (1.0f + e) : g / (1.0f + e);
 }
 
-/* Returns 0, -1 when out of memory, -2 for a shape the attention kernel does not take. */
+/* y [T, N] = x [T, K] · Wᵀ on the part's kernel; sums: [T, N] float32 scratch for the q8 kernels. */
+static int linear(const LinearRef *w, const uint16_t *x, uint16_t *y, float *sums, int rows, int k, int threads) {
+    int status;
+    switch (w->kind) {
+    case LINEAR_Q4: return q4_matmul(x, w->codes, w->scales, y, rows, k, w->n, threads);
+    case LINEAR_Q4F: return q4f_matmul(x, w->codes, w->scales, y, rows, k, w->n, threads);
+    case LINEAR_Q8: status = q8_matmul(x, w->codes, w->scales, sums, rows, k, w->n, threads); break;
+    case LINEAR_Q8K: status = q8k_matmul(x, w->codes, w->scales, sums, rows, k, w->n, threads); break;
+    default: return -3;
+    }
+    if (status) return status;
+    for (size_t i = 0; i < (size_t)rows * w->n; i++) y[i] = float_to_bf16(sums[i]);
+    return 0;
+}
+
+/* y [T, ΣN] = the parts' outputs side by side; part: [T, max N] bf16 scratch when there are several. */
+static int projection(const LinearRef *parts, int count, const uint16_t *x, uint16_t *y, uint16_t *part, float *sums,
+                      int rows, int k, int threads) {
+    if (count == 1) return linear(parts, x, y, sums, rows, k, threads);
+    int width = 0, status;
+    for (int p = 0; p < count; p++) width += parts[p].n;
+    for (int p = 0, at = 0; p < count; at += parts[p].n, p++) {
+        if ((status = linear(&parts[p], x, part, sums, rows, k, threads))) return status;
+        for (int t = 0; t < rows; t++)
+            memcpy(y + (size_t)t * width + at, part + (size_t)t * parts[p].n, sizeof(uint16_t) * parts[p].n);
+    }
+    return 0;
+}
+
+/* Returns 0, -1 when out of memory, -2 for a shape the attention kernel does not take, -3 for an unknown kind. */
 int lean_layer(const LayerArgs *a) {
     const int rows = a->rows, hidden = a->hidden, dim = a->dim, inter = a->intermediate;
     const int q_width = a->heads * dim, kv_width = a->kv_heads * dim, width = q_width + 2 * kv_width;
     const size_t scratch = (size_t)rows * (2 * (size_t)hidden + (size_t)width + (size_t)q_width + 3 * (size_t)inter +
                                            (size_t)dim);
-    uint16_t *h = malloc(sizeof(uint16_t) * scratch);
-    if (h == NULL) return -1;
+    size_t widest = (size_t)(width > 2 * inter ? width : 2 * inter); /* the largest projection's outputs */
+    if ((size_t)hidden > widest) widest = (size_t)hidden;
+    uint16_t *h = malloc(sizeof(uint16_t) * (scratch + (size_t)rows * widest));
+    float *sums = malloc(sizeof(float) * (size_t)rows * widest);
+    if (h == NULL || sums == NULL) {
+        free(h);
+        free(sums);
+        return -1;
+    }
+    uint16_t *part = h + scratch;                     /* [T, widest]: one part of a projection */
     uint16_t *mid = h + (size_t)rows * hidden;        /* [T, H]: x' */
     uint16_t *qkv = mid + (size_t)rows * hidden;      /* [T, width] */
     uint16_t *att = qkv + (size_t)rows * width;       /* [T, H·D] */
@@ -91,7 +148,7 @@ int lean_layer(const LayerArgs *a) {
     int status = 0;
     for (int t = 0; t < rows; t++)
         rms_norm(a->x + (size_t)t * hidden, a->input_norm, a->input_eps, hidden, h + (size_t)t * hidden);
-    if ((status = q4_matmul(h, a->qkv_codes, a->qkv_dm, qkv, rows, hidden, width, a->threads))) goto done;
+    if ((status = projection(a->qkv, a->qkv_parts, h, qkv, part, sums, rows, hidden, a->threads))) goto done;
     for (int t = 0; t < rows; t++) {
         uint16_t *row = qkv + (size_t)t * width;
         const uint16_t *cos = a->cos + (size_t)t * dim, *sin = a->sin + (size_t)t * dim;
@@ -109,11 +166,11 @@ int lean_layer(const LayerArgs *a) {
     status = exact_attention_bf16(qkv, width, dim, a->keys, a->values, a->kv_head, a->visible, att, rows, a->heads,
                                   a->kv_heads, dim, a->prefix, a->scaling, a->threads);
     if (status) goto done;
-    if ((status = q4_matmul(att, a->o_codes, a->o_dm, mid, rows, q_width, hidden, a->threads))) goto done;
+    if ((status = projection(a->o, a->o_parts, att, mid, part, sums, rows, q_width, a->threads))) goto done;
     for (size_t i = 0; i < (size_t)rows * hidden; i++) mid[i] = float_to_bf16(bf16_to_float(a->x[i]) + bf16_to_float(mid[i]));
     for (int t = 0; t < rows; t++)
         rms_norm(mid + (size_t)t * hidden, a->post_norm, a->post_eps, hidden, h + (size_t)t * hidden);
-    if ((status = q4_matmul(h, a->gate_up_codes, a->gate_up_dm, gate_up, rows, hidden, 2 * inter, a->threads)))
+    if ((status = projection(a->gate_up, a->gate_up_parts, h, gate_up, part, sums, rows, hidden, a->threads)))
         goto done;
     for (int t = 0; t < rows; t++) {
         const uint16_t *g = gate_up + (size_t)t * 2 * inter, *u = g + inter;
@@ -121,10 +178,11 @@ int lean_layer(const LayerArgs *a) {
             act[(size_t)t * inter + i] =
                 float_to_bf16(bf16_round(silu(bf16_to_float(g[i]))) * bf16_to_float(u[i]));
     }
-    if ((status = q4_matmul(act, a->down_codes, a->down_dm, a->out, rows, inter, hidden, a->threads))) goto done;
+    if ((status = projection(a->down, a->down_parts, act, a->out, part, sums, rows, inter, a->threads))) goto done;
     for (size_t i = 0; i < (size_t)rows * hidden; i++)
         a->out[i] = float_to_bf16(bf16_to_float(mid[i]) + bf16_to_float(a->out[i]));
 done:
     free(h);
+    free(sums);
     return status;
 }
