@@ -5,6 +5,8 @@ bound of a float64 matmul with gguf.quants' weights; a damaged scale names its t
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,8 @@ from localspec.config import ConfigError
 from localspec.models.gguf_linear import _block_linear, dequantize, q4_fields, q8_fields, q8k_fields
 from localspec.runtime.layer_kernel import REFERENCE_REL
 from localspec.runtime.plan import Choice, tensor_kernel
-from localspec.runtime.q4_kernel import FLOAT32_EPS, q8_reference_and_bound, reference_and_bound
+from localspec.runtime.q4_kernel import FLOAT32_EPS, pack_q8k, q8_reference_and_bound, reference_and_bound
+from localspec.runtime.q8_head import Q8Head
 
 from .conftest import library_or_skip
 from .gguf_files import quantized
@@ -104,13 +107,19 @@ def test_the_packed_layers_cache_gives_each_k_quant_layer_back_on_its_kernel(lib
         layers[f"model.layers.{index}.mlp.up_proj"] = _block_linear(
             kind, blocks, tensor_kernel(kind, "linear", library), library, kind
         )
+    fields = q8k_fields(_blocks("Q6_K", 32, 256, seed=9)[0], "Q6_K")
+    head = Q8Head(*pack_q8k(fields.codes, fields.d, fields.m), 256, library.q8k)  # a tied Q6_K embedding's head
     cache = tmp_path / "layers.safetensors"
-    gguf_linear._write_cache(cache, gguf_linear.PackedLayers(layers, None), library)
-    read = gguf_linear._read_cache(cache, library).linears
+    gguf_linear._write_cache(cache, gguf_linear.PackedLayers(layers, head), library)
+    read = gguf_linear._read_cache(cache, library)
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     for name, layer in layers.items():
-        assert read[name].kernel is layer.kernel and read[name].in_features == 256  # q4f, q8k, q8k, q8
-        assert torch.equal(read[name](x), layer(x))
+        assert read.linears[name].kernel is layer.kernel and read.linears[name].in_features == 256  # q4f, q8k, q8k, q8
+        assert torch.equal(read.linears[name](x), layer(x))
+    assert read.head.kernel is library.q8k and torch.equal(read.head(x), head(x))
+    with pytest.MonkeyPatch.context() as patch:  # another table (a type moved to another kernel): built again
+        patch.setitem(gguf_linear.KERNELS, "Q6_K", dataclasses.replace(gguf_linear.KERNELS["Q6_K"], roles=("linear",)))
+        assert gguf_linear._read_cache(cache, library) is None
 
 
 def test_a_q4_0_scale_whose_minimum_overflows_float16_stays_dense_with_the_reason(library):
@@ -231,7 +240,9 @@ def test_a_tiny_k_quant_models_tensors_run_on_their_kernels_and_speculation_is_p
     from .gguf_files import write_gguf
     from .test_lean_llama import unequal_chain_rows
 
-    path = write_gguf(tmp_path / "tiny-k.gguf", layers=2, hidden=256, linear_type="Q5_K", tensor_types=MIXED)
+    path = write_gguf(
+        tmp_path / "tiny-k.gguf", layers=2, hidden=256, linear_type="Q5_K", tensor_types=MIXED, embedding_type="Q6_K"
+    )
     pair = parse_pair(file_entry(path), 0, Path.cwd())
     loaded = load_pair(pair, device="cpu", load_draft=False, exact="off")
     assert loaded.quant == "gguf"  # no flag: the file's blocks on the kernels
@@ -240,6 +251,7 @@ def test_a_tiny_k_quant_models_tensors_run_on_their_kernels_and_speculation_is_p
     assert {kind: choice.value for kind, choice in plan.tensor_types} == {kind: KERNEL[kind] for kind in kinds}
     assert {choice.value for _, choice in plan.linears} <= {"q4f", "q8k", "q4f+q8k", "q8k+q4f"}  # no linear dense
     assert plan.setup_id == "exact-kernels" and plan.layer_kernel.value == "on"  # mixed block types in one call
+    assert plan.lm_head.value == "q8k" and "Q6_K" in plan.lm_head.reason  # the tied Q6_K embedding as the head
     target = loaded.target
     assert unequal_chain_rows(target, exact_setup_for(target)) == 0
     gap, calls = layer_kernel_gap(target)  # q4f and q8k linears, fused and apart, in the one C call per layer

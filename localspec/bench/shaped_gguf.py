@@ -103,8 +103,9 @@ def write_gguf(
     """A llama-shaped GGUF with random weights and SmolLM2's tokenizer (its first `vocab_size` tokens;
     `shuffle_tokens` swaps two of them, so its ids mean other tokens than the target's). The decoder linears are
     stored as `linear_type` (a gguf.GGMLQuantizationType name, quantized by gguf.quants, or random blocks of a
-    K-quant: `hidden` a multiple of 256 then), `tensor_types` overriding it per tensor name; the token embedding as
-    `embedding_type` (F32 or F16), norms F32. `ffn` defaults to 2 · hidden."""
+    K-quant: `hidden` a multiple of 256 then), `tensor_types` overriding it per tensor name; the token embedding (the
+    tied LM head: no output.weight) as `embedding_type`, any of those names too; norms F32. `ffn`: 2 · hidden unless
+    given."""
     import gguf
 
     tok = embedded_tokenizer()
@@ -150,7 +151,11 @@ def write_gguf(
         writer.add_tensor(name, quantized(values, kind, rng), raw_dtype=gguf.GGMLQuantizationType[kind])
 
     embedding = weight(vocab, hidden)
-    writer.add_tensor("token_embd.weight", embedding.astype(np.float16) if embedding_type == "F16" else embedding)
+    if embedding_type in ("F32", "F16"):
+        writer.add_tensor("token_embd.weight", embedding.astype(np.float16) if embedding_type == "F16" else embedding)
+    else:
+        blocks = quantized(embedding, embedding_type, rng)
+        writer.add_tensor("token_embd.weight", blocks, raw_dtype=gguf.GGMLQuantizationType[embedding_type])
     writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
     head_dim = hidden // heads
     for i in range(layers):

@@ -30,8 +30,9 @@ scale = d and zero = m + 8d, rounded to bfloat16 (its fast path wants bfloat16 s
 states what that changes), and the other layouts stay dense.
 
 Only the linears of a llama-architecture GGUF are swapped in, each checked against the dense weight the cached
-dequantized folder loaded, and, on the library, a Q8_0 token embedding that is also the tied LM head gets a Q8Head
-for the logits (runtime/q8_head.py; the embedding itself stays dense). The F32 norms stay as the folder loaded them.
+dequantized folder loaded, and, on the library, a Q8_0 or Q6_K token embedding that is also the tied LM head gets a
+Q8Head (on the q8 or q8k kernel) for the logits (runtime/q8_head.py; the embedding itself stays dense). The F32
+norms stay as the folder loaded them.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from localspec.config import ConfigError
 from localspec.runtime.int4_linear import ROW_MULTIPLE, Int4Linear, layout_tag
 from localspec.runtime.library import KernelLibrary, LibraryLoad
 from localspec.runtime.plan import KERNEL_NAMES, KERNELS, Choice, LoadRecord, library_here, record_load, tensor_kernel
-from localspec.runtime.q4_kernel import GROUP, K_GROUP, Q4Matmul
+from localspec.runtime.q4_kernel import GROUP, K_GROUP, Q4Matmul, pack_q8k
 from localspec.runtime.q8_head import Q8Head, Q8Linear
 
 from .paths import cache_dir
@@ -80,7 +81,7 @@ BLOCK_BYTES = {
     "Q5_K": (256, 176),
     "Q6_K": (256, 210),
 }
-HEAD = "lm_head"  # the packed-layer cache's name for the Q8_0 LM head's tensors
+HEAD = "lm_head"  # the packed-layer cache's name for the LM head's tensors (Q8_0 or Q6_K blocks)
 # GGUF tensor name within block i → the transformers llama module path within model.model.layers[i]
 LLAMA_LINEARS = {
     "attn_q": "self_attn.q_proj",
@@ -328,7 +329,8 @@ def auto_quant(path: Path) -> FileQuant:
 
 @dataclass(frozen=True)
 class PackedLayers:
-    """What quant gguf swaps into a model: its block linears by module name, and the Q8_0 LM head (None: none)."""
+    """What quant gguf swaps into a model: its block linears by module name, and the LM head on the file's Q8_0 or
+    Q6_K blocks (None: none)."""
 
     linears: dict[str, nn.Module]  # Int4Linear (q4 layout) or Q8Linear (q8 layout)
     head: Q8Head | None
@@ -360,15 +362,24 @@ def _q8_head(model: nn.Module, tensors: dict, path: Path, library: KernelLibrary
     kernel = _member(library, choice)
     if kernel is None or raw is None or not tied or "output.weight" in tensors:
         return None, choice
-    codes, d = q8_fields(raw, kind)
-    if codes.shape[0] % ROW_MULTIPLE or codes.shape[1] % GROUP:
-        return None, Choice("dense", f"{codes.shape[0]} × {codes.shape[1]}: not whole blocks of the q8 layout")
-    _finite("token_embd.weight", d)
+    if choice.value == "q8":
+        codes, d = q8_fields(raw, kind)
+        scales, group = (d,), GROUP
+    else:
+        k_fields = q8k_fields(raw, kind)
+        codes, scales, group = k_fields.codes, (k_fields.d, k_fields.m), K_GROUP
+    if codes.shape[0] % ROW_MULTIPLE or codes.shape[1] % group:
+        return None, Choice(
+            "dense", f"{codes.shape[0]} × {codes.shape[1]}: not whole blocks of the {choice.value} layout"
+        )
+    _finite("token_embd.weight", *scales)
     dense = model.get_input_embeddings().weight.detach()
     exact = dequantize(raw, kind)
     if exact.shape != dense.shape or not torch.equal(exact.to(dense.dtype), dense):
         raise ConfigError(f"{path.name}: token_embd does not match the loaded embedding; the GGUF's layout is unknown")
-    return Q8Head.from_q8_0(codes, d, kernel), choice
+    if choice.value == "q8":
+        return Q8Head.from_q8_0(codes, *scales, kernel), choice
+    return Q8Head(*pack_q8k(codes, *scales), codes.shape[1], kernel), choice
 
 
 def _finite(tensor: str, *scales: torch.Tensor) -> None:
@@ -438,6 +449,11 @@ def _built_layers(model: nn.Module, path: Path, library: KernelLibrary | None, w
     return PackedLayers(built, head, tuple(choices.items()) + (("lm_head", head_choice),), by_type)
 
 
+def _table_tag() -> str:
+    """The KERNELS table as the packed cache depends on it: which kernel runs each block type in which role."""
+    return json.dumps(sorted((row.block_type, row.kernel, list(row.roles)) for row in KERNELS.values()))
+
+
 def _choices_json(choices: tuple[tuple[str, Choice], ...]) -> str:
     return json.dumps([[name, c.value, c.reason] for name, c in choices])
 
@@ -455,8 +471,8 @@ def _read_cache(cache: Path, library: KernelLibrary | None) -> PackedLayers | No
     try:
         with safe_open(cache, "pt") as handle:
             meta = handle.metadata() or {}
-            if meta.get("layout", "torch") != layout_tag(kernel) or "types" not in meta:
-                return None  # packed for the other kernel, or before the block types were recorded
+            if meta.get("layout", "torch") != layout_tag(kernel) or meta.get("kernels") != _table_tag():
+                return None  # packed for the other kernel, or under another KERNELS table (what runs which type)
             flat = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (a safe_open handle)
             choices, types = _choices_read(meta.get("choices")), _choices_read(meta["types"])
     except Exception:  # missing, partial or unreadable: built again from the file
@@ -464,7 +480,8 @@ def _read_cache(cache: Path, library: KernelLibrary | None) -> PackedLayers | No
     head = None
     if f"{HEAD}.codes" in flat and f"{HEAD}.scales" in flat and library is not None:
         codes, scales = flat.pop(f"{HEAD}.codes"), flat.pop(f"{HEAD}.scales")
-        head = Q8Head(codes, scales, codes.shape[1] * codes.shape[2], library.q8)
+        q8 = library.q8k if scales.dtype == torch.float32 else library.q8  # Q6_K's float32 d and m, Q8_0's d
+        head = Q8Head(codes, scales, codes.shape[1] * codes.shape[2], q8)
     built = {}
     for name in {key.rpartition(".")[0] for key in flat}:
         packed, scales_zeros = flat.get(f"{name}.packed"), flat.get(f"{name}.scales_zeros")
@@ -498,6 +515,7 @@ def _write_cache(cache: Path, layers: PackedLayers, library: KernelLibrary | Non
         "layout": layout_tag(library.q4 if library is not None else None),
         "choices": _choices_json(layers.choices),
         "types": _choices_json(layers.types),
+        "kernels": _table_tag(),
     }
     tmp = cache.with_name(cache.name + ".tmp")
     try:

@@ -5,7 +5,7 @@ once, and handed out as one handle whose members are its kernels:
   q8          the q8 matmul (q4_kernel.Q8Matmul): Q8_0 and Q5_0 linears, a Q8_0 LM head, row-invariant
   q4f         the q4 matmul with float32 scales (q4_kernel.Q4FMatmul): Q4_K linears, row-invariant
   q8k         int8 codes with float32 scales and offsets per 16 (q4_kernel.Q8KMatmul): Q6_K, Q5_K and Q5_1
-              linears, row-invariant
+              linears, a Q6_K LM head, row-invariant
   attention   decode / verify attention (attention_kernel.AttentionKernel), or None with the reason
   layer       a whole llama layer in one call (layer_kernel.LayerKernel), or None with the reason
 

@@ -6,7 +6,8 @@ setting (exact or fast forwards) and the environment (config.Environment), and r
 
   linears            per tensor class, the kernel (by GGUF block type, from KERNELS: one row per block type, the way
                      ggml keeps one type_traits table; a new type is a new row, not a new branch)
-  lm_head            the q8 kernel on the file's Q8_0 blocks, oneDNN's prepacked dense head, or the plain one
+  lm_head            the q8 / q8k kernel on the file's Q8_0 / Q6_K blocks, oneDNN's prepacked dense head, or the
+                     plain one
   decode / verify    the attention of 1..DECODE_MAX_ROWS-row forwards: the attention kernel (each row as plain
                      decoding computes it), eager with the explicit mask, or sdpa; the layer kernel where it runs
   prefill            a longer forward's attention (sdpa in every setup: plain decoding and speculation run a
@@ -50,7 +51,7 @@ class KernelRow:
 
     block_type: str
     kernel: str  # KernelLibrary member: q4 | q8 | q4f | q8k
-    roles: tuple[str, ...]  # linear (a decoder layer's matmul) | lm_head (a tied Q8_0 token embedding)
+    roles: tuple[str, ...]  # linear (a decoder layer's matmul) | lm_head (a tied token embedding, Q8_0 or Q6_K)
     fallback: str  # what runs the tensor without the library: torch-int4 | dense
     why: str
 
@@ -63,7 +64,9 @@ KERNELS: dict[str, KernelRow] = {
         KernelRow("Q5_0", "q8", ("linear",), "dense", "row-invariant, codes q - 16 as int8, the file's own d"),
         KernelRow("Q8_0", "q8", ("linear", "lm_head"), "dense", "the exact weights, float32 sums, row-invariant"),
         KernelRow("Q4_K", "q4f", ("linear",), "dense", "row-invariant, the q4 layout with float32 d·sc and −dmin·m"),
-        KernelRow("Q6_K", "q8k", ("linear",), "dense", "row-invariant, codes q − 32 as int8, float32 d·sc per 16"),
+        KernelRow(
+            "Q6_K", "q8k", ("linear", "lm_head"), "dense", "row-invariant, codes q − 32 as int8, float32 d·sc per 16"
+        ),
         KernelRow("Q5_K", "q8k", ("linear",), "dense", "row-invariant, int8 codes, float32 d·sc and −dmin·m"),
         KernelRow("Q5_1", "q8k", ("linear",), "dense", "row-invariant, int8 codes, the file's own d and m"),
     )
@@ -102,7 +105,7 @@ def library_here(build_dir=None, env: Environment | None = None) -> LibraryLoad:
 @dataclass(frozen=True)
 class LoadRecord:
     """What the loader built a model with, kept on the model (as LOAD_ATTR) for the plan: the library it offered
-    (None: none), its kernel choice per tensor class, and the Q8_0 LM head module where one was built."""
+    (None: none), its kernel choice per tensor class, and the LM head module (Q8_0 / Q6_K) where one was built."""
 
     library: KernelLibrary | None
     tensors: tuple[tuple[str, Choice], ...] = ()
@@ -316,7 +319,7 @@ class ForwardPlan:
     dummy_rows: Choice
     layer_kernel: Choice
     kernels: KernelLibrary | None = field(default=None, compare=False, repr=False)
-    head: nn.Module | None = field(default=None, compare=False, repr=False)  # the Q8_0 head module (lm_head q8)
+    head: nn.Module | None = field(default=None, compare=False, repr=False)  # the LM head module (lm_head q8 / q8k)
     # the kernels the model's lean layers are built with, where they take them (a runner of another setup of the same
     # model shares its layers): the attention kernel where it fits, the layer kernel where the linears are on q4
     attention_kernel: object | None = field(default=None, compare=False, repr=False)
@@ -438,7 +441,9 @@ def plan_forward(
     else:
         layer = Choice("off", "; ".join(library.notes))
     if record.head is not None:
-        head = Choice("q8", "the file's Q8_0 token embedding, tied: " + KERNELS["Q8_0"].why)
+        kind = record.head.kernel.KIND  # one block type a kernel serves as the head (KERNELS' lm_head role)
+        row = next(r for r in KERNELS.values() if r.kernel == kind and "lm_head" in r.roles)
+        head = Choice(kind, f"the file's {row.block_type} token embedding, tied: {row.why}")
     else:
         head = packing(env)
     return ForwardPlan(
