@@ -204,6 +204,14 @@ def test_weight_bytes_count_int4_codes_and_scales_and_dense_weights(kernel):
     model = torch.nn.Sequential(int4, torch.nn.Linear(48, 10, bias=False))
     codes, scales_zeros, dense = 48 * 128 // 2, (128 // GROUP) * 48 * 2 * 2, 48 * 10 * 4  # bytes
     assert weight_bytes(model) == codes + scales_zeros + dense
+    if kernel is not None:  # a Q8Linear (q8k: int8 codes, float32 d and m per 16) counts its codes and scales
+        from localspec.runtime.q8_head import Q8Linear
+
+        q8k = Q8Linear.from_q8k(
+            torch.zeros(32, 128, dtype=torch.int8), torch.ones(32, 8), torch.zeros(32, 8), kernel.q8k
+        )
+        model.append(q8k)
+        assert weight_bytes(model) == codes + scales_zeros + dense + 32 * 128 + 32 * 8 * 2 * 4
 
 
 def test_the_gguf_guarantee_names_the_machine_it_was_measured_on():

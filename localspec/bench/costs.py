@@ -23,24 +23,30 @@ def bandwidth_gbs(repeats: int = 7) -> float:
     return BANDWIDTH_BYTES / statistics.median(times) / 1e9
 
 
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes a 1-token forward reads from weights: every linear's (dense, or an Int4Linear's packed codes and
-    scales/zeros) and the LM head's (an attached Q8Head's codes and scales in place of the dense head); the
-    embedding is a one-row gather and is left out."""
+    """Bytes a 1-token forward reads from weights: every linear's (dense, an Int4Linear's packed codes and
+    scales/zeros, a Q8Linear's int8 codes and scales) and the LM head's (an attached Q8Head's codes and scales in
+    place of the dense head); the embedding is a one-row gather and is left out."""
     from localspec.runtime.int4_linear import Int4Linear
     from localspec.runtime.plan import load_record
+    from localspec.runtime.q8_head import Q8Head
 
     head = load_record(model).head
     dense_head = model.get_output_embeddings() if head is not None else None
-    total = 0 if head is None else sum(b.numel() * b.element_size() for b in (head.codes, head.scales))
+    total = 0 if head is None else _nbytes(head.codes, head.scales)
     for module in model.modules():
-        if module is dense_head:
+        if module is dense_head or module is head:
             continue
         if isinstance(module, Int4Linear):
-            total += module.packed.numel() * module.packed.element_size()
-            total += module.scales_zeros.numel() * module.scales_zeros.element_size()
+            total += _nbytes(module.packed, module.scales_zeros)
+        elif isinstance(module, Q8Head):  # Q8Linear: a decoder linear on the q8 / q8k kernel
+            total += _nbytes(module.codes, module.scales)
         elif isinstance(module, torch.nn.Linear):
-            total += module.weight.numel() * module.weight.element_size()
+            total += _nbytes(module.weight)
     return total
 
 
