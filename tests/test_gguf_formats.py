@@ -15,7 +15,7 @@ from localspec.config import ConfigError
 from localspec.models.gguf_linear import _block_linear, dequantize, q4_fields, q8_fields, q8k_fields
 from localspec.runtime.layer_kernel import REFERENCE_REL
 from localspec.runtime.plan import Choice, tensor_kernel
-from localspec.runtime.q4_kernel import FLOAT32_EPS, pack_q8k, q8_reference_and_bound, reference_and_bound
+from localspec.runtime.q4_kernel import FLOAT32_EPS, q8_reference_and_bound, reference_and_bound
 from localspec.runtime.q8_head import Q8Head
 
 from .conftest import library_or_skip
@@ -108,7 +108,7 @@ def test_the_packed_layers_cache_gives_each_k_quant_layer_back_on_its_kernel(lib
             kind, blocks, tensor_kernel(kind, "linear", library), library, kind
         )
     fields = q8k_fields(_blocks("Q6_K", 32, 256, seed=9)[0], "Q6_K")
-    head = Q8Head(*pack_q8k(fields.codes, fields.d, fields.m), 256, library.q8k)  # a tied Q6_K embedding's head
+    head = Q8Head.from_q8k(fields.codes, fields.d, fields.m, library.q8k)  # a tied Q6_K embedding's head
     cache = tmp_path / "layers.safetensors"
     gguf_linear._write_cache(cache, gguf_linear.PackedLayers(layers, head), library)
     read = gguf_linear._read_cache(cache, library)

@@ -49,7 +49,7 @@ from localspec.config import ConfigError
 from localspec.runtime.int4_linear import ROW_MULTIPLE, Int4Linear, layout_tag
 from localspec.runtime.library import KernelLibrary, LibraryLoad
 from localspec.runtime.plan import KERNEL_NAMES, KERNELS, Choice, LoadRecord, library_here, record_load, tensor_kernel
-from localspec.runtime.q4_kernel import GROUP, K_GROUP, Q4Matmul, pack_q8k
+from localspec.runtime.q4_kernel import GROUP, K_GROUP, Q4Matmul
 from localspec.runtime.q8_head import Q8Head, Q8Linear
 
 from .paths import cache_dir
@@ -364,10 +364,10 @@ def _q8_head(model: nn.Module, tensors: dict, path: Path, library: KernelLibrary
         return None, choice
     if choice.value == "q8":
         codes, d = q8_fields(raw, kind)
-        scales, group = (d,), GROUP
+        scales, group, build = (d,), GROUP, Q8Head.from_q8_0
     else:
         k_fields = q8k_fields(raw, kind)
-        codes, scales, group = k_fields.codes, (k_fields.d, k_fields.m), K_GROUP
+        codes, scales, group, build = k_fields.codes, (k_fields.d, k_fields.m), K_GROUP, Q8Head.from_q8k
     if codes.shape[0] % ROW_MULTIPLE or codes.shape[1] % group:
         return None, Choice(
             "dense", f"{codes.shape[0]} × {codes.shape[1]}: not whole blocks of the {choice.value} layout"
@@ -377,9 +377,7 @@ def _q8_head(model: nn.Module, tensors: dict, path: Path, library: KernelLibrary
     exact = dequantize(raw, kind)
     if exact.shape != dense.shape or not torch.equal(exact.to(dense.dtype), dense):
         raise ConfigError(f"{path.name}: token_embd does not match the loaded embedding; the GGUF's layout is unknown")
-    if choice.value == "q8":
-        return Q8Head.from_q8_0(codes, *scales, kernel), choice
-    return Q8Head(*pack_q8k(codes, *scales), codes.shape[1], kernel), choice
+    return build(codes, *scales, kernel), choice
 
 
 def _finite(tensor: str, *scales: torch.Tensor) -> None:
@@ -449,6 +447,11 @@ def _built_layers(model: nn.Module, path: Path, library: KernelLibrary | None, w
     return PackedLayers(built, head, tuple(choices.items()) + (("lm_head", head_choice),), by_type)
 
 
+def _q8_kernel(library: KernelLibrary, scales: torch.Tensor):
+    """The kernel a cached int8-code tensor was packed for: q8k's float32 d and m, or q8's float16 d."""
+    return library.q8k if scales.dtype == torch.float32 else library.q8
+
+
 def _table_tag() -> str:
     """The KERNELS table as the packed cache depends on it: which kernel runs each block type in which role."""
     return json.dumps(sorted((row.block_type, row.kernel, list(row.roles)) for row in KERNELS.values()))
@@ -480,15 +483,13 @@ def _read_cache(cache: Path, library: KernelLibrary | None) -> PackedLayers | No
     head = None
     if f"{HEAD}.codes" in flat and f"{HEAD}.scales" in flat and library is not None:
         codes, scales = flat.pop(f"{HEAD}.codes"), flat.pop(f"{HEAD}.scales")
-        q8 = library.q8k if scales.dtype == torch.float32 else library.q8  # Q6_K's float32 d and m, Q8_0's d
-        head = Q8Head(codes, scales, codes.shape[1] * codes.shape[2], q8)
+        head = Q8Head(codes, scales, codes.shape[1] * codes.shape[2], _q8_kernel(library, scales))
     built = {}
     for name in {key.rpartition(".")[0] for key in flat}:
         packed, scales_zeros = flat.get(f"{name}.packed"), flat.get(f"{name}.scales_zeros")
         codes, scales = flat.get(f"{name}.codes"), flat.get(f"{name}.scales")
         if codes is not None and scales is not None and library is not None:  # [N/16, K/g, g, 16]
-            q8 = library.q8k if scales.dtype == torch.float32 else library.q8
-            built[name] = Q8Linear(codes, scales, codes.shape[1] * codes.shape[2], q8)
+            built[name] = Q8Linear(codes, scales, codes.shape[1] * codes.shape[2], _q8_kernel(library, scales))
         elif packed is None or scales_zeros is None:
             return None
         elif kernel is None:  # [N, K/2]

@@ -14,8 +14,8 @@ Q8Head with the model (plan.record_load) and the forward plan makes it the runne
 `Q8Linear` is the same matmul as a decoder linear: int8 codes with a float16 scale per 32 weights (Q8_0: w = q·d;
 Q5_0: w = d·(q − 16), whose q − 16 in −16..15 is an int8 code), or on the q8k matmul with a float32 scale and offset
 per 16 (Q6_K, Q5_K, Q5_1: `from_q8k`; `scales` then holds d and m), float32 sums rounded to the bfloat16 the layers
-compute in (an elementwise rounding: a row still does not depend on the other rows). The layer kernel does not take
-it (it reads the q4 layout only), so a layer with one runs the lean forward's torch-op layer around the kernels.
+compute in (an elementwise rounding: a row still does not depend on the other rows). The layer kernel reads its codes
+and scales in place (layer_kernel.LinearPart) and rounds its sums the same way.
 """
 
 from __future__ import annotations
@@ -42,6 +42,12 @@ class Q8Head(nn.Module):
         packed, scales = pack_q8(codes, d)
         return cls(packed, scales, codes.shape[1], kernel)
 
+    @classmethod
+    def from_q8k(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, kernel: Q8KMatmul) -> Q8Head:
+        """On the q8k matmul: codes [N, K] int8, d and m [N, K/16] float32 (w = d·q + m: Q6_K, Q5_K, Q5_1)."""
+        packed, dm = pack_q8k(codes, d, m)
+        return cls(packed, dm, codes.shape[1], kernel)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 → [..., N] float32
         buffers = self._buffers
         return self.kernel.matmul(x, buffers["codes"], buffers["scales"], self.out_features)
@@ -54,12 +60,6 @@ class Q8Linear(Q8Head):
     """A decoder linear on the q8 matmul: x [..., K] bf16 → [..., N] bf16 (the float32 sums rounded once)."""
 
     row_invariant = True  # one thread sums each output in one order whatever the row count (q8_matmul.c)
-
-    @classmethod
-    def from_q8k(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, kernel: Q8KMatmul) -> Q8Linear:
-        """On the q8k matmul: codes [N, K] int8, d and m [N, K/16] float32 (w = d·q + m: Q6_K, Q5_K, Q5_1)."""
-        packed, dm = pack_q8k(codes, d, m)
-        return cls(packed, dm, codes.shape[1], kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 → [..., N] bf16
         return super().forward(x).to(torch.bfloat16)

@@ -285,7 +285,7 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
             export_md = gr.Button("Export Markdown", size="sm", elem_id="ls-export-md", scale=0, min_width=60)
         exported = gr.File(label="Exported file", interactive=False, height=80, elem_id="ls-exported")
     # API-only endpoints, never shown. They take the conversation's id as a number: the list (a gr.Radio) accepts
-    # only the ids it showed this session, and an API caller names any saved conversation.
+    # only the ids it lists in the open page, and an API caller names any saved conversation.
     with gr.Group(visible=False):
         api_id = gr.Number(None, precision=0, label="conversation id", elem_id="ls-api-id")
         api_buttons = {
