@@ -71,13 +71,38 @@ def test_bench_rounding_parses_its_options_and_names_what_the_measurement_knows(
 
 @pytest.mark.slow
 def test_bench_kernels_runs_a_small_case(tmp_path, capsys):
-    """One build, the q8 head at 1 row, one round: the table lands in --out (compiles the library: slow)."""
+    """One build, every kernel at 1 row, one round: the tables land in --out (compiles the library: slow)."""
     pytest.importorskip("ctypes")
     from localspec.runtime.library import _missing
 
     if _missing() is not None:
         pytest.skip(f"the kernels' library cannot be built here: {_missing()}")
     out = tmp_path / "kernels.md"
-    args = parse("kernels", "--kernels", "q8", "--rows", "1", "--repeats", "1", "--warmup", "0", "--out", str(out))
+    args = parse("kernels", "--rows", "1", "--repeats", "1", "--warmup", "0", "--cached", "16", "--out", str(out))
     assert bench_kernels.run(args) == 0
-    assert "| rows | working tree ms |" in out.read_text() and "| 1 |" in out.read_text()
+    text = out.read_text()
+    assert text.count("| rows | working tree ms |") == 4 and text.count("\n| 1 |") == 4, text
+
+
+def test_fidelity_counts_kl_and_agreement_as_defined():
+    """KL(p ‖ q) of two known rows in closed form; agreement counted over all rows and over the clear ones."""
+    import math
+
+    import torch
+
+    from localspec.bench.fidelity import GAP, Fidelity
+
+    reference = torch.tensor([[2.0, 0.0, 0.0], [0.1, 0.0, 0.0]])  # row 0 clear (gap 2 ≥ GAP), row 1 a near-tie
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.3, 0.0]])  # row 0 the same, row 1 flipped
+    tally = Fidelity()
+    tally.add(reference, logits)
+    p = torch.softmax(reference[1].double(), -1)
+    q = torch.softmax(logits[1].double(), -1)
+    kl = float((p * (p / q).log()).sum())
+    assert GAP <= 2.0 and tally.positions == 2 and (tally.agree, tally.clear, tally.clear_agree) == (1, 1, 1)
+    assert math.isclose(tally.kl_sum, kl, rel_tol=1e-9) and math.isclose(tally.kl_max, kl, rel_tol=1e-9)
+    assert tally.row("x")[2:5] == [f"{kl / 2:.4f}", f"{kl:.3f}", "50.0%"]
+    args = parse("fidelity", "--paths", "gguf", "--tokens", "3")
+    assert (args.bench_command, args.paths, args.tokens) == ("fidelity", ["gguf"], 3)
+    with pytest.raises(ConfigError, match="at least one prompt"):
+        bench.TOOLS["fidelity"].run(parse("fidelity", "--gsm8k", "0", "--mt-bench", "0", "--humaneval", "0"))

@@ -1,7 +1,8 @@
 """GGUF block types beyond Q4_1 on the kernels as stored: Q4_0 on the q4 kernel (m = −8·d), Q8_0 and Q5_0 on the q8
-kernel, Q4_K on the q4 kernel with float32 scales (q4f), Q6_K, Q5_K and Q5_1 on the q8k kernel, each taken apart as
-gguf.quants dequantizes it; a row alone is bitwise the row inside a multi-row call and within the stated rounding
-bound of a float64 matmul with gguf.quants' weights; a damaged scale names its tensor."""
+kernel, Q4_K with its own scales on q4k (q4f's bits), Q6_K with its own on q6k (q8k's bits), Q5_K and Q5_1 on the q8k
+kernel, each taken apart as gguf.quants dequantizes it; a row alone is bitwise the row inside a multi-row call and
+within the stated rounding bound of a float64 matmul with gguf.quants' weights (on the activations as the kernels
+take them: int8 per group with a scale); a damaged scale names its tensor."""
 
 from __future__ import annotations
 
@@ -15,13 +16,19 @@ from localspec.config import ConfigError
 from localspec.models.gguf_linear import _block_linear, dequantize, q4_fields, q8_fields, q8k_fields
 from localspec.runtime.layer_kernel import REFERENCE_REL
 from localspec.runtime.plan import Choice, tensor_kernel
-from localspec.runtime.q4_kernel import FLOAT32_EPS, q8_reference_and_bound, reference_and_bound
+from localspec.runtime.q4_kernel import (
+    FLOAT32_EPS,
+    K_GROUP,
+    q8_reference_and_bound,
+    quantized_activations,
+    reference_and_bound,
+)
 from localspec.runtime.q8_head import Q8Head
 
 from .conftest import library_or_skip
 from .gguf_files import quantized
 
-KERNEL = {"Q4_0": "q4", "Q5_0": "q8", "Q8_0": "q8", "Q4_K": "q4f", "Q6_K": "q8k", "Q5_K": "q8k", "Q5_1": "q8k"}
+KERNEL = {"Q4_0": "q4", "Q5_0": "q8", "Q8_0": "q8", "Q4_K": "q4k", "Q6_K": "q6k", "Q5_K": "q8k", "Q5_1": "q8k"}
 TYPES = tuple(KERNEL)
 SUPER = ("Q4_K", "Q5_K", "Q6_K")  # 256 weights a block: K a multiple of 256
 
@@ -82,20 +89,60 @@ def test_each_type_runs_on_its_kernel_row_invariant_and_within_the_bound_of_floa
         alone = layer(x[row : row + 1])
         assert torch.equal(alone, full[row : row + 1])  # bitwise the row alone, inside 17 rows
         assert row >= 9 or torch.equal(alone, nine[row : row + 1])  # and inside 9
-    if KERNEL[kind] in ("q4", "q4f"):
-        fields = q4_fields(blocks, kind)
-        reference, bound = reference_and_bound(x, fields.codes, fields.d, fields.m)
+    if KERNEL[kind] in ("q4", "q4k"):
+        fields, group = q4_fields(blocks, kind), 32
+        codes, d, m = fields.codes, fields.d, fields.m
+        reference, bound = reference_and_bound(x, codes, d, m)
     else:
-        fields = q8k_fields(blocks, kind) if KERNEL[kind] == "q8k" else None
+        fields = q8k_fields(blocks, kind) if KERNEL[kind] in ("q8k", "q6k") else None
         codes, d = q8_fields(blocks, kind) if fields is None else (fields.codes, fields.d)
+        m, group = (torch.zeros(d.shape), 32) if fields is None else (fields.m, K_GROUP)
         reference, bound = q8_reference_and_bound(x, codes, d, None if fields is None else fields.m)
         bound = bound + 2.0**-8 * reference.abs()  # and the float32 sum rounded to bf16 once (half an ulp: 2^-9)
-    weights = torch.from_numpy(np.ascontiguousarray(theirs)).double()  # gguf.quants' float32 weights
-    exact = x.double() @ weights.T
+    weights = torch.from_numpy(np.ascontiguousarray(theirs)).double()  # gguf.quants' float32 weights: d·q + m
+    offsets = m.double().repeat_interleave(group, dim=1)  # [N, K]: each weight's m
+    xs, xq = x.double(), quantized_activations(x, group)  # [17, K]: x, and x as the kernel takes it
+    exact = xq @ weights.T + (xs - xq) @ offsets.T  # Σ d·q·x̂ + m·x with gguf.quants' weights
     # the reference's weights are the blocks' exact ones; gguf.quants rounds each to float32 (at most half an ulp)
-    rounding = FLOAT32_EPS * (x.double().abs() @ weights.abs().T)
+    rounding = FLOAT32_EPS * (xq.abs() @ weights.abs().T + (xs - xq).abs() @ offsets.abs().T)
     assert bool(((reference - exact).abs() <= rounding).all())
     assert bool(((full.double() - exact).abs() <= bound + rounding).all())
+
+
+def test_q4_k_on_its_own_scales_gives_the_float32_scales_bits_from_fewer_bytes(library):
+    """q4k makes each sub-block's d·sc and −dmin·mn from the file's float16 d, dmin and 6-bit sc, mn (exact in
+    float32), so its outputs are q4f's (float32 d and m per 32) bit for bit, read from 4.625 bits a weight, not 6."""
+    from localspec.runtime.int4_linear import Int4Linear
+
+    blocks, _ = _blocks("Q4_K", 48, 512, seed=6)
+    q4k = _block_linear("Q4_K", blocks, tensor_kernel("Q4_K", "linear", library), library, "blk.0.ffn_up.weight")
+    fields = q4_fields(blocks, "Q4_K")
+    q4f = Int4Linear.from_q4_1(fields.codes, fields.d, fields.m, library.q4f)
+    x = (torch.randn(9, 512, generator=torch.Generator().manual_seed(8)) * 2).to(torch.bfloat16)
+    assert q4k.layout == "q4k" and torch.equal(q4k(x), q4f(x))
+    bits = {
+        name: 8 * sum(t.numel() * t.element_size() for t in (m.packed, m.scales_zeros)) / (48 * 512)
+        for name, m in (("q4k", q4k), ("q4f", q4f))
+    }
+    assert bits == {"q4k": 4.625, "q4f": 6.0}
+
+
+def test_q6_k_on_its_own_scales_gives_the_float32_scales_bits_from_fewer_bytes(library):
+    """q6k makes each sub-block's d·sc from the file's float16 d and int8 sc (exact in float32), so its outputs are
+    q8k's (float32 d and m per 16) bit for bit, read from 8.5625 bits a weight, not 12."""
+    from localspec.runtime.q8_head import Q8Linear
+
+    blocks, _ = _blocks("Q6_K", 48, 512, seed=7)
+    q6k = _block_linear("Q6_K", blocks, tensor_kernel("Q6_K", "linear", library), library, "blk.0.ffn_down.weight")
+    fields = q8k_fields(blocks, "Q6_K")
+    q8k = Q8Linear.from_q8k(fields.codes, fields.d, fields.m, library.q8k)
+    x = (torch.randn(9, 512, generator=torch.Generator().manual_seed(8)) * 2).to(torch.bfloat16)
+    assert q6k.kernel is library.q6k and torch.equal(q6k(x), q8k(x))
+    bits = {
+        name: 8 * sum(t.numel() * t.element_size() for t in (m.codes, m.scales)) / (48 * 512)
+        for name, m in (("q6k", q6k), ("q8k", q8k))
+    }
+    assert bits == {"q6k": 8.5625, "q8k": 12.0}
 
 
 def test_the_packed_layers_cache_gives_each_k_quant_layer_back_on_its_kernel(library, tmp_path):
@@ -114,7 +161,7 @@ def test_the_packed_layers_cache_gives_each_k_quant_layer_back_on_its_kernel(lib
     read = gguf_linear._read_cache(cache, library)
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     for name, layer in layers.items():
-        assert read.linears[name].kernel is layer.kernel and read.linears[name].in_features == 256  # q4f, q8k, q8k, q8
+        assert read.linears[name].kernel is layer.kernel and read.linears[name].in_features == 256  # q4k, q6k, q8k, q8
         assert torch.equal(read.linears[name](x), layer(x))
     assert read.head.kernel is library.q8k and torch.equal(read.head(x), head(x))
     with pytest.MonkeyPatch.context() as patch:  # another table (a type moved to another kernel): built again
@@ -249,12 +296,13 @@ def test_a_tiny_k_quant_models_tensors_run_on_their_kernels_and_speculation_is_p
     plan = plan_forward(loaded.target, exact=True)
     kinds = ("Q4_K", "Q5_K", "Q6_K", "Q5_1")
     assert {kind: choice.value for kind, choice in plan.tensor_types} == {kind: KERNEL[kind] for kind in kinds}
-    assert {choice.value for _, choice in plan.linears} <= {"q4f", "q8k", "q4f+q8k", "q8k+q4f"}  # no linear dense
+    on_kernels = {kernel for _, choice in plan.linears for kernel in choice.value.split("+")}
+    assert on_kernels == {"q4k", "q6k", "q8k"}  # Q4_K, Q6_K, and Q5_K / Q5_1 on q8k: no linear dense
     assert plan.setup_id == "exact-kernels" and plan.layer_kernel.value == "on"  # mixed block types in one call
-    assert plan.lm_head.value == "q8k" and "Q6_K" in plan.lm_head.reason  # the tied Q6_K embedding as the head
+    assert plan.lm_head.value == "q6k" and "Q6_K" in plan.lm_head.reason  # the tied Q6_K embedding as the head
     target = loaded.target
     assert unequal_chain_rows(target, exact_setup_for(target)) == 0
-    gap, calls = layer_kernel_gap(target)  # q4f and q8k linears, fused and apart, in the one C call per layer
+    gap, calls = layer_kernel_gap(target)  # q4k, q6k and q8k linears, fused and apart, in the one C call per layer
     assert calls == target.config.num_hidden_layers and gap <= REFERENCE_REL, gap
     engine = Engine(target, exact=True)
     prompt = torch.randint(0, target.config.vocab_size, (30,), generator=torch.Generator().manual_seed(0)).tolist()

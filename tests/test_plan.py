@@ -32,10 +32,10 @@ def test_each_block_type_is_a_row_of_one_table():
     assert tensor_kernel("Q4_0", "linear", _Library()).value == "q4"  # the q4 layout with m = −8·d
     assert tensor_kernel("Q5_0", "linear", _Library()).value == "q8"  # codes q − 16 fit int8
     assert tensor_kernel("Q5_0", "lm_head", _Library()).value == "dense"  # a role its row does not serve
-    assert tensor_kernel("Q6_K", "linear", _Library()).value == "q8k"  # int8 codes q − 32, float32 d·sc per 16
-    assert tensor_kernel("Q4_K", "linear", _Library()).value == "q4f"  # the q4 layout, float32 d·sc and −dmin·m
+    assert tensor_kernel("Q6_K", "linear", _Library()).value == "q6k"  # int8 codes q − 32, the file's d and sc
+    assert tensor_kernel("Q4_K", "linear", _Library()).value == "q4k"  # the q4 layout, the file's own scales
     assert tensor_kernel("Q3_K", "linear", _Library()).value == "dense"  # no row: the dequantized weight
-    assert all(row.kernel in ("q4", "q4f", "q8", "q8k") and row.why for row in KERNELS.values())
+    assert all(row.kernel in ("q4", "q4k", "q6k", "q8", "q8k") and row.why for row in KERNELS.values())
 
 
 def test_the_kernel_and_setup_choices_live_in_the_plans_module_only():

@@ -203,6 +203,50 @@ def test_the_avx2_build_passes_both_self_checks_on_a_machine_that_runs_the_avx51
         assert self_check(Q4Matmul(library), seed) is None and q8_self_check(Q8Matmul(library), seed) is None
 
 
+def test_both_builds_give_every_matmul_the_same_bits(kernel, tmp_path):
+    """The matmuls' integer dot products are exact and their float steps are the same operations in both builds
+    (kernels/q4_matmul.c, q8_matmul.c), so the AVX2 build and this machine's give every output the same bits: q4, q4f,
+    q8, q8k and q4k."""
+    import ctypes
+
+    from localspec.runtime.library import SOURCES, compile_library, cpu_flags
+    from localspec.runtime.q4_kernel import (
+        Q4FMatmul,
+        Q4KMatmul,
+        Q4Matmul,
+        Q8KMatmul,
+        Q8Matmul,
+        k_scales,
+        pack_q4k,
+        pack_q8,
+        pack_q8k,
+    )
+
+    if not {"avx2", "fma", "f16c"} <= cpu_flags():
+        pytest.skip("this CPU cannot run an AVX2 build")
+    if kernel.limits.isa == "avx2":
+        pytest.skip("this machine runs the AVX2 build itself")
+    haswell = ctypes.CDLL(str(compile_library(SOURCES, tmp_path / "kernels-haswell.so", march="haswell")))
+    generator = torch.Generator().manual_seed(11)
+    n, k = 4096, 1536  # enough outputs that a float32 step done otherwise shows in some bfloat16 result
+    x = (torch.randn(9, k, generator=generator) * 3).to(torch.bfloat16)
+    x[2, :32] = 0  # a group whose scale is 0
+    d, m = k_scales(generator, n, k // 32, 63), -k_scales(generator, n, k // 32, 63)
+    codes = torch.randint(0, 16, (n, k), generator=generator)
+    signed = torch.randint(-128, 128, (n, k), generator=generator).to(torch.int8)
+    d16, m16 = k_scales(generator, n, k // 16, 127), -k_scales(generator, n, k // 16, 63)
+    cases = [
+        (Q4Matmul, pack_q4(codes, d.half(), m.half())),
+        (Q4FMatmul, pack_q4(codes, d, m, torch.float32)),
+        (Q8Matmul, pack_q8(signed, d.half())),
+        (Q8KMatmul, pack_q8k(signed.clamp(-32, 31), d16, m16)),
+        (Q4KMatmul, pack_q4k(codes, d[:, ::8].half(), m[:, ::8].abs().half(), d16[:, ::2].long() % 64, codes[:, ::32])),
+    ]
+    for kind, (packed, scales) in cases:
+        here = getattr(kernel, kind.KIND).matmul(x, packed, scales, n)
+        assert torch.equal(here, kind(haswell).matmul(x, packed, scales, n)), kind.KIND
+
+
 def test_a_library_planted_in_the_cache_is_never_loaded(tmp_path):
     """A shared object left at the library's own name in the build folder (with no sha256 the build recorded, or a
     recorded one that does not match) runs no constructor: it is removed and the library built again; the build

@@ -19,7 +19,7 @@ import torch
 from localspec.config import ConfigError
 from localspec.runtime import attention_kernel, layer_kernel, library, q4_kernel
 from localspec.runtime.attention_kernel import AttentionKernel
-from localspec.runtime.layer_kernel import LayerKernel, LayerWeights, rotary
+from localspec.runtime.layer_kernel import LayerKernel, LayerWeights, LinearPart, rotary
 from localspec.runtime.library import HEADERS, SOURCES, Limits, compile_library
 from localspec.runtime.q4_kernel import GROUP, Q4Matmul, Q8Matmul, pack_q4, pack_q8
 
@@ -112,6 +112,11 @@ def _q4_weights(n: int, k: int, generator: torch.Generator) -> tuple[torch.Tenso
     return pack_q4(codes, d, m)
 
 
+def _q4_projection(n: int, k: int, generator: torch.Generator) -> tuple[LinearPart]:
+    """One q4 linear as the layer kernel takes a projection: one part."""
+    return (LinearPart("q4", n, *_q4_weights(n, k, generator)),)
+
+
 class _Cache:
     """A cache layer of fixed buffers that every call writes at the same positions (what BoundLayer.run needs)."""
 
@@ -156,8 +161,8 @@ def prepare(kernel: str, rows: int, cached: int, seed: int = 0) -> Call:
     if kernel == "layer":
         norm = lambda: (1 + 0.2 * torch.randn(HIDDEN, generator=generator)).to(torch.bfloat16)  # noqa: E731
         qkv = ((HEADS + 2 * KV_HEADS) * DIM, HIDDEN)
-        parts = [_q4_weights(n, k, generator) for n, k in (qkv, (HIDDEN, HEADS * DIM), (2 * INTERMEDIATE, HIDDEN))]
-        parts.append(_q4_weights(HIDDEN, INTERMEDIATE, generator))
+        shapes = (qkv, (HIDDEN, HEADS * DIM), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE))
+        parts = [_q4_projection(n, k, generator) for n, k in shapes]
         weights = LayerWeights(norm(), norm(), *parts, 1e-5, 1e-5, DIM**-0.5, HEADS, KV_HEADS, DIM, INTERMEDIATE)
         x = torch.randn(1, rows, HIDDEN, generator=generator).to(torch.bfloat16)  # [1, T, H]
         cos, sin = rotary(rows, cached, DIM)

@@ -176,18 +176,24 @@ def tally(got: torch.Tensor, plain: torch.Tensor, gaps: list[float]) -> Tally:
     )
 
 
-def measure_path(name: str, prompts: list[str], setup_names: list[str], new_tokens: int) -> dict:
+def session_for(name: str):
+    """A chat session on the embedded model loaded on compute path `name` (PATHS), without its draft."""
     from localspec.chat import ChatSession
     from localspec.config import ModelSpec
     from localspec.models.loading import load_pair
     from localspec.models.registry import load_registry
-    from localspec.runtime.model_runner import ModelRunner, exact_setup_for
 
     dtype, quant = PATHS[name]
     pair = load_registry(MODELS_YAML)[0]
     target = ModelSpec(pair.target.source, quant, dtype, pair.target.trust_remote_code)
-    pair = dataclasses.replace(pair, target=target)
-    session = ChatSession(load_pair(pair, device="cpu", load_draft=False))
+    return ChatSession(load_pair(dataclasses.replace(pair, target=target), device="cpu", load_draft=False))
+
+
+def measure_path(name: str, prompts: list[str], setup_names: list[str], new_tokens: int) -> dict:
+    from localspec.runtime.model_runner import ModelRunner, exact_setup_for
+
+    dtype, quant = PATHS[name]
+    session = session_for(name)
     stop = set(session.engine.stop_token_ids)
     prompt_ids = [session.prompt_ids([{"role": "user", "content": t}], new_tokens)[0] for t in prompts]
     result = {"path": name, "dtype": dtype, "quant": quant, "prompts": len(prompts), "setups": {}}

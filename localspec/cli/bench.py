@@ -7,10 +7,10 @@ from pathlib import Path
 
 from localspec.config import ConfigError, check_k
 
-from . import bench_kernels, bench_rounding
+from . import bench_fidelity, bench_kernels, bench_rounding
 from .common import add_model_options
 
-TOOLS = {"kernels": bench_kernels, "rounding": bench_rounding}  # `localspec bench kernels`, `localspec bench rounding`
+TOOLS = {"kernels": bench_kernels, "rounding": bench_rounding, "fidelity": bench_fidelity}  # `localspec bench <tool>`
 
 # every mode but head-tree (the trees rows: the n-gram's, ngram+head's and the default setting's, adaptive-tree)
 DEFAULT_MODES = (
@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
         "writes results.json, results.md and PNG plots into --out.",
     )
     add_model_options(parser)
-    tools = parser.add_subparsers(dest="bench_command", metavar="{kernels,rounding}", title="measurement tools")
+    tools = parser.add_subparsers(dest="bench_command", metavar="{" + ",".join(TOOLS) + "}", title="measurement tools")
     for tool in TOOLS.values():
         tool.add_parser(tools)
     parser.add_argument(

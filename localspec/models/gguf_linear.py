@@ -17,11 +17,12 @@ scale is that times a small integer, which float32 holds exactly (and float16 ma
 
   Q4_K  fp16 d and dmin, 12 bytes of 6-bit (sc, mn) pairs for 8 sub-blocks of 32, 128 bytes of nibbles (byte l of
         chunk c: weight l of sub-block 2c low, of 2c + 1 high): w = (d·sc)·q − dmin·mn (144 bytes) → the q4 layout
-        with float32 d = d·sc and m = −dmin·mn (the q4f kernel)
+        with d, dmin, sc and mn as stored (the q4k kernel, which makes q4f's float32 d·sc and −dmin·mn from them)
   Q5_K  Q4_K's fields and 32 bytes of fifth bits (bit i of byte l: weight l of sub-block i) (176 bytes) → the q8k
         layout, d·sc and −dmin·mn per 16
   Q6_K  128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, fp16 d: w = (d·sc)·(q − 32) per 16 (210 bytes)
-        → the q8k layout with codes q − 32 ∈ [−32, 31] and m = 0
+        → the q8k layout's codes q − 32 ∈ [−32, 31] with d and sc as stored (the q6k kernel, which makes q8k's
+        float32 d·sc from them)
 
 The q4 kernel (runtime/q4_kernel.py) runs the q4 layout as an Int4Linear (q4f: its float32 scales), the q8 kernel
 the q8 layout as a Q8Linear (runtime/q8_head.py; q8k: the q8k layout), wherever the kernels' library loads.
@@ -139,14 +140,20 @@ def _fifth_bits(split: torch.Tensor, at: int) -> torch.Tensor:
     return (bits[..., None] >> torch.arange(GROUP)) & 1
 
 
-def _k_scales(split: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K / Q5_K: each super-block's 8 sub-block (d·sc, −dmin·mn), [N, B, 8] float32, exact: the 6-bit sc and mn
-    of sub-blocks 0..3 are the low bits of bytes 4..7 and 8..11, those of 4..7 the nibbles of bytes 12..15 with the
-    top two bits of bytes 4..7 and 8..11 above them."""
+def _k_small(split: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K: each super-block's 8 sub-block 6-bit (sc, mn), [N, B, 8] int32: those of sub-blocks 0..3 are the
+    low bits of bytes 4..7 and 8..11, those of 4..7 the nibbles of bytes 12..15 with the top two bits of bytes 4..7
+    and 8..11 above them."""
     packed = split[..., 4:16].to(torch.int32)
     low, mins, high = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
     sc = torch.cat([low & 63, (high & 0xF) | ((low >> 2) & 0x30)], dim=-1)
     mn = torch.cat([mins & 63, (high >> 4) | ((mins >> 2) & 0x30)], dim=-1)
+    return sc, mn
+
+
+def _k_scales(split: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K: each super-block's 8 sub-block (d·sc, −dmin·mn), [N, B, 8] float32, exact."""
+    sc, mn = _k_small(split)
     d, dmin = _half(split, 0).float()[..., None], _half(split, 2).float()[..., None]
     return d * sc.float(), -(dmin * mn.float())
 
@@ -171,6 +178,45 @@ def q4_fields(blocks: torch.Tensor, kind: str = "Q4_1") -> Q4Fields:
     m = _half(split, 2) if kind == "Q4_1" else (d.float() * -8.0).half()  # exact: a power of 2 times d
     codes = _nibbles(split[..., 4:] if kind == "Q4_1" else split[..., 2:])
     return Q4Fields(codes.reshape(rows, groups * GROUP).to(torch.int32), d, m)
+
+
+@dataclass(frozen=True)
+class Q4KFields:
+    """A Q4_K tensor's blocks as stored: codes [N, K] int32 in 0..15, d and dmin [N, K/256] float16, sc and mn
+    [N, K/32] int32 in 0..63 (w = (d·sc)·q − dmin·mn)."""
+
+    codes: torch.Tensor
+    d: torch.Tensor
+    dmin: torch.Tensor
+    sc: torch.Tensor
+    mn: torch.Tensor
+
+
+def q4k_fields(blocks: torch.Tensor) -> Q4KFields:
+    """A Q4_K tensor's blocks [N, K/256 · 144] uint8 → its fields as stored, for the q4k kernel."""
+    split = _split(blocks, "Q4_K")
+    rows, supers = split.shape[:2]
+    sc, mn = _k_small(split)
+    codes = _q4_k_codes(split[..., 16:]).reshape(rows, supers * 256).to(torch.int32)
+    return Q4KFields(codes, _half(split, 0), _half(split, 2), sc.reshape(rows, -1), mn.reshape(rows, -1))
+
+
+@dataclass(frozen=True)
+class Q6KFields:
+    """A Q6_K tensor's blocks as stored: codes [N, K] int8 (q − 32), d [N, K/256] float16, sc [N, K/16] int8
+    (w = (d·sc)·(q − 32))."""
+
+    codes: torch.Tensor
+    d: torch.Tensor
+    sc: torch.Tensor
+
+
+def q6k_fields(blocks: torch.Tensor) -> Q6KFields:
+    """A Q6_K tensor's blocks [N, K/256 · 210] uint8 → its fields as stored, for the q6k kernel."""
+    split = _split(blocks, "Q6_K")
+    rows = split.shape[0]
+    codes = q8k_fields(blocks, "Q6_K").codes
+    return Q6KFields(codes, _half(split, 208), split[..., 192:208].contiguous().view(torch.int8).reshape(rows, -1))
 
 
 def q8_fields(blocks: torch.Tensor, kind: str = "Q8_0") -> tuple[torch.Tensor, torch.Tensor]:
@@ -362,6 +408,12 @@ def _q8_head(model: nn.Module, tensors: dict, path: Path, library: KernelLibrary
     kernel = _member(library, choice)
     if kernel is None or raw is None or not tied or "output.weight" in tensors:
         return None, choice
+    if choice.value == "q6k":
+        fields = q6k_fields(raw)
+        if fields.codes.shape[0] % ROW_MULTIPLE:
+            return None, Choice("dense", f"{fields.codes.shape[0]} outputs: not whole blocks of the q6k layout")
+        _finite("token_embd.weight", fields.d)
+        return _checked_head(model, raw, kind, path, Q8Head.from_q6k(fields, kernel)), choice
     if choice.value == "q8":
         codes, d = q8_fields(raw, kind)
         scales, group, build = (d,), GROUP, Q8Head.from_q8_0
@@ -373,11 +425,16 @@ def _q8_head(model: nn.Module, tensors: dict, path: Path, library: KernelLibrary
             "dense", f"{codes.shape[0]} × {codes.shape[1]}: not whole blocks of the {choice.value} layout"
         )
     _finite("token_embd.weight", *scales)
+    return _checked_head(model, raw, kind, path, build(codes, *scales, kernel)), choice
+
+
+def _checked_head(model: nn.Module, raw: torch.Tensor, kind: str, path: Path, head: Q8Head) -> Q8Head:
+    """`head`, once the file's dequantization of token_embd is the loaded embedding bitwise."""
     dense = model.get_input_embeddings().weight.detach()
     exact = dequantize(raw, kind)
     if exact.shape != dense.shape or not torch.equal(exact.to(dense.dtype), dense):
         raise ConfigError(f"{path.name}: token_embd does not match the loaded embedding; the GGUF's layout is unknown")
-    return build(codes, *scales, kernel), choice
+    return head
 
 
 def _finite(tensor: str, *scales: torch.Tensor) -> None:
@@ -400,6 +457,14 @@ def _block_linear(kind: str, blocks: torch.Tensor, choice: Choice, library: Kern
         fields = q8k_fields(blocks, kind)
         _finite(tensor, fields.d, fields.m)
         return Q8Linear.from_q8k(fields.codes, fields.d, fields.m, library.q8k)
+    if choice.value == "q6k":
+        six = q6k_fields(blocks)
+        _finite(tensor, six.d)
+        return Q8Linear.from_q6k(six, library.q6k)
+    if choice.value == "q4k":
+        k_fields = q4k_fields(blocks)
+        _finite(tensor, k_fields.d, k_fields.dmin)
+        return Int4Linear.from_q4k(k_fields, library.q4k)
     fields = q4_fields(blocks, kind)
     _finite(tensor, fields.d, *([] if kind == "Q4_0" else [fields.m]))
     if not bool(torch.isfinite(fields.m).all()):  # Q4_0 only: its d is finite
@@ -447,9 +512,15 @@ def _built_layers(model: nn.Module, path: Path, library: KernelLibrary | None, w
     return PackedLayers(built, head, tuple(choices.items()) + (("lm_head", head_choice),), by_type)
 
 
+def _q8_inputs(codes: torch.Tensor) -> int:
+    """K of int8 codes in the q8 / q8k layout [N/16, K/g, g/4, 16, 4]."""
+    blocks, groups, quads, lanes, size = codes.shape
+    return groups * quads * size
+
+
 def _q8_kernel(library: KernelLibrary, scales: torch.Tensor):
-    """The kernel a cached int8-code tensor was packed for: q8k's float32 d and m, or q8's float16 d."""
-    return library.q8k if scales.dtype == torch.float32 else library.q8
+    """The kernel a cached int8-code tensor was packed for: q8k's float32 d and m, q6k's bytes, or q8's float16 d."""
+    return {torch.float32: library.q8k, torch.uint8: library.q6k}.get(scales.dtype, library.q8)
 
 
 def _table_tag() -> str:
@@ -470,7 +541,7 @@ def _read_cache(cache: Path, library: KernelLibrary | None) -> PackedLayers | No
     format): which module each is and the plan's choices come from its metadata."""
     from safetensors import safe_open
 
-    kernel = library.q4 if library is not None else None  # q4f where the scales are float32
+    kernel = library.q4 if library is not None else None  # q4f where the scales are float32, q4k bytes
     try:
         with safe_open(cache, "pt") as handle:
             meta = handle.metadata() or {}
@@ -483,21 +554,21 @@ def _read_cache(cache: Path, library: KernelLibrary | None) -> PackedLayers | No
     head = None
     if f"{HEAD}.codes" in flat and f"{HEAD}.scales" in flat and library is not None:
         codes, scales = flat.pop(f"{HEAD}.codes"), flat.pop(f"{HEAD}.scales")
-        head = Q8Head(codes, scales, codes.shape[1] * codes.shape[2], _q8_kernel(library, scales))
+        head = Q8Head(codes, scales, _q8_inputs(codes), _q8_kernel(library, scales))
     built = {}
     for name in {key.rpartition(".")[0] for key in flat}:
         packed, scales_zeros = flat.get(f"{name}.packed"), flat.get(f"{name}.scales_zeros")
         codes, scales = flat.get(f"{name}.codes"), flat.get(f"{name}.scales")
-        if codes is not None and scales is not None and library is not None:  # [N/16, K/g, g, 16]
-            built[name] = Q8Linear(codes, scales, codes.shape[1] * codes.shape[2], _q8_kernel(library, scales))
+        if codes is not None and scales is not None and library is not None:
+            built[name] = Q8Linear(codes, scales, _q8_inputs(codes), _q8_kernel(library, scales))
         elif packed is None or scales_zeros is None:
             return None
         elif kernel is None:  # [N, K/2]
             built[name] = Int4Linear(packed, scales_zeros, packed.shape[1] * 2, packed.shape[0])
-        else:  # [N/16, K/32, 16, 16]
-            blocks, groups, pairs, lanes = packed.shape
-            q4 = library.q4f if scales_zeros.dtype == torch.float32 else kernel
-            built[name] = Int4Linear(packed, scales_zeros, groups * pairs * 2, blocks * lanes, q4)
+        else:  # [N/16, K/32, 4, 16, 4]: two codes a byte
+            blocks, groups, quads, lanes, size = packed.shape
+            q4 = {torch.float32: library.q4f, torch.uint8: library.q4k}.get(scales_zeros.dtype, kernel)
+            built[name] = Int4Linear(packed, scales_zeros, groups * quads * size * 2, blocks * lanes, q4)
     return PackedLayers(built, head, choices, types)
 
 

@@ -2,13 +2,15 @@
 
 - **q4** (q4_kernel.py, where the forward plan's kernel table gives Q4_1 to it): w = q·d + m with float16 d and m
   as the GGUF stores them;
-  `packed` [N/16, K/32, 16, 16] uint8 and `scales_zeros` [N/16, K/32, 2, 16] float16 (d, m); row-invariant.
-  **q4f** is the same with float32 d and m (Q4_K: d·sc and −dmin·mn of each sub-block of 32).
+  `packed` [N/16, K/32, 4, 16, 4] uint8 and `scales_zeros` [N/16, K/32, 2, 16] float16 (d, m); row-invariant.
+  **q4f** is the same with float32 d and m per 32; **q4k** reads Q4_K's own scales (`scales_zeros`
+  [N/16, K/256, 320] uint8: d, dmin per 256, sc, mn per 32) and gives q4f's bits.
 - **torch** (`_weight_int4pack_mm_for_cpu`): w = (q − 8)·scale + zero; `packed` [N, K/2] uint8 in its layout and
   `scales_zeros` [K/32, N, 2] bfloat16 (its fast path wants bfloat16 activations, scales and zeros; float32
   activations take a path ~100× slower here).
 
-Both compute in bfloat16 activations. models/gguf_linear.py builds these from a GGUF's Q4_1 blocks; the lean forward
+The q4 kernels take bfloat16 activations as int8 per row and group of 32 (kernels/q4_matmul.c); torch's computes in
+bfloat16. models/gguf_linear.py builds these from a GGUF's Q4_1 blocks; the lean forward
 (lean_llama.py) fuses them. Under torch.compile the q4 kernel (a ctypes call) is a graph break per layer.
 """
 
@@ -19,9 +21,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .q4_kernel import GROUP, LANES, LAYOUT_VERSION, Q4Matmul, pack_q4
+from .q4_kernel import GROUP, LANES, LAYOUT_VERSION, Q4KMatmul, Q4Matmul, pack_q4, pack_q4k
 
-Layout = Literal["torch", "q4", "q4f"]
+Layout = Literal["torch", "q4", "q4f", "q4k"]
 
 
 COMPUTE_DTYPE = torch.bfloat16  # the kernel's fast path: bf16 activations, scales and zeros
@@ -91,6 +93,12 @@ class Int4Linear(nn.Module):
         return cls(packed, dm, codes.shape[1], codes.shape[0], kernel)
 
     @classmethod
+    def from_q4k(cls, fields, kernel: Q4KMatmul) -> Int4Linear:
+        """From a GGUF Q4_K tensor's fields as stored (models/gguf_linear.Q4KFields), on the q4k kernel."""
+        packed, scales = pack_q4k(fields.codes, fields.d, fields.dmin, fields.sc, fields.mn)
+        return cls(packed, scales, fields.codes.shape[1], fields.codes.shape[0], kernel)
+
+    @classmethod
     def concatenated(cls, layers: list[Int4Linear]) -> Int4Linear | None:
         """One layer computing `layers`' outputs side by side (their output rows stacked), or None when their
         inputs differ or a layer's rows are not whole packing blocks (the packing interleaves rows within a block of
@@ -99,8 +107,8 @@ class Int4Linear(nn.Module):
             return None
         rows, kernel = sum(layer.out_features for layer in layers), layers[0].kernel
         if kernel is not None:  # q4: blocks of 16 outputs, each with its own scales, stack as they are
-            packed = torch.cat([layer.packed for layer in layers])  # [ΣN/16, K/32, 16, 16]
-            dm = torch.cat([layer.scales_zeros for layer in layers])  # [ΣN/16, K/32, 2, 16]
+            packed = torch.cat([layer.packed for layer in layers])  # [ΣN/16, K/32, 4, 16, 4]
+            dm = torch.cat([layer.scales_zeros for layer in layers])  # [ΣN/16, K/32, 2, 16] (q4k: [ΣN/16, K/256, 320])
             return cls(packed, dm, layers[0].in_features, rows, kernel)
         if any(layer.out_features % PACK_BLOCK_ROWS for layer in layers):
             return None

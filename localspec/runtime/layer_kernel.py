@@ -32,7 +32,14 @@ CHECK_PREFIX, CHECK_ROWS = 13, 9  # the self-check's cached positions and verify
 REFERENCE_REL = 2.0**-6
 
 
-KINDS = ("q4", "q4f", "q8", "q8k")  # kernels/layer.c's LINEAR_* in order: the matmul each part's layout is for
+KINDS = (
+    "q4",
+    "q4f",
+    "q8",
+    "q8k",
+    "q4k",
+    "q6k",
+)  # kernels/layer.c's LINEAR_* in order: the matmul each part's layout is for
 MAX_PARTS = 3  # kernels/layer.c's: q, k and v as three matmuls where their block types differ
 
 
@@ -76,7 +83,9 @@ class LinearPart:
         kind = getattr(getattr(module, "kernel", None), "KIND", None)
         if kind not in KINDS:
             return None
-        codes, scales = (module.packed, module.scales_zeros) if kind in ("q4", "q4f") else (module.codes, module.scales)
+        codes, scales = (
+            (module.packed, module.scales_zeros) if kind in ("q4", "q4f", "q4k") else (module.codes, module.scales)
+        )
         return cls(kind, int(module.out_features), codes, scales)
 
 

@@ -76,6 +76,8 @@ class KernelLibrary:
     q8: object  # q4_kernel.Q8Matmul
     q4f: object  # q4_kernel.Q4FMatmul
     q8k: object  # q4_kernel.Q8KMatmul
+    q4k: object  # q4_kernel.Q4KMatmul
+    q6k: object  # q4_kernel.Q6KMatmul
     attention: object | None  # attention_kernel.AttentionKernel
     layer: object | None  # layer_kernel.LayerKernel
     notes: tuple[str, ...]  # why a member is None
@@ -218,9 +220,13 @@ def load_library(build_dir: Path, enabled: bool = True, layer: bool = True, marc
         K_GROUP,
         LANES,
         Q4FMatmul,
+        Q4KMatmul,
         Q4Matmul,
+        Q6KMatmul,
         Q8KMatmul,
         Q8Matmul,
+        q4k_self_check,
+        q6k_self_check,
         q8_self_check,
         q8k_self_check,
         self_check,
@@ -239,8 +245,10 @@ def load_library(build_dir: Path, enabled: bool = True, layer: bool = True, marc
     if (limits.group, limits.k_group, limits.lanes) != (GROUP, K_GROUP, LANES):
         layout = (limits.group, limits.k_group, limits.lanes)
         return LibraryLoad(None, f"its layout {layout} is not the one q4_kernel.py packs")
-    q4, q8, q4f, q8k = Q4Matmul(handle), Q8Matmul(handle), Q4FMatmul(handle), Q8KMatmul(handle)
+    q4, q8, q4f, q8k, q4k = Q4Matmul(handle), Q8Matmul(handle), Q4FMatmul(handle), Q8KMatmul(handle), Q4KMatmul(handle)
     problem = self_check(q4) or q8_self_check(q8) or self_check(q4f, wide=True) or q8k_self_check(q8k)
+    q6k = Q6KMatmul(handle)
+    problem = problem or q4k_self_check(q4k) or q6k_self_check(q6k)
     if problem is not None:
         return LibraryLoad(None, f"self-check failed: {problem}")
     attention, notes = AttentionKernel(handle, limits), []
@@ -258,6 +266,6 @@ def load_library(build_dir: Path, enabled: bool = True, layer: bool = True, marc
         if layer_problem is not None:
             layer_kernel = None
             notes.append(f"no layer kernel (self-check failed: {layer_problem})")
-    library = KernelLibrary(limits, q4, q8, q4f, q8k, attention, layer_kernel, tuple(notes))
+    library = KernelLibrary(limits, q4, q8, q4f, q8k, q4k, q6k, attention, layer_kernel, tuple(notes))
     note = "".join(f"; {n}" for n in notes)
     return LibraryLoad(library, f"{limits.isa}, built for this CPU with {compiler()}{note}")

@@ -6,7 +6,7 @@ setting (exact or fast forwards) and the environment (config.Environment), and r
 
   linears            per tensor class, the kernel (by GGUF block type, from KERNELS: one row per block type, the way
                      ggml keeps one type_traits table; a new type is a new row, not a new branch)
-  lm_head            the q8 / q8k kernel on the file's Q8_0 / Q6_K blocks, oneDNN's prepacked dense head, or the
+  lm_head            the q8 / q6k kernel on the file's Q8_0 / Q6_K blocks, oneDNN's prepacked dense head, or the
                      plain one
   decode / verify    the attention of 1..DECODE_MAX_ROWS-row forwards: the attention kernel (each row as plain
                      decoding computes it), eager with the explicit mask, or sdpa; the layer kernel where it runs
@@ -50,7 +50,7 @@ class KernelRow:
     `fallback` (torch's), with why."""
 
     block_type: str
-    kernel: str  # KernelLibrary member: q4 | q8 | q4f | q8k
+    kernel: str  # KernelLibrary member: q4 | q8 | q4f | q8k | q4k | q6k
     roles: tuple[str, ...]  # linear (a decoder layer's matmul) | lm_head (a tied token embedding, Q8_0 or Q6_K)
     fallback: str  # what runs the tensor without the library: torch-int4 | dense
     why: str
@@ -63,9 +63,15 @@ KERNELS: dict[str, KernelRow] = {
         KernelRow("Q4_1", "q4", ("linear",), "torch-int4", "row-invariant, the file's own d and m"),
         KernelRow("Q5_0", "q8", ("linear",), "dense", "row-invariant, codes q - 16 as int8, the file's own d"),
         KernelRow("Q8_0", "q8", ("linear", "lm_head"), "dense", "the exact weights, float32 sums, row-invariant"),
-        KernelRow("Q4_K", "q4f", ("linear",), "dense", "row-invariant, the q4 layout with float32 d·sc and −dmin·m"),
         KernelRow(
-            "Q6_K", "q8k", ("linear", "lm_head"), "dense", "row-invariant, codes q − 32 as int8, float32 d·sc per 16"
+            "Q4_K", "q4k", ("linear",), "dense", "row-invariant, the q4 layout with the file's own d, dmin, sc, m"
+        ),
+        KernelRow(
+            "Q6_K",
+            "q6k",
+            ("linear", "lm_head"),
+            "dense",
+            "row-invariant, codes q − 32 as int8, the file's own d and sc",
         ),
         KernelRow("Q5_K", "q8k", ("linear",), "dense", "row-invariant, int8 codes, float32 d·sc and −dmin·m"),
         KernelRow("Q5_1", "q8k", ("linear",), "dense", "row-invariant, int8 codes, the file's own d and m"),
@@ -219,8 +225,8 @@ def row_invariant_layers(model: nn.Module) -> bool:
 
 
 def kernel_layout_layers(model: nn.Module) -> bool:
-    """Whether every decoder linear is on one of the block-type kernels (q4, q4f, q8, q8k): what the layer kernel
-    reads."""
+    """Whether every decoder linear is on one of the block-type kernels (q4, q4f, q4k, q8, q8k, q6k): what the
+    layer kernel reads."""
     from .layer_kernel import KINDS
 
     linears = _decoder_linears(model)
@@ -437,7 +443,9 @@ def plan_forward(
     elif library is None or decode.value != "kernel":
         layer = Choice("off", "decode / verify attention is not on the attention kernel")
     elif not on_kernels:
-        layer = Choice("off", "it runs only where every linear of a layer is on a block-type kernel (q4, q4f, q8, q8k)")
+        layer = Choice(
+            "off", "it runs only where every linear of a layer is on a block-type kernel (q4, q4f, q4k, q8, q8k, q6k)"
+        )
     else:
         layer = Choice("off", "; ".join(library.notes))
     if record.head is not None:

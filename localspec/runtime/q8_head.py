@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .q4_kernel import Q8KMatmul, Q8Matmul, pack_q8, pack_q8k
+from .q4_kernel import Q6KMatmul, Q8KMatmul, Q8Matmul, pack_q6k, pack_q8, pack_q8k
 
 
 class Q8Head(nn.Module):
@@ -33,7 +33,7 @@ class Q8Head(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, codes.shape[0] * codes.shape[3]
         self.kernel = kernel
-        self.register_buffer("codes", codes)  # [N/16, K/32, 32, 16] int8 (q4_kernel.pack_q8)
+        self.register_buffer("codes", codes)  # [N/16, K/32, 8, 16, 4] int8 (q4_kernel.pack_q8)
         self.register_buffer("scales", scales)  # [N/16, K/32, 16] float16
 
     @classmethod
@@ -47,6 +47,12 @@ class Q8Head(nn.Module):
         """On the q8k matmul: codes [N, K] int8, d and m [N, K/16] float32 (w = d·q + m: Q6_K, Q5_K, Q5_1)."""
         packed, dm = pack_q8k(codes, d, m)
         return cls(packed, dm, codes.shape[1], kernel)
+
+    @classmethod
+    def from_q6k(cls, fields, kernel: Q6KMatmul) -> Q8Head:
+        """On the q6k matmul: a Q6_K tensor's fields as stored (models/gguf_linear.Q6KFields)."""
+        packed, scales = pack_q6k(fields.codes, fields.d, fields.sc)
+        return cls(packed, scales, fields.codes.shape[1], kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] bf16 → [..., N] float32
         buffers = self._buffers
@@ -70,7 +76,7 @@ class Q8Linear(Q8Head):
         when their inputs or kernels differ."""
         if len({layer.in_features for layer in layers}) != 1 or len({id(layer.kernel) for layer in layers}) != 1:
             return None
-        codes = torch.cat([layer.codes for layer in layers])  # [ΣN/16, K/32, 32, 16]
+        codes = torch.cat([layer.codes for layer in layers])  # [ΣN/16, K/32, 8, 16, 4]
         scales = torch.cat([layer.scales for layer in layers])  # [ΣN/16, K/32, 16]
         return cls(codes, scales, layers[0].in_features, layers[0].kernel)
 
@@ -81,5 +87,5 @@ class Q8Linear(Q8Head):
             part.codes, part.scales = codes, scales
 
     def extra_repr(self) -> str:
-        group, kind = self.codes.shape[2], self.kernel.KIND
+        group, kind = self.codes.shape[2] * self.codes.shape[4], self.kernel.KIND
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 codes group {group}, {kind}"

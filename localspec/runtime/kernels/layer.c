@@ -1,7 +1,7 @@
 /* One llama decoder layer for the decode and verify rows of a forward, in one call: the layer as lean_llama.py's
  * LeanLayer computes it from torch ops, with the q4 matmul (q4_matmul.c) for its linears and the exact attention
  * (attention.c), so a forward of T rows costs 30 C calls instead of ~90 torch ops a layer. Each linear is in the
- * layout of its block type's kernel (a LinearRef: q4, q4f, q8 or q8k); q, k, v and gate, up are one matmul where
+ * layout of its block type's kernel (a LinearRef: q4, q4f, q4k, q8, q8k or q6k); q, k, v and gate, up are one matmul where
  * they share a layout, else each part is computed alone and its columns placed side by side. The q8 kernels sum in
  * float32, rounded to bfloat16 once, as Q8Linear does.
  *
@@ -31,15 +31,19 @@ int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint1
               int threads);
 int q4f_matmul(const uint16_t *x, const uint8_t *codes, const float *dm, uint16_t *y, int rows, int k, int n,
                int threads);
+int q4k_matmul(const uint16_t *x, const uint8_t *codes, const uint8_t *scales, uint16_t *y, int rows, int k, int n,
+               int threads);
 int q8_matmul(const uint16_t *x, const int8_t *codes, const uint16_t *dscale, float *y, int rows, int k, int n,
               int threads);
 int q8k_matmul(const uint16_t *x, const int8_t *codes, const float *dm, float *y, int rows, int k, int n,
+               int threads);
+int q6k_matmul(const uint16_t *x, const int8_t *codes, const uint8_t *scales, float *y, int rows, int k, int n,
                int threads);
 int exact_attention_bf16(const uint16_t *q, long q_row, long q_head, const uint16_t *keys, const uint16_t *values,
                          long kv_head, const uint8_t *visible, uint16_t *out, int rows, int heads, int kv_heads,
                          int dim, int prefix, float scaling, int threads);
 
-enum { LINEAR_Q4 = 0, LINEAR_Q4F = 1, LINEAR_Q8 = 2, LINEAR_Q8K = 3 };
+enum { LINEAR_Q4 = 0, LINEAR_Q4F = 1, LINEAR_Q8 = 2, LINEAR_Q8K = 3, LINEAR_Q4K = 4, LINEAR_Q6K = 5 };
 #define MAX_PARTS 3
 
 /* One linear's weights in its kernel's layout. Shared with runtime/layer_kernel.py, as LayerArgs is. */
@@ -47,7 +51,7 @@ typedef struct {
     int kind;             /* LINEAR_*: which matmul reads it */
     int n;                /* outputs */
     const void *codes;    /* q4 / q4f: uint8 codes; q8 / q8k: int8 codes */
-    const void *scales;   /* q4: d and m float16; q4f, q8k: float32; q8: d float16 */
+    const void *scales;   /* q4: d and m float16; q4f, q8k: float32; q8: d float16; q4k, q6k: the file's own */
 } LinearRef;
 
 /* Shared with runtime/layer_kernel.py (a ctypes Structure of the same fields, in this order). */
@@ -100,8 +104,10 @@ static int linear(const LinearRef *w, const uint16_t *x, uint16_t *y, float *sum
     switch (w->kind) {
     case LINEAR_Q4: return q4_matmul(x, w->codes, w->scales, y, rows, k, w->n, threads);
     case LINEAR_Q4F: return q4f_matmul(x, w->codes, w->scales, y, rows, k, w->n, threads);
+    case LINEAR_Q4K: return q4k_matmul(x, w->codes, w->scales, y, rows, k, w->n, threads);
     case LINEAR_Q8: status = q8_matmul(x, w->codes, w->scales, sums, rows, k, w->n, threads); break;
     case LINEAR_Q8K: status = q8k_matmul(x, w->codes, w->scales, sums, rows, k, w->n, threads); break;
+    case LINEAR_Q6K: status = q6k_matmul(x, w->codes, w->scales, sums, rows, k, w->n, threads); break;
     default: return -3;
     }
     if (status) return status;

@@ -2,7 +2,7 @@
 #include "limits.h"
 
 #ifndef LOCALSPEC_ISA
-#error "this CPU has neither instruction set the kernels are built for (AVX-512 BF16 with F, BW, VL; or AVX2 with FMA and F16C)"
+#error "this CPU has neither instruction set the kernels are built for (AVX-512 BF16 and VNNI with F, BW, VL; or AVX2 with FMA and F16C)"
 #endif
 
 const char *localspec_isa(void) { return LOCALSPEC_ISA; }

@@ -2,14 +2,14 @@
  * values, and runtime/library.py reads them from the built library (Python states none of them again).
  *
  * Instruction sets, best first, picked by the compiler's target (-march=native):
- *   avx512bf16  AVX-512 BF16 with F, BW, VL (AMD Zen 4+, Intel Sapphire Rapids+)
+ *   avx512bf16  AVX-512 BF16 and VNNI with F, BW, VL (AMD Zen 4+, Intel Cooper Lake, Sapphire Rapids+)
  *   avx2        AVX2 with FMA and F16C (most desktop CPUs: Intel Haswell+, AMD Zen 1-3)
  * The library does not compile for a target with neither (limits.c's #error is the reason the loader reports);
  * the attention kernel alone also builds for plain x86-64 (its lanes are the scalar rule). */
 #ifndef LOCALSPEC_LIMITS_H
 #define LOCALSPEC_LIMITS_H
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #define LOCALSPEC_AVX512BF16 1
 #define LOCALSPEC_ISA "avx512bf16"
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)

@@ -1,22 +1,29 @@
-/* y = x · Wᵀ for 4-bit weights in groups of 32 along K (w = q·d + m, q in 0..15) and bfloat16 activations, float32
- * sums: q4_matmul with float16 d and m (GGUF Q4_1, Q4_0), q4f_matmul with float32 ones (GGUF Q4_K, whose d·sc and
- * dmin·m of a sub-block are exact in float32 and not in float16); one body, the scales' width a constant of it. Every output element is computed by one thread in one fixed order whatever the row
- * count M, so a row's result does not depend on the other rows in the call (bitwise); the weights of 16 outputs are
- * expanded once for up to CHUNK rows, which is what keeps a (K+1)-row verify cheap. Two builds of the same contract,
- * picked by the compiler's target (-march=native):
+/* y = x · Wᵀ for 4-bit weights in groups of 32 along K (w = q·d + m, q in 0..15) and bfloat16 activations taken as
+ * int8 per row and group: q4_matmul with float16 d and m (GGUF Q4_1, Q4_0), q4f_matmul with float32 ones, q4k_matmul
+ * with GGUF Q4_K's own scales (a float16 d and dmin per 256 and 6-bit sc and mn per 32: d·sc and −dmin·mn are exact
+ * in float32, so q4k gives q4f's bits from 4.625 bits a weight instead of 6); one body, the scales' form a constant
+ * of it.
  *
- *   avx512bf16  AVX-512 BF16 dot products (AMD Zen 4+, Intel Sapphire Rapids+). A code q becomes the bfloat16 of
- *               128 + q by bit pattern alone (0x4300 | q: 128..143 are exact in bfloat16), so Σ(128 + q_k)·x_k comes
- *               from vdpbf16ps with exact products, and per group Σ w·x = d·Σ(128 + q)·x + (m − 128·d)·Σ x.
- *   avx2        AVX2 + FMA + F16C (most desktop CPUs: Intel Haswell+, AMD Zen 1-3). Codes become float32, x
- *               float32 (exact from bfloat16); per group Σ w·x = d·Σ q·x + m·Σ x, Σ q·x as two partial sums
- *               (even and odd k, fused multiply-adds in k order) added at the end.
+ * The arithmetic, the same in both builds (so both round alike, bit for bit):
+ *   1. each row's activations, per group of 32, as int8 x̂ with a scale s (scalar.h's quantize_rows);
+ *   2. per output, group and row, Σ q·x̂ in int32 (exact: at most 32 · 15 · 127);
+ *   3. acc = fma(d·s, Σ q·x̂, acc), then acc = fma(m, Σ x, acc), groups in order; y = bf16(acc).
+ * Every output element is computed by one thread in one fixed order whatever the row count M, so a row's result
+ * does not depend on the other rows in the call (bitwise); the codes of 16 outputs are unpacked once for up to CHUNK
+ * rows and a row then costs its integer dot products alone, which is what keeps a (K+1)-row verify cheap. The
+ * integer sums are exact, so how a build splits them (vpdpbusd, maddubs) never shows in the result.
  *
- * The two round differently from each other (each is row-invariant on its own; a machine runs one).
+ *   avx512bf16  Σ q·x̂ from vpdpbusd (AVX-512 VNNI: 64 byte products a instruction); codes unpacked by one mask
+ *               and one shift per 64 of them.
+ *   avx2        Σ q·x̂ from vpmaddubsw (pairs into int16: at most 2 · 15 · 127), eight of them added in int16
+ *               (at most 8 · 3810 < 32768), then vpmaddwd by ones into int32.
  *
  * Layout (runtime/q4_kernel.py packs it):
- *   codes [N/16][K/32][16][16] uint8: block (nb, g), pair j, lane i = q[16nb+i][32g+2j] | q[16nb+i][32g+2j+1] << 4
- *   dm    [N/16][K/32][2][16]  float16 (q4f: float32): d, then m, of outputs 16nb..16nb+15 in group g
+ *   codes [N/16][K/32][4][16][4] uint8: block (nb, g), quad t, lane i, byte b = q[16nb+i][32g+4t+b] |
+ *         q[16nb+i][32g+16+4t+b] << 4 (a lane's four bytes are one int32 lane of the dot product instructions)
+ *   dm    [N/16][K/32][2][16] float16 (q4f: float32): d, then m, of outputs 16nb..16nb+15 in group g
+ *   q4k   [N/16][K/256][320] bytes: d, then dmin, float16 [2][16]; then per group j of the 8, sc, then mn,
+ *         uint8 [2][16] (the super-block's outputs 16nb..16nb+15): d_g = d·sc, m_g = −(dmin·mn)
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -24,15 +31,31 @@
 #include <string.h>
 
 #include "limits.h" /* LOCALSPEC_AVX512BF16 / LOCALSPEC_AVX2 */
-#include "scalar.h" /* rows_per_pass, float_to_bf16, group_sums */
+#include "scalar.h" /* rows_per_pass, float_to_bf16, quantize_rows */
+
+#define CHUNK 12 /* rows per pass over a block of codes */
+
+enum { FORM_F16 = 0, FORM_F32 = 1, FORM_K = 2 }; /* the scales' form: q4, q4f, q4k */
+#define K_BYTES 320                             /* q4k: a block's scales for one super-block of 256 */
+
+/* Bytes of a block's scales for `groups` groups of 32. */
+static inline size_t scale_bytes(int form, int groups) {
+    return form == FORM_K ? (size_t)(groups / 8) * K_BYTES : (size_t)groups * 32 * (form == FORM_F32 ? 4 : 2);
+}
 
 #if defined(LOCALSPEC_AVX512BF16)
 
-#define CHUNK 12 /* rows per pass over a block of weights: 2 accumulators a row, 24 of the 32 registers */
-
-/* Group g's d and m of a block's 16 outputs, from its (d, m) pairs: float16, or float32 where `wide`. */
-static inline __attribute__((always_inline)) void scales(const void *dm, int wide, int g, __m512 *d, __m512 *m) {
-    if (wide) {
+/* Group g's d and m of a block's 16 outputs, in the scales' form. */
+static inline __attribute__((always_inline)) void scales(const void *dm, int form, int g, __m512 *d, __m512 *m) {
+    if (form == FORM_K) {
+        const uint8_t *p = (const uint8_t *)dm + (size_t)(g / 8) * K_BYTES;
+        const uint8_t *j = p + 64 + (g % 8) * 32;
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)j)));
+        const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(j + 16))));
+        *d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)), sc);
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        *m = _mm512_xor_ps(_mm512_mul_ps(dmin, mn), _mm512_set1_ps(-0.0f)); /* −(dmin·mn), as q4f's m */
+    } else if (form == FORM_F32) {
         const float *p = (const float *)dm + (size_t)g * 32;
         *d = _mm512_loadu_ps(p);
         *m = _mm512_loadu_ps(p + 16);
@@ -43,278 +66,163 @@ static inline __attribute__((always_inline)) void scales(const void *dm, int wid
     }
 }
 
-
-static inline __attribute__((always_inline)) void block_rows(const uint8_t *codes, const void *dm, int wide,
-                                                             const uint16_t *x, const float *xsum, int k, int groups,
-                                                             int rows, uint16_t *y, int n, int n0) {
-    __m512 acc[CHUNK], part[CHUNK];
-    const __m512i nibbles = _mm512_set1_epi32(0x000F000F), bias = _mm512_set1_epi32(0x43004300);
-    const __m512 minus128 = _mm512_set1_ps(-128.0f);
+/* `rows` rows (a constant where inlined) through a block's 16 outputs, every group. */
+static inline __attribute__((always_inline)) void block_rows(const uint8_t *codes, const void *dm, int form,
+                                                             const int8_t *xq, const float *scale, const float *xsum,
+                                                             int k, int groups, int rows, uint16_t *y, int n, int n0) {
+    __m512 acc[CHUNK];
+    const __m512i low = _mm512_set1_epi8(0x0F);
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
-        const uint8_t *c = codes + (size_t)g * 256;
-        const uint32_t *xg = (const uint32_t *)(x + (size_t)g * 32); /* bf16 pairs (2j, 2j+1) */
-        for (int r = 0; r < rows; r++) part[r] = _mm512_setzero_ps();
-        for (int j = 0; j < 16; j++) {
-            __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + j * 16)));
-            /* (b | b << 12) & 0x000F000F puts the low nibble at bits 0..3, the high one at 16..19 */
-            __m512i w = _mm512_ternarylogic_epi32(b, _mm512_slli_epi32(b, 12), nibbles, 0xA8);
-            w = _mm512_or_si512(w, bias);
-            for (int r = 0; r < rows; r++)
-                part[r] = _mm512_dpbf16_ps(part[r], (__m512bh)w, (__m512bh)_mm512_set1_epi32(xg[(size_t)r * k / 2 + j]));
+        __m512i w[8]; /* w[t]: k = 4t..4t+3 of each lane; w[4 + t]: k = 16 + 4t.. */
+        for (int t = 0; t < 4; t++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(codes + (size_t)g * 256 + t * 64));
+            w[t] = _mm512_and_si512(v, low);
+            w[4 + t] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         }
         __m512 d, m;
-        scales(dm, wide, g, &d, &m);
-        m = _mm512_fmadd_ps(minus128, d, m);
+        scales(dm, form, g, &d, &m);
         for (int r = 0; r < rows; r++) {
-            acc[r] = _mm512_fmadd_ps(d, part[r], acc[r]);
-            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[(size_t)r * groups + g]), acc[r]);
+            const int32_t *xr = (const int32_t *)(xq + (size_t)r * k + g * 32); /* 8 quads of x̂ */
+            __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+            for (int t = 0; t < 8; t += 2) {
+                even = _mm512_dpbusd_epi32(even, w[t], _mm512_set1_epi32(xr[t]));
+                odd = _mm512_dpbusd_epi32(odd, w[t + 1], _mm512_set1_epi32(xr[t + 1]));
+            }
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+            const size_t at = (size_t)r * groups + g;
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(scale[at])), dot, acc[r]);
+            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[at]), acc[r]);
         }
     }
     for (int r = 0; r < rows; r++)
         _mm256_storeu_si256((__m256i *)(y + (size_t)r * n + n0), (__m256i)_mm512_cvtneps_pbh(acc[r]));
-}
-
-#define FEW 3   /* row counts up to this take block_few_rows */
-#define SPREAD 4 /* groups whose dot-product chains block_few_rows runs side by side */
-
-/* The same arithmetic as block_rows, for a few rows: a group's 16 dot products are one dependent chain per row, so
- * with one row the chain's latency, not the bytes read, set the pace. This runs SPREAD groups' chains side by side
- * (each group's partial sum still starts at zero and takes its 16 products in j order) and folds them into acc in
- * group order, so every output has exactly block_rows' bits. */
-static inline __attribute__((always_inline)) void block_few_rows(const uint8_t *codes, const void *dm, int wide,
-                                                                 const uint16_t *x, const float *xsum, int k,
-                                                                 int groups, int rows, uint16_t *y, int n, int n0) {
-    __m512 acc[FEW], part[SPREAD][FEW];
-    const __m512i nibbles = _mm512_set1_epi32(0x000F000F), bias = _mm512_set1_epi32(0x43004300);
-    const __m512 minus128 = _mm512_set1_ps(-128.0f);
-    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-    for (int g0 = 0; g0 < groups; g0 += SPREAD) {
-        const int spread = groups - g0 < SPREAD ? groups - g0 : SPREAD;
-        for (int s = 0; s < spread; s++)
-            for (int r = 0; r < rows; r++) part[s][r] = _mm512_setzero_ps();
-        for (int j = 0; j < 16; j++)
-            for (int s = 0; s < spread; s++) {
-                const int g = g0 + s;
-                __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + (size_t)g * 256 + j * 16)));
-                __m512i w = _mm512_ternarylogic_epi32(b, _mm512_slli_epi32(b, 12), nibbles, 0xA8);
-                w = _mm512_or_si512(w, bias);
-                const uint32_t *xg = (const uint32_t *)(x + (size_t)g * 32);
-                for (int r = 0; r < rows; r++)
-                    part[s][r] = _mm512_dpbf16_ps(part[s][r], (__m512bh)w,
-                                                  (__m512bh)_mm512_set1_epi32(xg[(size_t)r * k / 2 + j]));
-            }
-        for (int s = 0; s < spread; s++) {
-            const int g = g0 + s;
-            __m512 d, m;
-            scales(dm, wide, g, &d, &m);
-            m = _mm512_fmadd_ps(minus128, d, m);
-            for (int r = 0; r < rows; r++) {
-                acc[r] = _mm512_fmadd_ps(d, part[s][r], acc[r]);
-                acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[(size_t)r * groups + g]), acc[r]);
-            }
-        }
-    }
-    for (int r = 0; r < rows; r++)
-        _mm256_storeu_si256((__m256i *)(y + (size_t)r * n + n0), (__m256i)_mm512_cvtneps_pbh(acc[r]));
-}
-
-/* The rows of a call through output block nb, `per` rows a pass. */
-static inline __attribute__((always_inline)) void output_block(const uint16_t *x, const float *xsum,
-                                                               const uint8_t *codes, const void *dm, int wide,
-                                                               uint16_t *y, int rows, int per, int k, int n, int nb) {
-    const int groups = k / 32;
-    const uint8_t *c = codes + (size_t)nb * groups * 256;
-    const void *p = (const char *)dm + (size_t)nb * groups * 32 * (wide ? 4 : 2);
-    for (int r0 = 0; r0 < rows; r0 += per) {
-        const int count = rows - r0 < per ? rows - r0 : per;
-        const uint16_t *xr = x + (size_t)r0 * k;
-        const float *sr = xsum + (size_t)r0 * groups;
-        uint16_t *yr = y + (size_t)r0 * n;
-        switch (count) { /* a constant row count per case keeps the accumulators in registers */
-#define FEW_ROWS(R) \
-    case R: block_few_rows(c, p, wide, xr, sr, k, groups, R, yr, n, nb * 16); break;
-#define ROWS(R) \
-    case R: block_rows(c, p, wide, xr, sr, k, groups, R, yr, n, nb * 16); break;
-            FEW_ROWS(1) FEW_ROWS(2) FEW_ROWS(3)
-            ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
-#undef ROWS
-#undef FEW_ROWS
-        }
-    }
-}
-
-static int q4_run(const uint16_t *x, const uint8_t *codes, const void *dm, int wide, uint16_t *y, int rows, int k,
-                  int n, int threads) {
-    const int groups = k / 32, blocks = n / 16;
-    float *xsum = malloc(sizeof(float) * (size_t)rows * groups); /* [M, K/32]: Σ x over each group, in order */
-    if (xsum == NULL) return -1;
-    group_sums(x, rows, k, 32, xsum);
-    const int per = rows_per_pass(rows, CHUNK);
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int nb = 0; nb < blocks; nb++) { /* a constant width per branch: each is its own specialized code */
-        if (wide)
-            output_block(x, xsum, codes, dm, 1, y, rows, per, k, n, nb);
-        else
-            output_block(x, xsum, codes, dm, 0, y, rows, per, k, n, nb);
-    }
-    free(xsum);
-    return 0;
 }
 
 #elif defined(LOCALSPEC_AVX2)
 
-#define CHUNK 12 /* rows per pass over a block of weights (their sums live in memory, not registers) */
-
-
-/* The 16 pairs of a block's group as float32 codes, k-major: q[k][lane], k = 0..31, lane = 0..15. */
-static inline void expand(const uint8_t *c, float *q) {
-    const __m256i low = _mm256_set1_epi32(0x0F);
-    for (int j = 0; j < 16; j++)
-        for (int half = 0; half < 2; half++) {
-            __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + j * 16 + half * 8)));
-            _mm256_storeu_ps(q + (2 * j) * 16 + half * 8, _mm256_cvtepi32_ps(_mm256_and_si256(b, low)));
-            _mm256_storeu_ps(q + (2 * j + 1) * 16 + half * 8, _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)));
-        }
+static inline __attribute__((always_inline)) void scales(const void *dm, int form, size_t g, int half, __m256 *d,
+                                                         __m256 *m) {
+    if (form == FORM_K) {
+        const uint8_t *p = (const uint8_t *)dm + (g / 8) * K_BYTES;
+        const uint8_t *j = p + 64 + (g % 8) * 32 + half * 8;
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)j)));
+        const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(j + 16))));
+        *d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + half * 16))), sc);
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + half * 16)));
+        *m = _mm256_xor_ps(_mm256_mul_ps(dmin, mn), _mm256_set1_ps(-0.0f));
+    } else if (form == FORM_F32) {
+        const float *p = (const float *)dm + g * 32 + half * 8;
+        *d = _mm256_loadu_ps(p);
+        *m = _mm256_loadu_ps(p + 16);
+    } else {
+        const uint16_t *p = (const uint16_t *)dm + g * 32 + half * 8;
+        *d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        *m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
+    }
 }
 
-/* The rule every row follows, per group and lane: two partial sums of q_k·x_k by fused multiply-add in k order,
- * even k and odd k, then acc = fma(m, Σx, fma(d, s_even + s_odd, acc)). The three functions below apply it to one
- * row (codes expanded in registers), and to one or two rows at a time from q (expanded once for up to CHUNK rows);
- * they differ in which registers hold what, never in the operations, so a row's bits are the same in any call
- * (the self-check compares rows alone and inside calls of 1..13 rows). */
-static inline __attribute__((always_inline)) void scales(const void *dm, int wide, size_t g, __m256 *d, __m256 *m) {
-    for (int half = 0; half < 2; half++)
-        if (wide) {
-            const float *p = (const float *)dm + g * 32;
-            d[half] = _mm256_loadu_ps(p + half * 8);
-            m[half] = _mm256_loadu_ps(p + 16 + half * 8);
-        } else {
-            const uint16_t *p = (const uint16_t *)dm + g * 32;
-            d[half] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + half * 8)));
-            m[half] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 + half * 8)));
-        }
-}
-
-static inline void finish(__m256 p[2][2], const __m256 *d, const __m256 *m, float xsum, float *acc) {
-    const __m256 xs = _mm256_set1_ps(xsum);
+/* As the AVX-512 build's block_rows, one half of the block's lanes (8 outputs) at a time. */
+static inline __attribute__((always_inline)) void block_rows(const uint8_t *codes, const void *dm, int form,
+                                                             const int8_t *xq, const float *scale, const float *xsum,
+                                                             int k, int groups, int rows, uint16_t *y, int n, int n0) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (int half = 0; half < 2; half++) {
-        __m256 a = _mm256_fmadd_ps(d[half], _mm256_add_ps(p[0][half], p[1][half]), _mm256_loadu_ps(acc + half * 8));
-        _mm256_storeu_ps(acc + half * 8, _mm256_fmadd_ps(m[half], xs, a));
-    }
-}
-
-static inline void group_one_row(const uint8_t *c, const float *x, const __m256 *d, const __m256 *m, float xsum,
-                                 float *acc) {
-    const __m256i low = _mm256_set1_epi32(0x0F);
-    __m256 p[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
-    for (int j = 0; j < 16; j++) {
-        const __m256 x0 = _mm256_broadcast_ss(x + 2 * j), x1 = _mm256_broadcast_ss(x + 2 * j + 1);
-        for (int half = 0; half < 2; half++) {
-            __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + j * 16 + half * 8)));
-            p[0][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, low)), x0, p[0][half]);
-            p[1][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), x1, p[1][half]);
-        }
-    }
-    finish(p, d, m, xsum, acc);
-}
-
-static inline void group_row(const float *q, const float *x, const __m256 *d, const __m256 *m, float xsum,
-                             float *acc) {
-    __m256 p[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
-    for (int k = 0; k < 32; k += 2)
-        for (int e = 0; e < 2; e++) { /* e: even / odd k, a constant index once unrolled */
-            const __m256 xb = _mm256_broadcast_ss(x + k + e);
-            p[e][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (k + e) * 16), xb, p[e][0]);
-            p[e][1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (k + e) * 16 + 8), xb, p[e][1]);
-        }
-    finish(p, d, m, xsum, acc);
-}
-
-static inline void group_two_rows(const float *q, const float *x, const float *x2, const __m256 *d, const __m256 *m,
-                                  float xsum, float xsum2, float *acc, float *acc2) {
-    __m256 p[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
-    __m256 p2[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
-    for (int k = 0; k < 32; k += 2)
-        for (int e = 0; e < 2; e++) {
-            const __m256 w0 = _mm256_loadu_ps(q + (k + e) * 16), w1 = _mm256_loadu_ps(q + (k + e) * 16 + 8);
-            const __m256 xb = _mm256_broadcast_ss(x + k + e), xb2 = _mm256_broadcast_ss(x2 + k + e);
-            p[e][0] = _mm256_fmadd_ps(w0, xb, p[e][0]);
-            p[e][1] = _mm256_fmadd_ps(w1, xb, p[e][1]);
-            p2[e][0] = _mm256_fmadd_ps(w0, xb2, p2[e][0]);
-            p2[e][1] = _mm256_fmadd_ps(w1, xb2, p2[e][1]);
-        }
-    finish(p, d, m, xsum, acc);
-    finish(p2, d, m, xsum2, acc2);
-}
-
-/* The rows of a call through output block nb, CHUNK rows a pass (xf: x in float32, then Σ x per group). */
-static inline __attribute__((always_inline)) void output_block(const float *xf, const float *xsum,
-                                                               const uint8_t *codes, const void *dm, int wide,
-                                                               uint16_t *y, int rows, int k, int n, int nb) {
-    const int groups = k / 32;
-    float q[32 * 16] __attribute__((aligned(32))), acc[CHUNK * 16];
-    for (int r0 = 0; r0 < rows; r0 += CHUNK) {
-        const int count = rows - r0 < CHUNK ? rows - r0 : CHUNK;
-        memset(acc, 0, sizeof(float) * 16 * count);
+        __m256 acc[CHUNK];
+        for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
         for (int g = 0; g < groups; g++) {
-            __m256 d[2], m[2];
-            scales(dm, wide, (size_t)nb * groups + g, d, m);
-            const uint8_t *c = codes + ((size_t)nb * groups + g) * 256;
-            if (count == 1) {
-                group_one_row(c, xf + (size_t)r0 * k + g * 32, d, m, xsum[(size_t)r0 * groups + g], acc);
-                continue;
+            __m256i w[8];
+            for (int t = 0; t < 4; t++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(codes + (size_t)g * 256 + t * 64 + half * 32));
+                w[t] = _mm256_and_si256(v, low);
+                w[4 + t] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             }
-            expand(c, q);
-            int r = 0;
-            for (; r + 1 < count; r += 2) {
-                const size_t a = (size_t)(r0 + r), b = a + 1;
-                group_two_rows(q, xf + a * k + g * 32, xf + b * k + g * 32, d, m, xsum[a * groups + g],
-                               xsum[b * groups + g], acc + r * 16, acc + (r + 1) * 16);
+            __m256 d, m;
+            scales(dm, form, (size_t)g, half, &d, &m);
+            for (int r = 0; r < rows; r++) {
+                const int32_t *xr = (const int32_t *)(xq + (size_t)r * k + g * 32);
+                __m256i pairs = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(xr[0]));
+                for (int t = 1; t < 8; t++)
+                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[t], _mm256_set1_epi32(xr[t])));
+                const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+                const size_t at = (size_t)r * groups + g;
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(scale[at])), dot, acc[r]);
+                acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xsum[at]), acc[r]);
             }
-            if (r < count)
-                group_row(q, xf + (size_t)(r0 + r) * k + g * 32, d, m, xsum[(size_t)(r0 + r) * groups + g],
-                          acc + r * 16);
         }
-        for (int r = 0; r < count; r++)
-            for (int i = 0; i < 16; i++) y[(size_t)(r0 + r) * n + nb * 16 + i] = float_to_bf16(acc[r * 16 + i]);
+        for (int r = 0; r < rows; r++) {
+            float out[8];
+            _mm256_storeu_ps(out, acc[r]);
+            for (int i = 0; i < 8; i++) y[(size_t)r * n + n0 + half * 8 + i] = float_to_bf16(out[i]);
+        }
     }
-}
-
-static int q4_run(const uint16_t *x, const uint8_t *codes, const void *dm, int wide, uint16_t *y, int rows, int k,
-                  int n, int threads) {
-    const int groups = k / 32, blocks = n / 16;
-    float *xf = malloc(sizeof(float) * ((size_t)rows * k + (size_t)rows * groups)); /* x in float32, then Σ x */
-    if (xf == NULL) return -1;
-    float *xsum = xf + (size_t)rows * k; /* [M, K/32]: Σ x over each group, in order */
-    for (size_t i = 0; i < (size_t)rows * k; i++) {
-        uint32_t bits = (uint32_t)x[i] << 16;
-        memcpy(xf + i, &bits, sizeof bits);
-    }
-    group_sums(x, rows, k, 32, xsum);
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int nb = 0; nb < blocks; nb++) { /* a constant width per branch: each is its own specialized code */
-        if (wide)
-            output_block(xf, xsum, codes, dm, 1, y, rows, k, n, nb);
-        else
-            output_block(xf, xsum, codes, dm, 0, y, rows, k, n, nb);
-    }
-    free(xf);
-    return 0;
 }
 
 #endif
 
 #if defined(LOCALSPEC_AVX512BF16) || defined(LOCALSPEC_AVX2)
+
+/* The rows of a call through output block nb, `per` rows a pass. */
+static inline __attribute__((always_inline)) void output_block(const int8_t *xq, const float *scale,
+                                                               const float *xsum, const uint8_t *codes,
+                                                               const void *dm, int form, uint16_t *y, int rows,
+                                                               int per, int k, int n, int nb) {
+    const int groups = k / 32;
+    const uint8_t *c = codes + (size_t)nb * groups * 256;
+    const void *p = (const char *)dm + (size_t)nb * scale_bytes(form, groups);
+    for (int r0 = 0; r0 < rows; r0 += per) {
+        const int count = rows - r0 < per ? rows - r0 : per;
+        const int8_t *xr = xq + (size_t)r0 * k;
+        const float *sr = scale + (size_t)r0 * groups, *xs = xsum + (size_t)r0 * groups;
+        uint16_t *yr = y + (size_t)r0 * n;
+        switch (count) { /* a constant row count per case keeps the accumulators in registers */
+#define ROWS(R) \
+    case R: block_rows(c, p, form, xr, sr, xs, k, groups, R, yr, n, nb * 16); break;
+            ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
+#undef ROWS
+        }
+    }
+}
+
+static int q4_run(const uint16_t *x, const uint8_t *codes, const void *dm, int form, uint16_t *y, int rows, int k,
+                  int n, int threads) {
+    const int groups = k / 32, blocks = n / 16;
+    const size_t sums = (size_t)rows * groups;
+    /* [M, K/32] scales s, then [M, K/32] Σ x, then [M, K] x̂ */
+    float *scale = malloc(sizeof(float) * 2 * sums + (size_t)rows * k);
+    if (scale == NULL) return -1;
+    float *xsum = scale + sums;
+    int8_t *xq = (int8_t *)(xsum + sums);
+    quantize_rows(x, rows, k, 32, xq, scale, xsum, threads);
+    const int per = rows_per_pass(rows, CHUNK);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int nb = 0; nb < blocks; nb++) { /* a constant form per branch: each is its own specialized code */
+        if (form == FORM_K)
+            output_block(xq, scale, xsum, codes, dm, FORM_K, y, rows, per, k, n, nb);
+        else if (form == FORM_F32)
+            output_block(xq, scale, xsum, codes, dm, FORM_F32, y, rows, per, k, n, nb);
+        else
+            output_block(xq, scale, xsum, codes, dm, FORM_F16, y, rows, per, k, n, nb);
+    }
+    free(scale);
+    return 0;
+}
+
 /* x [M, K] bf16, y [M, N] bf16, both contiguous; K % 32 == 0, N % 16 == 0. Returns 0, or -1 when out of memory. */
 int q4_matmul(const uint16_t *x, const uint8_t *codes, const uint16_t *dm, uint16_t *y, int rows, int k, int n,
               int threads) {
-    return q4_run(x, codes, dm, 0, y, rows, k, n, threads);
+    return q4_run(x, codes, dm, FORM_F16, y, rows, k, n, threads);
 }
 
 /* The same with float32 d and m (dm [N/16][K/32][2][16] float32). */
 int q4f_matmul(const uint16_t *x, const uint8_t *codes, const float *dm, uint16_t *y, int rows, int k, int n,
                int threads) {
-    return q4_run(x, codes, dm, 1, y, rows, k, n, threads);
+    return q4_run(x, codes, dm, FORM_F32, y, rows, k, n, threads);
+}
+
+/* The same with Q4_K's scales (the q4k form above); K % 256 == 0. */
+int q4k_matmul(const uint16_t *x, const uint8_t *codes, const uint8_t *scales, uint16_t *y, int rows, int k, int n,
+               int threads) {
+    return q4_run(x, codes, scales, FORM_K, y, rows, k, n, threads);
 }
 #endif
