@@ -12,7 +12,7 @@ export GRADIO_ANALYTICS_ENABLED := False
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-fast test-latest lint setup setup-test setup-bench-llama bench selftest lock clean
+.PHONY: run test test-fast test-latest lint setup setup-test setup-bench-llama setup-bench-ik bench selftest lock clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -48,6 +48,11 @@ setup-test: $(VENV)/.installed-test
 NO_AMX := -mno-amx-int8 -mno-amx-tile -mno-amx-bf16
 setup-bench-llama: $(VENV)/.installed
 	$(BIN)/python scripts/build_llama_cpp.py --cflags '$(NO_AMX)' $(ARGS)
+
+# Optional as well: ik_llama.cpp (the fastest CPU fork of llama.cpp) from the vendor tree of the pinned
+# ik-llama-cpp-python sdist, its llama-bench only: pp512 / tg128 beside llama.cpp's in `localspec bench`'s report
+setup-bench-ik: $(VENV)/.installed
+	$(BIN)/python scripts/build_llama_cpp.py --peer ik_llama.cpp $(ARGS)
 
 run: $(VENV)/.installed
 	$(BIN)/python app.py $(ARGS)

@@ -288,6 +288,7 @@ ENVIRONMENT = {
     "LOCALSPEC_BENCH_DATA": "the folder of the benchmark prompts (bench/prompts.py)",
     "LOCALSPEC_Q4_KERNEL": "switch, on: the kernels' library (runtime/library.py); off keeps torch's kernels",
     "LOCALSPEC_LAYER_KERNEL": "switch, on: the whole-layer kernel (runtime/layer_kernel.py); off keeps torch ops",
+    "LOCALSPEC_AMX": "switch, on: the q4 matmuls' AMX tiles for many-row calls where the CPU has AMX-INT8",
     "LOCALSPEC_PACKED": "switch, on: oneDNN-prepacked bf16 linears (runtime/packed_linear.py)",
     "LOCALSPEC_FORWARD": "lean (default) | transformers: the backbone forward (runtime/lean_llama.py)",
     "LOCALSPEC_COMPILE": "off (default) | default | reduce-overhead: torch.compile of verify forwards",
@@ -359,6 +360,10 @@ class Environment:
     @property
     def layer_kernel(self) -> bool:
         return env_switch(dict(self.raw), "LOCALSPEC_LAYER_KERNEL", True)
+
+    @property
+    def amx(self) -> bool:
+        return env_switch(dict(self.raw), "LOCALSPEC_AMX", True)
 
     @property
     def packed(self) -> bool:

@@ -1,12 +1,13 @@
-"""Build llama.cpp's llama-server, llama-bench and llama-quantize for this CPU, once, where `localspec bench` finds them
-(localspec/bench/llama_bin.py: `<data folder>/llama.cpp/<version>-<cpu tag>/bin`). `make setup-bench-llama` runs it.
+"""Build a C++ peer's binaries for this CPU, once, where `localspec bench` finds them (localspec/bench/llama_bin.py:
+`<data folder>/<peer>/<version>-<cpu tag>/bin`): llama.cpp's llama-server, llama-bench and llama-quantize
+(`make setup-bench-llama`), or ik_llama.cpp's llama-bench (`--peer ik_llama.cpp`, `make setup-bench-ik`).
 
-    python scripts/build_llama_cpp.py [--jobs 2] [--cflags '-mno-amx-int8 ...'] [--work DIR] [--build-dir DIR]
+    python scripts/build_llama_cpp.py [--peer ik_llama.cpp] [--jobs 2] [--cflags '-mno-amx-int8 ...'] [--work DIR]
 
-The source is the vendor/llama.cpp of the pinned llama-cpp-python sdist (pip download, no binary): the llama.cpp
-that release's users run. GGML_NATIVE for this CPU, static binaries (the folder holds everything they need), no
-web UI, no network code. Every step is skipped when its output is there already, so a second run only re-links what
-changed; 15-30 minutes on 2 cores the first time. Needs cmake and a C++ compiler.
+The source is the vendor tree of the peer's pinned sdist (pip download, no binary): the engine that release's users
+run. GGML_NATIVE for this CPU, static binaries (the folder holds everything they need), no web UI, no network code.
+Every step is skipped when its output is there already, so a second run only re-links what changed; 15-30 minutes on
+2 cores the first time. Needs cmake and a C++ compiler.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from localspec.bench.llama_bin import BINARIES, LLAMA_CPP_PYTHON, TOOLS, bin_dir, cpu_tag  # noqa: E402
+from localspec.bench.llama_bin import PEERS, Peer, bin_dir, cpu_tag  # noqa: E402
 from localspec.models.paths import cache_dir  # noqa: E402
 
-SDIST = f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=ON",
@@ -36,10 +36,7 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_EXAMPLES=ON",
     "-DLLAMA_BUILD_TOOLS=ON",
     "-DLLAMA_BUILD_SERVER=ON",
-    "-DLLAMA_BUILD_UI=OFF",  # the server's web UI: npm, or a download at build time
-    "-DLLAMA_USE_PREBUILT_UI=OFF",
-    "-DLLAMA_OPENSSL=OFF",  # no HTTPS: the bench talks to its server on loopback (this version has no curl option)
-)
+)  # and each peer's own (llama_bin.Peer.cmake_options)
 
 
 def run(command: list[str], **kwargs) -> None:
@@ -47,41 +44,61 @@ def run(command: list[str], **kwargs) -> None:
     subprocess.run(command, check=True, **kwargs)
 
 
-def source(work: Path) -> Path:
-    """vendor/llama.cpp of the pinned sdist, downloaded and unpacked into `work` unless it is there."""
-    tree = work / SDIST / "vendor" / "llama.cpp"
+def source(peer: Peer, work: Path) -> Path:
+    """The peer's vendor tree of its pinned sdist, downloaded and unpacked into `work` unless it is there."""
+    tree = work / peer.sdist / peer.vendor
     if (tree / "CMakeLists.txt").is_file():
         return tree
-    archive = work / f"{SDIST}.tar.gz"
+    archive = work / f"{peer.sdist}.tar.gz"
     if not archive.is_file():
-        spec = f"llama-cpp-python=={LLAMA_CPP_PYTHON}"
+        spec = f"{peer.package}=={peer.version}"
         run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", spec, "-d", str(work)])
     with tarfile.open(archive) as tar:
         tar.extractall(work, filter="data")
     return tree
 
 
-def build(tree: Path, build_dir: Path, cflags: str, jobs: int) -> None:
+def fill_build_info(peer: Peer, tree: Path) -> None:
+    """A tree whose sdist left out the script that writes common/build-info.cpp from git (ik-llama-cpp-python's): write
+    one that fills the template with the package's name and version instead, for the build's rule to run."""
+    template, script = tree / "common" / "build-info.cpp.in", tree / "common" / "cmake" / "build-info-gen-cpp.cmake"
+    if script.is_file() or not template.is_file():
+        return
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(
+        "set(BUILD_NUMBER 0)\n"
+        f'set(BUILD_COMMIT "{peer.package}-{peer.version}")\n'
+        'set(BUILD_COMPILER "${CMAKE_C_COMPILER_ID} ${CMAKE_C_COMPILER_VERSION}")\n'
+        f'set(BUILD_TARGET "{cpu_tag()}")\n'
+        'set(HERE "${CMAKE_CURRENT_LIST_DIR}/..")\n'
+        'configure_file("${HERE}/build-info.cpp.in" "${HERE}/build-info.cpp")\n'
+    )
+
+
+def build(peer: Peer, tree: Path, build_dir: Path, cflags: str, jobs: int) -> None:
+    fill_build_info(peer, tree)
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     flags = [f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cflags}"]
-    run(["cmake", "-S", str(tree), "-B", str(build_dir), *generator, *CMAKE_OPTIONS, *flags])
-    run(["cmake", "--build", str(build_dir), "--parallel", str(jobs), "--target", *BINARIES, *TOOLS])
+    options = [*CMAKE_OPTIONS, *peer.cmake_options]
+    run(["cmake", "-S", str(tree), "-B", str(build_dir), *generator, *options, *flags])
+    run(["cmake", "--build", str(build_dir), "--parallel", str(jobs), "--target", *peer.binaries, *peer.tools])
 
 
-def install(build_dir: Path, cflags: str) -> Path:
+def install(peer: Peer, build_dir: Path, cflags: str) -> Path:
     """Copy the binaries into the folder the bench reads, whole or not at all."""
-    target = bin_dir()
+    target = bin_dir(peer)
     staging = target.with_name(f"bin.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    for name in (*BINARIES, *TOOLS):
+    for name in (*peer.binaries, *peer.tools):
         shutil.copy2(build_dir / "bin" / name, staging / name)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     record = {
-        "llama_cpp_python": LLAMA_CPP_PYTHON,
+        "peer": peer.name,
+        peer.package.replace("-", "_"): peer.version,
         "cpu_tag": cpu_tag(),
-        "cmake_options": [*CMAKE_OPTIONS, f"CFLAGS={cflags}"],
+        "cmake_options": [*CMAKE_OPTIONS, *peer.cmake_options, f"CFLAGS={cflags}"],
         "built": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     (target.parent / "build.json").write_text(json.dumps(record, indent=1))
@@ -90,6 +107,7 @@ def install(build_dir: Path, cflags: str) -> Path:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--peer", choices=sorted(PEERS), default="llama.cpp", help="which engine (%(default)s)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="parallel compile jobs")
     parser.add_argument("--cflags", default="", help="extra C and C++ flags (the Makefile turns AMX off)")
     parser.add_argument("--work", type=Path, default=None, help="where the sdist is unpacked (default: the cache)")
@@ -103,12 +121,13 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    work = args.work or cache_dir() / "llama.cpp-build" / f"{LLAMA_CPP_PYTHON}-{cpu_tag()}"
+    peer = PEERS[args.peer]
+    work = args.work or cache_dir() / f"{peer.folder}-build" / f"{peer.version}-{cpu_tag()}"
     work.mkdir(parents=True, exist_ok=True)
     build_dir = args.build_dir or work / "build"
-    build(source(work), build_dir, args.cflags, args.jobs)
-    names = ", ".join((*BINARIES, *TOOLS))
-    print(f"build_llama_cpp: llama.cpp {LLAMA_CPP_PYTHON}'s {names} in {install(build_dir, args.cflags)}")
+    build(peer, source(peer, work), build_dir, args.cflags, args.jobs)
+    names = ", ".join((*peer.binaries, *peer.tools))
+    print(f"build_llama_cpp: {peer.name} {peer.version}'s {names} in {install(peer, build_dir, args.cflags)}")
     return 0
 
 

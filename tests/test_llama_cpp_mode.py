@@ -107,7 +107,12 @@ def stand_ins(tmp_path, monkeypatch):
     _executable(folder, "llama-bench", STAND_IN_BENCH)
     record = tmp_path / "record.jsonl"
     monkeypatch.setenv("STAND_IN_RECORD", str(record))
-    monkeypatch.setattr(llama_bin, "bin_dir", lambda: folder)
+    # llama.cpp's folder; the other peers (ik_llama.cpp) are not built
+    monkeypatch.setattr(
+        llama_bin,
+        "bin_dir",
+        lambda peer=llama_bin.LLAMA_CPP: folder if peer.name == "llama.cpp" else tmp_path / peer.name,
+    )
     yield record
     llama_cpp.stop_servers()
 
@@ -224,7 +229,7 @@ def test_llama_bench_command_and_its_json():
 
 
 def test_missing_binaries_say_how_to_build_them(tmp_path, monkeypatch):
-    monkeypatch.setattr(llama_bin, "bin_dir", lambda: tmp_path / "nothing-here")
+    monkeypatch.setattr(llama_bin, "bin_dir", lambda *_: tmp_path / "nothing-here")
     target = _gguf(tmp_path, "t.gguf")
     why = available_modes(_session(_pair(str(target))))
     for mode in llama_cpp.LLAMA_MODES:
@@ -323,8 +328,20 @@ def test_the_bench_stops_its_servers_on_ctrl_c_and_reports_llama_bench(stand_ins
     assert bench_runs == [["-m", str(target), "-t", str(torch.get_num_threads())] + "-p 512 -n 128 -o json".split()]
 
 
+def test_each_built_peer_runs_its_own_llama_bench_and_one_not_built_says_how_to_build_it(stand_ins, tmp_path):
+    pair = _pair(str(_gguf(tmp_path, "t.gguf")))
+    assert "make setup-bench-ik" in llama_cpp.peer_bench_lines(pair, 2)["ik_llama.cpp"]["error"]
+    ik = tmp_path / "ik_llama.cpp"
+    ik.mkdir()
+    _executable(ik, "llama-bench", STAND_IN_BENCH.replace("abc1234", "ik12345"))
+    lines = llama_cpp.peer_bench_lines(pair, 2)
+    assert set(lines) == {"ik_llama.cpp"} and lines["ik_llama.cpp"]["build_commit"] == "ik12345"
+    assert lines["ik_llama.cpp"]["command"][0] == str(ik / "llama-bench")
+    assert lines["ik_llama.cpp"]["pp"]["tokens_per_s"] == 320.0
+
+
 def test_llama_bench_failing_leaves_the_rest_of_the_report(tmp_path, monkeypatch):
-    monkeypatch.setattr(llama_bin, "bin_dir", lambda: tmp_path)
+    monkeypatch.setattr(llama_bin, "bin_dir", lambda *_: tmp_path)
     line = llama_cpp.llama_bench_line(_pair(str(_gguf(tmp_path, "t.gguf"))), 2)
     assert "make setup-bench-llama" in line["error"]
 
@@ -369,6 +386,14 @@ def test_the_report_puts_llama_bench_beside_every_mode():
         "load_1m_during": {"min": 1.0, "max": 1.0, "mean": 1.0},
         "verify_ms": {"1": 10.0},
         "llama_bench": bench,
+        "peer_benches": {
+            "ik_llama.cpp": {
+                **bench,
+                "pp": {"tokens_per_s": 640.0, "stddev": 5.0},
+                "tg": {"tokens_per_s": 150.0, "stddev": 1.0},
+                "build_commit": "ik12345",
+            }
+        },
     }
     run = BenchRun("fake", modes, records, 100, [], machine)
     summary = summarize(run)
@@ -384,6 +409,35 @@ def test_the_report_puts_llama_bench_beside_every_mode():
     assert data["prompts"][0]["results"]["llama.cpp"]["llama_timings"] == records[0].results["llama.cpp"].peer_timings
     text = to_markdown(data)
     assert "pp512 320.0 ± 3.0 t/s, tg128 125.0 ± 1.0 t/s" in text
+    assert "| ik_llama.cpp | ik12345 | 640.0 | 150.0 | 2.00× | 1.20× |" in text
+    assert "| llama.cpp | abc1234 | 320.0 | 125.0 | 1.00× | 1.00× |" in text
     assert "| llama.cpp-lookup | 1.00× | 1.00× | 200.0 | 100.0 | 0.80× | 25% |" in text
     assert check["shortest"] == "chat" and check["shortest_prompt_tokens"] == pytest.approx(10.0)
     assert "weighs least (chat: 10 prompt tokens, 100 answer tokens on average): 0.89 (within 10% of it: no)" in text
+
+
+def test_a_tree_without_its_build_info_script_gets_one_that_fills_the_template(tmp_path):
+    """ik-llama-cpp-python's sdist leaves out common/cmake/build-info-gen-cpp.cmake, which its build runs to write
+    common/build-info.cpp: the build script writes one that fills the template with the package and version."""
+    import importlib.util
+    import shutil
+    import subprocess
+
+    spec = importlib.util.spec_from_file_location(
+        "build_llama_cpp", Path(__file__).parents[1] / "scripts/build_llama_cpp.py"
+    )
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    common = tmp_path / "common"
+    common.mkdir()
+    (common / "build-info.cpp.in").write_text('int N = @BUILD_NUMBER@;\nchar const *C = "@BUILD_COMMIT@";\n')
+    build.fill_build_info(llama_bin.IK_LLAMA, tmp_path)
+    script = common / "cmake" / "build-info-gen-cpp.cmake"
+    assert 'set(BUILD_COMMIT "ik-llama-cpp-python-0.1.5")' in script.read_text()
+    script.write_text(script.read_text() + "# kept\n")
+    build.fill_build_info(llama_bin.IK_LLAMA, tmp_path)  # a tree that has the script keeps its own
+    assert script.read_text().endswith("# kept\n")
+    if shutil.which("cmake") is None:
+        pytest.skip("no cmake here to run the script")
+    subprocess.run(["cmake", "-P", str(script)], check=True, capture_output=True)
+    assert (common / "build-info.cpp").read_text() == 'int N = 0;\nchar const *C = "ik-llama-cpp-python-0.1.5";\n'

@@ -247,6 +247,61 @@ def test_both_builds_give_every_matmul_the_same_bits(kernel, tmp_path):
         assert torch.equal(here, kind(haswell).matmul(x, packed, scales, n)), kind.KIND
 
 
+def test_the_amx_tiles_give_the_bits_of_the_dot_products(kernel, tmp_path):
+    """Where the CPU has AMX-INT8, the block matmuls' calls of many rows sum Σ q·x̂ on the tiles (kernels/amx.h):
+    the same exact int32 sums and float steps, so the same bits as the VNNI dot products, at every row count, for q4,
+    q4f, q4k, q8, q8k and q6k; the loaded library turns them on for calls of at least AMX_ROWS rows."""
+    import ctypes
+
+    from localspec.runtime.library import AMX_ROWS, SOURCES, compile_library, use_amx
+    from localspec.runtime.q4_kernel import (
+        Q4FMatmul,
+        Q4KMatmul,
+        Q4Matmul,
+        Q6KMatmul,
+        Q8KMatmul,
+        Q8Matmul,
+        k_scales,
+        pack_q4k,
+        pack_q6k,
+        pack_q8,
+        pack_q8k,
+    )
+
+    if kernel.limits.isa != "avx512bf16":
+        pytest.skip("AMX runs in the avx512bf16 build only")
+    own = ctypes.CDLL(str(compile_library(SOURCES, tmp_path / "kernels-own.so")))  # its own switch, not the shared one
+    if not use_amx(own, True):
+        pytest.skip("no AMX-INT8 on this CPU (or Linux did not grant the tile state)")
+    assert kernel.amx_rows == (AMX_ROWS if Environment().amx else 0)
+    generator = torch.Generator().manual_seed(5)
+    n, k = 1024, 768
+    codes = torch.randint(0, 16, (n, k), generator=generator)
+    d, m = k_scales(generator, n, k // 32, 63), -k_scales(generator, n, k // 32, 63)
+    d16, m16 = k_scales(generator, n, k // 16, 127), -k_scales(generator, n, k // 16, 63)
+    signed = torch.randint(-128, 128, (n, k), generator=generator).to(torch.int8)
+    sc = torch.randint(-128, 128, (n, k // 16), generator=generator)
+    cases = [
+        (Q4Matmul, pack_q4(codes, d.half(), m.half())),
+        (Q4FMatmul, pack_q4(codes, d, m, torch.float32)),
+        (Q4KMatmul, pack_q4k(codes, d[:, ::8].half(), m[:, ::8].abs().half(), d16[:, ::2].long() % 64, codes[:, ::32])),
+        (Q8Matmul, pack_q8(signed, d.half())),
+        (Q8KMatmul, pack_q8k(signed.clamp(-32, 31), d16, m16)),
+        (Q6KMatmul, pack_q6k(signed.clamp(-32, 31), d[:, ::8].half(), sc)),
+    ]
+    set_rows = own.localspec_amx_rows
+    for kind, (packed, scales) in cases:
+        matmul = kind(own)
+        for rows in (4, 9, 16, 17, 33):
+            x = (torch.randn(rows, k, generator=generator) * 3).to(torch.bfloat16)
+            x[1, 32:64] = 0  # a group whose scale is 0
+            set_rows(1)
+            tiles = matmul.matmul(x, packed, scales, n)
+            set_rows(0)
+            dots = matmul.matmul(x, packed, scales, n)
+            assert torch.equal(tiles.view(torch.uint8), dots.view(torch.uint8)), (kind.KIND, rows)  # bit for bit
+
+
 def test_a_library_planted_in_the_cache_is_never_loaded(tmp_path):
     """A shared object left at the library's own name in the build folder (with no sha256 the build recorded, or a
     recorded one that does not match) runs no constructor: it is removed and the library built again; the build

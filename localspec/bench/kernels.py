@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from localspec.config import ConfigError
+from localspec.config import ConfigError, Environment
 from localspec.runtime import attention_kernel, layer_kernel, library, q4_kernel
 from localspec.runtime.attention_kernel import AttentionKernel
 from localspec.runtime.layer_kernel import LayerKernel, LayerWeights, LinearPart, rotary
@@ -77,6 +77,7 @@ def load_build(name: str, sources: list[Path], target: Path, march: str = "nativ
         handle = ctypes.CDLL(str(compile_library(sources, target, march)))
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         raise ConfigError(f"building {name} for {march} failed: {exc}") from exc
+    library.use_amx(handle, Environment().amx)  # as the app loads it (a build of older sources has no switch)
     missing: dict[str, str] = {}
     try:
         isa = Limits.of(handle).isa

@@ -1,24 +1,76 @@
-"""Where the bench finds llama.cpp's own binaries (llama-server, llama-bench): one folder per llama.cpp version and CPU,
-`<data folder>/llama.cpp/<version>-<cpu tag>/bin`, which `make setup-bench-llama` (scripts/build_llama_cpp.py) fills.
+"""Where the bench finds its C++ peers' binaries: one folder per peer, version and CPU,
+`<data folder>/<peer folder>/<version>-<cpu tag>/bin`, which `make setup-bench-llama` / `make setup-bench-ik`
+(scripts/build_llama_cpp.py) fill.
 
-The version is the vendor/llama.cpp of a pinned llama-cpp-python sdist: the llama.cpp that a llama-cpp-python user of
-that release runs, built with GGML_NATIVE for this CPU, so the tag names the CPU's instruction-set flags.
+A peer is a C++ engine built from the vendor/ tree of a pinned PyPI sdist: llama.cpp from llama-cpp-python (the
+llama.cpp that a llama-cpp-python user of that release runs), and ik_llama.cpp, the fastest CPU fork of llama.cpp,
+from ik-llama-cpp-python. Both are built with GGML_NATIVE for this CPU, so the tag names the CPU's instruction-set
+flags.
 """
 
 from __future__ import annotations
 
 import hashlib
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.config import ConfigError
 
-LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cpp is built
-BINARIES = ("llama-server", "llama-bench")  # what the bench's llama.cpp modes need
-TOOLS = ("llama-quantize",)  # built beside them: scripts/make_shaped_gguf.py turns its files into any block type
+
+@dataclass(frozen=True)
+class Peer:
+    name: str  # how the bench and its report name the engine
+    package: str  # the PyPI sdist whose vendor tree is built
+    version: str
+    vendor: str  # the engine's tree inside the unpacked sdist
+    folder: str  # <data folder>/<folder>/<version>-<cpu tag>/bin
+    binaries: tuple[str, ...]  # what the bench runs
+    tools: tuple[str, ...]  # built beside them
+    make_target: str
+    cmake_options: tuple[str, ...]  # on top of build_llama_cpp.CMAKE_OPTIONS
+
+    @property
+    def sdist(self) -> str:
+        return f"{self.package.replace('-', '_')}-{self.version}"
+
+    @property
+    def install_hint(self) -> str:
+        return f"run: make {self.make_target} (builds {self.name}'s {' and '.join(self.binaries)} for this CPU once)"
+
+
+LLAMA_CPP = Peer(
+    "llama.cpp",
+    "llama-cpp-python",
+    "0.3.36",
+    "vendor/llama.cpp",
+    "llama.cpp",
+    ("llama-server", "llama-bench"),  # the bench's llama.cpp modes
+    ("llama-quantize",),  # scripts/make_shaped_gguf.py turns its files into any block type
+    "setup-bench-llama",
+    (
+        "-DLLAMA_BUILD_UI=OFF",  # the server's web UI: npm, or a download at build time
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_OPENSSL=OFF",  # no HTTPS: the bench talks to its server on loopback (this version has no curl option)
+    ),
+)
+IK_LLAMA = Peer(
+    "ik_llama.cpp",
+    "ik-llama-cpp-python",
+    "0.1.5",
+    "vendor/ik_llama.cpp",
+    "ik_llama.cpp",
+    ("llama-bench",),  # its pp512 / tg128 beside llama.cpp's in the bench report
+    (),
+    "setup-bench-ik",
+    ("-DLLAMA_CURL=OFF", "-DGGML_IQK_FA_ALL_QUANTS=OFF"),  # IQK flash attention for the usual KV types: a faster build
+)
+PEERS = {peer.name: peer for peer in (LLAMA_CPP, IK_LLAMA)}
+LLAMA_CPP_PYTHON = LLAMA_CPP.version
+BINARIES = LLAMA_CPP.binaries
+TOOLS = LLAMA_CPP.tools
 # the instruction sets a tag names, best first (a GGML_NATIVE build needs every flag it was compiled for)
 TAG_ISAS = (("avx512bf16", {"avx512f", "avx512_bf16"}), ("avx2", {"avx2", "fma", "f16c"}))
-INSTALL_HINT = "run: make setup-bench-llama (builds llama.cpp's llama-server and llama-bench for this CPU once)"
 
 
 def cpu_tag() -> str:
@@ -32,25 +84,26 @@ def cpu_tag() -> str:
     return f"{platform.machine().lower()}-{isa}-{digest}"
 
 
-def bin_dir() -> Path:
+def bin_dir(peer: Peer = LLAMA_CPP) -> Path:
     from localspec.models.paths import home
 
-    return home() / "llama.cpp" / f"{LLAMA_CPP_PYTHON}-{cpu_tag()}" / "bin"
+    return home() / peer.folder / f"{peer.version}-{cpu_tag()}" / "bin"
 
 
-def missing() -> str | None:
-    """None when every binary the bench runs is built for this CPU, else what is missing and how to build it."""
-    folder = bin_dir()
-    absent = [name for name in BINARIES if not (folder / name).is_file()]
+def missing(peer: Peer = LLAMA_CPP) -> str | None:
+    """None when every binary the bench runs of `peer` is built for this CPU, else what is missing and how to build
+    it."""
+    folder = bin_dir(peer)
+    absent = [name for name in peer.binaries if not (folder / name).is_file()]
     if absent:
         names = " and ".join(absent)
-        return f"llama.cpp {LLAMA_CPP_PYTHON}'s {names} not built for this CPU in {folder}; {INSTALL_HINT}"
+        return f"{peer.name} {peer.version}'s {names} not built for this CPU in {folder}; {peer.install_hint}"
     return None
 
 
-def binary(name: str) -> Path:
-    """The path of one of BINARIES, or a ConfigError with the install hint."""
-    path = bin_dir() / name
+def binary(name: str, peer: Peer = LLAMA_CPP) -> Path:
+    """The path of one of the peer's binaries or tools, or a ConfigError with the install hint."""
+    path = bin_dir(peer) / name
     if not path.is_file():
-        raise ConfigError(f"llama.cpp's {name} is not built for this CPU ({path} is missing); {INSTALL_HINT}")
+        raise ConfigError(f"{peer.name}'s {name} is not built for this CPU ({path} is missing); {peer.install_hint}")
     return path

@@ -8,7 +8,7 @@ our modes (prefill included, end to end). Modes:
   tokens per step (the pair's k).
 Each mode's server starts when the mode first runs and stops when the bench run ends (runner.py calls stop_servers
 in a finally); llama-bench's pp512 and tg128 on the target's file go into the report beside them
-(`llama_bench_line`).
+(`llama_bench_line`), and so do ik_llama.cpp's where `make setup-bench-ik` built it (`peer_bench_lines`).
 """
 
 from __future__ import annotations
@@ -96,14 +96,24 @@ def answer(pair, mode: str, threads: int, prompt_ids: list[int], max_new_tokens:
     return server.complete(prompt_ids, max_new_tokens)
 
 
-def llama_bench_line(pair, threads: int) -> dict:
-    """llama-bench's pp512 / tg128 on the target's file (LlamaBench.to_dict()), or {"error": why} when it could not
-    run: the bench's other numbers stand without it."""
+def llama_bench_line(pair, threads: int, peer: llama_bin.Peer = llama_bin.LLAMA_CPP) -> dict:
+    """The peer's llama-bench pp512 / tg128 on the target's file (LlamaBench.to_dict()), or {"error": why} when it
+    could not run: the bench's other numbers stand without it."""
     from localspec.config import ConfigError
 
     from .llama_bench import run_llama_bench
 
     try:
-        return run_llama_bench(llama_bin.binary("llama-bench"), target_file(pair), threads).to_dict()
+        return run_llama_bench(llama_bin.binary("llama-bench", peer), target_file(pair), threads).to_dict()
     except ConfigError as exc:
         return {"error": str(exc)}
+
+
+def peer_bench_lines(pair, threads: int) -> dict[str, dict]:
+    """Each other peer's llama-bench line (llama.cpp's is llama_bench_line's), or {"error": why} where it is not
+    built or failed."""
+    return {
+        peer.name: llama_bench_line(pair, threads, peer)
+        for peer in llama_bin.PEERS.values()
+        if peer is not llama_bin.LLAMA_CPP
+    }

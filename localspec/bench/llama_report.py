@@ -142,3 +142,31 @@ def markdown(data: dict) -> list[str]:
             )
         lines.append("")
     return lines
+
+
+def peers_markdown(data: dict) -> list[str]:
+    """The other C++ peers' llama-bench on the same file (ik_llama.cpp), beside llama.cpp's: prefill and decode rates,
+    and each as a multiple of llama.cpp's. No lines when the run measured none."""
+    peers = data["machine"].get("peer_benches") or {}
+    if not peers:
+        return []
+    base = data["machine"].get("llama_bench") or {}
+    lines = [
+        "## The other C++ peers' llama-bench on the same file",
+        "",
+        f"| engine | build | pp{PROMPT_TOKENS} t/s | tg{GEN_TOKENS} t/s | pp ÷ llama.cpp's | tg ÷ llama.cpp's |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, line in {"llama.cpp": base, **peers}.items():
+        if not line:
+            continue
+        if "error" in line:
+            lines.append(f"| {name} | not measured: {line['error']} | – | – | – | – |")
+            continue
+        pp, tg = line["pp"]["tokens_per_s"], line["tg"]["tokens_per_s"]
+        over = [
+            _ratio(value / base[key]["tokens_per_s"]) if "error" not in base and base else "–"
+            for key, value in (("pp", pp), ("tg", tg))
+        ]
+        lines.append(f"| {name} | {line['build_commit']} | {pp:.1f} | {tg:.1f} | {over[0]} | {over[1]} |")
+    return [*lines, ""]

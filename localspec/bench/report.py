@@ -10,7 +10,7 @@ from .forecast import forecast_check
 from .forecast import to_markdown as forecast_markdown
 from .llama_cpp import LLAMA_MODES
 from .llama_report import markdown as llama_markdown
-from .llama_report import own_timings, versus_llama_bench
+from .llama_report import own_timings, peers_markdown, versus_llama_bench
 from .modes import HF_MODES, SWEPT, TREE_MODES, Mode
 from .runner import BenchRun
 
@@ -402,6 +402,7 @@ def to_markdown(data: dict) -> str:
                 )
             lines.append("")
     lines += llama_markdown(data)
+    lines += peers_markdown(data)
     if summary["targets"]:
         lines += [
             "## Targets",

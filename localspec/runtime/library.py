@@ -38,8 +38,11 @@ from pathlib import Path
 
 SOURCE_DIR = Path(__file__).with_name("kernels")  # the C sources
 SOURCES = tuple(SOURCE_DIR / name for name in ("limits.c", "q4_matmul.c", "q8_matmul.c", "attention.c", "layer.c"))
-HEADERS = tuple(SOURCE_DIR / name for name in ("limits.h", "scalar.h", "attention_body.h"))
+HEADERS = tuple(SOURCE_DIR / name for name in ("limits.h", "amx.h", "scalar.h", "attention_body.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+# calls of at least this many rows take the q4 matmuls' AMX tiles, where the CPU has them (the same bits either way;
+# the crossing measured by `localspec bench kernels --kernels q4`: docs/kernels.md)
+AMX_ROWS = 12
 DIGEST = ".sha256"  # the sidecar beside a built library: the sha256 of its bytes, hex
 
 
@@ -81,6 +84,7 @@ class KernelLibrary:
     attention: object | None  # attention_kernel.AttentionKernel
     layer: object | None  # layer_kernel.LayerKernel
     notes: tuple[str, ...]  # why a member is None
+    amx_rows: int = 0  # the q4 matmuls' calls of at least this many rows run on the AMX tiles (0: none)
 
     @property
     def isa(self) -> str:
@@ -206,11 +210,24 @@ def _opened(build_dir: Path, march: str, sources) -> ctypes.CDLL:
     return library
 
 
+def use_amx(handle: ctypes.CDLL, wanted: bool) -> int:
+    """Turn the q4 matmuls' AMX tiles on for calls of at least AMX_ROWS rows where wanted and this build and CPU can
+    (an avx512bf16 build for a CPU with AMX-INT8, Linux granting the tile state), else off; returns that row count,
+    0 for off. It holds for the whole process: the library is loaded once."""
+    set_rows = getattr(handle, "localspec_amx_rows", None)  # absent from a build of older sources
+    if set_rows is None:
+        return 0
+    set_rows.argtypes, set_rows.restype = [ctypes.c_int], ctypes.c_int
+    return AMX_ROWS if set_rows(AMX_ROWS if wanted else 0) and wanted else 0
+
+
 @functools.cache
-def load_library(build_dir: Path, enabled: bool = True, layer: bool = True, march: str = "native") -> LibraryLoad:
+def load_library(
+    build_dir: Path, enabled: bool = True, layer: bool = True, march: str = "native", amx: bool = True
+) -> LibraryLoad:
     """The kernels' library, built into build_dir at first use, verified and self-checked, or why it cannot run
-    here. enabled / layer: the LOCALSPEC_Q4_KERNEL / LOCALSPEC_LAYER_KERNEL switches (config.Environment), passed in
-    so that a cached load is keyed by them."""
+    here. enabled / layer / amx: the LOCALSPEC_Q4_KERNEL / LOCALSPEC_LAYER_KERNEL / LOCALSPEC_AMX switches
+    (config.Environment), passed in so that a cached load is keyed by them."""
     from .attention_kernel import AttentionKernel
     from .attention_kernel import self_check as attention_self_check
     from .layer_kernel import LayerKernel
@@ -245,6 +262,7 @@ def load_library(build_dir: Path, enabled: bool = True, layer: bool = True, marc
     if (limits.group, limits.k_group, limits.lanes) != (GROUP, K_GROUP, LANES):
         layout = (limits.group, limits.k_group, limits.lanes)
         return LibraryLoad(None, f"its layout {layout} is not the one q4_kernel.py packs")
+    amx_rows = use_amx(handle, amx)  # before the self-checks: they compare its rows with the rows alone
     q4, q8, q4f, q8k, q4k = Q4Matmul(handle), Q8Matmul(handle), Q4FMatmul(handle), Q8KMatmul(handle), Q4KMatmul(handle)
     problem = self_check(q4) or q8_self_check(q8) or self_check(q4f, wide=True) or q8k_self_check(q8k)
     q6k = Q6KMatmul(handle)
@@ -266,6 +284,7 @@ def load_library(build_dir: Path, enabled: bool = True, layer: bool = True, marc
         if layer_problem is not None:
             layer_kernel = None
             notes.append(f"no layer kernel (self-check failed: {layer_problem})")
-    library = KernelLibrary(limits, q4, q8, q4f, q8k, q4k, q6k, attention, layer_kernel, tuple(notes))
+    library = KernelLibrary(limits, q4, q8, q4f, q8k, q4k, q6k, attention, layer_kernel, tuple(notes), amx_rows)
     note = "".join(f"; {n}" for n in notes)
-    return LibraryLoad(library, f"{limits.isa}, built for this CPU with {compiler()}{note}")
+    tiles = f" (q4 calls of ≥ {amx_rows} rows on AMX)" if amx_rows else ""
+    return LibraryLoad(library, f"{limits.isa}{tiles}, built for this CPU with {compiler()}{note}")

@@ -105,7 +105,7 @@ def library_here(build_dir=None, env: Environment | None = None) -> LibraryLoad:
     if build_dir is None:
         build_dir = cache_dir() / "kernels"
     env = env or Environment.read()
-    return load_library(build_dir, env.q4_kernel, env.layer_kernel)
+    return load_library(build_dir, env.q4_kernel, env.layer_kernel, amx=env.amx)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@
  *               and one shift per 64 of them.
  *   avx2        Σ q·x̂ from vpmaddubsw (pairs into int16: at most 2 · 15 · 127), eight of them added in int16
  *               (at most 8 · 3810 < 32768), then vpmaddwd by ones into int32.
+ *   amx         an avx512bf16 build's calls of many rows where the CPU has AMX-INT8 (amx.h): Σ q·x̂ of up to 16
+ *               rows from one tdpbsud a group, the codes unpacked into tile B; the same bits.
  *
  * Layout (runtime/q4_kernel.py packs it):
  *   codes [N/16][K/32][4][16][4] uint8: block (nb, g), quad t, lane i, byte b = q[16nb+i][32g+4t+b] |
@@ -30,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx.h"    /* LOCALSPEC_AMX, amx_tiles, amx_for */
 #include "limits.h" /* LOCALSPEC_AVX512BF16 / LOCALSPEC_AVX2 */
 #include "scalar.h" /* rows_per_pass, float_to_bf16, quantize_rows */
 
@@ -99,6 +102,48 @@ static inline __attribute__((always_inline)) void block_rows(const uint8_t *code
         _mm256_storeu_si256((__m256i *)(y + (size_t)r * n + n0), (__m256i)_mm512_cvtneps_pbh(acc[r]));
 }
 
+#if defined(LOCALSPEC_AMX)
+/* A block's codes, every group, unpacked for tile B: [groups][8 quads][16 lanes][4] bytes, quad t of the low nibbles
+ * (k = 4t..4t+3) as row t, of the high ones (k = 16 + 4t..) as row 4 + t. */
+static inline void unpack_block(const uint8_t *codes, int groups, uint8_t *out) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int g = 0; g < groups; g++)
+        for (int t = 0; t < 4; t++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(codes + (size_t)g * 256 + t * 64));
+            _mm512_store_si512((void *)(out + (size_t)g * 512 + t * 64), _mm512_and_si512(v, low));
+            _mm512_store_si512((void *)(out + (size_t)g * 512 + 256 + t * 64),
+                               _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+        }
+}
+
+/* block_rows' arithmetic with the int32 sums from the tiles (amx_begin's): `rows` ≤ AMX_CHUNK of a pass. */
+static inline __attribute__((always_inline)) void block_rows_amx(const uint8_t *unpacked, const void *dm, int form,
+                                                                 const int8_t *xq, const float *scale,
+                                                                 const float *xsum, int k, int groups, int rows,
+                                                                 uint16_t *y, int n, int n0) {
+    __m512 acc[AMX_CHUNK];
+    int32_t dots[AMX_CHUNK][16] __attribute__((aligned(64)));
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        _tile_loadd(2, unpacked + (size_t)g * 512, 64);
+        _tile_loadd(1, xq + g * 32, k);
+        _tile_zero(0);
+        _tile_dpbsud(0, 1, 2);
+        _tile_stored(0, dots, 64);
+        __m512 d, m;
+        scales(dm, form, g, &d, &m);
+        for (int r = 0; r < rows; r++) {
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)dots[r]));
+            const size_t at = (size_t)r * groups + g;
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(scale[at])), dot, acc[r]);
+            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[at]), acc[r]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        _mm256_storeu_si256((__m256i *)(y + (size_t)r * n + n0), (__m256i)_mm512_cvtneps_pbh(acc[r]));
+}
+#endif
+
 #elif defined(LOCALSPEC_AVX2)
 
 static inline __attribute__((always_inline)) void scales(const void *dm, int form, size_t g, int half, __m256 *d,
@@ -162,15 +207,37 @@ static inline __attribute__((always_inline)) void block_rows(const uint8_t *code
 
 #if defined(LOCALSPEC_AVX512BF16) || defined(LOCALSPEC_AVX2)
 
-/* The rows of a call through output block nb, `per` rows a pass. */
+/* The rows of a call through output block nb: on the tiles (unpacked: this thread's buffer) passes of AMX_CHUNK rows
+ * while at least localspec_amx_min_rows are left, the rest on the dot products, up to CHUNK rows a pass. */
 static inline __attribute__((always_inline)) void output_block(const int8_t *xq, const float *scale,
                                                                const float *xsum, const uint8_t *codes,
                                                                const void *dm, int form, uint16_t *y, int rows,
-                                                               int per, int k, int n, int nb) {
+                                                               uint8_t *unpacked, int k, int n, int nb) {
     const int groups = k / 32;
     const uint8_t *c = codes + (size_t)nb * groups * 256;
     const void *p = (const char *)dm + (size_t)nb * scale_bytes(form, groups);
-    for (int r0 = 0; r0 < rows; r0 += per) {
+    int r0 = 0;
+#if defined(LOCALSPEC_AMX)
+    if (unpacked != NULL) {
+        unpack_block(c, groups, unpacked); /* once for every pass */
+        for (int count; (count = rows - r0 < AMX_CHUNK ? rows - r0 : AMX_CHUNK) >= localspec_amx_min_rows; r0 += count) {
+            const int8_t *xr = xq + (size_t)r0 * k;
+            const float *sr = scale + (size_t)r0 * groups, *xs = xsum + (size_t)r0 * groups;
+            uint16_t *yr = y + (size_t)r0 * n;
+            switch (count) {
+#define ROWS(R) \
+    case R: block_rows_amx(unpacked, p, form, xr, sr, xs, k, groups, R, yr, n, nb * 16); break;
+                ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
+                ROWS(13) ROWS(14) ROWS(15) ROWS(16)
+#undef ROWS
+            }
+        }
+    }
+#else
+    (void)unpacked;
+#endif
+    const int per = rows_per_pass(rows - r0, CHUNK);
+    for (; r0 < rows; r0 += per) {
         const int count = rows - r0 < per ? rows - r0 : per;
         const int8_t *xr = xq + (size_t)r0 * k;
         const float *sr = scale + (size_t)r0 * groups, *xs = xsum + (size_t)r0 * groups;
@@ -187,25 +254,36 @@ static inline __attribute__((always_inline)) void output_block(const int8_t *xq,
 static int q4_run(const uint16_t *x, const uint8_t *codes, const void *dm, int form, uint16_t *y, int rows, int k,
                   int n, int threads) {
     const int groups = k / 32, blocks = n / 16;
-    const size_t sums = (size_t)rows * groups;
-    /* [M, K/32] scales s, then [M, K/32] Σ x, then [M, K] x̂ */
-    float *scale = malloc(sizeof(float) * 2 * sums + (size_t)rows * k);
+    const int amx = amx_for(rows); /* 0 wherever the build or the CPU has no tiles */
+    const size_t sums = (size_t)rows * groups, padded = (size_t)amx_padded(rows, amx) * k;
+    /* [M, K/32] scales s, then [M, K/32] Σ x, then [M, K] x̂ (on the tiles: zero rows to whole passes) */
+    float *scale = malloc(sizeof(float) * 2 * sums + padded);
     if (scale == NULL) return -1;
     float *xsum = scale + sums;
     int8_t *xq = (int8_t *)(xsum + sums);
     quantize_rows(x, rows, k, 32, xq, scale, xsum, threads);
-    const int per = rows_per_pass(rows, CHUNK);
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int nb = 0; nb < blocks; nb++) { /* a constant form per branch: each is its own specialized code */
-        if (form == FORM_K)
-            output_block(xq, scale, xsum, codes, dm, FORM_K, y, rows, per, k, n, nb);
-        else if (form == FORM_F32)
-            output_block(xq, scale, xsum, codes, dm, FORM_F32, y, rows, per, k, n, nb);
-        else
-            output_block(xq, scale, xsum, codes, dm, FORM_F16, y, rows, per, k, n, nb);
+    memset(xq + (size_t)rows * k, 0, padded - (size_t)rows * k);
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        uint8_t *unpacked = amx ? aligned_alloc(64, (size_t)groups * 512) : NULL; /* this thread's block on the tiles */
+        failed = amx && unpacked == NULL;
+        if (unpacked != NULL) amx_begin(32);
+#pragma omp for schedule(static)
+        for (int nb = 0; nb < blocks; nb++) { /* a constant form per branch: each is its own specialized code */
+            if (failed) continue;
+            if (form == FORM_K)
+                output_block(xq, scale, xsum, codes, dm, FORM_K, y, rows, unpacked, k, n, nb);
+            else if (form == FORM_F32)
+                output_block(xq, scale, xsum, codes, dm, FORM_F32, y, rows, unpacked, k, n, nb);
+            else
+                output_block(xq, scale, xsum, codes, dm, FORM_F16, y, rows, unpacked, k, n, nb);
+        }
+        if (unpacked != NULL) amx_end();
+        free(unpacked);
     }
     free(scale);
-    return 0;
+    return failed ? -1 : 0;
 }
 
 /* x [M, K] bf16, y [M, N] bf16, both contiguous; K % 32 == 0, N % 16 == 0. Returns 0, or -1 when out of memory. */

@@ -17,6 +17,8 @@
  *               shared by every row of the pass.
  *   avx2        vpmaddubsw on |q| and x̂ with q's sign (pairs at most 2·128·127 < 32768), vpmaddwd by ones into
  *               int32, summed over the group.
+ *   amx         an avx512bf16 build's calls of many rows where the CPU has AMX-INT8 (amx.h): Σ q·x̂ of up to 16
+ *               rows from one tdpbssd a group, the codes as they are stored as tile B; the same bits.
  *
  * Layouts (runtime/q4_kernel.py pack_q8, pack_q8k): a lane's four consecutive codes are one int32 lane of the dot
  * product instructions.
@@ -31,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx.h"    /* LOCALSPEC_AMX, amx_tiles, amx_for */
 #include "limits.h" /* LOCALSPEC_AVX512BF16 / LOCALSPEC_AVX2 */
 #include "scalar.h" /* rows_per_pass, quantize_rows */
 
@@ -45,6 +48,22 @@ static inline size_t q8_scale_bytes(int form, int groups) {
 }
 
 #if defined(LOCALSPEC_AVX512BF16)
+
+/* Group g's d and m (q8, q6k: m = 0) of a block's 16 outputs, in the scales' form. */
+static inline __attribute__((always_inline)) void q8_scales(const void *scales, int form, int g, __m512 *d,
+                                                            __m512 *m) {
+    *m = _mm512_setzero_ps();
+    if (form == FORM_Q6K) {
+        const uint8_t *p = (const uint8_t *)scales + (size_t)(g / 16) * Q6K_BYTES;
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + (g % 16) * 16))));
+        *d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)), sc);
+    } else if (form == FORM_Q8K) {
+        *d = _mm512_loadu_ps((const float *)scales + (size_t)g * 32);
+        *m = _mm512_loadu_ps((const float *)scales + (size_t)g * 32 + 16);
+    } else {
+        *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)scales + (size_t)g * 16)));
+    }
+}
 
 /* form: the scales' (FORM_*); groups of 32 for q8, 16 for q8k and q6k. */
 static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *codes, const void *scales, int form,
@@ -62,17 +81,8 @@ static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *co
             total = _mm512_dpbusd_epi32(total, ones, w[t]);
         }
         const __m512i offset = _mm512_slli_epi32(total, 7); /* 128·Σ q */
-        __m512 d, m = _mm512_setzero_ps();
-        if (form == FORM_Q6K) {
-            const uint8_t *p = (const uint8_t *)scales + (size_t)(g / 16) * Q6K_BYTES;
-            const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + (g % 16) * 16))));
-            d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)), sc);
-        } else if (form == FORM_Q8K) {
-            d = _mm512_loadu_ps((const float *)scales + (size_t)g * 32);
-            m = _mm512_loadu_ps((const float *)scales + (size_t)g * 32 + 16);
-        } else {
-            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)scales + (size_t)g * 16)));
-        }
+        __m512 d, m;
+        q8_scales(scales, form, g, &d, &m);
         for (int r = 0; r < rows; r++) {
             const int32_t *xr = (const int32_t *)(xq + (size_t)r * k + g * quads * 4);
             __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
@@ -88,6 +98,35 @@ static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *co
     }
     for (int r = 0; r < rows; r++) _mm512_storeu_ps(y + (size_t)r * n + n0, acc[r]);
 }
+
+#if defined(LOCALSPEC_AMX)
+/* q8_block_rows' arithmetic with the int32 sums from the tiles (amx_begin's): `rows` ≤ AMX_CHUNK of a pass. */
+static inline __attribute__((always_inline)) void q8_block_rows_amx(const int8_t *codes, const void *scales,
+                                                                    int form, const int8_t *xq, const float *scale,
+                                                                    const float *xsum, int k, int groups, int rows,
+                                                                    float *y, int n, int n0) {
+    const int len = form == FORM_Q8 ? 32 : 16;
+    __m512 acc[AMX_CHUNK];
+    int32_t dots[AMX_CHUNK][16] __attribute__((aligned(64)));
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        _tile_loadd(2, codes + (size_t)g * len * 16, 64);
+        _tile_loadd(1, xq + (size_t)g * len, k);
+        _tile_zero(0);
+        _tile_dpbssd(0, 1, 2);
+        _tile_stored(0, dots, 64);
+        __m512 d, m;
+        q8_scales(scales, form, g, &d, &m);
+        for (int r = 0; r < rows; r++) {
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)dots[r]));
+            const size_t at = (size_t)r * groups + g;
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(scale[at])), dot, acc[r]);
+            if (form != FORM_Q8) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[at]), acc[r]);
+        }
+    }
+    for (int r = 0; r < rows; r++) _mm512_storeu_ps(y + (size_t)r * n + n0, acc[r]);
+}
+#endif
 
 #elif defined(LOCALSPEC_AVX2)
 
@@ -139,14 +178,36 @@ static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *co
 
 #if defined(LOCALSPEC_AVX512BF16) || defined(LOCALSPEC_AVX2)
 
+/* The rows of a call through output block nb: on the tiles (amx) passes of AMX_CHUNK rows while at least
+ * localspec_amx_min_rows are left, the rest on the dot products, up to Q8_CHUNK rows a pass. */
 static inline __attribute__((always_inline)) void q8_output_block(const int8_t *xq, const float *scale,
                                                                   const float *xsum, const int8_t *codes,
                                                                   const void *scales, int form, float *y, int rows,
-                                                                  int per, int k, int n, int nb) {
+                                                                  int amx, int k, int n, int nb) {
     const int len = form == FORM_Q8 ? 32 : 16, groups = k / len;
     const int8_t *c = codes + (size_t)nb * groups * len * 16;
     const void *p = (const char *)scales + (size_t)nb * q8_scale_bytes(form, groups);
-    for (int r0 = 0; r0 < rows; r0 += per) {
+    int r0 = 0;
+#if defined(LOCALSPEC_AMX)
+    if (amx) {
+        for (int count; (count = rows - r0 < AMX_CHUNK ? rows - r0 : AMX_CHUNK) >= localspec_amx_min_rows; r0 += count) {
+            const int8_t *xr = xq + (size_t)r0 * k;
+            const float *sr = scale + (size_t)r0 * groups, *xs = xsum + (size_t)r0 * groups;
+            float *yr = y + (size_t)r0 * n;
+            switch (count) {
+#define ROWS(R) \
+    case R: q8_block_rows_amx(c, p, form, xr, sr, xs, k, groups, R, yr, n, nb * 16); break;
+                ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
+                ROWS(13) ROWS(14) ROWS(15) ROWS(16)
+#undef ROWS
+            }
+        }
+    }
+#else
+    (void)amx;
+#endif
+    const int per = rows_per_pass(rows - r0, Q8_CHUNK);
+    for (; r0 < rows; r0 += per) {
         const int count = rows - r0 < per ? rows - r0 : per;
         const int8_t *xr = xq + (size_t)r0 * k;
         const float *sr = scale + (size_t)r0 * groups, *xs = xsum + (size_t)r0 * groups;
@@ -163,21 +224,27 @@ static inline __attribute__((always_inline)) void q8_output_block(const int8_t *
 static int q8_run(const uint16_t *x, const int8_t *codes, const void *scales, int form, float *y, int rows, int k,
                   int n, int threads) {
     const int len = form == FORM_Q8 ? 32 : 16, blocks = n / 16;
-    const size_t sums = (size_t)rows * (k / len);
-    float *scale = malloc(sizeof(float) * 2 * sums + (size_t)rows * k); /* s, then Σ x, then x̂ */
+    const int amx = amx_for(rows); /* 0 wherever the build or the CPU has no tiles */
+    const size_t sums = (size_t)rows * (k / len), padded = (size_t)amx_padded(rows, amx) * k;
+    float *scale = malloc(sizeof(float) * 2 * sums + padded); /* s, then Σ x, then x̂ (zero rows to whole passes) */
     if (scale == NULL) return -1;
     float *xsum = scale + sums;
     int8_t *xq = (int8_t *)(xsum + sums);
     quantize_rows(x, rows, k, len, xq, scale, xsum, threads);
-    const int per = rows_per_pass(rows, Q8_CHUNK);
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int nb = 0; nb < blocks; nb++) { /* a constant form per branch: each is its own specialized code */
-        if (form == FORM_Q6K)
-            q8_output_block(xq, scale, xsum, codes, scales, FORM_Q6K, y, rows, per, k, n, nb);
-        else if (form == FORM_Q8K)
-            q8_output_block(xq, scale, xsum, codes, scales, FORM_Q8K, y, rows, per, k, n, nb);
-        else
-            q8_output_block(xq, scale, xsum, codes, scales, FORM_Q8, y, rows, per, k, n, nb);
+    memset(xq + (size_t)rows * k, 0, padded - (size_t)rows * k);
+#pragma omp parallel num_threads(threads)
+    {
+        if (amx) amx_begin(len);
+#pragma omp for schedule(static)
+        for (int nb = 0; nb < blocks; nb++) { /* a constant form per branch: each is its own specialized code */
+            if (form == FORM_Q6K)
+                q8_output_block(xq, scale, xsum, codes, scales, FORM_Q6K, y, rows, amx, k, n, nb);
+            else if (form == FORM_Q8K)
+                q8_output_block(xq, scale, xsum, codes, scales, FORM_Q8K, y, rows, amx, k, n, nb);
+            else
+                q8_output_block(xq, scale, xsum, codes, scales, FORM_Q8, y, rows, amx, k, n, nb);
+        }
+        if (amx) amx_end();
     }
     free(scale);
     return 0;
