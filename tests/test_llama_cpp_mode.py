@@ -410,6 +410,13 @@ def test_the_report_puts_llama_bench_beside_every_mode():
     text = to_markdown(data)
     assert "pp512 320.0 ± 3.0 t/s, tg128 125.0 ± 1.0 t/s" in text
     assert "| ik_llama.cpp | ik12345 | 640.0 | 150.0 | 2.00× | 1.20× |" in text
+    # reading the prompt: llama.cpp's 10 prompt tokens in 50 ms, its first token one 10 ms decode step later
+    assert summary["rows"]["llama.cpp"]["all"]["prefill"] == pytest.approx(
+        {"prefill_tokens_per_s": 200.0, "mean_ttft_s": 0.06}
+    )
+    assert "prefill" not in summary["rows"]["none"]["all"]  # no engine stats in this stand-in run: nothing claimed
+    assert "| llama.cpp | 200.0 | 0.060 |" in text
+    assert "llama-bench pp512 on the same file (t/s): llama.cpp 320.0, ik_llama.cpp 640.0." in text
     assert "| llama.cpp | abc1234 | 320.0 | 125.0 | 1.00× | 1.00× |" in text
     assert "| llama.cpp-lookup | 1.00× | 1.00× | 200.0 | 100.0 | 0.80× | 25% |" in text
     assert check["shortest"] == "chat" and check["shortest_prompt_tokens"] == pytest.approx(10.0)
@@ -441,3 +448,14 @@ def test_a_tree_without_its_build_info_script_gets_one_that_fills_the_template(t
         pytest.skip("no cmake here to run the script")
     subprocess.run(["cmake", "-P", str(script)], check=True, capture_output=True)
     assert (common / "build-info.cpp").read_text() == 'int N = 0;\nchar const *C = "ik-llama-cpp-python-0.1.5";\n'
+
+
+def test_our_prefill_rate_and_time_to_first_token_come_from_the_engines_stats():
+    from localspec.bench.prefill_report import prefill_figures
+
+    def answer(prefill_s, first_token_s):
+        return RunResult([1], 1.0, 1.0, stats=types.SimpleNamespace(prefill_s=prefill_s, first_token_s=first_token_s))
+
+    figures = prefill_figures([answer(0.5, 0.6), answer(1.5, 1.8)], [300, 700])
+    assert figures == pytest.approx({"prefill_tokens_per_s": 500.0, "mean_ttft_s": 1.2})
+    assert prefill_figures([RunResult([1], 1.0, 1.0)], [5]) is None  # transformers' modes say nothing of it

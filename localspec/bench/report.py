@@ -12,6 +12,8 @@ from .llama_cpp import LLAMA_MODES
 from .llama_report import markdown as llama_markdown
 from .llama_report import own_timings, peers_markdown, versus_llama_bench
 from .modes import HF_MODES, SWEPT, TREE_MODES, Mode
+from .prefill_report import markdown as prefill_markdown
+from .prefill_report import prefill_figures
 from .runner import BenchRun
 
 ALL = "all"
@@ -89,6 +91,9 @@ def summarize(run: BenchRun) -> dict:
                 if steps:
                     row["mean_k"] = sum(steps) / len(steps)
                     row["plain_step_share"] = sum(k == 0 for k in steps) / len(steps)
+            prefill = prefill_figures(results, [len(r.prompt_ids) for r in records])
+            if prefill is not None:
+                row["prefill"] = prefill
             own = own_timings([x.peer_timings for x in results if x.peer_timings])
             if own is not None:  # a llama.cpp mode: llama.cpp's own timings, and its drafts' acceptance
                 row["llama_timings"] = own
@@ -403,6 +408,7 @@ def to_markdown(data: dict) -> str:
             lines.append("")
     lines += llama_markdown(data)
     lines += peers_markdown(data)
+    lines += prefill_markdown(data)
     if summary["targets"]:
         lines += [
             "## Targets",
