@@ -4,7 +4,9 @@ again (an estimator fed synthetic times, a simulated world, and the engine with 
 
 from __future__ import annotations
 
+import sys
 import time
+import types
 
 import torch
 
@@ -60,19 +62,25 @@ class Oracle(Proposer):
         return Draft(self.known[start : start + k], None)
 
 
-def test_the_engine_goes_plain_within_a_few_steps_while_verify_forwards_are_slowed(tiny_models):
+def test_the_engine_goes_plain_within_a_few_steps_while_verify_forwards_are_slowed(tiny_models, monkeypatch):
+    """The costs are on the step's clock, not the machine's: each forward reads 1 s longer than it ran, a slowed
+    verify 20 s more, so the tiny model's own milliseconds (however loaded the machine) decide nothing."""
     from localspec.config import SamplingParams, SpecConfig
     from localspec.engine.loop import Engine
+
+    step_module = sys.modules["localspec.engine.step"]  # the module (the package's `step` is its function)
 
     target, _ = tiny_models
     engine = Engine(target, stop_token_ids=set())
     prompt, sampling = [1, 72, 101, 108, 108, 111], SamplingParams(max_new_tokens=400)
     plain = [t.token_id for ev in engine.generate(prompt, sampling, SpecConfig(proposer="none")) for t in ev.tokens]
-    runner, extend, slow = engine.target, engine.target.extend, {"on": False}
+    runner, extend, slow, late = engine.target, engine.target.extend, {"on": False}, {"s": 0.0}
+    clock = types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + late["s"])  # the step's clock
+    monkeypatch.setattr(step_module, "synced_clock", lambda device: clock.perf_counter())
+    monkeypatch.setattr(step_module, "time", clock)
 
-    def slowed_extend(ids, *args, **kwargs):  # a verify forward (more than one row) takes 0.3 s longer
-        if slow["on"] and len(ids) > 1:
-            time.sleep(0.3)
+    def slowed_extend(ids, *args, **kwargs):  # every forward reads 1 s longer, a slowed verify 20 s more
+        late["s"] += 1.0 + (20.0 if slow["on"] and len(ids) > 1 else 0.0)
         return extend(ids, *args, **kwargs)
 
     runner.extend = slowed_extend

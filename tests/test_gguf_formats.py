@@ -6,8 +6,6 @@ take them: int8 per group with a scale); a damaged scale names its tensor."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -23,7 +21,6 @@ from localspec.runtime.q4_kernel import (
     quantized_activations,
     reference_and_bound,
 )
-from localspec.runtime.q8_head import Q8Head
 
 from .conftest import library_or_skip
 from .gguf_files import quantized
@@ -145,30 +142,6 @@ def test_q6_k_on_its_own_scales_gives_the_float32_scales_bits_from_fewer_bytes(l
     assert bits == {"q6k": 8.5625, "q8k": 12.0}
 
 
-def test_the_packed_layers_cache_gives_each_k_quant_layer_back_on_its_kernel(library, tmp_path):
-    from localspec.models import gguf_linear
-
-    layers = {}
-    for index, kind in enumerate(("Q4_K", "Q6_K", "Q5_1", "Q8_0")):
-        blocks, _ = _blocks(kind, 32, 256, seed=index)
-        layers[f"model.layers.{index}.mlp.up_proj"] = _block_linear(
-            kind, blocks, tensor_kernel(kind, "linear", library), library, kind
-        )
-    fields = q8k_fields(_blocks("Q6_K", 32, 256, seed=9)[0], "Q6_K")
-    head = Q8Head.from_q8k(fields.codes, fields.d, fields.m, library.q8k)  # a tied Q6_K embedding's head
-    cache = tmp_path / "layers.safetensors"
-    gguf_linear._write_cache(cache, gguf_linear.PackedLayers(layers, head), library)
-    read = gguf_linear._read_cache(cache, library)
-    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
-    for name, layer in layers.items():
-        assert read.linears[name].kernel is layer.kernel and read.linears[name].in_features == 256  # q4k, q6k, q8k, q8
-        assert torch.equal(read.linears[name](x), layer(x))
-    assert read.head.kernel is library.q8k and torch.equal(read.head(x), head(x))
-    with pytest.MonkeyPatch.context() as patch:  # another table (a type moved to another kernel): built again
-        patch.setitem(gguf_linear.KERNELS, "Q6_K", dataclasses.replace(gguf_linear.KERNELS["Q6_K"], roles=("linear",)))
-        assert gguf_linear._read_cache(cache, library) is None
-
-
 def test_a_q4_0_scale_whose_minimum_overflows_float16_stays_dense_with_the_reason(library):
     blocks, _ = _blocks("Q4_0", 16, 64)
     blocks[0, 0:2] = torch.tensor([60000.0], dtype=torch.float16).view(torch.uint8)  # 8·d = 480,000: no float16
@@ -257,6 +230,8 @@ def test_quant_auto_takes_kernel_types_by_itself_and_names_the_linears_without_o
     assert "MXFP4 stays dense" in chosen.reason and "blk.0.ffn_down.weight" in chosen.reason
     none = auto_quant(write_gguf(tmp_path / "n.gguf", layers=1, linear_type="MXFP4"))
     assert none.quant == "none" and "no kernel for MXFP4" in none.reason and "blk.0.attn_q.weight" in none.reason
+    other = auto_quant(write_gguf(tmp_path / "p.gguf", layers=1, linear_type="Q8_0", architecture="phi3"))
+    assert other.quant == "none" and "this file is 'phi3'" in other.reason  # built dequantized, by transformers
 
 
 # a file holding every new type: layer 0 as a Q4_K_M file stores it (attn_v and ffn_down one step up, in Q6_K), layer

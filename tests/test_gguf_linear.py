@@ -20,7 +20,6 @@ from localspec.models.gguf_linear import (
 )
 from localspec.models.loading import resolve_quant
 from localspec.runtime.plan import load_record
-from localspec.runtime.q8_head import Q8Head
 
 from .conftest import library_or_skip
 
@@ -170,31 +169,6 @@ def test_the_embedded_target_runs_its_q4_1_linears_as_int4_blocks():
 
         assert ModelRunner(loaded.target, compile="off")._lm_head is head
         assert head.out_features == loaded.target.config.vocab_size
-
-
-def test_the_packed_layers_cache_reads_back_what_was_written_and_a_broken_one_is_rebuilt(tmp_path, kernel):
-    from localspec.models import gguf_linear
-
-    layer = int4_from_q4_1(random_blocks(32, 64, seed=3)[0], _q4(kernel))
-    head = None
-    if kernel is not None:
-        codes = torch.randint(-128, 128, (48, 64), generator=torch.Generator().manual_seed(4)).to(torch.int8)
-        head = Q8Head.from_q8_0(codes, torch.rand(48, 2).half(), kernel.q8)
-    cache = tmp_path / "layers.safetensors"
-    gguf_linear._write_cache(cache, gguf_linear.PackedLayers({"model.layers.0.mlp.up_proj": layer}, head), kernel)
-    read = gguf_linear._read_cache(cache, kernel)
-    back = read.linears["model.layers.0.mlp.up_proj"]
-    if head is not None:
-        assert torch.equal(read.head.codes, head.codes) and torch.equal(read.head.scales, head.scales)
-        assert read.head.out_features == 48 and read.head.in_features == 64
-    assert (back.in_features, back.out_features, back.layout) == (64, 32, layer.layout)
-    assert torch.equal(back.packed, layer.packed) and torch.equal(back.scales_zeros, layer.scales_zeros)
-    x = torch.randn(3, 64).to(torch.bfloat16)
-    assert torch.equal(back(x), layer(x))
-    if kernel is not None:  # packed for the q4 kernel: torch's would misread it, so it is rebuilt
-        assert gguf_linear._read_cache(cache, None) is None
-    cache.write_bytes(b"not safetensors")
-    assert gguf_linear._read_cache(cache, kernel) is None
 
 
 def test_weight_bytes_count_int4_codes_and_scales_and_dense_weights(kernel):

@@ -95,7 +95,8 @@ def test_missing_gguf_package_says_how_to_install(tmp_path):
 
 @pytest.mark.slow
 def test_gguf_converts_once_then_loads_from_cache(tmp_path, monkeypatch):
-    """The first start dequantizes the packaged GGUF into a safetensors folder; the second reuses it."""
+    """The first start writes the packaged GGUF's config and tokenizer into a header folder (no weights: quant gguf
+    builds the model from the file itself); the second reuses it."""
     from pathlib import Path
 
     from localspec.models.loading import gguf_cache_folder, gguf_file
@@ -105,12 +106,14 @@ def test_gguf_converts_once_then_loads_from_cache(tmp_path, monkeypatch):
     pair = load_registry(Path(__file__).resolve().parents[1] / "models.yaml")[0]
     messages = []
     first = load_pair(pair, device="cpu", progress=messages.append)
-    assert any("converting" in m for m in messages)
+    assert any("tokenizer and config" in m for m in messages)
+    assert first.quant == "gguf"
     folder = gguf_cache_folder(gguf_file(pair.target.source))
-    assert (folder / "model.safetensors").exists() and (folder / "done").exists()
+    assert (folder / "header").exists() and (folder / "tokenizer.json").exists()
+    assert not list(folder.glob("*.safetensors")) and not (folder / "done").exists()
     messages.clear()
     second = load_pair(pair, device="cpu", progress=messages.append)
-    assert not any("converting" in m for m in messages)
+    assert not any("tokenizer and config" in m for m in messages)
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.inference_mode():
-        torch.testing.assert_close(first.target(ids).logits, second.target(ids).logits)
+        assert torch.equal(first.target(ids).logits, second.target(ids).logits)

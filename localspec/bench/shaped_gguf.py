@@ -18,13 +18,14 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Shape:
-    """A llama-architecture model's shape, as its config gives it."""
+    """A model's shape, as its config gives it, and its GGUF architecture (llama, qwen2 or qwen3)."""
 
     layers: int
     hidden: int
     heads: int
     kv_heads: int
     ffn: int
+    architecture: str = "llama"
 
 
 # real models' shapes (their config.json); the vocabulary is always the embedded tokenizer's 49,152 tokens
@@ -32,6 +33,7 @@ SHAPES = {
     "smollm2-1.7b": Shape(layers=24, hidden=2048, heads=32, kv_heads=32, ffn=8192),
     "llama-3.2-1b": Shape(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192),
     "smollm2-360m": Shape(layers=32, hidden=960, heads=15, kv_heads=5, ffn=2560),
+    "qwen2.5-1.5b": Shape(layers=28, hidden=1536, heads=12, kv_heads=2, ffn=8960, architecture="qwen2"),
 }
 
 
@@ -39,7 +41,7 @@ def write_shaped(path: Path, shape: Shape, float_type: str = "F16", seed: int = 
     """A GGUF at `shape` with random float weights (F16 or F32), for llama.cpp's quantizer to turn into any type."""
     return write_gguf(
         path, layers=shape.layers, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads, ffn=shape.ffn,
-        linear_type=float_type, embedding_type=float_type, context=4096, seed=seed,
+        linear_type=float_type, embedding_type=float_type, context=4096, seed=seed, architecture=shape.architecture,
     )  # fmt: skip
 
 
@@ -99,13 +101,16 @@ def write_gguf(
     ffn: int | None = None,
     context: int = 512,
     embedding_type: str = "F32",
+    head_type: str | None = None,
+    random_norms: bool = False,
 ) -> Path:
     """A llama-shaped GGUF with random weights and SmolLM2's tokenizer (its first `vocab_size` tokens;
     `shuffle_tokens` swaps two of them, so its ids mean other tokens than the target's). The decoder linears are
     stored as `linear_type` (a gguf.GGMLQuantizationType name, quantized by gguf.quants, or random blocks of a
     K-quant: `hidden` a multiple of 256 then), `tensor_types` overriding it per tensor name; the token embedding (the
-    tied LM head: no output.weight) as `embedding_type`, any of those names too; norms F32. `ffn`: 2 · hidden unless
-    given."""
+    tied LM head where `head_type` is None) as `embedding_type`, an untied output.weight as `head_type`, any of those
+    names too; norms F32, ones unless `random_norms`. `ffn`: 2 · hidden unless given. `architecture` qwen2 adds F32
+    biases on q, k and v, qwen3 F32 q and k norms per head (llama.cpp's tensor names for both)."""
     import gguf
 
     tok = embedded_tokenizer()
@@ -126,6 +131,9 @@ def write_gguf(
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_dimension_count(hidden // heads)
+    if architecture == "qwen3":  # its head size is its own key (transformers' default is 128)
+        writer.add_key_length(hidden // heads)
+        writer.add_value_length(hidden // heads)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
@@ -143,8 +151,8 @@ def write_gguf(
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.05).astype(np.float32)
 
-    def linear(name: str, *shape: int) -> None:
-        values, kind = weight(*shape), (tensor_types or {}).get(name, linear_type)
+    def linear(name: str, *shape: int, kind: str | None = None) -> None:
+        values, kind = weight(*shape), kind or (tensor_types or {}).get(name, linear_type)
         if kind in ("F32", "F16"):
             writer.add_tensor(name, values.astype(np.float16) if kind == "F16" else values)
             return
@@ -156,15 +164,27 @@ def write_gguf(
     else:
         blocks = quantized(embedding, embedding_type, rng)
         writer.add_tensor("token_embd.weight", blocks, raw_dtype=gguf.GGMLQuantizationType[embedding_type])
-    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    if head_type is not None:
+        linear("output.weight", vocab, hidden, kind=head_type)
+
+    def norm() -> np.ndarray:
+        return (1 + weight(hidden)) if random_norms else np.ones(hidden, dtype=np.float32)
+
+    writer.add_tensor("output_norm.weight", norm())
     head_dim = hidden // heads
     for i in range(layers):
-        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", norm())
         linear(f"blk.{i}.attn_q.weight", heads * head_dim, hidden)
         linear(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden)
         linear(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden)
+        if architecture == "qwen2":  # biases on q, k and v
+            for name, rows in (("attn_q", heads), ("attn_k", kv_heads), ("attn_v", kv_heads)):
+                writer.add_tensor(f"blk.{i}.{name}.bias", weight(rows * head_dim))
+        if architecture == "qwen3":  # RMSNorm of each head's q and k
+            writer.add_tensor(f"blk.{i}.attn_q_norm.weight", 1 + weight(head_dim))
+            writer.add_tensor(f"blk.{i}.attn_k_norm.weight", 1 + weight(head_dim))
         linear(f"blk.{i}.attn_output.weight", hidden, heads * head_dim)
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", norm())
         linear(f"blk.{i}.ffn_gate.weight", ffn, hidden)
         linear(f"blk.{i}.ffn_up.weight", ffn, hidden)
         linear(f"blk.{i}.ffn_down.weight", hidden, ffn)

@@ -158,6 +158,11 @@ def cache_key(device: torch.device, source: str, folder: str, quant: str = "none
     path = Path(folder)
     if path.is_dir():
         weights = sum(f.stat().st_size for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
+    if not weights and source.endswith(".gguf"):  # a header folder (quant gguf): the weights are the file's
+        from .loading import gguf_path
+
+        file = gguf_path(source)
+        weights = file.stat().st_size if file is not None else 0
     threads = f"threads {torch.get_num_threads()}" if device.type == "cpu" else ""
     formats = "quant auto" if quant == "auto" else ""  # another candidate set: another decision
     kernel = ""

@@ -30,26 +30,23 @@ Elsewhere torch's `_weight_int4pack_mm_for_cpu` takes the Q4_0 / Q4_1 q4 layout 
 scale = d and zero = m + 8d, rounded to bfloat16 (its fast path wants bfloat16 scales and zeros: docs/kernels.md
 states what that changes), and the other layouts stay dense.
 
-Only the linears of a llama-architecture GGUF are swapped in, each checked against the dense weight the cached
-dequantized folder loaded, and, on the library, a Q8_0 or Q6_K token embedding that is also the tied LM head gets a
-Q8Head (on the q8 or q8k kernel) for the logits (runtime/q8_head.py; the embedding itself stays dense). The F32
-norms stay as the folder loaded them.
+gguf_model.py builds a model from the file with these; on the library, a Q8_0 or Q6_K token embedding that is also the
+tied LM head gets a Q8Head (on the q8, q8k or q6k kernel) for the logits (runtime/q8_head.py; the embedding itself is
+dense).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from localspec.config import ConfigError
-from localspec.runtime.int4_linear import ROW_MULTIPLE, Int4Linear, layout_tag
+from localspec.runtime.int4_linear import ROW_MULTIPLE, Int4Linear
 from localspec.runtime.library import KernelLibrary, LibraryLoad
-from localspec.runtime.plan import KERNEL_NAMES, KERNELS, Choice, LoadRecord, library_here, record_load, tensor_kernel
+from localspec.runtime.plan import KERNEL_NAMES, KERNELS, Choice, library_here, tensor_kernel
 from localspec.runtime.q4_kernel import GROUP, K_GROUP, Q4Matmul
 from localspec.runtime.q8_head import Q8Head, Q8Linear
 
@@ -68,7 +65,7 @@ __all__ = [
     "auto_quant",
     "library_here_now",
     "linear_types",
-    "swap_in_gguf_linears",
+    "q8_head",
 ]
 
 # (weights, bytes) of a block, per type
@@ -82,7 +79,6 @@ BLOCK_BYTES = {
     "Q5_K": (256, 176),
     "Q6_K": (256, 210),
 }
-HEAD = "lm_head"  # the packed-layer cache's name for the LM head's tensors (Q8_0 or Q6_K blocks)
 # GGUF tensor name within block i → the transformers llama module path within model.model.layers[i]
 LLAMA_LINEARS = {
     "attn_q": "self_attn.q_proj",
@@ -97,7 +93,7 @@ LLAMA_LINEARS = {
 
 @dataclass(frozen=True)
 class Q4Fields:
-    """A q4-layout tensor's blocks taken apart: codes [N, K] int32 in 0..15, d and m [N, K/32] float16 (Q4_K:
+    """A q4-layout tensor's blocks taken apart: codes [N, K] uint8 in 0..15, d and m [N, K/32] float16 (Q4_K:
     float32) (w = q·d + m)."""
 
     codes: torch.Tensor
@@ -171,18 +167,18 @@ def q4_fields(blocks: torch.Tensor, kind: str = "Q4_1") -> Q4Fields:
     if kind == "Q4_K":
         rows, supers = split.shape[:2]
         d, m = _k_scales(split)
-        codes = _q4_k_codes(split[..., 16:]).reshape(rows, supers * 256).to(torch.int32)
+        codes = _q4_k_codes(split[..., 16:]).reshape(rows, supers * 256)
         return Q4Fields(codes, d.reshape(rows, supers * 8), m.reshape(rows, supers * 8))
     rows, groups = split.shape[:2]
     d = _half(split, 0)
     m = _half(split, 2) if kind == "Q4_1" else (d.float() * -8.0).half()  # exact: a power of 2 times d
     codes = _nibbles(split[..., 4:] if kind == "Q4_1" else split[..., 2:])
-    return Q4Fields(codes.reshape(rows, groups * GROUP).to(torch.int32), d, m)
+    return Q4Fields(codes.reshape(rows, groups * GROUP), d, m)
 
 
 @dataclass(frozen=True)
 class Q4KFields:
-    """A Q4_K tensor's blocks as stored: codes [N, K] int32 in 0..15, d and dmin [N, K/256] float16, sc and mn
+    """A Q4_K tensor's blocks as stored: codes [N, K] uint8 in 0..15, d and dmin [N, K/256] float16, sc and mn
     [N, K/32] int32 in 0..63 (w = (d·sc)·q − dmin·mn)."""
 
     codes: torch.Tensor
@@ -197,7 +193,7 @@ def q4k_fields(blocks: torch.Tensor) -> Q4KFields:
     split = _split(blocks, "Q4_K")
     rows, supers = split.shape[:2]
     sc, mn = _k_small(split)
-    codes = _q4_k_codes(split[..., 16:]).reshape(rows, supers * 256).to(torch.int32)
+    codes = _q4_k_codes(split[..., 16:]).reshape(rows, supers * 256)
     return Q4KFields(codes, _half(split, 0), _half(split, 2), sc.reshape(rows, -1), mn.reshape(rows, -1))
 
 
@@ -244,10 +240,11 @@ def q8k_fields(blocks: torch.Tensor, kind: str) -> Q8KFields:
         d, m = _k_scales(split)  # [N, B, 8]
     elif kind == "Q6_K":
         low = split[..., 0:128].reshape(rows, count, 2, 1, 64)  # half h: weights 128h + 0..63 low, + 64..127 high
-        low = torch.cat([low & 0xF, low >> 4], dim=-2).reshape(rows, count, 256).to(torch.int64)
-        high = split[..., 128:192].reshape(rows, count, 2, 1, 32).to(torch.int64)  # 2 bits each, 4 per byte
-        high = ((high >> torch.tensor([0, 2, 4, 6])[:, None]) & 3).reshape(rows, count, 256)
-        codes = (low | high << 4) - 32
+        low = torch.cat([low & 0xF, low >> 4], dim=-2).reshape(rows, count, 256)
+        high = split[..., 128:192].reshape(rows, count, 2, 1, 32)  # 2 bits each, 4 per byte
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
+        high = ((high >> shifts) & 3).reshape(rows, count, 256)
+        codes = (low | high << 4).view(torch.int8) - 32  # in uint8 throughout: q < 64, so the view is exact
         d = _half(split, 208).float()[..., None] * split[..., 192:208].contiguous().view(torch.int8).float()
         return Q8KFields(
             codes.reshape(rows, -1).to(torch.int8), d.reshape(rows, -1), torch.zeros_like(d).reshape(rows, -1)
@@ -308,23 +305,18 @@ def unpermute_rows(blocks: torch.Tensor, heads: int) -> torch.Tensor:
     return blocks.reshape(heads, rows // heads // 2, 2, -1).transpose(1, 2).reshape(blocks.shape)
 
 
-def _gguf_tensors(path: Path) -> tuple[str, dict[str, tuple[str, torch.Tensor]]]:
-    """(architecture, {tensor name: (type name, raw data)}) of a GGUF file."""
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    field = reader.fields.get("general.architecture")
-    arch = bytes(field.parts[field.data[0]]).decode() if field is not None else "?"
-    return arch, {t.name: (t.tensor_type.name, torch.from_numpy(np.array(t.data))) for t in reader.tensors}
-
-
 def linear_types(path: Path) -> dict[str, tuple[str, ...]]:
     """{block type: the decoder linears' tensor names stored in it} of a GGUF file, from its header alone."""
-    from .discovery import _type_name
     from .gguf_header import read_header
 
+    return _linear_types(read_header(path, frozenset()))
+
+
+def _linear_types(header) -> dict[str, tuple[str, ...]]:
+    from .discovery import _type_name
+
     found: dict[str, list[str]] = {}
-    for tensor in read_header(path, frozenset()).tensors:
+    for tensor in header.tensors:
         parts = tensor.name.split(".")
         if len(parts) == 4 and parts[0] == "blk" and parts[2] in LLAMA_LINEARS and parts[3] == "weight":
             found.setdefault(_type_name(tensor.type_id), []).append(shown(tensor.name))
@@ -357,10 +349,17 @@ def auto_quant(path: Path) -> FileQuant:
     """`quant: auto` for a GGUF file on the CPU, from its header's linear types: gguf where the library's kernels
     run some of them (the kernels are the fast path: nothing to time), auto (timed) where only torch's int4 kernel
     would, none where no type has a kernel. Linears left dense are named, with why."""
+    from .gguf_header import read_header
+    from .gguf_model import ARCHITECTURES
+
     try:
-        types = linear_types(path)
+        header = read_header(path, frozenset())
     except (OSError, ValueError) as exc:  # the loader's own check says what is wrong with the file
         return FileQuant("none", f"its header does not read: {exc}")
+    architecture = header.fields.get("general.architecture")
+    if architecture not in ARCHITECTURES:
+        return FileQuant("none", f"quant gguf builds {', '.join(ARCHITECTURES)} models; this file is {architecture!r}")
+    types = _linear_types(header)
     if not any("linear" in getattr(KERNELS.get(kind), "roles", ()) for kind in types):  # no library to build
         choices = type_choices(types, None, "not loaded")
         return FileQuant("none", "; ".join(f"{kind}: {c.reason}" for kind, c in choices) or "no linears")
@@ -371,17 +370,6 @@ def auto_quant(path: Path) -> FileQuant:
     if fast:
         return FileQuant("gguf", f"its {', '.join(fast)} linears run on the kernels as stored{dense}")
     return FileQuant("auto", f"no kernels' library here ({load.reason}){dense}")
-
-
-@dataclass(frozen=True)
-class PackedLayers:
-    """What quant gguf swaps into a model: its block linears by module name, and the LM head on the file's Q8_0 or
-    Q6_K blocks (None: none)."""
-
-    linears: dict[str, nn.Module]  # Int4Linear (q4 layout) or Q8Linear (q8 layout)
-    head: Q8Head | None
-    choices: tuple[tuple[str, Choice], ...] = ()  # per tensor class (q_proj, …): the plan's kernel and why
-    types: tuple[tuple[str, Choice], ...] = ()  # per block type: its kernel and which tensors
 
 
 def _member(library: KernelLibrary | None, choice: Choice):
@@ -398,22 +386,23 @@ def _merged(choices: dict[str, Choice], name: str, choice: Choice) -> None:
         choices[name] = Choice(f"{seen.value}+{choice.value}", f"{seen.reason}; {choice.reason}")
 
 
-def _q8_head(model: nn.Module, tensors: dict, path: Path, library: KernelLibrary | None, why_not: str):
-    """(A Q8Head from the GGUF's token_embd where the plan's table gives its block type as a tied LM head (no
-    output.weight) a kernel of the library, or None; the choice). Checked first like the linears (the file's
-    dequantization, rounded to the model's dtype, must be the loaded embedding bitwise)."""
-    kind, raw = tensors.get("token_embd.weight", ("missing", None))
-    choice = tensor_kernel(kind, "lm_head", library, why_not)
+def q8_head(model: nn.Module, tensors, library: KernelLibrary | None, why_not: str) -> Q8Head | None:
+    """A Q8Head from the GGUF's token_embd where the plan's table gives its block type as a tied LM head (no
+    output.weight) a kernel of the library, or None. `tensors`: the file's (gguf_model.FileTensors)."""
+    if "token_embd.weight" not in tensors:
+        return None
+    choice = tensor_kernel(tensors.kind("token_embd.weight"), "lm_head", library, why_not)
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     kernel = _member(library, choice)
-    if kernel is None or raw is None or not tied or "output.weight" in tensors:
-        return None, choice
+    if kernel is None or not tied or "output.weight" in tensors:
+        return None
+    kind, raw = tensors.get("token_embd.weight")
     if choice.value == "q6k":
         fields = q6k_fields(raw)
         if fields.codes.shape[0] % ROW_MULTIPLE:
-            return None, Choice("dense", f"{fields.codes.shape[0]} outputs: not whole blocks of the q6k layout")
+            return None
         _finite("token_embd.weight", fields.d)
-        return _checked_head(model, raw, kind, path, Q8Head.from_q6k(fields, kernel)), choice
+        return Q8Head.from_q6k(fields, kernel)
     if choice.value == "q8":
         codes, d = q8_fields(raw, kind)
         scales, group, build = (d,), GROUP, Q8Head.from_q8_0
@@ -421,20 +410,9 @@ def _q8_head(model: nn.Module, tensors: dict, path: Path, library: KernelLibrary
         k_fields = q8k_fields(raw, kind)
         codes, scales, group, build = k_fields.codes, (k_fields.d, k_fields.m), K_GROUP, Q8Head.from_q8k
     if codes.shape[0] % ROW_MULTIPLE or codes.shape[1] % group:
-        return None, Choice(
-            "dense", f"{codes.shape[0]} × {codes.shape[1]}: not whole blocks of the {choice.value} layout"
-        )
+        return None
     _finite("token_embd.weight", *scales)
-    return _checked_head(model, raw, kind, path, build(codes, *scales, kernel)), choice
-
-
-def _checked_head(model: nn.Module, raw: torch.Tensor, kind: str, path: Path, head: Q8Head) -> Q8Head:
-    """`head`, once the file's dequantization of token_embd is the loaded embedding bitwise."""
-    dense = model.get_input_embeddings().weight.detach()
-    exact = dequantize(raw, kind)
-    if exact.shape != dense.shape or not torch.equal(exact.to(dense.dtype), dense):
-        raise ConfigError(f"{path.name}: token_embd does not match the loaded embedding; the GGUF's layout is unknown")
-    return head
+    return build(codes, *scales, kernel)
 
 
 def _finite(tensor: str, *scales: torch.Tensor) -> None:
@@ -470,160 +448,3 @@ def _block_linear(kind: str, blocks: torch.Tensor, choice: Choice, library: Kern
     if not bool(torch.isfinite(fields.m).all()):  # Q4_0 only: its d is finite
         return Choice("dense", f"{tensor}: a scale d past ±8188 makes m = −8·d overflow float16: the dense weight")
     return Int4Linear.from_q4_1(fields.codes, fields.d, fields.m, _member(library, choice))
-
-
-def _built_layers(model: nn.Module, path: Path, library: KernelLibrary | None, why_not: str) -> PackedLayers:
-    """The block linear (Int4Linear or Q8Linear) for each linear of `model` whose GGUF tensor's block type has a
-    kernel in the plan's table, each checked first: the file's exact dequantization, rounded to the model's dtype,
-    must equal the loaded weight bitwise (which catches a wrong name map or row order); and the Q8_0 LM head where it
-    applies (_q8_head). A scale that is not a finite number is a ConfigError naming the tensor."""
-    arch, tensors = _gguf_tensors(path)
-    if arch != "llama":
-        raise ConfigError(f"{path.name}: quant gguf runs llama-architecture GGUF files; this one is {arch!r}")
-    config = model.config
-    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
-    built, choices, types, names = {}, {}, {}, {}
-    for index, layer in enumerate(model.model.layers):
-        for short, module_path in LLAMA_LINEARS.items():
-            tensor = f"blk.{index}.{short}.weight"
-            kind, raw = tensors.get(tensor, ("missing", None))
-            choice = tensor_kernel(kind, "linear", library, why_not)
-            if choice.value != "dense" and raw is not None and raw.shape[0] % ROW_MULTIPLE:
-                choice = Choice("dense", f"{raw.shape[0]} outputs: not whole blocks of {ROW_MULTIPLE}")
-            if choice.value != "dense" and raw is not None:
-                blocks = unpermute_rows(raw, heads[short]) if short in heads else raw
-                made = _block_linear(kind, blocks, choice, library, tensor)
-                if isinstance(made, Choice):
-                    choice = made
-                else:
-                    dense = layer.get_submodule(module_path)
-                    exact = dequantize(blocks, kind).to(dense.weight.dtype)
-                    if exact.shape != dense.weight.shape or not torch.equal(exact, dense.weight.detach()):
-                        raise ConfigError(
-                            f"{path.name}: {tensor} does not match the loaded {module_path} weight; "
-                            "the GGUF's layout is not the one quant gguf knows"
-                        )
-                    built[f"model.layers.{index}.{module_path}"] = made
-            _merged(choices, module_path.rpartition(".")[2], choice)
-            _merged(types, kind, choice)
-            names.setdefault(kind, []).append(tensor)
-    head, head_choice = _q8_head(model, tensors, path, library, why_not)
-    by_type = tuple((kind, _named(choice, names[kind])) for kind, choice in sorted(types.items()))
-    return PackedLayers(built, head, tuple(choices.items()) + (("lm_head", head_choice),), by_type)
-
-
-def _q8_inputs(codes: torch.Tensor) -> int:
-    """K of int8 codes in the q8 / q8k layout [N/16, K/g, g/4, 16, 4]."""
-    blocks, groups, quads, lanes, size = codes.shape
-    return groups * quads * size
-
-
-def _q8_kernel(library: KernelLibrary, scales: torch.Tensor):
-    """The kernel a cached int8-code tensor was packed for: q8k's float32 d and m, q6k's bytes, or q8's float16 d."""
-    return {torch.float32: library.q8k, torch.uint8: library.q6k}.get(scales.dtype, library.q8)
-
-
-def _table_tag() -> str:
-    """The KERNELS table as the packed cache depends on it: which kernel runs each block type in which role."""
-    return json.dumps(sorted((row.block_type, row.kernel, list(row.roles)) for row in KERNELS.values()))
-
-
-def _choices_json(choices: tuple[tuple[str, Choice], ...]) -> str:
-    return json.dumps([[name, c.value, c.reason] for name, c in choices])
-
-
-def _choices_read(text: str | None) -> tuple[tuple[str, Choice], ...]:
-    return tuple((str(name), Choice(str(value), str(reason))) for name, value, reason in json.loads(text or "[]"))
-
-
-def _read_cache(cache: Path, library: KernelLibrary | None) -> PackedLayers | None:
-    """The packed layers a start before this one wrote (None: missing, unreadable, for the other kernel or an older
-    format): which module each is and the plan's choices come from its metadata."""
-    from safetensors import safe_open
-
-    kernel = library.q4 if library is not None else None  # q4f where the scales are float32, q4k bytes
-    try:
-        with safe_open(cache, "pt") as handle:
-            meta = handle.metadata() or {}
-            if meta.get("layout", "torch") != layout_tag(kernel) or meta.get("kernels") != _table_tag():
-                return None  # packed for the other kernel, or under another KERNELS table (what runs which type)
-            flat = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 (a safe_open handle)
-            choices, types = _choices_read(meta.get("choices")), _choices_read(meta["types"])
-    except Exception:  # missing, partial or unreadable: built again from the file
-        return None
-    head = None
-    if f"{HEAD}.codes" in flat and f"{HEAD}.scales" in flat and library is not None:
-        codes, scales = flat.pop(f"{HEAD}.codes"), flat.pop(f"{HEAD}.scales")
-        head = Q8Head(codes, scales, _q8_inputs(codes), _q8_kernel(library, scales))
-    built = {}
-    for name in {key.rpartition(".")[0] for key in flat}:
-        packed, scales_zeros = flat.get(f"{name}.packed"), flat.get(f"{name}.scales_zeros")
-        codes, scales = flat.get(f"{name}.codes"), flat.get(f"{name}.scales")
-        if codes is not None and scales is not None and library is not None:
-            built[name] = Q8Linear(codes, scales, _q8_inputs(codes), _q8_kernel(library, scales))
-        elif packed is None or scales_zeros is None:
-            return None
-        elif kernel is None:  # [N, K/2]
-            built[name] = Int4Linear(packed, scales_zeros, packed.shape[1] * 2, packed.shape[0])
-        else:  # [N/16, K/32, 4, 16, 4]: two codes a byte
-            blocks, groups, quads, lanes, size = packed.shape
-            q4 = {torch.float32: library.q4f, torch.uint8: library.q4k}.get(scales_zeros.dtype, kernel)
-            built[name] = Int4Linear(packed, scales_zeros, groups * quads * size * 2, blocks * lanes, q4)
-    return PackedLayers(built, head, choices, types)
-
-
-def _write_cache(cache: Path, layers: PackedLayers, library: KernelLibrary | None) -> None:
-    from safetensors.torch import save_file
-
-    flat = {}
-    for name, layer in layers.linears.items():
-        if isinstance(layer, Q8Linear):
-            flat[f"{name}.codes"], flat[f"{name}.scales"] = layer.codes, layer.scales
-        else:
-            flat[f"{name}.packed"], flat[f"{name}.scales_zeros"] = layer.packed, layer.scales_zeros
-    if layers.head is not None:
-        flat[f"{HEAD}.codes"], flat[f"{HEAD}.scales"] = layers.head.codes, layers.head.scales
-    meta = {
-        "layout": layout_tag(library.q4 if library is not None else None),
-        "choices": _choices_json(layers.choices),
-        "types": _choices_json(layers.types),
-        "kernels": _table_tag(),
-    }
-    tmp = cache.with_name(cache.name + ".tmp")
-    try:
-        save_file(flat, tmp, metadata=meta)
-        tmp.replace(cache)
-    except OSError:
-        pass  # a read-only data folder: the next start builds them again
-
-
-def swap_in_gguf_linears(
-    model: nn.Module, path: Path, cache: Path | None = None, load: LibraryLoad | None = None
-) -> int:
-    """Replace each linear of `model` (a transformers llama loaded in bf16 from the GGUF's dequantized folder) whose
-    GGUF tensor's block type has a kernel (runtime/plan.py KERNELS) with a block linear built from the file's
-    blocks, and record what was built for the model's forward plan (plan.record_load), with each block type's kernel;
-    returns how many were swapped. `cache`: a safetensors file holding the packed layers, written at the first start
-    and read at later ones (reading the GGUF's metadata alone takes seconds; a cache packed for the other kernel is
-    rewritten). `load`: the kernels' library (None, or one without a library: torch's kernel)."""
-    library = load.library if load is not None else None
-    why_not = load.reason if load is not None else "not offered"
-    layers = _read_cache(cache, library) if cache is not None and cache.exists() else None
-    modules = dict(model.named_modules())
-    if layers is not None and any(name not in modules for name in layers.linears):
-        layers = None  # another model's layers
-    if layers is not None and layers.head is not None and layers.head.out_features != model.config.vocab_size:
-        layers = None
-    if layers is None:
-        layers = _built_layers(model, path, library, why_not)
-        if cache is not None and layers.linears:
-            _write_cache(cache, layers, library)
-    if not layers.linears:
-        kinds = ", ".join(f"{kind} ({choice.value})" for kind, choice in layers.types) or "none"
-        raise ConfigError(f"{path.name}: no linear runs on a block kernel here; its linears' types: {kinds}")
-    for name, layer in layers.linears.items():
-        parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent), leaf, layer)
-    linears = tuple((name, choice) for name, choice in layers.choices if name != "lm_head")  # the head: the plan's
-    record_load(model, LoadRecord(library, linears, layers.head, layers.types))
-    return len(layers.linears)

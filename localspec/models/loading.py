@@ -26,8 +26,6 @@ from .untrusted import shown
 
 Progress = Callable[[str], None]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# quant gguf's packed layers: a file beside the dequantized folder (inside it, it would count as the folder's weights)
-BLOCKS_CACHE_SUFFIX = ".int4-q4_1.safetensors"  # the name from when it held Q4_1 layers only: older caches are rebuilt
 
 
 def _say(progress: Optional[Progress], message: str) -> None:
@@ -63,31 +61,75 @@ def gguf_cache_folder(path: Path) -> Path:
     return writable_folder(cache_dir() / "gguf", "The converted GGUF model") / f"{shown(path.stem)}-{key}"
 
 
-def materialise_gguf(path: Path, progress: Optional[Progress] = None) -> Path:
-    """Dequantize the GGUF once into a plain safetensors folder (transformers keeps GGUF weights packed otherwise)."""
-    folder = gguf_cache_folder(path)
-    if (folder / "done").exists():
-        return folder
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+HEADER_MARK, WEIGHTS_MARK = "header", "done"  # a header folder's mark; a whole dequantized folder's
 
-    _say(progress, f"First start: converting {shown(path.name)} to a cached safetensors folder (once)…")
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    packed = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    config = packed.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(packed.state_dict(), strict=False)
+
+def gguf_folder_ready(path: Path, weights: bool) -> bool:
+    """Whether the cached folder of GGUF file `path` holds what a load needs: its config and tokenizer (quant gguf
+    reads the weights from the file itself), or also its dequantized weights (weights=True: quant none)."""
+    folder = gguf_cache_folder(path)
+    return (folder / WEIGHTS_MARK).exists() or (not weights and (folder / HEADER_MARK).exists())
+
+
+def materialise_gguf(path: Path, progress: Optional[Progress] = None, weights: bool = True) -> Path:
+    """The GGUF's cached folder: its config and tokenizer, converted once from the header, and with weights=True its
+    whole model dequantized to float32 safetensors (what transformers loads for quant none; quant gguf builds the
+    model from the file instead: gguf_model.py)."""
+    folder = gguf_cache_folder(path)
+    if gguf_folder_ready(path, weights):
+        return folder
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
     tmp = folder.with_name(folder.name + ".tmp")
-    plain.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "done").write_text(shown(path), encoding="utf-8")
+    if weights:
+        _say(progress, f"First start: converting {shown(path.name)} to a cached safetensors folder (once)…")
+        packed = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        config = packed.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(packed.state_dict(), strict=False)
+        plain.save_pretrained(tmp)
+    else:
+        _say(progress, f"First start: reading {shown(path.name)}'s tokenizer and config (once)…")
+        config = _header_config(path)
+        config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp)
+    _header_tokenizer(path).save_pretrained(tmp)
+    (tmp / (WEIGHTS_MARK if weights else HEADER_MARK)).write_text(shown(path), encoding="utf-8")
     if folder.exists():
         import shutil
 
         shutil.rmtree(folder)
     tmp.rename(folder)
     return folder
+
+
+def _header_config(path: Path):
+    """The transformers config of a GGUF file, as AutoConfig.from_pretrained(gguf_file=…) makes it, from one read
+    of its header."""
+    from transformers import CONFIG_MAPPING
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    values = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+    config = CONFIG_MAPPING[values["model_type"]].from_dict(values)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return config
+
+
+def _header_tokenizer(path: Path):
+    """The tokenizer of a GGUF file, as AutoTokenizer.from_pretrained(gguf_file=…) makes it for a llama file,
+    without the second full read of the header AutoTokenizer makes to find the model type (tokenizers' own class
+    reads the file's tokenizer fields alone); other architectures go through AutoTokenizer."""
+    from transformers import AutoTokenizer
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    from .gguf_header import read_header
+
+    if read_header(path, frozenset()).fields.get("general.architecture") == "llama":
+        return TokenizersBackend.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
 GGUF_MAGIC = b"GGUF"
@@ -129,17 +171,18 @@ def check_gguf_loads(path: Path) -> None:
 
 
 def resolve_folder(spec: ModelSpec, what: str, progress: Optional[Progress] = None) -> str:
-    """A local folder, a GGUF file (converted once into a cached folder), or a hub id (which must already be in the
-    local cache when offline)."""
+    """A local folder, a GGUF file's cached folder (its config and tokenizer; for any quant but gguf its dequantized
+    weights too), or a hub id (which must already be in the local cache when offline)."""
     source = spec.source
+    weights = spec.quant != "gguf"
     try:
         gguf = gguf_path(source)
-        if gguf is not None and not (gguf_cache_folder(gguf) / "done").exists():
+        if gguf is not None and not gguf_folder_ready(gguf, weights):
             check_gguf_loads(gguf)
     except ConfigError as exc:
         raise ConfigError(f"{what}: {exc}") from None
     if gguf is not None:
-        return str(materialise_gguf(gguf, progress))
+        return str(materialise_gguf(gguf, progress, weights))
     if looks_like_path(source) or Path(source).exists():
         if not Path(source).exists():
             raise ConfigError(f"{what}: local model path {source} does not exist")
@@ -265,21 +308,20 @@ def load_causal_lm(
         f"({quant if quant != 'none' else str(dtype).replace('torch.', '')})…",
     )
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        if quant == "gguf":  # the model built from the file's own tensors, no dequantized copy
+            from .gguf_linear import library_here_now
+            from .gguf_model import build_from_file
+
+            model = build_from_file(gguf_path(spec.source), folder, dtype, library_here_now())
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except ConfigError:
         raise
     except Exception as exc:
         raise ConfigError(f"{what}: could not load {spec.source}: {type(exc).__name__}: {exc}") from None
     if "device_map" not in kwargs:
         model = model.to(device)
-    if quant == "gguf":
-        from .gguf_linear import library_here_now, swap_in_gguf_linears
-
-        path = gguf_path(spec.source)
-        folder = gguf_cache_folder(path)
-        cache = folder.with_name(folder.name + BLOCKS_CACHE_SUFFIX)
-        swap_in_gguf_linears(model, path, cache, library_here_now())
-    elif role == "target":  # its forward plan may run decode / verify attention there (runtime/plan.py)
+    if quant != "gguf" and role == "target":  # its forward plan may run decode / verify attention (runtime/plan.py)
         from localspec.runtime.plan import offer_library
 
         offer_library(model, _dense_types(spec.source))

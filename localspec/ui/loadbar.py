@@ -13,24 +13,26 @@ from typing import Optional
 from localspec.config import ModelSpec, PairSpec
 
 
-def _converts(spec: Optional[ModelSpec]) -> bool:
-    """True when loading spec will first convert a packaged GGUF (it is not in the cache yet)."""
+def _converts(spec: Optional[ModelSpec], weights: bool) -> bool:
+    """True when loading spec will first convert a packaged GGUF (its header folder, or with `weights` its whole
+    dequantized folder, is not in the cache yet). A target on the file's blocks (quant gguf / auto) needs the header
+    only; a draft loads dequantized."""
     from localspec.config import ConfigError
-    from localspec.models.loading import gguf_cache_folder, gguf_file
+    from localspec.models.loading import gguf_file, gguf_folder_ready
     from localspec.models.registry import GGUF_PREFIX
 
     if spec is None or not str(spec.source).startswith(GGUF_PREFIX):
         return False
     try:
-        return not (gguf_cache_folder(gguf_file(spec.source)) / "done").exists()
+        return not gguf_folder_ready(gguf_file(spec.source), weights or spec.quant not in ("gguf", "auto"))
     except (ConfigError, OSError):  # the load itself will say what is wrong
         return False
 
 
 def expected_stages(pair: PairSpec) -> int:
-    stages = 1 + _converts(pair.target)  # the target, and its conversion
+    stages = 1 + _converts(pair.target, weights=False)  # the target, and its conversion
     if pair.draft is not None:
-        stages += 1 + _converts(pair.draft)
+        stages += 1 + _converts(pair.draft, weights=True)
     return stages + 1  # "Ready."
 
 
