@@ -158,8 +158,8 @@ def test_the_header_folder_holds_what_autoconfig_and_autotokenizer_make_of_the_f
 @pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
 def test_a_tiny_qwen_file_loads_by_itself_and_greedy_speculation_is_plain_decoding(architecture, library, tmp_path):
-    """A qwen2 / qwen3 GGUF takes the kernels by itself (quant auto) through transformers' forward (the lean one is
-    llama's), and greedy n-gram speculation emits plain decoding's tokens."""
+    """A qwen2 / qwen3 GGUF takes the kernels by itself (quant auto), runs the lean forward (not the layer kernel:
+    llama's layer only), and greedy n-gram speculation emits plain decoding's tokens."""
     from localspec.config import SamplingParams, SpecConfig
     from localspec.engine.loop import Engine
     from localspec.models.loading import load_pair
@@ -174,6 +174,7 @@ def test_a_tiny_qwen_file_loads_by_itself_and_greedy_speculation_is_plain_decodi
     assert loaded.quant == "gguf" and loaded.target.config.model_type == architecture
     plan = plan_forward(loaded.target, exact=True)
     assert dict(plan.tensor_types)["Q8_0"].value == "q8"
+    assert plan.forward == "lean" and not plan.on_layer_kernel  # the layer kernel computes llama's layer only
     engine = Engine(loaded.target, exact=True)
     prompt = torch.randint(0, 49152, (30,), generator=torch.Generator().manual_seed(0)).tolist()
     sampling = SamplingParams(max_new_tokens=24)

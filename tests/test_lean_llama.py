@@ -4,6 +4,7 @@ fallback to transformers' forward where the lean one does not apply."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -65,6 +66,47 @@ def test_lean_prefill_chains_and_features_are_transformers_bitwise(tiny_by_dtype
     reference = theirs.extend(ids[start : start + 3], want_hidden=True, feature_layers=layers)
     assert mine.hidden.shape == reference.hidden.shape and torch.equal(mine.hidden, reference.hidden)
     assert ours.tokens == theirs.tokens
+
+
+@pytest.fixture(scope="module")
+def qwen_models():
+    """Random tiny Qwen2 (q/k/v biases) and Qwen3 (q and k norms per head) models, float32 and bfloat16."""
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    models = {}
+    for name, config in (
+        ("qwen2", Qwen2Config(num_key_value_heads=2, **shape)),
+        ("qwen3", Qwen3Config(num_key_value_heads=2, head_dim=16, **shape)),
+    ):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        with torch.no_grad():
+            for param in model.parameters():  # biases and norms away from their zeros and ones
+                param.add_(torch.randn_like(param) * 0.05)
+        models[name, "float32"] = model
+        models[name, "bfloat16"] = copy.deepcopy(model).to(torch.bfloat16)  # before any runner fuses its layers
+    return models
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lean_qwen_layers_are_transformers_bitwise(qwen_models, family, dtype):
+    """Qwen2's biases (the projections' own) and Qwen3's q and k norms (before RoPE) in the lean forward: prefill,
+    chains and trees bitwise transformers' in the fast setup."""
+    model = qwen_models[family, dtype]
+    assert lean_supported(model) and not plan_forward(model, forward="lean").on_layer_kernel
+    ours, theirs = _runners(model, FAST)
+    ids = _ids(40, model.config.vocab_size)
+    for runner in (ours, theirs):
+        runner.reset()
+    assert torch.equal(ours.extend(ids[:20]).logits, theirs.extend(ids[:20]).logits)
+    start = 20
+    for rows in (1, 3, 5):
+        assert torch.equal(
+            ours.extend(ids[start : start + rows]).logits, theirs.extend(ids[start : start + rows]).logits
+        )
+        start += rows
 
 
 def test_lean_fast_trees_are_transformers_bitwise(tiny_by_dtype):
@@ -173,7 +215,7 @@ def test_the_forward_falls_back_to_transformers_where_lean_does_not_apply(tiny_b
     monkeypatch.setenv("LOCALSPEC_FORWARD", "fastest")
     with pytest.raises(ConfigError, match="LOCALSPEC_FORWARD"):
         ModelRunner(model, compile="off")
-    monkeypatch.setattr(model.config, "attention_bias", True)
+    monkeypatch.setattr(model.config, "mlp_bias", True)
     assert not lean_supported(model)
     assert ModelRunner(model, compile="off", forward="lean").forward_kind == "transformers"
 

@@ -100,6 +100,7 @@ class LeanLayer(nn.Module):
         self.qkv = fused_qkv if fused_qkv is not None and _columns_unchanged(fused_qkv, qkv, probe) else None
         self.gate_up = fused_gu if fused_gu is not None and _columns_unchanged(fused_gu, gate_up, probe) else None
         self.q_proj, self.k_proj, self.v_proj = qkv
+        self.q_norm, self.k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)  # qwen3's, per head
         self.gate_proj, self.up_proj = gate_up
         self.splits = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
         self.intermediate = mlp.gate_proj.out_features
@@ -124,7 +125,10 @@ class LeanLayer(nn.Module):
             qk, v = qkv[..., : (heads + kv_heads) * dim], qkv[..., (heads + kv_heads) * dim :]
         else:
             qk, v = torch.cat([self.q_proj(h), self.k_proj(h)], dim=-1), self.v_proj(h)
-        qk = qk.reshape(1, rows, heads + kv_heads, dim).transpose(1, 2)  # [1, H + Hkv, T, D]
+        qk = qk.reshape(1, rows, heads + kv_heads, dim)  # [1, T, H + Hkv, D]
+        if self.q_norm is not None:  # qwen3: each head's q and k normalised before RoPE
+            qk = torch.cat([self.q_norm(qk[:, :, :heads]), self.k_norm(qk[:, :, heads:])], dim=2)
+        qk = qk.transpose(1, 2)  # [1, H + Hkv, T, D]
         qk = qk * cos + qk.roll(dim // 2, dims=-1) * sin  # RoPE on q and k at once
         q, k = qk[:, :heads], qk[:, heads:]  # [1, H, T, D], [1, Hkv, T, D]
         v = v.reshape(1, rows, kv_heads, dim).transpose(1, 2)  # [1, Hkv, T, D]

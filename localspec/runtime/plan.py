@@ -40,7 +40,11 @@ AttentionKind = Literal["sdpa", "eager", "kernel"]  # a forward's attention (ker
 CacheKind = Literal["static", "dynamic"]
 Setup = Literal["fast", "exact", "exact-kernels", "exact-attention"]  # the guarantee's setup ids
 SETUPS: tuple[Setup, ...] = ("fast", "exact", "exact-kernels", "exact-attention")
-LEAN_MODEL_TYPES = ("llama",)  # architectures whose decoder layer runtime/lean_llama.py computes exactly
+# architectures whose decoder layer runtime/lean_llama.py computes exactly (qwen2: llama's layer with q/k/v biases,
+# which the projection modules add; qwen3: with an RMSNorm of each head's q and k), and those the layer kernel
+# (kernels/layer.c) computes: llama's alone, no biases and no q/k norms
+LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+LAYER_KERNEL_MODEL_TYPES = ("llama",)
 
 
 # ---- the kernels, one row per GGUF block type -------------------------------------------------------------------
@@ -225,24 +229,26 @@ def row_invariant_layers(model: nn.Module) -> bool:
 
 
 def kernel_layout_layers(model: nn.Module) -> bool:
-    """Whether every decoder linear is on one of the block-type kernels (q4, q4f, q4k, q8, q8k, q6k): what the
-    layer kernel reads."""
+    """Whether the layer kernel can compute the model's decoder layers: a llama (no biases, no q/k norms) whose every
+    decoder linear is on one of the block-type kernels (q4, q4f, q4k, q8, q8k, q6k)."""
     from .layer_kernel import KINDS
 
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in LAYER_KERNEL_MODEL_TYPES or getattr(config, "attention_bias", False):
+        return False
     linears = _decoder_linears(model)
     return bool(linears) and all(getattr(getattr(m, "kernel", None), "KIND", None) in KINDS for m in linears)
 
 
 def lean_supported(model: nn.Module) -> bool:
-    """A transformers llama whose layers the lean forward computes exactly: plain RoPE, no biases, SiLU, full
-    attention."""
+    """A transformers llama, qwen2 or qwen3 whose layers the lean forward computes exactly: plain RoPE, no MLP
+    biases, SiLU, full attention (attention biases are the projection modules' own)."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "model_type", None) not in LEAN_MODEL_TYPES:
         return False
     rope = getattr(config, "rope_parameters", None) or {}
     return (
         rope.get("rope_type", "default") == "default"
-        and not getattr(config, "attention_bias", False)
         and not getattr(config, "mlp_bias", False)
         and getattr(config, "hidden_act", "silu") == "silu"
         and not getattr(config, "pretraining_tp", 1) > 1
@@ -417,10 +423,10 @@ def plan_forward(
     on_kernels = row_invariant and kernel_layout_layers(model)
 
     if not lean:
-        why = "asked for" if wanted != "lean" else "not a plain llama, or not on the preallocated cache"
+        why = "asked for" if wanted != "lean" else "not a plain llama / qwen2 / qwen3, or not on the preallocated cache"
         why_forward = f"transformers' forward ({why})"
     else:
-        why_forward = "the lean llama forward"
+        why_forward = f"the lean forward ({model.config.model_type})"
     if setup.attention_kernel and lean and fits:
         decode = Choice("kernel", f"attention kernel: {why_kernel}")
     elif setup.rows_as_plain and lean:
