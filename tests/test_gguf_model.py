@@ -158,15 +158,22 @@ def test_the_header_folder_holds_what_autoconfig_and_autotokenizer_make_of_the_f
 @pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
 def test_a_tiny_qwen_file_loads_by_itself_and_greedy_speculation_is_plain_decoding(architecture, library, tmp_path):
-    """A qwen2 / qwen3 GGUF takes the kernels by itself (quant auto), runs the lean forward (not the layer kernel:
-    llama's layer only), and greedy n-gram speculation emits plain decoding's tokens."""
+    """A qwen2 / qwen3 GGUF takes the kernels by itself (quant auto) and runs the lean forward with the layer kernel
+    (qwen2's biases after the block linears, qwen3's q and k norms before rotary): every verify row is plain decoding's
+    row bitwise, the C layer stays within its bound of the torch-op layer, and greedy n-gram speculation emits plain
+    decoding's tokens."""
     from localspec.config import SamplingParams, SpecConfig
     from localspec.engine.loop import Engine
     from localspec.models.loading import load_pair
     from localspec.models.registry import parse_pair
     from localspec.models.user_models import file_entry
     from localspec.proposers import NgramProposer
+    from localspec.runtime.layer_kernel import REFERENCE_REL
+    from localspec.runtime.model_runner import exact_setup_for
     from localspec.runtime.plan import plan_forward
+
+    from .test_gguf_formats import layer_kernel_gap
+    from .test_lean_llama import unequal_chain_rows
 
     shape = dict(hidden=256, heads=2, kv_heads=1)  # transformers reads no head size for qwen3: its default, 128
     path = write_gguf(tmp_path / f"{architecture}.gguf", architecture=architecture, linear_type="Q8_0", seed=5, **shape)
@@ -174,7 +181,11 @@ def test_a_tiny_qwen_file_loads_by_itself_and_greedy_speculation_is_plain_decodi
     assert loaded.quant == "gguf" and loaded.target.config.model_type == architecture
     plan = plan_forward(loaded.target, exact=True)
     assert dict(plan.tensor_types)["Q8_0"].value == "q8"
-    assert plan.forward == "lean" and not plan.on_layer_kernel  # the layer kernel computes llama's layer only
+    assert plan.forward == "lean" and plan.on_layer_kernel  # qwen2's biases, qwen3's head norms in the C layer
+    target = loaded.target
+    assert unequal_chain_rows(target, exact_setup_for(target)) == 0  # a verify row is the row plain decoding makes
+    gap, calls = layer_kernel_gap(target)  # the C layer against the torch-op lean layer on the same kernels
+    assert calls == target.config.num_hidden_layers and gap <= REFERENCE_REL, gap
     engine = Engine(loaded.target, exact=True)
     prompt = torch.randint(0, 49152, (30,), generator=torch.Generator().manual_seed(0)).tolist()
     sampling = SamplingParams(max_new_tokens=24)

@@ -1,7 +1,7 @@
-"""The layer kernel (kernels/layer.c): a whole llama decoder layer for the decode and verify rows of a forward in one
-C call, on the q4 matmul and the attention kernel of the same library. What it removes is the torch ops around
-those kernels: a 1-token forward of the embedded model ran ~90 small ops a layer (norms, rotary, cache copies,
-SiLU, residuals), about half its time (assets/bench/2026-12-04-zen4/README.md's profile).
+"""The layer kernel (kernels/layer.c): a whole llama (qwen2, qwen3) decoder layer for the decode and verify rows of a
+forward in one C call, on the q4 matmul and the attention kernel of the same library. What it removes is the torch
+ops around those kernels: a 1-token forward of the embedded model ran ~90 small ops a layer (norms, rotary, cache
+copies, SiLU, residuals), about half its time (assets/bench/2026-12-04-zen4/README.md's profile).
 
 Each row is computed by fixed-order steps or by the two row-invariant kernels, so a row of a (K+1)-row verify is
 bitwise the row decoded alone: plain decoding and verification both run it (the runner's exact setup, attention
@@ -17,11 +17,13 @@ Words: T = rows of this call, P = positions cached before it, H = hidden size, D
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from .biased_linear import BiasedLinear
 from .q4_kernel import GROUP, LANES, Q4Matmul, pack_q4
 
 CHECK_PREFIX, CHECK_ROWS = 13, 9  # the self-check's cached positions and verify rows
@@ -46,7 +48,11 @@ MAX_PARTS = 3  # kernels/layer.c's: q, k and v as three matmuls where their bloc
 class _LinearRef(ctypes.Structure):
     """kernels/layer.c's LinearRef, field for field."""
 
-    _fields_ = [("kind", ctypes.c_int), ("n", ctypes.c_int), ("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p)]
+    _fields_ = [
+        ("kind", ctypes.c_int),
+        ("n", ctypes.c_int),
+        *((name, ctypes.c_void_p) for name in ("codes", "scales", "bias")),
+    ]
 
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
@@ -65,21 +71,30 @@ class _Args(ctypes.Structure):
         ("kv_head", ctypes.c_long),
         ("visible", ctypes.c_void_p),
         *((name, ctypes.c_int) for name in ("rows", "prefix", "threads")),
+        *((name, ctypes.c_void_p) for name in ("q_norm", "k_norm")),
+        ("qk_eps", ctypes.c_float),
     ]
 
 
 @dataclass(frozen=True)
 class LinearPart:
-    """One linear as its kernel reads it: `kind` (KINDS), N outputs, the codes and scales in that kernel's layout."""
+    """One linear as its kernel reads it: `kind` (KINDS), N outputs, the codes and scales in that kernel's layout,
+    and its bias [N] bf16 (a BiasedLinear's) or None."""
 
     kind: str
     n: int
     codes: torch.Tensor
     scales: torch.Tensor
+    bias: torch.Tensor | None = None
 
     @classmethod
     def of(cls, module) -> LinearPart | None:
-        """An Int4Linear or Q8Linear on one of the kernels, or None."""
+        """An Int4Linear or Q8Linear on one of the kernels, or a BiasedLinear of one with a bf16 bias; else None."""
+        if isinstance(module, BiasedLinear):
+            part, bias = cls.of(module.linear), module.bias.detach()
+            if part is None or bias.dtype != torch.bfloat16 or bias.device.type != "cpu":
+                return None
+            return dataclasses.replace(part, bias=bias.contiguous())
         kind = getattr(getattr(module, "kernel", None), "KIND", None)
         if kind not in KINDS:
             return None
@@ -107,6 +122,9 @@ class LayerWeights:
     kv_heads: int
     dim: int
     intermediate: int
+    q_norm: torch.Tensor | None = None  # qwen3: [D] bf16, each head's q and k normalised before rotary
+    k_norm: torch.Tensor | None = None
+    qk_eps: float = 0.0
 
     @property
     def hidden(self) -> int:
@@ -137,10 +155,13 @@ class BoundLayer:
             for slot, part in zip(slots, parts):  # at most MAX_PARTS (layer_weights)
                 slot.kind, slot.n = KINDS.index(part.kind), part.n
                 slot.codes, slot.scales = part.codes.data_ptr(), part.scales.data_ptr()
+                slot.bias = part.bias.data_ptr() if part.bias is not None else None
             setattr(args, f"{name}_parts", len(parts))
         args.input_eps, args.post_eps, args.scaling = weights.input_eps, weights.post_eps, weights.scaling
         args.hidden, args.heads, args.kv_heads = weights.hidden, weights.heads, weights.kv_heads
         args.dim, args.intermediate = weights.dim, weights.intermediate
+        if weights.q_norm is not None:
+            args.q_norm, args.k_norm, args.qk_eps = weights.q_norm.data_ptr(), weights.k_norm.data_ptr(), weights.qk_eps
         self._args = args
         self._template = torch.empty((1, weights.kv_heads, 0, weights.dim), dtype=torch.bfloat16)  # the cache's rows
 
@@ -310,10 +331,16 @@ def layer_weights(layer, attn_heads: int, kv_heads: int, dim: int, scaling: floa
     if not all(projections):
         return None
     norms = (layer.input_norm.weight, layer.post_norm.weight)
-    if any(w.dtype != torch.bfloat16 or w.device.type != "cpu" for w in norms) or dim % LANES:
+    head_norms = (layer.q_norm, layer.k_norm) if layer.q_norm is not None else ()
+    if head_norms and head_norms[0].variance_epsilon != head_norms[1].variance_epsilon:
         return None
+    weights = (*norms, *(norm.weight for norm in head_norms))
+    if any(w.dtype != torch.bfloat16 or w.device.type != "cpu" for w in weights) or dim % LANES:
+        return None
+    q_norm, k_norm = (norm.weight.detach().contiguous() for norm in head_norms) if head_norms else (None, None)
     return LayerWeights(
         norms[0].detach().contiguous(), norms[1].detach().contiguous(), *projections,
         float(layer.input_norm.variance_epsilon), float(layer.post_norm.variance_epsilon), float(scaling),
         attn_heads, kv_heads, dim, layer.intermediate,
+        q_norm, k_norm, float(head_norms[0].variance_epsilon) if head_norms else 0.0,
     )  # fmt: skip

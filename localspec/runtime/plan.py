@@ -40,11 +40,10 @@ AttentionKind = Literal["sdpa", "eager", "kernel"]  # a forward's attention (ker
 CacheKind = Literal["static", "dynamic"]
 Setup = Literal["fast", "exact", "exact-kernels", "exact-attention"]  # the guarantee's setup ids
 SETUPS: tuple[Setup, ...] = ("fast", "exact", "exact-kernels", "exact-attention")
-# architectures whose decoder layer runtime/lean_llama.py computes exactly (qwen2: llama's layer with q/k/v biases,
-# which the projection modules add; qwen3: with an RMSNorm of each head's q and k), and those the layer kernel
-# (kernels/layer.c) computes: llama's alone, no biases and no q/k norms
+# architectures whose decoder layer runtime/lean_llama.py and the layer kernel (kernels/layer.c) compute exactly:
+# qwen2 is llama's layer with q/k/v biases (the projection modules', a block linear's in the kernel's LinearRef),
+# qwen3 with an RMSNorm of each head's q and k before RoPE
 LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-LAYER_KERNEL_MODEL_TYPES = ("llama",)
 
 
 # ---- the kernels, one row per GGUF block type -------------------------------------------------------------------
@@ -229,13 +228,10 @@ def row_invariant_layers(model: nn.Module) -> bool:
 
 
 def kernel_layout_layers(model: nn.Module) -> bool:
-    """Whether the layer kernel can compute the model's decoder layers: a llama (no biases, no q/k norms) whose every
-    decoder linear is on one of the block-type kernels (q4, q4f, q4k, q8, q8k, q6k)."""
+    """Whether every decoder linear is on one of the block-type kernels (q4, q4f, q4k, q8, q8k, q6k; a BiasedLinear's
+    inner one): what the layer kernel reads."""
     from .layer_kernel import KINDS
 
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) not in LAYER_KERNEL_MODEL_TYPES or getattr(config, "attention_bias", False):
-        return False
     linears = _decoder_linears(model)
     return bool(linears) and all(getattr(getattr(m, "kernel", None), "KIND", None) in KINDS for m in linears)
 

@@ -1,4 +1,4 @@
-/* One llama decoder layer for the decode and verify rows of a forward, in one call: the layer as lean_llama.py's
+/* One llama (or qwen2 / qwen3) decoder layer for the decode and verify rows of a forward, in one call: the layer as lean_llama.py's
  * LeanLayer computes it from torch ops, with the q4 matmul (q4_matmul.c) for its linears and the exact attention
  * (attention.c), so a forward of T rows costs 30 C calls instead of ~90 torch ops a layer. Each linear is in the
  * layout of its block type's kernel (a LinearRef: q4, q4f, q4k, q8, q8k or q6k); q, k, v and gate, up are one matmul where
@@ -7,7 +7,8 @@
  *
  * For each row t of the call, in this order (every step rounds to bfloat16 where the torch ops round):
  *   h    = w_in · bf16(x / sqrt(mean(x²) + eps))       the mean summed in dim order, in float32
- *   qkv  = h · W_qkvᵀ                                    q4_matmul, q, k and v side by side
+ *   qkv  = h · W_qkvᵀ (+ bias)                           q4_matmul, q, k and v side by side (qwen2: + each bias)
+ *   q, k = each head w_q / w_k · bf16(q / sqrt(mean(q²) + eps))   qwen3 only, as the norms above
  *   q, k = bf16(bf16(q·cos) + bf16(roll(q, D/2)·sin))    rotary (sin carries rotate_half's sign); k and v are
  *                                                        written to the cache at position prefix + t, in place
  *   a    = attention(q; the keys the row sees)           exact_attention_bf16: visible, or causal when NULL
@@ -52,6 +53,7 @@ typedef struct {
     int n;                /* outputs */
     const void *codes;    /* q4 / q4f: uint8 codes; q8 / q8k: int8 codes */
     const void *scales;   /* q4: d and m float16; q4f, q8k: float32; q8: d float16; q4k, q6k: the file's own */
+    const uint16_t *bias; /* [n] bf16 added to the rounded outputs (qwen2's q, k, v), or NULL */
 } LinearRef;
 
 /* Shared with runtime/layer_kernel.py (a ctypes Structure of the same fields, in this order). */
@@ -70,6 +72,9 @@ typedef struct {
     long kv_head;                /* elements between key-value heads in them: capacity · D */
     const uint8_t *visible;      /* [T, T]: the rows each row sees (a tree), or NULL: rows up to itself (a chain) */
     int rows, prefix, threads;
+    /* qwen3: each head's q and k RMS-normalised before rotary, weights [D] bf16 (NULL: none) */
+    const uint16_t *q_norm, *k_norm;
+    float qk_eps;
 } LayerArgs;
 
 static void rms_norm(const uint16_t *x, const uint16_t *weight, float eps, int hidden, uint16_t *out) {
@@ -98,20 +103,28 @@ static float silu(float g) {
     return g < 0.0f ? g * e / (1.0f + e) : g / (1.0f + e);
 }
 
-/* y [T, N] = x [T, K] · Wᵀ on the part's kernel; sums: [T, N] float32 scratch for the q8 kernels. */
+/* y [T, N] = x [T, K] · Wᵀ on the part's kernel, then + bias (each rounded to bf16, as BiasedLinear's two torch
+ * ops round); sums: [T, N] float32 scratch for the q8 kernels. */
 static int linear(const LinearRef *w, const uint16_t *x, uint16_t *y, float *sums, int rows, int k, int threads) {
-    int status;
+    int status, rounded = 0;
     switch (w->kind) {
-    case LINEAR_Q4: return q4_matmul(x, w->codes, w->scales, y, rows, k, w->n, threads);
-    case LINEAR_Q4F: return q4f_matmul(x, w->codes, w->scales, y, rows, k, w->n, threads);
-    case LINEAR_Q4K: return q4k_matmul(x, w->codes, w->scales, y, rows, k, w->n, threads);
-    case LINEAR_Q8: status = q8_matmul(x, w->codes, w->scales, sums, rows, k, w->n, threads); break;
-    case LINEAR_Q8K: status = q8k_matmul(x, w->codes, w->scales, sums, rows, k, w->n, threads); break;
-    case LINEAR_Q6K: status = q6k_matmul(x, w->codes, w->scales, sums, rows, k, w->n, threads); break;
+    case LINEAR_Q4: status = q4_matmul(x, w->codes, w->scales, y, rows, k, w->n, threads); break;
+    case LINEAR_Q4F: status = q4f_matmul(x, w->codes, w->scales, y, rows, k, w->n, threads); break;
+    case LINEAR_Q4K: status = q4k_matmul(x, w->codes, w->scales, y, rows, k, w->n, threads); break;
+    case LINEAR_Q8: status = q8_matmul(x, w->codes, w->scales, sums, rows, k, w->n, threads), rounded = 1; break;
+    case LINEAR_Q8K: status = q8k_matmul(x, w->codes, w->scales, sums, rows, k, w->n, threads), rounded = 1; break;
+    case LINEAR_Q6K: status = q6k_matmul(x, w->codes, w->scales, sums, rows, k, w->n, threads), rounded = 1; break;
     default: return -3;
     }
     if (status) return status;
-    for (size_t i = 0; i < (size_t)rows * w->n; i++) y[i] = float_to_bf16(sums[i]);
+    if (rounded)
+        for (size_t i = 0; i < (size_t)rows * w->n; i++) y[i] = float_to_bf16(sums[i]);
+    if (w->bias != NULL)
+        for (int t = 0; t < rows; t++)
+            for (int i = 0; i < w->n; i++) {
+                uint16_t *out = y + (size_t)t * w->n + i;
+                *out = float_to_bf16(bf16_to_float(*out) + bf16_to_float(w->bias[i]));
+            }
     return 0;
 }
 
@@ -159,6 +172,11 @@ int lean_layer(const LayerArgs *a) {
         uint16_t *row = qkv + (size_t)t * width;
         const uint16_t *cos = a->cos + (size_t)t * dim, *sin = a->sin + (size_t)t * dim;
         const size_t at = (size_t)(a->prefix + t) * dim;
+        if (a->q_norm != NULL)
+            for (int j = 0; j < a->heads + a->kv_heads; j++) { /* q heads, then k heads */
+                rms_norm(row + (size_t)j * dim, j < a->heads ? a->q_norm : a->k_norm, a->qk_eps, dim, turned);
+                memcpy(row + (size_t)j * dim, turned, sizeof(uint16_t) * dim);
+            }
         for (int j = 0; j < a->heads; j++) {
             rotate(row + (size_t)j * dim, cos, sin, dim, turned);
             memcpy(row + (size_t)j * dim, turned, sizeof(uint16_t) * dim);
