@@ -24,7 +24,7 @@ from localspec.models.stop_tokens import stop_token_ids
 from localspec.models.work_budget import BudgetSpent, WorkBudget
 from localspec.proposers import DraftModelProposer, NgramProposer
 from localspec.proposers.base import Proposer
-from localspec.proposers.grammar import GrammarForcedProposer
+from localspec.proposers.grammar import GrammarGuidedProposer
 from localspec.proposers.history import HistoryProposer, SuffixIndex
 from localspec.proposers.lookup_first import LookupFirstProposer
 from localspec.runtime.plan import ForwardPlan
@@ -157,11 +157,12 @@ class ChatSession:
         self, spec: SpecConfig, first_source: list[int] | tuple[int, ...] = (), constraint: Optional[Constraint] = None
     ) -> tuple[Optional[Proposer], tuple]:
         """(proposer, target processors) of one answer: with a constraint, its grammar's mask on the target and its
-        forced tokens drafted first, the entry's proposer drafting the free parts (the API and the bench alike)."""
+        forced tokens drafted around the entry's proposer's free parts (proposers/grammar.py), for the API and the
+        bench alike."""
         processors = (self.grammars.processor(constraint),) if constraint is not None else ()
         proposer = self.make_proposer(spec, first_source)
         if processors and proposer is not None:
-            proposer = LookupFirstProposer(GrammarForcedProposer(processors[0]), proposer)
+            proposer = GrammarGuidedProposer(processors[0], proposer, NgramProposer(1, spec.ngram_max))
         return proposer, processors
 
     def answer_spec(self, spec: SpecConfig) -> SpecConfig:

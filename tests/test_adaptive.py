@@ -363,6 +363,9 @@ def test_controllers_give_their_tuning_to_every_controller_and_the_verify_line()
         def part(self, context):
             return None
 
+        def certain(self, context):
+            return 0
+
     class Room:
         room, context = 8, []
 
@@ -379,3 +382,33 @@ def test_controllers_give_their_tuning_to_every_controller_and_the_verify_line()
     policy.plan(Room())
     assert policy.tree is not None and policy.tree.tuning is tuning and policy.chain.tuning is tuning
     assert policy.chain.costs.verify is retuned.verify and loaded.verify.tuning == Tuning()
+
+
+@pytest.mark.parametrize("adaptive, tree_nodes", [(False, 0), (False, 8), (True, 0), (True, 8)])
+def test_the_plan_drafts_every_certain_token_except_on_a_plain_step_that_measures(adaptive, tree_nodes):
+    from localspec.config import SpecConfig
+    from localspec.engine.plan import PLAIN, StepPlan
+    from localspec.engine.policy import Controllers, StepPolicy
+
+    class Forced:  # a proposer sure of its next `sure` drafts (a grammar's forced tokens)
+        name, supports_tree, sure = "grammar+ngram", True, 14
+
+        def part(self, context):
+            return None
+
+        def certain(self, context):
+            return self.sure
+
+    class Room:
+        room, context = 12, []
+
+    spec = SpecConfig(proposer="ngram", k=2, adaptive=adaptive, tree_nodes=tree_nodes)
+    policy = StepPolicy(Controllers(), spec, Forced(), 8, target_supports_tree=True)
+    assert policy.plan(Room()) == StepPlan.chain(12)  # 14 certain, past K and N; 12 within the token budget
+    Forced.sure = 1
+    assert policy.plan(Room()).size >= 1
+    if adaptive:  # a plain step taken to measure the plain step's cost stays plain
+        decider = policy.tree or policy.chain
+        decider.measuring_plain = True
+        policy._chosen = lambda run: PLAIN
+        assert policy.plan(Room()) == PLAIN

@@ -345,6 +345,20 @@ MARKDOWN_INJECTION = """Code: ```<script>alert('fence-inline')</script>```
 """
 
 
+def test_a_tool_call_in_an_answer_shows_as_a_card_with_coloured_tokens(browser, echo_app):
+    context, page = open_echo(browser, echo_app)
+    page.get_by_label("Full token colours").check()
+    send_and_wait(page, "Checking the weather." + TOOL_CALL, 0)
+    card = page.locator("#ls-transcript .ls-assistant .ls-tool-call")
+    card.wait_for(state="visible", timeout=5_000)
+    assert card.get_attribute("aria-label") == "tool call get_weather"
+    assert card.locator(".ls-tool-head").inner_text().strip() == "tool call get_weather"
+    assert card.locator("pre code").inner_text() == '{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}'
+    assert card.locator(".tok").count() >= 3  # the call's tokens keep their spans and cards
+    assert "tool_call>" not in page.locator("#ls-transcript .ls-assistant").inner_text()
+    context.close()
+
+
 def test_markdown_injection_stays_inert_in_the_browser(browser, echo_app):
     page = browser.new_page(viewport=VIEWPORT)
     dialogs: list[str] = []
@@ -378,6 +392,7 @@ def test_markdown_injection_stays_inert_in_the_browser(browser, echo_app):
 
 
 CODE = '\n\n```python\ndef twice(n=2):\n    return "x" * n  # every syntax colour, on each kind\n```\n'
+TOOL_CALL = '\n\n<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}</tool_call>\n'
 CONTRAST_JS = """() => {
     const rgb = (c) => c.match(/[\\d.]+/g).slice(0, 3).map(Number);
     const lum = (c) => { const [r, g, b] = rgb(c).map(v => { v /= 255;
@@ -410,7 +425,9 @@ def test_token_colours_stay_legible_in_both_themes(browser, echo_app, theme):
     wait_status(page, "ready")
     assert page.evaluate("document.body.classList.contains('dark')") == (theme == "dark")
     page.get_by_label("Full token colours").check()
-    send_and_wait(page, "Some **bold** text and `code`, then more words to cycle every kind of token." + CODE, 0)
+    send_and_wait(
+        page, "Some **bold** text and `code`, then more words to cycle every kind of token." + CODE + TOOL_CALL, 0
+    )
     ratios = page.evaluate(CONTRAST_JS)
     assert len([k for k in ratios if k.startswith("hl-")]) >= 8, ratios  # the syntax colours on the token kinds
     assert all(ratio >= 4.5 for ratio in ratios.values()), ratios  # WCAG AA for body text
@@ -573,7 +590,8 @@ def test_no_serious_accessibility_violations(browser, echo_store_app, width):
     if not AXE.exists():
         pytest.skip(f"axe-core is not installed at {AXE} (make setup-test installs it with npm)")
     context, page = open_echo(browser, echo_store_app, viewport={"width": width, "height": 844})
-    send_and_wait(page, "Some **bold** words and `code` to check, then a few more words." + CODE, 0)
+    send_and_wait(page, "Some **bold** words and `code` to check, then a few more words." + CODE + TOOL_CALL, 0)
+    page.locator("#ls-transcript .ls-assistant .ls-tool-call").wait_for(state="visible", timeout=5_000)
     page.locator("#ls-transcript .ls-assistant .tok").first.hover()
     page.locator("#ls-pop").wait_for(state="visible", timeout=5_000)
     found = axe_violations(page)

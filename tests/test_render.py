@@ -508,3 +508,48 @@ def test_stats_panel_says_why_speculation_is_paused_and_what_runs():
     assert "cuda:0 · bfloat16 · int8 · sampler triton" in text
     assert "paused" not in " ".join(parse(stats_html(StatsSnapshot(emitted=3), "n-gram", 4)).text)
     assert stats_html(StatsSnapshot.from_dict(stats.to_dict()), "n-gram", 4) == stats_html(stats, "n-gram", 4)
+
+
+def test_a_tool_call_renders_as_a_card_with_its_name_and_its_tokens_coloured():
+    from localspec.ui.markdown import answer_markdown_html
+
+    texts = [
+        "Let me check.\n",
+        "<tool_call>",
+        '{"name": "get_',
+        'weather", "arguments": ',
+        '{"city": "Paris"}}',
+        "</tool_call>",
+    ]
+    html = answer_markdown_html(records_of(texts))
+    parsed = tree(html)
+    card = [attrs for tag, attrs in parsed.tags if attrs.get("class") == "ls-tool-call"]
+    assert card == [{"class": "ls-tool-call", "role": "group", "aria-label": "tool call get_weather"}]
+    assert "<b>get_weather</b>" in html and "tool_call&gt;" not in html  # the markup is the card, not text
+    inside = [(text, kind) for text, kind, parents in parsed.spans if "pre" in parents]
+    assert "".join(text for text, _ in inside) == '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    by_kind: dict[str, str] = {}
+    for text, kind in inside:  # records_of's kinds by index: accepted, target, bonus, resampled, accepted, …
+        by_kind[kind] = by_kind.get(kind, "") + text
+    assert by_kind == {
+        "bonus": '{"name": "get_',
+        "resampled": 'weather", "arguments": ',
+        "accepted": '{"city": "Paris"}}',
+    }
+    before = [text for text, _, parents in parsed.spans if "p" in parents]
+    assert "".join(before).strip() == "Let me check."
+
+
+def test_a_tool_call_being_written_is_a_card_already_and_a_hostile_name_stays_text():
+    from localspec.ui.markdown import answer_markdown_html
+
+    streaming = answer_markdown_html(records_of(["<tool_call>", '{"name": "look', "up", '", "argu']))
+    assert 'aria-label="tool call lookup"' in streaming
+    hostile = answer_markdown_html(
+        records_of(['<tool_call>{"name": "<script>x</script>{a}", "arguments": {}}</tool_call>'])
+    )
+    assert "<script" not in hostile and "{a}" not in hostile and "&lt;script&gt;" in hostile
+    inline = answer_markdown_html(records_of(["say <tool_call> in a sentence"]))
+    assert "ls-tool-call" not in inline  # only a line that begins with the tag opens a call
+    trailing = answer_markdown_html(records_of(['<tool_call>{"name": "f", "arguments": {}}</tool_call> and more']))
+    assert "ls-tool-call" not in trailing and "and more" in trailing  # text after it on its line: all of it shown

@@ -34,3 +34,24 @@ def test_exponential_race_samples_the_distribution():
     noise = torch.empty(40000, 3).exponential_(generator=gen)
     counts = torch.bincount(sample_with_noise(probs.expand(40000, 3), noise), minlength=3).float() / 40000
     assert torch.allclose(counts, probs, atol=0.01)
+
+
+def test_argmax_last_and_all_finite_answer_as_torchs_own_checks():
+    from localspec.runtime.sampling import all_finite, argmax_last
+
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randint(-3, 4, (6, 1000), generator=generator).float()  # many ties: the first maximum wins
+    x[1, ::2] = float("-inf")
+    x[2, 10] = float("nan")  # a NaN counts as the maximum, as in torch
+    x[3] = float("-inf")
+    for rows in (x, x[0], x[:, ::3], x.double()):
+        assert torch.equal(argmax_last(rows), torch.argmax(rows, dim=-1))
+    assert argmax_last(x[0]).shape == torch.argmax(x[0], dim=-1).shape == ()
+    finite = torch.randn(4, 1000, generator=generator)
+    assert bool(all_finite(finite))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        spoiled = finite.clone()
+        spoiled[2, 7] = bad
+        assert not bool(all_finite(spoiled))
+    huge = torch.full((2, 1000), 3e38)  # finite, though its sum overflows
+    assert bool(all_finite(huge))

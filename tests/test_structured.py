@@ -93,13 +93,14 @@ def test_drafts_the_grammar_forbids_are_rejected(tiny_session, sampling):
     assert 0 < last.stats.accepted < last.stats.drafted  # '{"name": "' kept, the rest refused
 
 
-def test_the_tokens_the_grammar_forces_are_drafted_and_all_kept(tiny_session):
+@pytest.mark.parametrize("k", [4, 8])
+def test_the_tokens_the_grammar_forces_are_drafted_whole_past_k_and_all_kept(tiny_session, k):
     ids, _ = tiny_session.prompt_ids([{"role": "user", "content": "JSON please"}], 48)
     constraint = json_schema_constraint(SCHEMA, "response_format")
-    spec = tiny_session.default_spec(proposer="ngram", k=8, adaptive=False)
+    spec = tiny_session.default_spec(proposer="ngram", k=k, adaptive=False)
     first = next(iter(tiny_session.stream_ids(ids, GREEDY, spec, constraint=constraint)))
-    assert first.propose_token_num == first.accept_token_num == 8  # '{"name": "' is forced: 10 byte tokens
-    assert "".join(tok.text for tok in first.tokens) == '{"name": '  # 8 kept and the bonus
+    assert first.plan.size == first.propose_token_num == first.accept_token_num == 10  # '{"name": "': 10 byte tokens
+    assert "".join(tok.text for tok in first.tokens[:10]) == '{"name": "'  # all kept, then the bonus
 
 
 def test_unseeded_soft_drafts_keep_to_the_grammar(tiny_session):

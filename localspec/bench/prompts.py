@@ -1,5 +1,6 @@
 """Benchmark prompts: MT-Bench first turns and HumanEval function stubs (../shared/data), the JSON-schema task
-(data/json_schema.jsonl, shipped: `--prompts json-schema`), or the user's own files."""
+(data/json_schema.jsonl, shipped: `--prompts json-schema`; data/json_schema_held_out.jsonl: `--prompts
+json-schema-held-out`), or the user's own files."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from localspec.config import ConfigError, Environment
 
 MT_BENCH_FILE = "mt_bench_question.jsonl"
 HUMANEVAL_FILE = "HumanEval.jsonl.gz"
-BUILTIN_SETS = {"json-schema": Path(__file__).with_name("data") / "json_schema.jsonl"}  # a --prompts name → its file
+# a --prompts name → its file. json-schema's five prompts shaped the grammar-guided drafts (proposers/grammar.py):
+# they are its tuning set; json-schema-held-out's twelve were written before anything was measured on them
+BUILTIN_SETS = {
+    "json-schema": Path(__file__).with_name("data") / "json_schema.jsonl",
+    "json-schema-held-out": Path(__file__).with_name("data") / "json_schema_held_out.jsonl",
+}
 CODE_INSTRUCTION = "Complete this Python function. Reply with the whole function in one code block.\n\n"
 
 

@@ -48,7 +48,8 @@ def add_parser(sub) -> None:
         metavar="FILE",
         help="prompt files (.jsonl[.gz] with turns/prompt/text/messages and optionally a JSON schema per line, or "
         ".txt one per line), or json-schema (the shipped JSON-schema task: constrained answers, each checked "
-        "against its schema); default: MT-Bench first turns and HumanEval from ../shared/data",
+        "against its schema; json-schema-held-out: twelve more that tuned nothing); default: MT-Bench first "
+        "turns and HumanEval from ../shared/data",
     )
     parser.add_argument(
         "--held-out",

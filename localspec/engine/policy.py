@@ -83,7 +83,22 @@ class StepPolicy:
         self.tree: Optional[TreeSizeController] = None
 
     def plan(self, run: Run) -> StepPlan:
-        """This step's plan. Never drafts past the token budget (K+1 tokens may be emitted)."""
+        """This step's plan. Never drafts past the token budget (K+1 tokens may be emitted). Drafts the target is
+        certain to keep (Proposer.certain: a grammar's forced tokens) are always drafted, whatever the controller
+        chose (as a chain of them where it chose fewer), except on a plain step taken to measure the plain step's
+        cost."""
+        plan = self._chosen(run)
+        certain = min(self.proposer.certain(run.context), run.room) if self.proposer is not None else 0
+        if certain <= plan.size or self._measuring():
+            return plan
+        return StepPlan.chain(certain)  # they are a chain (a tree's sizes stop at tree_nodes)
+
+    def _measuring(self) -> bool:
+        decider = self.tree or self.chain
+        return decider is not None and decider.measuring_plain and self.spec.adaptive
+
+    def _chosen(self, run: Run) -> StepPlan:
+        """The controllers' plan (the configured one without SpecConfig.adaptive)."""
         if self.proposer is None:
             return PLAIN
         if self.trees and run.room >= 1:
@@ -123,7 +138,7 @@ class StepPolicy:
         self.chain.observe(plan.size, outcome.drafted, outcome.num_accepted, outcome.propose_s, outcome.verify_s)
         # the last step of a length-capped answer cannot draft: it predicts nothing; a plain step taken to measure
         # while speculating predicts what the speculating steps do
-        measuring = (self.tree or self.chain).measuring_plain and self.spec.adaptive
+        measuring = self._measuring()
         predicted = None
         if min(self.max_k, outcome.room) > 0:
             predicted = (self.tree or self.chain).best()[1] if measuring else self.chain.predicted(plan.size)

@@ -9,7 +9,7 @@ from typing import Optional, Union
 import torch
 
 from localspec.config import SamplingParams
-from localspec.runtime.sampling import chosen_and_top_logprobs
+from localspec.runtime.sampling import all_finite, chosen_and_top_logprobs
 from localspec.runtime.tree import TokenTree
 from localspec.verify import Verifier
 from localspec.verify.chain import verify_chain
@@ -42,7 +42,7 @@ def judge(
 ) -> Optional[Verdict]:
     """The verdict on the step's draft (chain or tree); None when the forward's logits held NaN / inf (a processor's
     -inf, a forbidden token, is not a fault: the forward's own logits are the ones checked)."""
-    finite = torch.isfinite(raw).all() if raw is not None and raw is not logits else None
+    finite = all_finite(raw) if raw is not None and raw is not logits else None
     if draft.tree is not None:
         return _tree_verdict(verify_tree_at(logits, draft.tree, sampling, start, finite), draft.tree, sampling)
     found = verify_chain(logits, draft.token_ids, draft.probs, sampling, start, rejection_sampler, finite)

@@ -55,17 +55,28 @@ class Proposer(Protocol):
 
     supports_tree: when True, propose_tree drafts a token tree (runtime/tree.py) that the target verifies in one
     forward (SpecConfig.tree_nodes > 0); the others draft chains only.
+
+    context_only: when True, a draft is a function of context_ids alone (a lookup: n-gram, history), so it may be
+    asked to continue a context that ends in drafts not yet verified (proposers/grammar.py does, after the tokens a
+    grammar forces); a proposer with state that on_verified keeps (a head, a draft model) drafts after the verified
+    answer only.
     """
 
     name: str
     wants_hidden: bool = False
     feature_layers: tuple[int, ...] = ()
     supports_tree: bool = False
+    context_only: bool = False
 
     def part(self, context_ids: list[int]) -> Optional[str]:
         """For a proposer made of parts (ngram+head): the part that drafts after context_ids, so adaptive K keeps one
         controller per part. None: a proposer of one part."""
         return None
+
+    def certain(self, context_ids: list[int]) -> int:
+        """How many of the drafts after context_ids the target is certain to keep (a grammar's forced tokens): the
+        step's plan drafts at least these (engine/policy.py). 0: none."""
+        return 0
 
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
         """A new answer starts. prompt_hidden: [len(prompt_ids) - 1, F] for the prefilled prompt, or None."""
@@ -85,3 +96,15 @@ class Proposer(Protocol):
 
         target_hidden: [num_accepted + 1, F], the features at the positions whose predictions were emitted.
         """
+
+
+def tree_of(
+    part: Proposer, context_ids: list[int], n_nodes: int, sampling: SamplingParams, noise: DraftNoise
+) -> Optional[TokenTree]:
+    """part's tree after context_ids; a part without trees gives its chain of n_nodes drafts as a one-branch tree
+    (the tree verifier treats every node as a one-hot draft). None: it drafts nothing here."""
+    if part.supports_tree:
+        tree = part.propose_tree(context_ids, n_nodes, sampling, noise)
+        return tree if tree is not None and tree.size else None
+    token_ids = part.propose(context_ids, n_nodes, sampling, noise).token_ids[:n_nodes]
+    return TokenTree.chain(token_ids) if token_ids else None

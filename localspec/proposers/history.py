@@ -27,7 +27,7 @@ from localspec.config import SamplingParams
 from localspec.runtime.tree import TREE_MAX_DEPTH, TokenTree
 
 from .base import Draft, DraftNoise, Proposer
-from .ngram import TREE_OCCURRENCES, longest_match, trie_from_continuations
+from .ngram import TREE_OCCURRENCES, ContextArray, longest_match, trie_from_continuations
 
 MAX_MATCH = 16  # longest suffix compared: a longer match picks the occurrence that continues the same text
 MIN_MATCH = 2  # the index keys on 2-token windows: a 1-token match across a whole history is a guess, not a lookup
@@ -102,6 +102,7 @@ class HistoryProposer(Proposer):
     name = "history"
     wants_hidden = False
     supports_tree = True
+    context_only = True
 
     def __init__(
         self, index: SuffixIndex, min_n: int = MIN_MATCH, max_n: int = MAX_MATCH, first_source: Sequence[int] = ()
@@ -112,18 +113,16 @@ class HistoryProposer(Proposer):
         self.first = SuffixIndex()
         if len(first_source) > MIN_MATCH:
             self.first.add("first", first_source)
-        self._context = np.zeros(0, dtype=np.int64)
+        self._context = ContextArray()
 
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
-        self._context = np.asarray(prompt_ids, dtype=np.int64)
+        self._context.reset(prompt_ids)
 
     def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:
-        self._context = np.concatenate([self._context, np.asarray(emitted_ids, dtype=np.int64)])
+        self._context.extend(emitted_ids)
 
     def _sync(self, context_ids: list[int]) -> np.ndarray:
-        if len(context_ids) != len(self._context):
-            self._context = np.asarray(context_ids, dtype=np.int64)
-        return self._context
+        return self._context.of(context_ids)
 
     def candidates(self, context_ids: list[int], depth: int) -> list[tuple[str, list[int]]]:
         """(source, continuation) for every occurrence of the longest suffix found in any source, best first."""

@@ -26,7 +26,7 @@ import torch
 from localspec.config import SamplingParams
 from localspec.runtime.tree import TokenTree
 
-from .base import Draft, DraftNoise, Proposer
+from .base import Draft, DraftNoise, Proposer, tree_of
 
 _PEEK = SamplingParams()  # the lookup is deterministic: peeking at it draws nothing
 _PEEK_NOISE = DraftNoise(torch.Generator())
@@ -73,22 +73,10 @@ class LookupFirstProposer(Proposer):
         """The lookup's tree when the lookup matches the context, else the model's; a part without trees gives its
         chain of n_nodes drafts as a one-branch tree. None: neither drafts here (the step runs plain)."""
         if self._lookup_matches(context_ids):
-            tree = self._tree_of(self.lookup, context_ids, n_nodes, sampling, noise)
+            tree = tree_of(self.lookup, context_ids, n_nodes, sampling, noise)
             if tree is not None:
                 return tree
-        return self._tree_of(self.model, context_ids, n_nodes, sampling, noise)
-
-    @staticmethod
-    def _tree_of(
-        part: Proposer, context_ids: list[int], n_nodes: int, sampling: SamplingParams, noise: DraftNoise
-    ) -> Optional[TokenTree]:
-        if part.supports_tree:
-            tree = part.propose_tree(context_ids, n_nodes, sampling, noise)
-            if tree is not None and tree.size:
-                return tree
-            return None
-        token_ids = part.propose(context_ids, n_nodes, sampling, noise).token_ids[:n_nodes]
-        return TokenTree.chain(token_ids) if token_ids else None
+        return tree_of(self.model, context_ids, n_nodes, sampling, noise)
 
     def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:
         self.lookup.on_verified(num_accepted, emitted_ids, target_hidden)

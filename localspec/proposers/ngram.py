@@ -83,32 +83,51 @@ def trie_from_continuations(continuations: list[tuple[list[int], float]], n_node
     return TokenTree([path[-1] for path in kept], [index[path[:-1]] if len(path) > 1 else -1 for path in kept])
 
 
+class ContextArray:
+    """A lookup's context as an int64 array: extended by the emitted tokens after each step, rebuilt when a propose
+    call asks about another list (a lookup continuing drafts not yet verified, proposers/grammar.py, passes its own
+    list, which the next call on the answer's context does not match)."""
+
+    def __init__(self) -> None:
+        self.array = np.zeros(0, dtype=np.int64)
+        self._of: Optional[list[int]] = None  # the list the array was last built from or checked against
+
+    def reset(self, ids: list[int]) -> None:
+        self.array, self._of = np.asarray(ids, dtype=np.int64), None
+
+    def of(self, ids: list[int]) -> np.ndarray:
+        if ids is not self._of or len(ids) != len(self.array):
+            self.array = np.asarray(ids, dtype=np.int64)
+        self._of = ids
+        return self.array
+
+    def extend(self, emitted_ids: list[int]) -> None:
+        self.array = np.concatenate([self.array, np.asarray(emitted_ids, dtype=np.int64)])
+
+
 class NgramProposer(Proposer):
     """Needs no weights. Its draft is one-hot: the rejection sampler treats p_draft(token) as 1."""
 
     name = "ngram"
     wants_hidden = False
     supports_tree = True
+    context_only = True
 
     def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
         self.min_n = min_n
         self.max_n = max_n
-        self._context = np.zeros(0, dtype=np.int64)
+        self._context = ContextArray()
 
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
-        self._context = np.asarray(prompt_ids, dtype=np.int64)
+        self._context.reset(prompt_ids)
 
     def propose(self, context_ids: list[int], k: int, sampling: SamplingParams, noise: DraftNoise) -> Draft:
-        if len(context_ids) != len(self._context):
-            self._context = np.asarray(context_ids, dtype=np.int64)
-        return Draft(token_ids=find_continuation(self._context, k, self.min_n, self.max_n))
+        return Draft(token_ids=find_continuation(self._context.of(context_ids), k, self.min_n, self.max_n))
 
     def propose_tree(
         self, context_ids: list[int], n_nodes: int, sampling: SamplingParams, noise: DraftNoise
     ) -> Optional[TokenTree]:
-        if len(context_ids) != len(self._context):
-            self._context = np.asarray(context_ids, dtype=np.int64)
-        return continuation_tree(self._context, n_nodes, self.min_n, self.max_n)
+        return continuation_tree(self._context.of(context_ids), n_nodes, self.min_n, self.max_n)
 
     def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:
-        self._context = np.concatenate([self._context, np.asarray(emitted_ids, dtype=np.int64)])
+        self._context.extend(emitted_ids)

@@ -3,9 +3,29 @@ random draws of an output position, keyed to (seed, position) so the proposers a
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from localspec.config import SamplingParams
+
+
+def argmax_last(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1), the first of equal maxima (a NaN counts as the maximum), [...] int64. On the CPU
+    through numpy: torch's CPU argmax reads about 1 ns an element (0.2 ms for 5 rows of a 49k vocabulary), numpy's
+    ~15x faster, with the same answer."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.requires_grad:
+        return torch.argmax(x, dim=-1)
+    return torch.from_numpy(np.asarray(np.argmax(x.numpy(), axis=-1)))
+
+
+def all_finite(x: torch.Tensor) -> torch.Tensor:
+    """[] bool: no NaN or infinity in x. On the CPU from one sum (a NaN or an infinity carries through it; only a
+    sum that overflowed from huge finite values is checked element by element): 12 us instead of 280 for 5 rows of
+    a 49k vocabulary. On a GPU the element-wise check, with no host sync."""
+    if x.device.type != "cpu":
+        return torch.isfinite(x).all()
+    total = torch.isfinite(x.sum())
+    return total if bool(total) else torch.isfinite(x).all()
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -62,7 +82,7 @@ def sample_with_noise(probs: torch.Tensor, exponential_noise: torch.Tensor) -> t
 
     probs may be unnormalised (any non-negative weights). probs, exponential_noise: [..., V] → [...] int64.
     """
-    return torch.argmax(probs / exponential_noise, dim=-1)
+    return argmax_last(probs / exponential_noise)
 
 
 def position_generator(seed: int, position: int, device: torch.device | str) -> torch.Generator:

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from localspec.config import ConfigError
 
-BITS = torch.arange(32, dtype=torch.int32)  # one mask word holds 32 tokens, lowest bit first
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -100,49 +100,75 @@ class GrammarTokenizer:
 
 class GrammarProcessor:
     """One answer's grammar state. process() masks each verify row with the tokens the grammar allows after that
-    row's path (consumed, masked, rolled back); commit() advances the state by the emitted tokens."""
+    row's path (consumed, masked, rolled back); commit() advances the state by the emitted tokens.
+
+    Where the grammar forces text (a key, its quotes and colon, a closing brace), the row allows the first of
+    llguidance's fast-forward tokens only: the tokenizer's own split of that text (what llguidance's whole mask
+    allows there too, on the embedded tokenizer's JSON answers), from a fast-forward query (~11 us) instead of a
+    whole-vocabulary mask (~85 us). Plain and speculative decoding read the same rows: the answer stays exact for
+    this distribution, and forced drafts are kept with probability 1."""
 
     def __init__(self, matcher, grammar_vocab: int, stop_token_ids: frozenset[int] = frozenset()) -> None:
         self.matcher = matcher
         self.stop_token_ids = stop_token_ids  # they end the answer: nothing follows them to match
         self.grammar_vocab = grammar_vocab
-        self.words = (grammar_vocab + 31) // 32
+        self.words = (grammar_vocab + 31) // 32  # one int32 word holds 32 tokens, lowest bit first
 
-    def allowed(self) -> torch.Tensor:
-        """[grammar_vocab] bool: the tokens the grammar allows next."""
-        words = torch.zeros(self.words, dtype=torch.int32)
-        self.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
-        return ((words.unsqueeze(-1) >> BITS) & 1).flatten()[: self.grammar_vocab].bool()
+    def _mask_into(self, words: np.ndarray) -> None:
+        """words [self.words] int32 ← the tokens allowed next in the matcher's current state (left all ones where
+        the grammar allows nothing: a stopped matcher's row is never read)."""
+        forced = self.matcher.compute_ff_tokens()
+        if forced:
+            words[:] = 0
+            words[forced[0] // 32] = np.int32(np.uint32(1 << forced[0] % 32).view(np.int32))
+            return
+        self.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        if not words.any():
+            words[:] = -1
+
+    def allowed_length(self, path: Sequence[int]) -> int:
+        """How many tokens at the start of path the grammar allows, one after another after the answer so far."""
+        inside = next((i for i, t in enumerate(path) if not 0 <= t < self.grammar_vocab), len(path))
+        return self.matcher.validate_tokens(list(path[:inside])) if inside else 0
 
     def _take(self, path: Sequence[int]) -> int:
         """Consume the longest start of path the grammar allows; return its length."""
-        inside = next((i for i, t in enumerate(path) if not 0 <= t < self.grammar_vocab), len(path))
-        taken = self.matcher.validate_tokens(list(path[:inside])) if inside else 0
+        taken = self.allowed_length(path)
         if taken:
             self.matcher.consume_tokens(list(path[:taken]))
         return taken
 
     def process(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
         rows, vocab = logits.shape
-        allowed = torch.ones(rows, vocab, dtype=torch.bool)
-        width = min(vocab, self.grammar_vocab)
+        words = np.full((rows, self.words), -1, dtype=np.int32)  # all ones: a row left as it is
+        masked = np.zeros(rows, dtype=bool)
         for row, path in enumerate(paths):
             taken = self._take(path)
             # a row after a forbidden draft is never read (that draft is rejected first): it is left as it is
             if taken == len(path):
-                mask = self.allowed()[:width]
-                if bool(mask.any()):
-                    allowed[row, :width] = mask
-                    allowed[row, width:] = False  # rows the tokenizer has no token for (a padded output)
+                self._mask_into(words[row])
+                masked[row] = True
             if taken:
                 self.matcher.rollback(taken)
-        return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")  # [rows, 32 * words]
+        width = min(vocab, self.grammar_vocab)
+        allowed = np.ones((rows, vocab), dtype=bool)
+        allowed[:, :width] = bits[:, :width]
+        allowed[masked, width:] = False  # columns the tokenizer has no token for (a padded output)
+        return logits.masked_fill(torch.from_numpy(~allowed).to(logits.device), float("-inf"))
 
     def commit(self, tokens: Sequence[int]) -> None:
         tokens = [t for t in tokens if t not in self.stop_token_ids]
         if not self.matcher.consume_tokens(tokens):
             raise ConfigError(f"the grammar refused an emitted token of {tokens}: {self.matcher.get_error()[:200]}")
 
-    def forced(self) -> list[int]:
-        """The tokens the grammar forces next, one after another, before any choice: free drafts."""
-        return list(self.matcher.compute_ff_tokens())
+    def forced(self, after: Sequence[int] = ()) -> list[int]:
+        """The tokens the grammar forces next, one after another before any choice (free drafts), after the answer
+        so far followed by `after` (drafts not yet verified); [] where the grammar refuses `after`. The state is
+        left as it was."""
+        taken = self._take(after)
+        try:
+            return list(self.matcher.compute_ff_tokens()) if taken == len(after) else []
+        finally:
+            if taken:
+                self.matcher.rollback(taken)

@@ -18,6 +18,7 @@ and renders only from the start of the last block.
 from __future__ import annotations
 
 import operator
+import re
 from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -29,13 +30,41 @@ from .highlight import Mark, code_marks
 from .spans import escape, token_span
 
 LINK_SCHEMES = ("http://", "https://", "mailto:")
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"  # structured/tools.py's format (Qwen2.5's, Hermes')
+TOOL_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')  # read from a call still being written, too
 SEARCH_WINDOW = 32  # how far a character that is not where expected is looked for (escapes, entities)
 CACHE_ANSWERS = 256
+
+
+def _tool_call_block(state, start: int, end: int, silent: bool) -> bool:
+    """A block from a line that begins with <tool_call> to the line that ends with </tool_call> (to the end of the
+    answer while it is still being written): one `tool_call` token whose content is the text between the tags. A
+    call followed by other text on its closing line stays text, so nothing the model wrote is hidden."""
+    if state.sCount[start] - state.blkIndent >= 4:
+        return False
+    first = state.bMarks[start] + state.tShift[start]
+    if not state.src.startswith(TOOL_OPEN, first, state.eMarks[start]):
+        return False
+    if silent:
+        return True
+    last = start
+    while last < end - 1 and state.src.find(TOOL_CLOSE, first, state.eMarks[last]) < 0:
+        last += 1
+    block = state.src[first + len(TOOL_OPEN) : state.eMarks[last]]
+    closed = block.find(TOOL_CLOSE)
+    if closed >= 0 and block[closed + len(TOOL_CLOSE) :].strip():
+        return False
+    token = state.push("tool_call", "div", 0)
+    token.content = block if closed < 0 else block[:closed]
+    token.map = [start, last + 1]
+    state.line = last + 1
+    return True
 
 
 def _parser() -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": False, "breaks": True, "xhtmlOut": False})
     md.enable(["table", "strikethrough"]).disable(["reference", "html_block", "html_inline"])
+    md.block.ruler.before("fence", "tool_call", _tool_call_block, {"alt": ["paragraph"]})
     return md
 
 
@@ -101,7 +130,7 @@ def _align(tokens, aligner: _Aligner) -> None:
         aligner.enter(token.map, token.level == 0 and token.nesting >= 0)
         if token.type == "inline":
             _align_inline(token.children or [], aligner)
-        elif token.type in ("fence", "code_block"):
+        elif token.type in ("fence", "code_block", "tool_call"):
             token.meta["runs"] = aligner.runs(token.content)
 
 
@@ -216,6 +245,17 @@ def _fence(self, tokens, idx, options, env):
     return f'<div class="ls-code">{head}<pre><code>{code}</code></pre></div>'
 
 
+def _tool_call(self, tokens, idx, options, env):
+    """A tool call as a card: the function's name, then the call's JSON, its tokens coloured as any others."""
+    token = tokens[idx]
+    found = TOOL_NAME.search(token.content)
+    name = escape(found.group(1)) if found else ""
+    label = f"tool call {name}".strip()
+    head = f'<div class="ls-tool-head">tool call{f" <b>{name}</b>" if name else ""}</div>'
+    call = _piece(token, env, code_marks(token.content, "json"))
+    return f'<div class="ls-tool-call" role="group" aria-label="{label}">{head}<pre><code>{call}</code></pre></div>'
+
+
 def _link_open(self, tokens, idx, options, env):
     href = tokens[idx].attrGet("href") or ""
     live = isinstance(href, str) and href.lower().startswith(LINK_SCHEMES)
@@ -244,6 +284,7 @@ for _name, _rule in (
     ("code_inline", _code_inline),
     ("code_block", _code_block),
     ("fence", _fence),
+    ("tool_call", _tool_call),
     ("link_open", _link_open),
     ("link_close", _link_close),
     ("image", _image),

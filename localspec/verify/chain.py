@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from localspec.config import SamplingParams
+from localspec.runtime.sampling import all_finite
 
 from .one_hot import verify_one_hot
 from .types import HostVerdict, VerifyOutput, position_draws
@@ -31,6 +32,6 @@ def verify_chain(
     own_draw = not sampling.greedy and (draft_probs is None or sampling.seeded)
     verify = verify_one_hot if own_draw else rejection_sampler
     result = verify(logits, drafts, draft_probs, sampling, draws)
-    finite = torch.isfinite(logits).all() if finite is None else finite
+    finite = all_finite(logits) if finite is None else finite
     verdict = VerifyOutput.from_host(result.to_host(finite), k)  # the step's one host read
     return verdict if verdict.finite else None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from localspec.config import SamplingParams
-from localspec.runtime.sampling import logits_to_probs, sample_with_noise
+from localspec.runtime.sampling import argmax_last, logits_to_probs, sample_with_noise
 
 from .types import SamplerDraws, VerifyOutput
 
@@ -33,7 +33,7 @@ def verify_one_hot(
     k = k_plus_1 - 1
     probs = logits_to_probs(target_logits, sampling)  # [B, K+1, V]
     if sampling.greedy:
-        own = torch.argmax(target_logits.float(), dim=-1)  # [B, K+1]
+        own = argmax_last(target_logits.float())  # [B, K+1]
     else:
         if draws is None:
             raise ValueError("stochastic verification needs random draws")

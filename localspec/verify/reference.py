@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from localspec.config import SamplingParams
-from localspec.runtime.sampling import logits_to_probs, sample_with_noise
+from localspec.runtime.sampling import argmax_last, logits_to_probs, sample_with_noise
 
 from .types import SamplerDraws, VerifyOutput
 
@@ -38,7 +38,7 @@ def rejection_sample(
         draft_probs_of_drafts = draft_probs.float().gather(-1, gather_ids).squeeze(-1)
 
     if sampling.greedy:
-        target_argmax = torch.argmax(target_logits.float(), dim=-1)  # [B, K+1]
+        target_argmax = argmax_last(target_logits.float())  # [B, K+1]
         accepted = draft_token_ids == target_argmax[:, :k]  # [B, K]
         fallback_tokens = target_argmax  # [B, K+1]: recovered at 0..K-1, bonus at K
     else:

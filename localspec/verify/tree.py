@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from localspec.config import SamplingParams
-from localspec.runtime.sampling import logits_to_probs, position_draw, sample_with_noise
+from localspec.runtime.sampling import all_finite, argmax_last, logits_to_probs, position_draw, sample_with_noise
 from localspec.runtime.tree import TokenTree
 
 
@@ -103,13 +103,13 @@ def verify_tree(
     parent_rows = torch.tensor([p + 1 for p in tree.parents], dtype=torch.long, device=device)  # [N]
     node_probs = probs[parent_rows, node_tokens] if n else probs.new_zeros(0)  # [N] p_target(node | parent row)
     if sampling.greedy:
-        row_tokens = torch.argmax(logits.float(), dim=-1)  # [N+1] recovered / bonus token of each row
+        row_tokens = argmax_last(logits.float())  # [N+1] recovered / bonus token of each row
     else:
         if draws is None:
             raise ValueError("stochastic tree verification needs random draws")
         row_tokens = sample_with_noise(probs, draws.noise)  # [N+1] the target's own draw at each row
     row_token_probs = probs.gather(-1, row_tokens[:, None]).squeeze(-1)  # [N+1]
-    finite = (torch.isfinite(logits).all() if finite is None else finite).to(torch.float64).view(1)
+    finite = (all_finite(logits) if finite is None else finite).to(torch.float64).view(1)
     packed = torch.cat(
         [row_tokens.to(torch.float64), row_token_probs.to(torch.float64), node_probs.to(torch.float64), finite]
     ).tolist()  # the one host read
