@@ -359,6 +359,19 @@ def test_a_tool_call_in_an_answer_shows_as_a_card_with_coloured_tokens(browser, 
     context.close()
 
 
+def test_a_link_is_marked_as_a_link_not_as_a_token_underline(browser, echo_app):
+    context, page = open_echo(browser, echo_app)
+    send_and_wait(page, "Read [the guide](https://example.com/guide) before you start.", 0)
+    link = page.locator("#ls-transcript .ls-assistant a")
+    assert link.count() == 1 and link.locator(".tok").count() > 0  # the link's tokens keep their spans
+    style = link.evaluate(
+        """a => { const s = getComputedStyle(a), after = getComputedStyle(a, '::after');
+        return [s.textDecorationLine, s.borderBottomStyle, after.content]; }"""
+    )
+    assert style == ["none", "dashed", '"↗"'], style  # subtle mode underlines tokens: a link is dashed, with ↗
+    context.close()
+
+
 def test_markdown_injection_stays_inert_in_the_browser(browser, echo_app):
     page = browser.new_page(viewport=VIEWPORT)
     dialogs: list[str] = []

@@ -372,6 +372,79 @@ def test_the_phone_drawer_closes_once_a_conversation_is_chosen(chromium, window)
     context.close()
 
 
+def stop_strings_box(page):
+    """The Stop strings box, its closed Sampling accordion opened first."""
+    box = page.locator("#ls-stop-strings textarea")
+    if not box.is_visible():
+        page.locator("#ls-settings").get_by_text("Sampling (", exact=False).first.click()
+        box.wait_for(state="visible", timeout=5_000)
+    return box
+
+
+def test_a_system_prompt_made_default_starts_the_next_new_chat_and_stop_strings_cut_the_answer(chromium, window):
+    context, page = open_window(chromium, window)
+    page.fill("#ls-system textarea", "Answer in French.")
+    send_and_wait(page, COUNT, 0)
+    assert "I see 2 messages" in page.inner_text("#ls-transcript")  # the system prompt, then the message
+    page.click("#ls-system-default")
+    wait_status(page, "new chats start with this system prompt")
+    page.click("#ls-new-chat")
+    page.wait_for_function("!document.querySelector('#ls-transcript .ls-msg')", timeout=10_000)
+    assert page.locator("#ls-system textarea").input_value() == "Answer in French."
+    send_and_wait(page, COUNT, 0)
+    assert "I see 2 messages" in page.inner_text("#ls-transcript")
+    stop_strings_box(page).fill("HALT")
+    send_and_wait(page, "kept words HALT dropped words", 1)
+    answer = page.locator("#ls-transcript .ls-assistant").last.inner_text()
+    assert "kept words" in answer and "HALT" not in answer and "dropped" not in answer, answer
+    context.close()
+
+
+def test_the_settings_survive_a_reload(chromium, window):
+    context, page = open_window(chromium, window)
+    kept = "localStorage.getItem('localspec-settings')"
+    for change in (
+        lambda: page.locator("#ls-max-new input").fill("77"),
+        lambda: page.get_by_label("Full token colours").check(),
+        lambda: stop_strings_box(page).fill("HALT"),
+    ):
+        before = page.evaluate(kept)
+        change()
+        page.keyboard.press("Tab")
+        page.wait_for_function(f"{kept} !== {json.dumps(before)}", timeout=10_000)  # kept as each one changes
+    page.reload(wait_until="load")
+    wait_status(page, "ready")
+    stop_strings_box(page)
+    page.wait_for_function("document.querySelector('#ls-stop-strings textarea').value === 'HALT'", timeout=10_000)
+    assert page.locator("#ls-max-new input").input_value() == "77"
+    assert page.get_by_label("Full token colours").is_checked()
+    context.close()
+
+
+PHONE_SIZES_JS = """() => {
+    const box = (e) => e.getBoundingClientRect();
+    const shown = (e) => box(e).width > 0 && box(e).height > 0;
+    const answer = [...document.querySelectorAll('#ls-transcript .ls-assistant')].pop();
+    return {
+        actions: [...document.querySelectorAll('#ls-actions button')].filter(shown).map(e => box(e).height),
+        toggles: [...document.querySelectorAll('.sidebar .toggle-button')].filter(shown)
+            .map(e => [box(e).width, box(e).height]),
+        answer: answer ? box(answer).width : 0,
+        page: window.innerWidth,
+    };
+}"""
+
+
+def test_on_a_phone_the_buttons_are_thumb_sized_and_the_answer_takes_the_width(chromium, window):
+    context, page = open_window(chromium, window, viewport={"width": 390, "height": 844}, has_touch=True)
+    send_and_wait(page, "a phone-sized answer " + " ".join(["with words"] * 40), 0)
+    sizes = page.evaluate(PHONE_SIZES_JS)
+    assert sizes["actions"] and min(sizes["actions"]) >= 32, sizes  # were 22 px tall
+    assert len(sizes["toggles"]) == 2 and all(w >= 40 and h >= 40 for w, h in sizes["toggles"]), sizes  # 28 x 32
+    assert sizes["answer"] >= 0.85 * sizes["page"], sizes  # was ~230 of 390 px
+    context.close()
+
+
 # ---- first start -----------------------------------------------------------------------------------------------
 
 

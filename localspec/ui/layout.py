@@ -18,6 +18,7 @@ from .handlers import Handlers
 from .machine import machine_panel
 from .manager import ModelManager
 from .recorder import Recorder
+from .remembered import wire as remember_settings
 from .render import NO_COMPARE, legend_html, stats_html, status_html, transcript_html
 from .settings import proposer_choices
 from .system_prompt import system_prompt_box
@@ -244,6 +245,10 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             handlers.system_prompts.save_default, [system], [status], api_name=False, show_progress="hidden"
         )
         demo.load(handlers.system_prompts.default, None, [system], api_name=False, show_progress="hidden")
+        remembered = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new=max_new, seed=seed)
+        remember_settings(
+            demo, remembered | dict(repetition=repetition, stop_strings=stop_strings, colour=colour, keep=keep)
+        )
         compare.click(
             handlers.compare,
             [turns],

@@ -362,21 +362,15 @@ def compare_html(
     answer_index: Optional[int] = None,
     stopped: bool = False,
 ) -> str:
-    """Speculative vs baseline (proposer off) for the same prompt: both tokens/s, the measured speedup beside the
-    controller's forecast, same output?, and both texts side by side with the first difference marked.
+    """Speculative vs baseline (proposer off) for the same prompt: both tokens/s, the measured speedup (measured
+    only: the controller's forecast is among the stats panel's explanations, labelled as one), same output?, and
+    both texts side by side with the first difference marked.
     answer_index: which answer of the conversation this compares (0-based), so the panel says whose it is.
     stopped: one of the two was stopped early; `identical` then speaks of the tokens both have."""
     if not spec_stats or not base_stats:
         return ""
     spec_tps, base_tps = spec_stats.get("tokens_per_s", 0.0), base_stats.get("tokens_per_s", 0.0)
     speedup = f"{spec_tps / base_tps:.2f}×" if base_tps > 0 else "—"
-    forecast = spec_stats.get("predicted_speedup")
-    forecast_row = (
-        f'<tr><th title="{escape(DEFINITIONS["forecast speedup"])}">controller\'s forecast</th>'
-        f'<td class="ls-compare-forecast">{forecast:.2f}×</td></tr>'
-        if forecast is not None
-        else ""
-    )
     if not greedy:
         same = "sampled (temperature > 0): outputs follow the same distribution but need not be identical"
     elif identical and stopped:
@@ -408,7 +402,7 @@ def compare_html(
         f'<table class="ls-stats-table"><tr><th>{escape(proposer or "speculative")}</th>'
         f'<td class="ls-compare-spec">{spec_tps:.1f} tok/s</td></tr>'
         f'<tr><th>baseline (off)</th><td class="ls-compare-base">{base_tps:.1f} tok/s</td></tr>'
-        f'<tr><th>measured speedup</th><td class="ls-compare-speedup">{speedup}</td></tr>{forecast_row}</table>'
+        f'<tr><th>measured speedup</th><td class="ls-compare-speedup">{speedup}</td></tr></table>'
         f'<div class="ls-compare-same">{escape(same)}</div>{texts}</div>'
     )
 

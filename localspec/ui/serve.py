@@ -130,14 +130,21 @@ def main(argv: list[str] | None = None) -> int:
     from localspec.models.registry import find_pair
     from localspec.models.user_models import Catalog
 
+    try:  # the port answers first; the window takes its place once built (Gradio and torch take seconds to import)
+        starting = StartingPage(args.host, args.port)
+    except OSError as exc:  # port taken, address not available
+        print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)
+        return 2
+    print(f"localspec: starting on http://{args.host}:{starting.port}/", file=sys.stderr, flush=True)
     catalog = Catalog(Path(args.models), scan=not args.no_scan)
-    try:
+    try:  # the models on this machine are read while the starting page answers (a large folder takes a while)
         auth = auth_for(args)
         api = api_parts(args)
         read = catalog.read()
         pairs, broken, found = read.pairs, read.broken, read.found
         first = find_pair(pairs, args.model)
     except ConfigError as exc:
+        starting.close()
         print(f"localspec: {exc}", file=sys.stderr)
         return 2
     for entry in broken:  # offered in the window as unavailable, with this error
@@ -150,12 +157,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-    try:  # the port answers now; the window takes its place once built (Gradio and torch take seconds to import)
-        starting = StartingPage(args.host, args.port)
-    except OSError as exc:  # port taken, address not available
-        print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)
-        return 2
-    print(f"localspec: starting on http://{args.host}:{starting.port}/", file=sys.stderr, flush=True)
     from . import ModelManager, build_app, default_session_factory, launch_options
     from .auth import launch_kwargs
 
