@@ -42,6 +42,10 @@ class DraftNoise:
         return sample_with_noise(probs, noise)
 
 
+PEEK = SamplingParams()  # a lookup draws nothing: peeking at it (which part drafts next) needs no answer's noise
+PEEK_NOISE = DraftNoise(torch.Generator())
+
+
 @runtime_checkable
 class Proposer(Protocol):
     """Drafts tokens; is told after each step what the target kept.

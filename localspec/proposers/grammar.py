@@ -37,13 +37,11 @@ import torch
 from localspec.config import SamplingParams
 from localspec.runtime.tree import TokenTree
 
-from .base import Draft, DraftNoise, Proposer, tree_of
+from .base import PEEK, PEEK_NOISE, Draft, DraftNoise, Proposer, tree_of
 
 FORCED_PART = "grammar"  # the part (adaptive K's controller) of a step that begins with forced tokens
 LOOKUP_PART = "lookup"  # … of a step whose first free part the lookup drafts
 PEEK_TOKENS = 16  # the lookup's continuation read once a step, for part() and the chain's first free part
-_PEEK = SamplingParams()  # the lookup draws nothing: peeking at it needs no noise of the answer's
-_PEEK_NOISE = DraftNoise(torch.Generator())
 
 
 class GrammarState(Protocol):
@@ -75,7 +73,7 @@ class GrammarGuidedProposer(Proposer):
         asked once per step: part() and the proposing call both need them."""
         if self._step is None or self._step[0] != len(context_ids):
             forced = self.grammar.forced()
-            looked = [] if forced else self.lookup.propose(context_ids, PEEK_TOKENS, _PEEK, _PEEK_NOISE).token_ids
+            looked = [] if forced else self.lookup.propose(context_ids, PEEK_TOKENS, PEEK, PEEK_NOISE).token_ids
             self._step = (len(context_ids), forced, list(looked))
         return self._step[1], self._step[2]
 
@@ -150,12 +148,14 @@ class GrammarGuidedProposer(Proposer):
             return None
         paths: list[list[int]] = []
         kept: list[int] = []  # new index of each node, -1 when dropped
+        nodes: list[int] = []  # the kept nodes' old indices
         for token, parent in zip(tree.token_ids, tree.parents):
             path = (paths[parent] if parent >= 0 else []) + [token]
             paths.append(path)
             ok = (parent < 0 or kept[parent] >= 0) and self._allowed(trunk, path) == len(path)
-            kept.append(sum(1 for i in kept if i >= 0) if ok else -1)
-        nodes = [i for i, new in enumerate(kept) if new >= 0]
+            kept.append(len(nodes) if ok else -1)
+            if ok:
+                nodes.append(len(kept) - 1)
         if not nodes:
             return None
         parents = [kept[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in nodes]

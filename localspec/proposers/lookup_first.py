@@ -26,10 +26,7 @@ import torch
 from localspec.config import SamplingParams
 from localspec.runtime.tree import TokenTree
 
-from .base import Draft, DraftNoise, Proposer, tree_of
-
-_PEEK = SamplingParams()  # the lookup is deterministic: peeking at it draws nothing
-_PEEK_NOISE = DraftNoise(torch.Generator())
+from .base import PEEK, PEEK_NOISE, Draft, DraftNoise, Proposer, tree_of
 
 
 class LookupFirstProposer(Proposer):
@@ -51,7 +48,7 @@ class LookupFirstProposer(Proposer):
 
     def _lookup_matches(self, context_ids: list[int]) -> bool:
         if self._peeked is None or self._peeked[0] != len(context_ids):
-            peek = self.lookup.propose(context_ids, 1, _PEEK, _PEEK_NOISE)
+            peek = self.lookup.propose(context_ids, 1, PEEK, PEEK_NOISE)
             self._peeked = (len(context_ids), bool(peek.token_ids))
         return self._peeked[1]
 

@@ -245,9 +245,9 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             handlers.system_prompts.save_default, [system], [status], api_name=False, show_progress="hidden"
         )
         demo.load(handlers.system_prompts.default, None, [system], api_name=False, show_progress="hidden")
-        remembered = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new=max_new, seed=seed)
+        remembered = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new, seed=seed)
         remember_settings(
-            demo, remembered | dict(repetition=repetition, stop_strings=stop_strings, colour=colour, keep=keep)
+            demo, remembered | dict(repetition_penalty=repetition, stop_strings=stop_strings, colour=colour, keep=keep)
         )
         compare.click(
             handlers.compare,

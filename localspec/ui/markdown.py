@@ -48,7 +48,7 @@ def _tool_call_block(state, start: int, end: int, silent: bool) -> bool:
     if silent:
         return True
     last = start
-    while last < end - 1 and state.src.find(TOOL_CLOSE, first, state.eMarks[last]) < 0:
+    while last < end - 1 and state.src.find(TOOL_CLOSE, state.bMarks[last], state.eMarks[last]) < 0:
         last += 1
     block = state.src[first + len(TOOL_OPEN) : state.eMarks[last]]
     closed = block.find(TOOL_CLOSE)

@@ -14,14 +14,15 @@ import gradio as gr
 
 from localspec.config import ConfigError
 
-from .settings import read_sampling, read_stops
+from .settings import read_sampling, read_stops, sampling_dict
 
 STORAGE_KEY = "localspec-settings"
 # BrowserState encrypts what it keeps with its secret, a random one per launch unless given: a fixed one lets the
 # settings outlive a restart of the app. They are sampling settings, nothing private.
 SECRET = "localspec-window-settings"
-NAMES = ("temperature", "top_p", "top_k", "max_new", "seed", "repetition", "stop_strings", "colour", "keep")
-SAMPLING = ("temperature", "top_p", "top_k", "max_new", "seed", "repetition")  # checked together, kept together
+# the sampling controls under sampling_dict's names (checked together, kept together), then the rest
+SAMPLING = ("temperature", "top_p", "top_k", "max_new_tokens", "seed", "repetition_penalty")
+NAMES = (*SAMPLING, "stop_strings", "colour", "keep")
 
 
 def remember(*values: Any) -> dict:
@@ -35,15 +36,7 @@ def restorable(saved: Any) -> dict:
         return {}
     found: dict[str, Any] = {}
     try:
-        sampling = read_sampling(*(saved.get(name) for name in SAMPLING))
-        found.update(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            max_new=sampling.max_new_tokens,
-            seed=sampling.seed,
-            repetition=sampling.repetition_penalty,
-        )
+        found.update(sampling_dict(read_sampling(**{name: saved.get(name) for name in SAMPLING})))
     except ConfigError:
         pass
     stops = saved.get("stop_strings")
