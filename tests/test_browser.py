@@ -97,6 +97,34 @@ def set_max_tokens(page, value: int) -> None:
     page.locator("#ls-max-new input").blur()
 
 
+SPLIT_PART = re.compile(r"(propose|score|sample|other|prefill) (\d+(?:\.\d+)?) (ms|s)\b")
+
+
+def shown_stats(page) -> dict[str, str]:
+    """The stats panel's rows, name → value as shown."""
+    rows = page.eval_on_selector_all(
+        "#ls-stats tr", "rows => rows.map(r => [r.querySelector('th').innerText, r.querySelector('td').innerText])"
+    )
+    return {name.strip(): value.strip() for name, value in rows}
+
+
+def shown_time_split(page) -> dict[str, float]:
+    """The time split under the stats (propose, score, sample, other, prefill), in seconds as shown."""
+    text = page.inner_text("#ls-stats .ls-time-text")
+    return {name: float(value) / (1000 if unit == "ms" else 1) for name, value, unit in SPLIT_PART.findall(text)}
+
+
+def assert_the_time_split_adds_up(page) -> None:
+    """The parts shown (prefill included) add up to the time tokens/s divides the tokens by, within what the
+    figures' rounding leaves: half a millisecond per part, a twentieth of a token per second."""
+    rows, split = shown_stats(page), shown_time_split(page)
+    tokens, rate = int(rows["tokens"]), float(rows["tokens/s"])
+    assert {"propose", "score", "sample", "other"} <= split.keys(), split
+    answer_s = tokens / rate
+    slack = 0.0005 * len(split) + answer_s * 0.05 / rate + 1e-6
+    assert abs(sum(split.values()) - answer_s) <= slack, (split, rows)
+
+
 def test_chat_in_the_browser(browser, tiny_app):
     page = open_page(browser, tiny_app.url)
     set_max_tokens(page, 64)
@@ -107,6 +135,8 @@ def test_chat_in_the_browser(browser, tiny_app):
     stats = page.inner_text("#ls-stats")
     match = re.search(r"accepted draft tokens\s+(\d+)/(\d+) \(", stats)
     assert match and int(match.group(1)) > 0, stats
+    assert float(shown_stats(page)["time to first token"].split()[0]) > 0  # "12 ms" or "1.2 s"
+    assert_the_time_split_adds_up(page)
     card = page.locator("#ls-transcript .tok").first.get_attribute("data-tip")
     assert "p_target" in card
 

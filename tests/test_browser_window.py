@@ -19,7 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from .test_browser import AXE, CHROMIUM, CHROMIUM_ARGS, VIEWPORT, axe_violations, send_and_wait, wait_status
+from .test_browser import (
+    AXE,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    VIEWPORT,
+    assert_the_time_split_adds_up,
+    axe_violations,
+    send_and_wait,
+    shown_stats,
+    shown_time_split,
+    wait_status,
+)
 
 pytestmark = [
     pytest.mark.browser,
@@ -284,6 +295,11 @@ def test_a_long_prompt_says_it_is_being_read_then_answers(chromium, window):
     assert f"{READ} the pasted document" in page.locator("#ls-transcript .ls-assistant").last.inner_text()
     statuses = page.evaluate("window.lsStatuses")
     assert "Reading the prompt" not in statuses[-1] and "Done" in statuses[-1], statuses
+    reading_s = 8 * READ_STEP_S  # 4,000 tokens in chunks of 512, one chunk per READ_STEP_S
+    first_token = shown_stats(page)["time to first token"]
+    assert float(first_token.split()[0]) / (1000 if first_token.endswith("ms") else 1) >= reading_s, first_token
+    assert shown_time_split(page)["prefill"] >= reading_s
+    assert_the_time_split_adds_up(page)
     context.close()
 
 
@@ -433,6 +449,50 @@ PHONE_SIZES_JS = """() => {
         page: window.innerWidth,
     };
 }"""
+
+
+SLOW_WORDS = " ".join(f"w{i}" for i in range(50))  # ~5 s of streaming: a reload lands in the middle of it
+TOKENS_SHOWN = "([n]) => document.querySelectorAll('#ls-transcript .ls-assistant .tok').length >= n"
+
+
+def test_a_reload_mid_answer_shows_the_answer_streaming_on_to_its_end(chromium, window):
+    context, page = open_window(chromium, window)
+    page.fill("#ls-message textarea", f"slow: {SLOW_WORDS}")
+    page.click("#ls-send")
+    page.wait_for_function(TOKENS_SHOWN, arg=[6], timeout=30_000)
+    page.reload(wait_until="load")
+    page.wait_for_selector("#ls-message textarea", timeout=30_000)
+    wait_status(page, "asked for before this page loaded", 15_000)  # followed, not an empty window
+    assert f"slow: {SLOW_WORDS}" in page.inner_text("#ls-transcript .ls-user")
+    assert page.locator("#ls-transcript .ls-cursor").count() == 1  # still streaming, not "[incomplete]"
+    shown = page.locator("#ls-transcript .ls-assistant .tok").count()
+    page.wait_for_function(TOKENS_SHOWN, arg=[shown + 4], timeout=15_000)  # and it goes on streaming
+    assert "[answering]" in page.inner_text("#ls-conversation")
+    wait_status(page, "Done", 30_000)
+    assert page.locator("#ls-transcript .ls-cursor").count() == 0
+    assert "w49" in page.locator("#ls-transcript .ls-assistant").last.inner_text()
+    assert page.locator("#ls-transcript .tok-accepted").count() > 0  # the colours came with it
+    page.click("#ls-refresh")
+    page.wait_for_function("!document.querySelector('#ls-conversation').innerText.includes('[answering]')")
+    assert "[incomplete]" not in page.inner_text("#ls-conversation")
+    send_and_wait(page, COUNT, 1)  # the next message continues the conversation the answer was saved in
+    assert "I see 3 messages" in page.locator("#ls-transcript .ls-assistant").last.inner_text()
+    context.close()
+
+
+def test_stop_after_a_reload_stops_the_answer_that_streams_on(chromium, window):
+    context, page = open_window(chromium, window)
+    page.fill("#ls-message textarea", f"slow: {SLOW_WORDS}")
+    page.click("#ls-send")
+    page.wait_for_function(TOKENS_SHOWN, arg=[4], timeout=30_000)
+    page.reload(wait_until="load")
+    wait_status(page, "asked for before this page loaded", 15_000)
+    page.click("#ls-stop")
+    wait_status(page, "Stopped after", 15_000)
+    told = int(re.search(r"Stopped after (\d+) token", page.inner_text("#ls-status")).group(1))
+    assert 4 <= told < 100 and page.locator("#ls-transcript .ls-cursor").count() == 0
+    assert page.locator("#ls-transcript .ls-assistant .tok").count() == told  # the partial answer, kept whole
+    context.close()
 
 
 def test_on_a_phone_the_buttons_are_thumb_sized_and_the_answer_takes_the_width(chromium, window):

@@ -78,6 +78,23 @@ def test_delete_hides_at_once_and_undo_brings_it_back(sidebar, monkeypatch):
     assert "Nothing to undo" in panel.undo_delete("")[2]
 
 
+def test_a_deletion_waiting_for_its_undo_goes_through_when_the_app_stops(tmp_path):
+    path = tmp_path / "conversations.db"
+    store = store_db.ConversationStore(path)
+    recorder = Recorder(store)
+    handlers = Handlers(echo_manager(), recorder)
+    panel = ConversationHandlers(store, recorder, handlers.manager)
+    send(handlers, "delete me, then quit")
+    (summary,) = store.list_conversations()
+    panel.delete_with_undo(summary.id, "")
+    store.close()  # within UNDO_S: the timer would find the store closed
+    assert not panel.pending
+    with store_db.ConversationStore(path) as reopened:
+        assert reopened.list_conversations() == []
+    with pytest.raises(store_db.StoreError, match="closed"):
+        store.create_conversation("after the end", "echo")
+
+
 def test_search_finds_words_in_any_message_of_a_conversation(sidebar):
     handlers, panel, store = sidebar
     send(handlers, "First question about rivers")

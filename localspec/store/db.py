@@ -256,6 +256,9 @@ class ConversationStore:
         self._closed = False
         # called after a change that the history index follows (store/history.py): what changed, and its id
         self.listeners: list[Callable[[StoreChange, int], None]] = []
+        # called first when the store closes: work that must reach the file before it does (a deletion that was
+        # waiting for its undo); a failing one is passed over
+        self.closing: list[Callable[[], None]] = []
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -403,7 +406,13 @@ class ConversationStore:
         return target
 
     def close(self) -> None:
-        """Checkpoint the WAL into the main file (a clean shutdown leaves no WAL to replay), then close."""
+        """Run the closing work, checkpoint the WAL into the main file (a clean shutdown leaves no WAL to replay),
+        then close. A write after it raises StoreError."""
+        for work in list(self.closing):
+            try:
+                work()
+            except Exception:  # one failed piece of closing work does not keep the rest from the file
+                pass
         with self._lock:
             if self._closed:
                 return
@@ -432,6 +441,8 @@ class ConversationStore:
     def _write(self, fn):
         """Run fn(conn) in one IMMEDIATE transaction under the lock; commit, or roll back and re-raise."""
         with self._lock:
+            if self._closed:
+                raise StoreError(f"the conversation database {self.path} is closed (the app is stopping)")
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
             try:

@@ -1,8 +1,10 @@
 """The saved-conversations sidebar: a list searchable by title and message text, full titles (shortened on screen
-only), reopen on click, rename in place, delete with undo, export as JSON or Markdown.
+only), reopen on click, rename in place, delete with undo, export as JSON or Markdown, and the answer streaming in the
+app followed in a page loaded while it streams.
 
 Delete hides the conversation from the list at once and deletes it from the store UNDO_S seconds later (or when the
-tab deletes another one); Undo within that time brings it back. The API's delete_conversation deletes at once.
+tab deletes another one, or when the app stops); Undo within that time brings it back. The API's delete_conversation
+deletes at once.
 """
 
 from __future__ import annotations
@@ -21,21 +23,26 @@ import gradio as gr
 from localspec.config import ConfigError
 
 from . import tempfiles
-from .handlers import answer_stats_html, events_json, owner_of
+from .handlers import STOPPING, answer_stats_html, events_json, final_status, owner_of
 from .recorder import Recorder, turns_from_conversation
 from .render import NO_COMPARE, status_html, transcript_html
 from .system_prompt import SystemPrompts, system_text
 from .turns import AssistantTurn, turns_from_state
 
 UNDO_S = 10.0  # how long a deleted conversation can be brought back
+FOLLOW_S = 0.1  # how often a followed answer (follow) is read back from the store
+FOLLOW_EVENT = dict(api_name=False, show_progress="hidden", concurrency_limit=None)  # it lasts as long as the answer
+FOLLOWING = "Answering… (asked for before this page loaded; Stop keeps the partial answer)"
 UNDO_NOTE = f" Undo brings it back within {UNDO_S:.0f} s."  # said while it can
 SEARCH_WORDS = 8  # a search uses at most this many words (one SQL condition each)
 FILE_STEM_CHARS = 80  # an export's file name: the title made file-safe, cut to fit every file system
 
 
-def conversation_label(summary) -> str:
+def conversation_label(summary, streaming: bool = False) -> str:
+    """The list's line for a conversation; streaming: an answer is being saved into it now."""
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.updated_at))
-    return f"{'[incomplete] ' if summary.incomplete else ''}{summary.title} · {when}"
+    mark = "[answering] " if streaming else "[incomplete] " if summary.incomplete else ""
+    return f"{mark}{summary.title} · {when}"
 
 
 def file_stem(title: str, cid: int) -> str:
@@ -71,6 +78,16 @@ class ConversationHandlers:
         self.export_dir = Path(tempfile.mkdtemp(prefix="localspec-export-", dir=tempfiles.folder()))
         self.pending: dict[str, _PendingDelete] = {}  # each tab's deletion that can still be undone
         self.lock = threading.Lock()
+        if hasattr(store, "closing"):  # the app stopping within UNDO_S of a delete still deletes
+            store.closing.append(self.finish_pending)
+
+    def finish_pending(self) -> None:
+        """Every deletion still waiting for its undo goes through now (the store is about to close)."""
+        with self.lock:
+            pending, self.pending = list(self.pending.values()), {}
+        for deletion in pending:
+            deletion.timer.cancel()
+            self._finish_delete_now(deletion.cid)
 
     def _hidden(self) -> set[int]:
         with self.lock:
@@ -82,8 +99,10 @@ class ConversationHandlers:
         words = str(query or "").split()[:SEARCH_WORDS]
         holding = self.store.conversations_holding(words) if words else None
         hidden = self._hidden()
+        live = self.recorder.streaming()
+        streaming = live.conversation_id if live is not None else None
         return [
-            (conversation_label(s), s.id)
+            (conversation_label(s, s.id == streaming), s.id)
             for s in self.store.list_conversations()
             if s.id not in hidden and (holding is None or s.id in holding)
         ]
@@ -116,7 +135,13 @@ class ConversationHandlers:
         self.recorder.set_conversation(owner, cid)
         turns = turns_from_conversation(conversation)
         last = next((t for t in reversed(turns_from_state(turns)) if isinstance(t, AssistantTurn)), None)
-        note = " Its last answer is incomplete (the app stopped while it streamed)." if conversation.incomplete else ""
+        live = self.recorder.streaming()
+        if live is not None and live.conversation_id == cid and live.owner != owner:
+            note = " Its last answer is still streaming."
+        elif conversation.incomplete:
+            note = " Its last answer is incomplete (the app stopped while it streamed)."
+        else:
+            note = ""
         return (
             transcript_html(turns, colour),
             answer_stats_html(last, last.finish_reason if last else None),
@@ -126,6 +151,52 @@ class ConversationHandlers:
             conversation.title,
             system_text(conversation.system_prompt),
         )
+
+    def follow(self, colour, request: gr.Request = None):
+        """The answer streaming in this app, asked for in a page since reloaded or in another tab, shown in its
+        conversation and read back from the store as it is saved, until it ends; Stop here stops it. Runs when a page
+        loads (when the tab has no conversation open) and after a conversation is opened (when it is that answer's).
+        Outputs: open's."""
+        owner, skip = owner_of(request), (gr.skip(),) * 7
+        live = self.recorder.streaming()
+        current = self.recorder.conversation_of(owner)
+        if live is None or live.conversation_id is None or current not in (None, live.conversation_id):
+            yield skip
+            return
+        if not self.manager.follow(live.owner, owner):  # this tab's own answer, or it ended meanwhile
+            yield skip
+            return
+        cid = live.conversation_id
+        self.recorder.set_conversation(owner, cid)
+        shown = None
+        while self.recorder.conversation_of(owner) == cid:  # until this tab opens another conversation or clears
+            ended = not self.manager.is_answering(owner)  # read before the store: the last read then sees the end
+            try:
+                conversation = self.store.get_conversation(cid)
+            except ConfigError:  # deleted meanwhile
+                return
+            message = next((m for m in conversation.every if m.id == live.message_id), None)
+            done = ended or message is None or message.complete
+            turns = turns_from_conversation(conversation, None if done else live.message_id)
+            answer = next((t for t in reversed(turns_from_state(turns)) if isinstance(t, AssistantTurn)), None)
+            now = (len(message.tokens) if message else -1, done, self.manager.stopping(owner))
+            if now != shown and answer is not None:
+                status = final_status(answer) if done else STOPPING if now[2] else FOLLOWING
+                kind = "error" if answer.finish_reason == "error" else "info"
+                first = shown is None
+                shown = now
+                yield (
+                    transcript_html(turns, colour),
+                    answer_stats_html(answer, answer.finish_reason if done else None),
+                    status_html(status, kind),
+                    events_json(answer),
+                    turns,
+                    conversation.title if first else gr.skip(),
+                    system_text(conversation.system_prompt) if first else gr.skip(),
+                )
+            if done:
+                return
+            time.sleep(FOLLOW_S)
 
     def rename(self, conversation_id, title):
         """Outputs: list, status."""
@@ -302,6 +373,9 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
     api_opened = api_buttons["open"].click(
         handlers.open, [api_id, parts["colour"]], open_outputs, api_name="open_conversation"
     )
+    # an answer streaming in the app shows in a tab that opens its conversation (and, through parts["follow"], in a
+    # page loaded while it streams: a reload mid-answer)
+    opened.then(handlers.follow, [parts["colour"]], open_outputs, **FOLLOW_EVENT)
     if "compare_panel" in parts:  # the compare panel belongs to an answer of the conversation shown before
         for event in (opened, api_opened):
             event.then(lambda: NO_COMPARE, None, [parts["compare_panel"]], api_name=False, show_progress="hidden")
@@ -343,4 +417,5 @@ def conversations_panel(store, recorder: Recorder, manager, parts: dict) -> Conv
         api_buttons[f"export_{fmt}"].click(export, [api_id], [exported, status], api_name=f"export_{fmt}")
     parts["refresh_list"] = (handlers.refresh, chooser, search)
     parts["title"] = title
+    parts["follow"] = (handlers.follow, open_outputs)
     return handlers

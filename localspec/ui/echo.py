@@ -82,6 +82,8 @@ class EchoSession:
         parts = pieces(self._text)[: sampling.max_new_tokens]
         started, emitted = time.perf_counter(), 0
         yield from self._read(started)
+        prefill_s = time.perf_counter() - started
+        score_s, first_token_s = 0.0, None  # its "forward" is the step's sleep; the rest of the time is other
         for step in range(0, len(parts), 2):
             if cancel is not None and cancel.is_set():
                 yield StepEvent((), 0.0, 0.0, 0.0, 0, 0, StatsSnapshot(emitted=emitted), True, "cancelled")
@@ -105,7 +107,10 @@ class EchoSession:
                     tokens.append(TokenEvent(i, kind, 0.8, 0.9 if kind == "accepted" else None, text=text))
             emitted += len(tokens)
             if self.step_s:
+                slept = time.perf_counter()
                 time.sleep(self.step_s)
+                score_s += time.perf_counter() - slept
+            first_token_s = first_token_s if first_token_s is not None else time.perf_counter() - started
             done = step + 2 >= len(parts)
             stats = StatsSnapshot(
                 drafted=emitted,
@@ -113,7 +118,10 @@ class EchoSession:
                 emitted=emitted,
                 target_forwards=step // 2 + 1,
                 elapsed_s=time.perf_counter() - started,
+                prefill_s=prefill_s,
+                score_s=score_s,
                 k=3,
+                first_token_s=first_token_s,
             )
             yield StepEvent(tuple(tokens), 0.0, 0.0, 0.0, len(tokens), 1, stats, done, "stop" if done else None)
         if not parts:

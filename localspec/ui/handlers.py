@@ -90,6 +90,21 @@ def answer_stats_html(turn: Optional[AssistantTurn], finish_reason: Optional[str
     )
 
 
+def final_status(answer: AssistantTurn) -> str:
+    """The status line once an answer ended."""
+    reason = answer.finish_reason
+    count = len(answer.tokens)
+    if reason == "cancelled" and not count:
+        return "Stopped before the first token; nothing was said."
+    if reason == "cancelled":
+        return f"Stopped after {_tokens_text(count)}; the partial answer is kept."
+    if reason == "error":
+        return answer.error or "the answer failed"
+    if reason == "length":
+        return f"Done: {count} tokens (reached max new tokens)."
+    return f"Done: {count} tokens."
+
+
 class Handlers:
     reading_shown_after_s = READING_SHOWN_AFTER_S
 
@@ -247,7 +262,7 @@ class Handlers:
         note: said after the final status (regenerate's word on greedy answers)."""
         done = not answer.streaming
         if done:
-            status = f"{self._final_status(answer)} {note}".strip()
+            status = f"{final_status(answer)} {note}".strip()
         stats = answer_stats_html(answer, answer.finish_reason if done else None, runtime_of(self.manager.session))
         kind = "error" if answer.finish_reason == "error" else "info"
         return transcript_html(turns, colour, answer.notice), stats, status_html(status, kind), events_json(answer)
@@ -297,20 +312,6 @@ class Handlers:
         last = next((turn for turn in reversed(turns_from_state(state)) if isinstance(turn, AssistantTurn)), None)
         stats = answer_stats_html(last, last.finish_reason if last else None)
         return transcript_html(state, colour), stats, status_html(reason, "error"), events_json(last), text, state
-
-    @staticmethod
-    def _final_status(answer: AssistantTurn) -> str:
-        reason = answer.finish_reason
-        count = len(answer.tokens)
-        if reason == "cancelled" and not count:
-            return "Stopped before the first token; nothing was said."
-        if reason == "cancelled":
-            return f"Stopped after {_tokens_text(count)}; the partial answer is kept."
-        if reason == "error":
-            return answer.error or "the answer failed"
-        if reason == "length":
-            return f"Done: {count} tokens (reached max new tokens)."
-        return f"Done: {count} tokens."
 
     def stop(self, request: gr.Request = None):
         """The API's stop: says what it did."""

@@ -13,7 +13,7 @@ from localspec.config import K_MAX, K_MIN, TEMPERATURE_MAX, TREE_NODES_MAX
 
 from .actions import FOCUS_MESSAGE, Actions
 from .controls import CheckedNumber, CheckedRadio, CheckedSlider
-from .conversations import conversations_panel
+from .conversations import FOLLOW_EVENT, conversations_panel
 from .handlers import Handlers
 from .machine import machine_panel
 from .manager import ModelManager
@@ -209,6 +209,8 @@ def build_app(manager: ModelManager, store: Any = None, notice: Optional[str] = 
             sent.then(refresh_list, [search], [chooser], api_name=False, show_progress="hidden")
             redone.then(refresh_list, [search], [chooser], api_name=False, show_progress="hidden")
             demo.load(refresh_list, [search], [chooser], api_name=False, show_progress="hidden")
+            follow, follow_outputs = parts["follow"]
+            demo.load(follow, [colour], follow_outputs, **FOLLOW_EVENT)
         # the compare panel belongs to the answer it compared: a new answer, a regenerated one, Edit, Clear and
         # opening another conversation take it away (Clear and open say so in their own outputs)
         for trigger in (

@@ -109,6 +109,7 @@ class ModelManager:
         self._count_lock = threading.Lock()
         self._cancels: dict[str, threading.Event] = {}
         self._busy_owners: set[str] = set()  # tabs with an answer running or queued
+        self._followers: dict[str, set[str]] = {}  # owner → the tabs that took part in its answer (follow)
         self.history = None  # a store.history.HistoryBook when conversations are saved: the history proposers' data
         self.catalog = None  # a models.user_models.Catalog: where Rescan reads the pairs again
         self.catalog_read = None  # what the catalog read last (the found models and the pairs they make)
@@ -225,6 +226,22 @@ class ModelManager:
     def is_answering(self, owner: str) -> bool:
         return owner in self._busy_owners
 
+    def stopping(self, owner: str) -> bool:
+        """Stop was pressed for owner's answer, which has not ended yet."""
+        event = self._cancels.get(owner)
+        return owner in self._busy_owners and event is not None and event.is_set()
+
+    def follow(self, owner: str, follower: str) -> bool:
+        """The tab `follower` (a reload of `owner`'s page, or another tab) shows `owner`'s answer as it streams: its
+        Stop stops it, and it starts no answer of its own until that one ends. False when owner answers nothing."""
+        with self._count_lock:
+            if owner not in self._busy_owners or follower in self._busy_owners:
+                return False
+            self._busy_owners.add(follower)
+            self._cancels[follower] = self._cancels[owner]
+            self._followers.setdefault(owner, set()).add(follower)
+        return True
+
     def answer(
         self,
         messages: list[dict],
@@ -280,6 +297,7 @@ class ModelManager:
             with self._count_lock:
                 self.answering -= 1
                 self._busy_owners.discard(owner)
+                self._busy_owners.difference_update(self._followers.pop(owner, ()))
             out.put(Message("done"))
 
     def _prompt_then_wait(self, ticket, messages, sampling, cancel, out):

@@ -28,18 +28,21 @@ def title_from(text: str) -> str:
     return next((line for line in lines if line), "")
 
 
-def turns_from_conversation(conversation) -> list[dict]:
+def turns_from_conversation(conversation, streaming: Optional[int] = None) -> list[dict]:
     """A stored Conversation → the UI's turns in their gr.State form (token records and stats included, so
-    highlighting comes back; every version of each message nested where it belongs)."""
+    highlighting comes back; every version of each message nested where it belongs). streaming: the id of the
+    message an answer is being saved into now, shown as streaming rather than as incomplete."""
 
     def turn_of(m) -> dict:
         if m.role != "assistant":
             return UserTurn(m.content, m.role).to_state()
+        live = m.id == streaming and not m.complete
         return AssistantTurn(
             content=m.content,
             tokens=list(m.tokens),
             stats=m.stats,
-            finish_reason=m.finish_reason if m.complete else "incomplete",
+            streaming=live,
+            finish_reason=m.finish_reason if m.complete else None if live else "incomplete",
             error=m.error,
             model=m.model,
             proposer=m.proposer,
@@ -59,6 +62,7 @@ class AnswerRecord:
 
     at: Optional[int]  # where in the shown path it goes as a new version; None: after the last message
     regenerate: bool  # a new version of an answer (no user message is saved)
+    owner: str = ""  # the tab that asked for it
     message_id: Optional[int] = None  # the assistant message, once started
     user_message_id: Optional[int] = None
     conversation_id: Optional[int] = None
@@ -71,6 +75,13 @@ class Recorder:
         self.store = store
         self._current: dict[str, int] = {}  # owner → conversation id
         self._lock = threading.Lock()
+        self._started: list[AnswerRecord] = []  # answers saved as they stream, until they end
+
+    def streaming(self) -> Optional[AnswerRecord]:
+        """The answer being saved now, the latest started (the engine answers one at a time); None when none."""
+        with self._lock:
+            self._started = [state for state in self._started if not state.finished]
+            return self._started[-1] if self._started else None
 
     def conversation_of(self, owner: str) -> Optional[int]:
         return self._current.get(owner)
@@ -114,7 +125,7 @@ class Recorder:
         at: the index in the shown path where this exchange (or, with regenerate, this answer) goes as a new version
         of the message there; None: after the last message. regenerate: the answer is a new version of an answer, to
         the user message already saved (a new conversation holding user_text when the tab has none)."""
-        state = AnswerRecord(at, regenerate)
+        state = AnswerRecord(at, regenerate, owner)
 
         def on_message(message: Message) -> None:
             if message.kind == "started":
@@ -186,7 +197,8 @@ class Recorder:
                 state.user_message_id = self.store.add_message(conversation_id, "user", user_text)
                 state.message_id = self.store.start_answer(conversation_id, model, proposer, k, sampling, tree)
                 self._current[owner] = conversation_id
-        state.conversation_id = conversation_id
+            state.conversation_id = conversation_id
+            self._started.append(state)
 
     def _parent(self, conversation_id: int, state: AnswerRecord):
         """The stored message the new message follows: for a new version at index `at` of the shown path, the one
