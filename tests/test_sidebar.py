@@ -117,3 +117,30 @@ def test_search_folds_case_beyond_ascii(sidebar):
     send(handlers, "Über die Straße")
     handlers.clear()
     assert [label.split(" · ")[0] for label, _ in panel.choices("über STRASSE")] == ["Über die Straße"]
+
+
+def test_the_answer_being_saved_is_known_until_it_ends(tmp_path):
+    with store_db.ConversationStore(tmp_path / "conversations.db") as store:
+        recorder = Recorder(store)
+        handlers = Handlers(echo_manager(0.02), recorder)
+        answer = handlers.send("a few words to stream slowly", [], *SETTINGS)
+        live = None
+        for _ in answer:
+            live = live or recorder.streaming()
+        (summary,) = store.list_conversations()
+        assert live is not None and live.conversation_id == summary.id and live.owner == "local"
+        assert recorder.streaming() is None  # it ended
+
+
+def test_an_answer_whose_saving_failed_is_no_longer_called_the_one_being_saved(tmp_path, monkeypatch):
+    with store_db.ConversationStore(tmp_path / "conversations.db") as store:
+        recorder = Recorder(store)
+        handlers = Handlers(echo_manager(0.02), recorder)
+
+        def full_disk(*_args, **_kwargs):
+            raise store_db.StoreError("disk full")
+
+        monkeypatch.setattr(store, "append_tokens", full_disk)
+        for _ in handlers.send("a few words to stream slowly", [], *SETTINGS):
+            pass
+        assert recorder.streaming() is None  # else every page loaded later would try to follow it

@@ -128,6 +128,13 @@ class Recorder:
         state = AnswerRecord(at, regenerate, owner)
 
         def on_message(message: Message) -> None:
+            try:
+                save(message)
+            except Exception:  # the manager stops saving this answer (and says so): it is no longer being saved
+                state.finished = True
+                raise
+
+        def save(message: Message) -> None:
             if message.kind == "started":
                 self._start(owner, user_text, message, state, sampling, system)
             elif state.message_id is None or state.finished:
