@@ -139,6 +139,43 @@ def test_an_explicit_setting_times_nothing(tiny_by_dtype, home):
     assert timer.calls == 0
 
 
+def test_auto_on_the_row_invariant_kernels_takes_the_plans_answer_and_times_and_writes_nothing(home, tmp_path):
+    """A model whose every decoder linear is on a row-invariant block kernel (exact-kernels): the exact setup is on
+    with the plan's reason, nothing is timed (a timer that would turn it off is never called) or cached."""
+    from localspec.models.gguf_model import build_from_file
+    from localspec.models.loading import materialise_gguf
+    from localspec.runtime.library import LibraryLoad
+    from localspec.runtime.plan import plan_forward
+
+    from .conftest import library_or_skip
+    from .gguf_files import write_gguf
+
+    library = library_or_skip()
+    path = write_gguf(tmp_path / "tiny.gguf", linear_type="Q8_0")
+    folder = str(materialise_gguf(path, weights=False))
+    model = build_from_file(path, folder, torch.bfloat16, LibraryLoad(library, "test"))
+    if plan_forward(model, exact=True).setup_id != "exact-kernels":
+        pytest.skip("the attention kernel does not run here")
+    timer, said = FakeTimer(3.0), []
+    decision = exact_choice.choose_exact("auto", model, str(path), folder, 4, torch.device("cpu"), timer, said.append)
+    assert (decision.on, decision.how, timer.calls, said) == (True, "plan", 0, [])
+    assert "every linear on row-invariant kernels, no timing needed" in decision.describe()
+    assert decision.to_dict()["how"] == "plan"
+    assert not (home / "cache" / exact_choice.CACHE_FILE).exists()
+
+
+def test_auto_says_before_it_times(tiny_by_dtype, home):
+    said = []
+    exact_choice.choose_exact(
+        "auto", tiny_by_dtype["float32"], "s", "f", 4, torch.device("cpu"), FakeTimer(1.0), said.append
+    )
+    assert said == ["Timing the exact forward setup against the fast one (once per machine)…"]
+    exact_choice.choose_exact(
+        "auto", tiny_by_dtype["float32"], "s", "f", 4, torch.device("cpu"), FakeTimer(1.0), said.append
+    )
+    assert len(said) == 1  # the cached decision times nothing, so says nothing
+
+
 def test_models_yaml_exact_field(tiny_pair):
     def entry(value: str):
         text = f"- name: tiny\n  target: {{source: {tiny_pair['target']}}}\n  exact: {value}\n"

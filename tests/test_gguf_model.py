@@ -122,6 +122,34 @@ def test_a_first_start_writes_the_header_folder_only(library, tmp_path, monkeypa
     assert all(p.stat().st_size < 4 << 20 for p in written), [(p, p.stat().st_size) for p in written]
 
 
+@pytest.mark.parametrize("embedding_type", ["Q6_K", "Q8_0"])
+def test_the_embedding_and_head_read_in_chunks_are_the_whole_tensors_bitwise(
+    embedding_type, library, tmp_path, monkeypatch
+):
+    """The token embedding dequantized and the tied head packed a chunk of rows at a time (a last chunk shorter
+    than the others) are what the whole tensor's dequantization and packing give."""
+    from localspec.models import gguf_model
+    from localspec.runtime.q8_head import Q8Head
+
+    monkeypatch.setattr(gguf_model, "ROW_CHUNK", 80)  # 49,152 rows: 614 chunks of 80, then one of 32
+    monkeypatch.setattr(gguf_linear, "HEAD_CHUNK", 80)
+    path = write_gguf(tmp_path / "tiny.gguf", linear_type="Q8_0", hidden=256, embedding_type=embedding_type)
+    model = build_from_file(path, str(materialise_gguf(path, weights=False)), torch.bfloat16, LibraryLoad(library, "t"))
+    kind, raw = FileTensors(path).get("token_embd.weight")
+    embedding = model.get_input_embeddings().weight
+    assert torch.equal(embedding, gguf_model.dense(raw, kind, tuple(embedding.shape), torch.bfloat16))
+    head = load_record(model).head
+    if kind == "Q6_K":
+        whole = Q8Head.from_q6k(gguf_linear.q6k_fields(raw), library.q6k)
+    else:
+        whole = Q8Head.from_q8_0(*gguf_linear.q8_fields(raw, kind), library.q8)
+    assert head.kernel is whole.kernel and (head.in_features, head.out_features) == (
+        whole.in_features,
+        whole.out_features,
+    )
+    assert torch.equal(head.codes, whole.codes) and torch.equal(head.scales, whole.scales)
+
+
 def test_a_tensor_the_config_does_not_fit_or_a_missing_one_is_an_error_naming_it(library, tmp_path):
     path = write_gguf(tmp_path / "tiny.gguf", linear_type="Q8_0")
     folder = str(materialise_gguf(path, weights=False))

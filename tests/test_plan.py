@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from localspec.config import Environment
-from localspec.runtime.plan import KERNELS, LoadRecord, plan_forward, record_load, tensor_kernel
+from localspec.runtime.plan import KERNELS, LoadRecord, exact_cost, plan_forward, record_load, tensor_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,6 +70,7 @@ def test_a_plan_states_every_choice_with_its_reason_and_the_setup_id_follows_wha
     assert fast.setup_id == "fast" and fast.dummy_rows.value == "no dummy rows"
     assert exact.setup_id == "exact" and exact.dummy_rows.value == "≥ 2 rows"  # no library offered: eager
     assert exact.decode_attention.value == "eager"
+    assert exact_cost(exact).value == "timed" and "timed once per machine" in exact_cost(exact).reason
     described = exact.to_dict()
     assert described["summary"] == exact.summary() and exact.summary().startswith("exact: lean forward")
     for name in ("library", "lm_head", "decode_attention", "prefill_attention", "dummy_rows", "layer_kernel"):
@@ -92,6 +93,7 @@ def test_an_offered_library_puts_decode_attention_on_its_kernel_and_the_runner_r
     plan = plan_forward(model, exact=True)
     assert plan.setup_id == "exact-attention" and plan.decode_attention.value == "kernel"
     assert plan.layer_kernel.value == "off" and "q4" in plan.layer_kernel.reason  # dense linears
+    assert exact_cost(plan).value == "timed"  # torch's linears: exact: auto times the exact setup
     assert plan_forward(model, exact=True, env=Environment.read({"LOCALSPEC_FORWARD": "transformers"})).setup_id == (
         "exact"
     )

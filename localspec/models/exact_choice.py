@@ -11,7 +11,9 @@ decode / verify attention on the attention kernel (model_runner.exact_setup_for)
 attention and, on the Zen 3 EPYC, than the fast setup too. At the first load of a model on a machine
 both setups are timed on the loaded target (the median of interleaved 1-token and (K+1)-token forwards on a
 64-token cache, as dtype_choice.py times dtypes); the exact setup is the default when neither forward costs more
-than MAX_COST times the fast one. The decision is cached beside the dtype decision (same key, plus the dtype and the
+than MAX_COST times the fast one. Where the forward plan knows the answer (runtime/plan.py exact_cost: the exact setup
+on the row-invariant kernels throughout, exact-kernels) nothing is timed and nothing is written: the exact setup is
+on, with the plan's reason. The decision is cached beside the dtype decision (same key, plus the dtype and the
 exact setup's name, so a machine whose kernels change times it again), and later loads time nothing. models.yaml
 `exact: true` / `false` (or the CLI's --exact on / off) sets it without measuring.
 """
@@ -19,6 +21,7 @@ exact setup's name, so a machine whose kernels change times it again), and later
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,14 +36,15 @@ MAX_COST = 1.25  # the exact setup is the default when its forwards take at most
 CACHE_FILE = "exact-decisions.json"
 CACHE_VERSION = 1
 
-How = Literal["entry", "measured", "cached"]
+How = Literal["entry", "plan", "measured", "cached"]
 
 
 @dataclass(frozen=True)
 class ExactDecision:
-    """Whether the target's forwards run in the exact setup, and why. how: entry (models.yaml / CLI), measured (at
-    this load), cached (at an earlier load on this machine). plain_cost / verify_cost: exact ÷ fast time of a 1-token
-    and a (K+1)-token forward (0.0 when not measured)."""
+    """Whether the target's forwards run in the exact setup, and why. how: entry (models.yaml / CLI), plan (known
+    from the forward plan without timing: `reason`), measured (at this load), cached (at an earlier load on this
+    machine). plain_cost / verify_cost: exact ÷ fast time of a 1-token and a (K+1)-token forward (0.0 when not
+    measured)."""
 
     on: bool
     how: How
@@ -48,12 +52,15 @@ class ExactDecision:
     verify_cost: float = 0.0
     k: int = 0
     measured_on: str = ""  # YYYY-MM-DD
+    reason: str = ""  # how == "plan": the forward plan's reason
 
     def describe(self) -> str:
         """e.g. 'exact forwards on (auto: 1-token 1.09×, 5-token 1.02× the fast setup, measured 2026-12-01)'."""
         state = "on" if self.on else "off"
         if self.how == "entry":
             return f"exact forwards {state} (set in models.yaml or on the command line)"
+        if self.how == "plan":
+            return f"exact forwards {state} (auto: {self.reason})"
         return (
             f"exact forwards {state} (auto: 1-token {self.plain_cost:.2f}×, {self.k + 1}-token {self.verify_cost:.2f}× "
             f"the fast setup's time, measured {self.measured_on}; on when ≤ {MAX_COST}×)"
@@ -99,15 +106,26 @@ def measure_cost(model: torch.nn.Module, k: int, timer=time_forwards) -> tuple[f
 
 
 def choose_exact(
-    setting: ExactSetting, model: torch.nn.Module, source: str, folder: str, k: int, device: torch.device, timer=None
+    setting: ExactSetting,
+    model: torch.nn.Module,
+    source: str,
+    folder: str,
+    k: int,
+    device: torch.device,
+    timer=None,
+    say: Callable[[str], None] | None = None,
 ) -> ExactDecision:
-    """The decision for the loaded target: the setting when it is on / off, else the cached or measured one."""
+    """The decision for the loaded target: the setting when it is on / off, else the plan's where it knows the cost
+    (exact_cost), else the cached or measured one (`say` is told before anything is timed)."""
     if setting != "auto":
         return ExactDecision(setting == "on", "entry")
-    from localspec.runtime.plan import plan_forward
+    from localspec.runtime.plan import exact_cost, plan_forward
 
     dtype = str(model.dtype).replace("torch.", "")
     exact = plan_forward(model, exact=True)
+    cost = exact_cost(exact)
+    if cost.value == "known":
+        return ExactDecision(True, "plan", reason=cost.reason)
     # another setup: timed anew
     key = f"{cache_key(device, source, folder)} | {dtype} | {exact.setup_id}: {exact.setup.describe()}"
     raw = _read_cache().get(key)
@@ -116,6 +134,8 @@ def choose_exact(
             return ExactDecision.from_dict(raw)
         except (KeyError, TypeError, ValueError):
             pass
+    if say is not None:
+        say("Timing the exact forward setup against the fast one (once per machine)…")
     plain, verify = measure_cost(model, k, timer or time_forwards)
     decision = ExactDecision(max(plain, verify) <= MAX_COST, "measured", plain, verify, k, time.strftime("%Y-%m-%d"))
     _write_cache(key, decision)

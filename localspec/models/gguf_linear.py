@@ -47,7 +47,7 @@ from localspec.config import ConfigError
 from localspec.runtime.int4_linear import ROW_MULTIPLE, Int4Linear
 from localspec.runtime.library import KernelLibrary, LibraryLoad
 from localspec.runtime.plan import KERNEL_NAMES, KERNELS, Choice, library_here, tensor_kernel
-from localspec.runtime.q4_kernel import GROUP, K_GROUP, Q4Matmul
+from localspec.runtime.q4_kernel import GROUP, K_GROUP, SUPER, Q4Matmul, pack_q6k, pack_q8, pack_q8k
 from localspec.runtime.q8_head import Q8Head, Q8Linear
 
 from .paths import cache_dir
@@ -386,43 +386,64 @@ def _merged(choices: dict[str, Choice], name: str, choice: Choice) -> None:
         choices[name] = Choice(f"{seen.value}+{choice.value}", f"{seen.reason}; {choice.reason}")
 
 
+HEAD_CHUNK = 4096  # token embedding rows packed at a time for the head: its fields never exist whole
+
+
 def q8_head(model: nn.Module, tensors, library: KernelLibrary | None, why_not: str) -> Q8Head | None:
     """A Q8Head from the GGUF's token_embd where the plan's table gives its block type as a tied LM head (no
-    output.weight) a kernel of the library, or None. `tensors`: the file's (gguf_model.FileTensors)."""
+    output.weight) a kernel of the library, or None. `tensors`: the file's (gguf_model.FileTensors). The blocks are
+    read and packed HEAD_CHUNK rows at a time into the head's buffers (each pack keeps blocks of 16 rows whole and
+    in order, so the chunks' packs side by side are the whole tensor's)."""
     if "token_embd.weight" not in tensors:
         return None
-    choice = tensor_kernel(tensors.kind("token_embd.weight"), "lm_head", library, why_not)
+    kind = tensors.kind("token_embd.weight")
+    choice = tensor_kernel(kind, "lm_head", library, why_not)
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     kernel = _member(library, choice)
     if kernel is None or not tied or "output.weight" in tensors:
         return None
-    kind, raw = tensors.get("token_embd.weight")
-    if choice.value == "q6k":
-        fields = q6k_fields(raw)
-        if fields.codes.shape[0] % ROW_MULTIPLE:
-            return None
-        _finite("token_embd.weight", fields.d)
-        return Q8Head.from_q6k(fields, kernel)
-    if choice.value == "q8":
-        codes, d = q8_fields(raw, kind)
-        scales, group, build = (d,), GROUP, Q8Head.from_q8_0
-    else:
-        k_fields = q8k_fields(raw, kind)
-        codes, scales, group, build = k_fields.codes, (k_fields.d, k_fields.m), K_GROUP, Q8Head.from_q8k
-    if codes.shape[0] % ROW_MULTIPLE or codes.shape[1] % group:
+    rows, k = tensors.shape("token_embd.weight")
+    group = {"q6k": SUPER, "q8": GROUP}.get(choice.value, K_GROUP)
+    if rows % ROW_MULTIPLE or k % group:
         return None
-    _finite("token_embd.weight", *scales)
-    return build(codes, *scales, kernel)
+    codes = scales = None
+    for start, raw in tensors.chunks("token_embd.weight", HEAD_CHUNK):
+        part_codes, part_scales = _head_pack(choice.value, kind, raw, start)
+        if codes is None:  # the whole head's buffers, filled chunk by chunk
+            codes = part_codes.new_empty((rows // ROW_MULTIPLE, *part_codes.shape[1:]))
+            scales = part_scales.new_empty((rows // ROW_MULTIPLE, *part_scales.shape[1:]))
+        first = start // ROW_MULTIPLE
+        codes[first : first + part_codes.shape[0]] = part_codes
+        scales[first : first + part_scales.shape[0]] = part_scales
+    return Q8Head(codes, scales, k, kernel)
 
 
-def _finite(tensor: str, *scales: torch.Tensor) -> None:
-    """A ConfigError naming the tensor where a block's scale is not a finite number (a damaged file)."""
+def _head_pack(value: str, kind: str, raw: torch.Tensor, first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of a token embedding's blocks packed for the head's kernel `value` (q6k, q8, q8k): (codes, scales)."""
+    if value == "q6k":
+        fields = q6k_fields(raw)
+        _finite("token_embd.weight", fields.d, first_row=first_row)
+        return pack_q6k(fields.codes, fields.d, fields.sc)
+    if value == "q8":
+        codes, d = q8_fields(raw, kind)
+        _finite("token_embd.weight", d, first_row=first_row)
+        return pack_q8(codes, d)
+    k_fields = q8k_fields(raw, kind)
+    _finite("token_embd.weight", k_fields.d, k_fields.m, first_row=first_row)
+    return pack_q8k(k_fields.codes, k_fields.d, k_fields.m)
+
+
+def _finite(tensor: str, *scales: torch.Tensor, first_row: int = 0) -> None:
+    """A ConfigError naming the tensor where a block's scale is not a finite number (a damaged file); `first_row`:
+    the tensor's row the scales' first row is."""
     for scale in scales:
         bad = ~torch.isfinite(scale)
         if bool(bad.any()):
             row, group = (int(i) for i in bad.nonzero()[0])
             value = float(scale[row, group])
-            raise ConfigError(f"tensor {tensor}: block {group} of row {row} has the scale {value}; the file is damaged")
+            raise ConfigError(
+                f"tensor {tensor}: block {group} of row {first_row + row} has the scale {value}; the file is damaged"
+            )
 
 
 def _block_linear(kind: str, blocks: torch.Tensor, choice: Choice, library: KernelLibrary | None, tensor: str):

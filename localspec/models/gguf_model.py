@@ -35,6 +35,7 @@ from torch import nn
 from localspec.config import ConfigError
 from localspec.runtime.biased_linear import BiasedLinear
 from localspec.runtime.library import KernelLibrary, LibraryLoad
+from localspec.runtime.memory import load_allocations, release_free_memory
 from localspec.runtime.plan import Choice, LoadRecord, record_load, tensor_kernel
 
 from . import gguf_linear as blocks
@@ -91,7 +92,20 @@ class FileTensors:
             return default
         return _type_name(info), self.read(info)
 
-    def read(self, info: TensorInfo) -> torch.Tensor:
+    def rows(self, name: str) -> int:
+        """Tensor `name`'s row count (its bytes' first dimension in `get` and `chunks`)."""
+        info = self.info[name]
+        return info.n_elements // info.shape[0] if info.shape else 1
+
+    def chunks(self, name: str, rows: int):
+        """Tensor `name`'s bytes `rows` rows at a time: (first row, [rows, bytes a row] uint8), each read when the
+        one before is done with, so a large tensor (a 152k-row embedding) is never in memory whole."""
+        info = self.info[name]
+        for start in range(0, self.rows(name), rows):
+            yield start, self.read(info, start, rows)
+
+    def read(self, info: TensorInfo, first: int = 0, most: int | None = None) -> torch.Tensor:
+        """Rows first .. first + most of the tensor's bytes (all of them by default), [rows, bytes a row] uint8."""
         import gguf
 
         try:
@@ -99,13 +113,15 @@ class FileTensors:
         except (KeyError, ValueError):
             raise ConfigError(f"tensor {shown(info.name)}: unknown block type {info.type_id}") from None
         rows = info.n_elements // info.shape[0] if info.shape else 1
-        count = info.n_elements // block * size
+        row_bytes = info.n_elements // block * size // rows
+        take = rows - first if most is None else min(most, rows - first)
+        count = take * row_bytes
         data = bytearray(count)
         with open_regular(self.path) as fh:
-            got = os.preadv(fh.fileno(), [data], self.header.data_start + info.offset)
+            got = os.preadv(fh.fileno(), [data], self.header.data_start + info.offset + first * row_bytes)
         if got != count:
             raise ConfigError(f"tensor {shown(info.name)}: {got} of its {count} bytes read; the file changed")
-        return torch.frombuffer(data, dtype=torch.uint8).reshape(rows, count // rows)
+        return torch.frombuffer(data, dtype=torch.uint8).reshape(take, row_bytes)
 
 
 def _type_name(info: TensorInfo) -> str:
@@ -117,17 +133,25 @@ def _type_name(info: TensorInfo) -> str:
 def dense(raw: torch.Tensor, kind: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A tensor's blocks [rows, bytes] dequantized as the file format defines it (gguf_linear.dequantize where it
     knows the type, else gguf.quants), rounded to `dtype`, in chunks of ROW_CHUNK rows; `shape` is torch's."""
+    rows = raw.shape[0]
+    return dense_chunks(((start, raw[start : start + ROW_CHUNK]) for start in range(0, rows, ROW_CHUNK)), kind,
+                        rows, shape, dtype)  # fmt: skip
+
+
+def dense_chunks(chunks, kind: str, rows: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """dense() of a tensor given as (first row, its blocks [rows, bytes]) chunks (FileTensors.chunks): only the
+    result and one chunk's values are in memory at a time."""
     import gguf
 
-    out = torch.empty(raw.shape[0], int(np.prod(shape)) // raw.shape[0], dtype=dtype)
-    for start in range(0, raw.shape[0], ROW_CHUNK):
-        part = raw[start : start + ROW_CHUNK]
+    out = torch.empty(rows, int(np.prod(shape)) // rows, dtype=dtype)
+    for start, part in chunks:
         if kind in blocks.BLOCK_BYTES:
             values = blocks.dequantize(part, kind)
         else:
             qtype = gguf.GGMLQuantizationType[kind]
             values = torch.from_numpy(gguf.quants.dequantize(part.numpy(), qtype).astype(np.float32, copy=False))
-        out[start : start + ROW_CHUNK] = values.reshape(part.shape[0], -1).to(dtype)
+        out[start : start + part.shape[0]] = values.reshape(part.shape[0], -1).to(dtype)
+        del values
     return out.reshape(shape)
 
 
@@ -181,6 +205,8 @@ def _linears(model: nn.Module, tensors: FileTensors, library: KernelLibrary | No
             blocks._merged(choices, module_path.rpartition(".")[2], choice)
             blocks._merged(types, kind, choice)
             names.setdefault(kind, []).append(tensor)
+            del raw, made
+        release_free_memory()  # the heap's share of the layer's intermediates, before the next layer's
     by_type = tuple((kind, blocks._named(choice, names[kind])) for kind, choice in sorted(types.items()))
     return choices, by_type
 
@@ -196,8 +222,8 @@ def _others(model: nn.Module, tensors: FileTensors, dtype: torch.dtype) -> None:
                 continue
             shape = tuple(model.get_parameter(torch_name).shape)
             _fits(torch_name, gguf_name, tensors, shape)
-            kind, raw = tensors.get(gguf_name)
-            _set(model, torch_name, dense(raw, kind, shape, dtype))
+            chunks, rows = tensors.chunks(gguf_name, ROW_CHUNK), tensors.rows(gguf_name)
+            _set(model, torch_name, dense_chunks(chunks, tensors.kind(gguf_name), rows, shape, dtype))
     if model.config.tie_word_embeddings or "output.weight" not in tensors:
         model.lm_head.weight = model.model.embed_tokens.weight
     left = [name for name, param in model.named_parameters() if param.is_meta]
@@ -224,9 +250,10 @@ def build_from_file(path: Path, folder: str, dtype: torch.dtype, load: LibraryLo
     with init_empty_weights(include_buffers=False):  # 1. modules without weights
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.name_or_path = folder
-    choices, by_type = _linears(model, tensors, library, why_not, dtype)  # 2.
-    _others(model, tensors, dtype)  # 3.
-    head = blocks.q8_head(model, tensors, library, why_not)  # 4.
+    with load_allocations():  # each tensor's intermediates returned to the system when freed
+        choices, by_type = _linears(model, tensors, library, why_not, dtype)  # 2.
+        _others(model, tensors, dtype)  # 3.
+        head = blocks.q8_head(model, tensors, library, why_not)  # 4.
     linears = tuple(choices.items())
     if all(choice.value == "dense" for _, choice in linears):
         kinds = ", ".join(f"{kind} ({choice.value})" for kind, choice in by_type) or "none"

@@ -541,9 +541,9 @@ def load_pair(
     if target is None:
         target, _ = load_causal_lm(target_spec, where, dev, "target", progress)
     setting = pair.exact if exact is None else exact
-    if setting == "auto":
-        _say(progress, "Timing the exact forward setup against the fast one (once per machine)…")
-    exact_decision = choose_exact(setting, target, target_spec.source, target_folder, pair.k, dev)
+    exact_decision = choose_exact(
+        setting, target, target_spec.source, target_folder, pair.k, dev, say=lambda text: _say(progress, text)
+    )
     draft = None
     if draft_folder is not None:
         draft = _optional_part("draft", lambda: load_draft_part(pair, target, dev, progress), notices, progress)

@@ -16,6 +16,8 @@ setting (exact or fast forwards) and the environment (config.Environment), and r
   forward, cache,    the lean llama forward or transformers', the preallocated cache or a dynamic one, and
   compile            torch.compile's mode
   setup              the guarantee's setup id (verify/guarantee.py reads its measured rows by it)
+  exact cost         whether `exact: auto` has to time the exact setup against the fast one (exact_cost: not on
+                     exact-kernels, whose exact forwards cost nothing extra)
 
 ModelRunner and the lean forward execute the plan and decide nothing. `ForwardPlan.summary()` is the one-line form
 the bench and the chat window print; `to_dict()` is what `localspec generate --json` prints.
@@ -297,6 +299,17 @@ def setup_id(setup: ForwardSetup, row_invariant: bool) -> Setup:
     if not setup.attention_kernel:
         return "exact"
     return "exact-kernels" if row_invariant else "exact-attention"
+
+
+def exact_cost(plan: ForwardPlan) -> Choice:
+    """Whether `exact: auto` must time a model's exact setup against the fast one (models/exact_choice.py), from the
+    model's exact plan. On exact-kernels every decoder linear is on a row-invariant block kernel and decode / verify
+    attention on the attention kernel: no dummy row, no eager attention, and the same kernels serve plain decoding,
+    where the fast setup runs sdpa and no layer kernel; so the exact setup costs nothing extra and is on untimed.
+    Any other exact setup pays dummy rows or eager attention somewhere, and is timed."""
+    if plan.setup_id == "exact-kernels":
+        return Choice("known", "exact-kernels: every linear on row-invariant kernels, no timing needed")
+    return Choice("timed", f"{plan.setup_id}: {plan.setup.describe()} against the fast setup, timed once per machine")
 
 
 def packing(env: Environment | None = None) -> Choice:
