@@ -135,8 +135,8 @@ def test_chat_in_the_browser(browser, tiny_app):
     stats = page.inner_text("#ls-stats")
     match = re.search(r"accepted draft tokens\s+(\d+)/(\d+) \(", stats)
     assert match and int(match.group(1)) > 0, stats
-    assert float(shown_stats(page)["time to first token"].split()[0]) > 0  # "12 ms" or "1.2 s"
     assert_the_time_split_adds_up(page)
+    assert float(shown_stats(page)["time to first token"].split()[0]) > 0  # "12 ms" or "1.2 s"
     card = page.locator("#ls-transcript .tok").first.get_attribute("data-tip")
     assert "p_target" in card
 
@@ -151,6 +151,28 @@ def test_chat_in_the_browser(browser, tiny_app):
     assert page.locator("#ls-transcript .ls-subtle").count() == 1  # the default: faint underlines
     background = page.locator("#ls-transcript .tok").first.evaluate("e => getComputedStyle(e).backgroundColor")
     assert background in ("rgba(0, 0, 0, 0)", "transparent")
+    page.close()
+
+
+def test_the_repetition_penalty_in_the_window_changes_a_greedy_answer(browser, tiny_app):
+    page = open_page(browser, tiny_app.url)
+    set_max_tokens(page, 48)
+    penalty = page.locator("#ls-repetition-penalty input[type=number]")
+    if not penalty.is_visible():
+        page.locator("#ls-settings").get_by_text("Sampling (", exact=False).first.click()
+
+    def answer_with(value: str) -> str:  # greedy, in a new chat each time: only the penalty differs
+        penalty.fill(value)
+        penalty.press("Enter")
+        page.click("#ls-new-chat")
+        wait_status(page, "Cleared")
+        send_and_wait(page, "one two three one two three", 0)
+        return page.locator("#ls-transcript .ls-assistant").last.inner_text()
+
+    plain = answer_with("1")
+    penalised = answer_with("1.8")
+    assert answer_with("1") == plain  # the same settings give the same answer
+    assert penalised != plain
     page.close()
 
 

@@ -46,6 +46,8 @@ LONG = " ".join(f"word{i}" for i in range(300))  # 256 tokens and more
 READ = "read:"  # a message whose prompt is 4,000 tokens long, read in chunks of READ_STEP_S
 READ_STEP_S = 0.15  # 8 chunks: the reading passes a second, and the window says so
 READ_HELD = threading.Event()  # the first token of a READ message waits for it
+FORECAST = "forecast:"  # a message whose stats carry the controller's forecast, FORECAST_X
+FORECAST_X = 5.21
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +88,13 @@ def window_session(pair, progress=lambda _m: None):
             return ids, notice
 
         def stream_ids(self, ids, sampling, spec, cancel=None, first_source=()):
+            if self._text.startswith(FORECAST):  # the controller's forecast, far above what the answer measures
+                for event in self._stream(ids, sampling, spec, cancel, first_source):
+                    yield replace(event, stats=replace(event.stats, predicted_speedup=FORECAST_X))
+                return
+            yield from self._stream(ids, sampling, spec, cancel, first_source)
+
+        def _stream(self, ids, sampling, spec, cancel=None, first_source=()):
             self.step_s = SLOW_STEP_S if self._text.startswith("slow:") else 0.005
             reading = self._text.startswith(READ)
             self.prompt_tokens, self.step_s = (4000, READ_STEP_S) if reading else (0, self.step_s)
@@ -280,6 +289,20 @@ def test_a_new_answer_takes_the_old_compare_away_while_it_streams(chromium, wind
     context.close()
 
 
+def test_the_stats_table_shows_measured_figures_and_the_forecast_only_explained(chromium, window):
+    context, page = open_window(chromium, window)
+    send_and_wait(page, f"{FORECAST} a few words to stream", 0)
+    table = page.inner_text("#ls-stats .ls-stats-table")
+    assert "forecast" not in table and f"{FORECAST_X:.2f}" not in table, table  # measured figures only
+    assert "tokens/s" in table
+    help_list = page.locator("#ls-stats details.ls-help")
+    assert not help_list.locator(".ls-forecast").is_visible()  # inside the closed explanations
+    help_list.locator("summary").click()
+    forecast = help_list.locator(".ls-forecast").inner_text()
+    assert f"{FORECAST_X:.2f}×" in forecast and "a forecast, not a measurement" in forecast, forecast
+    context.close()
+
+
 def test_a_long_prompt_says_it_is_being_read_then_answers(chromium, window):
     READ_HELD.clear()
     context, page = open_window(chromium, window)
@@ -334,7 +357,7 @@ def test_deleting_the_open_conversation_takes_it_off_the_window(chromium, window
     context.close()
 
 
-def test_clear_leaves_no_title_and_stop_before_a_token_says_so(chromium, window):
+def test_clear_leaves_no_title(chromium, window):
     context, page = open_window(chromium, window)
     send_and_wait(page, "a titled conversation", 0)
     reopen(page)
@@ -343,7 +366,11 @@ def test_clear_leaves_no_title_and_stop_before_a_token_says_so(chromium, window)
     wait_status(page, "Cleared")
     page.wait_for_function("!document.querySelector('#ls-title textarea, #ls-title input').value", timeout=10_000)
     page.wait_for_function(NONE_CHOSEN, timeout=10_000)
+    context.close()
 
+
+def test_stop_before_the_first_token_says_so(chromium, window):
+    context, page = open_window(chromium, window)
     page.fill("#ls-message textarea", WAIT)
     page.click("#ls-send")
     page.wait_for_selector("#ls-transcript .ls-cursor", timeout=30_000)
