@@ -151,6 +151,7 @@ def test_the_embedded_target_runs_its_q4_1_linears_as_int4_blocks():
 
     from localspec.models.loading import load_pair
     from localspec.models.registry import load_registry
+    from localspec.runtime.q8_head import HeadRowsEmbedding, TiedHead
 
     pair = load_registry(Path(__file__).resolve().parents[1] / "models.yaml")[0]
     pair = replace(pair, target=replace(pair.target, quant="gguf"))
@@ -160,8 +161,12 @@ def test_the_embedded_target_runs_its_q4_1_linears_as_int4_blocks():
     wanted = "torch" if library_here_now().library is None else "q4"
     assert {m.layout for m in swapped} == {wanted}  # the q4 kernel wherever it loads
     assert loaded.quant == "gguf" and loaded.dtype.label == "gguf-int4"
-    assert isinstance(loaded.target.lm_head, torch.nn.Linear)  # the model's own head stays dense (tied embedding)
-    assert loaded.target.lm_head.weight.dtype == torch.bfloat16
+    target = loaded.target
+    if library_here_now().library is not None:  # the head on the q8 kernel: the embedding reads rows of its blocks
+        assert isinstance(target.lm_head, TiedHead) and isinstance(target.get_input_embeddings(), HeadRowsEmbedding)
+    else:  # the model's own head stays dense (the tied embedding)
+        assert isinstance(target.lm_head, torch.nn.Linear)
+    assert target.lm_head.weight.dtype == torch.bfloat16 and target.lm_head.weight is target.model.embed_tokens.weight
     head = load_record(loaded.target).head  # the logits: the file's Q8_0 blocks, where the kernels' library runs
     assert (head is not None) == (library_here_now().library is not None)
     if head is not None:

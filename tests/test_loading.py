@@ -94,9 +94,9 @@ def test_missing_gguf_package_says_how_to_install(tmp_path):
 
 
 @pytest.mark.slow
-def test_gguf_converts_once_then_loads_from_cache(tmp_path, monkeypatch):
-    """The first start writes the packaged GGUF's config and tokenizer into a header folder (no weights: quant gguf
-    builds the model from the file itself); the second reuses it."""
+def test_the_packaged_gguf_target_converts_nothing_and_loads_the_same_twice(tmp_path, monkeypatch):
+    """The packaged GGUF's target is built from the file, its config and tokenizer from its header in memory: no
+    folder of it is written in the cache, and a second start loads the same."""
     from pathlib import Path
 
     from localspec.models.loading import gguf_cache_folder, gguf_file
@@ -106,14 +106,11 @@ def test_gguf_converts_once_then_loads_from_cache(tmp_path, monkeypatch):
     pair = load_registry(Path(__file__).resolve().parents[1] / "models.yaml")[0]
     messages = []
     first = load_pair(pair, device="cpu", progress=messages.append)
-    assert any("tokenizer and config" in m for m in messages)
     assert first.quant == "gguf"
-    folder = gguf_cache_folder(gguf_file(pair.target.source))
-    assert (folder / "header").exists() and (folder / "tokenizer.json").exists()
-    assert not list(folder.glob("*.safetensors")) and not (folder / "done").exists()
+    assert not gguf_cache_folder(gguf_file(pair.target.source)).exists()
+    assert not any("tokenizer and config" in m for m in messages)
     messages.clear()
     second = load_pair(pair, device="cpu", progress=messages.append)
-    assert not any("tokenizer and config" in m for m in messages)
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.inference_mode():
         assert torch.equal(first.target(ids).logits, second.target(ids).logits)

@@ -158,7 +158,7 @@ def cache_key(device: torch.device, source: str, folder: str, quant: str = "none
     path = Path(folder)
     if path.is_dir():
         weights = sum(f.stat().st_size for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".pt"))
-    if not weights and source.endswith(".gguf"):  # a header folder (quant gguf): the weights are the file's
+    if not weights and source.endswith(".gguf"):  # the file itself (quant gguf): the weights are the file's
         from .loading import gguf_path
 
         file = gguf_path(source)

@@ -11,6 +11,7 @@ encoding) and against what a real model has (a sparse file of zeros holds millio
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,13 +125,31 @@ class _Cursor:
         raise ValueError(f"unknown GGUF value type {type_id} at byte {self.pos}")
 
 
+_RECENT: dict[tuple, tuple[frozenset[str], GGUFHeader]] = {}  # the last headers read, by the file's identity
+RECENT = 4
+
+
 def read_header(path: Path, arrays: frozenset[str] = frozenset({"tokenizer.ggml.tokens"})) -> GGUFHeader:
-    """The header of the GGUF file at `path`; array fields other than `arrays` are skipped (not decoded)."""
+    """The header of the GGUF file at `path`; array fields other than `arrays` are skipped (not decoded). A load
+    asks for it several times (its quant, its checks, its config, its tensors): the last RECENT files' headers are
+    kept by the file's identity (device, inode, size, modification time), so one load parses a header once, and an
+    ask for arrays it did not decode parses it again with those added."""
     with open_regular(path) as fh:
+        stat = os.fstat(fh.fileno())
+        key = (os.fspath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        kept = _RECENT.get(key)
+        if kept is not None and arrays <= kept[0]:
+            return kept[1]
+        wanted = arrays | kept[0] if kept is not None else arrays
         if fh.read(4) != MAGIC:
             raise ValueError("not a GGUF file (no 'GGUF' magic)")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            return _parse(_Cursor(mapped), arrays)
+            header = _parse(_Cursor(mapped), wanted)
+    _RECENT.pop(key, None)
+    _RECENT[key] = (wanted, header)
+    while len(_RECENT) > RECENT:
+        del _RECENT[next(iter(_RECENT))]
+    return header
 
 
 def _aligned(position: int, alignment: Any) -> int:

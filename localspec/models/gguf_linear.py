@@ -31,8 +31,8 @@ scale = d and zero = m + 8d, rounded to bfloat16 (its fast path wants bfloat16 s
 states what that changes), and the other layouts stay dense.
 
 gguf_model.py builds a model from the file with these; on the library, a Q8_0 or Q6_K token embedding that is also the
-tied LM head gets a Q8Head (on the q8, q8k or q6k kernel) for the logits (runtime/q8_head.py; the embedding itself is
-dense).
+tied LM head gets a Q8Head (on the q8, q8k or q6k kernel) for the logits, and on q8 or q6k the embedding's rows are
+read from that head's blocks (runtime/q8_head.py HeadRowsEmbedding).
 """
 
 from __future__ import annotations
@@ -349,11 +349,11 @@ def auto_quant(path: Path) -> FileQuant:
     """`quant: auto` for a GGUF file on the CPU, from its header's linear types: gguf where the library's kernels
     run some of them (the kernels are the fast path: nothing to time), auto (timed) where only torch's int4 kernel
     would, none where no type has a kernel. Linears left dense are named, with why."""
-    from .gguf_header import read_header
+    from .gguf_meta import load_header
     from .gguf_model import ARCHITECTURES
 
     try:
-        header = read_header(path, frozenset())
+        header = load_header(path)  # the first of a load's reads: with the arrays the load's tokenizer reads
     except (OSError, ValueError) as exc:  # the loader's own check says what is wrong with the file
         return FileQuant("none", f"its header does not read: {exc}")
     architecture = header.fields.get("general.architecture")
@@ -398,9 +398,8 @@ def q8_head(model: nn.Module, tensors, library: KernelLibrary | None, why_not: s
         return None
     kind = tensors.kind("token_embd.weight")
     choice = tensor_kernel(kind, "lm_head", library, why_not)
-    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     kernel = _member(library, choice)
-    if kernel is None or not tied or "output.weight" in tensors:
+    if kernel is None or "output.weight" in tensors:  # no output.weight: the head is tied to the embedding
         return None
     rows, k = tensors.shape("token_embd.weight")
     group = {"q6k": SUPER, "q8": GROUP}.get(choice.value, K_GROUP)

@@ -1,8 +1,6 @@
 """A GGUF target built from the file itself (quant gguf): no dequantized copy anywhere.
 
 Words:
-  header folder  the cached folder that holds the file's config and tokenizer only (loading.materialise_gguf with
-                 weights=False): what transformers needs to build the model's modules and to tokenize
   block linear   a linear whose GGUF tensor's block type has a kernel in the plan's table (runtime/plan.py KERNELS):
                  its blocks are read from the file once, taken apart and packed into that kernel's layout
                  (gguf_linear.py); the layout is the kernel's, so the file's bytes are repacked, never copied whole
@@ -10,13 +8,15 @@ Words:
                  here): the file's own dequantization, rounded to the model's dtype
 
 Phases of build_from_file:
-  1. the modules from the header folder's config, on the meta device (no weight allocated; buffers real)
+  1. the modules from the config made of the file's header (gguf_meta.py), on the meta device (no weight allocated;
+     buffers real)
   2. every decoder linear from its tensor's blocks (block linear, then its bias where qwen2 has one:
      runtime/biased_linear.py) or dequantized (dense), one tensor in memory at a time
-  3. every other parameter (embedding, norms, qwen3's q and k norms, an untied head) from its tensor, dequantized,
-     the head tied to the embedding where the file has no output.weight; a parameter left unfilled is an error
-  4. the tied LM head on the q8 / q8k / q6k kernel where the plan's table gives its type one (gguf_linear.q8_head),
-     and what was built recorded for the forward plan (plan.record_load)
+  3. the tied LM head on the q8 / q6k kernel where the plan's table gives its type one (gguf_linear.q8_head)
+  4. every other parameter (norms, qwen3's q and k norms, an untied head, the embedding) from its tensor,
+     dequantized, the head tied to the embedding where the file has no output.weight; a parameter left unfilled is
+     an error. Where 3. built the head, the embedding is that head's rows (q8_head.HeadRowsEmbedding, no dense copy)
+     and the model's lm_head a TiedHead on it. What was built is recorded for the forward plan (plan.record_load)
 
 Each tensor is read with pread into a buffer of its own size, so the resident memory is the packed layers plus one
 tensor being packed; the file's pages are never all mapped at once. transformers' own GGUF loader (the dequantized
@@ -37,6 +37,7 @@ from localspec.runtime.biased_linear import BiasedLinear
 from localspec.runtime.library import KernelLibrary, LibraryLoad
 from localspec.runtime.memory import load_allocations, release_free_memory
 from localspec.runtime.plan import Choice, LoadRecord, record_load, tensor_kernel
+from localspec.runtime.q8_head import HeadRowsEmbedding, Q8Head, TiedHead
 
 from . import gguf_linear as blocks
 from .gguf_header import GGUFHeader, TensorInfo, read_header
@@ -58,10 +59,12 @@ ROW_CHUNK = 4096  # rows dequantized at a time: a 152k-row embedding never exist
 
 
 class FileTensors:
-    """A GGUF file's tensors by name, each read from the file when asked for (pread: no mapping outlives a call)."""
+    """A GGUF file's tensors by name, each read from the file when asked for (pread: no mapping outlives a call).
+    Inside `with` the file is opened once for every read; outside it, once per read."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._file = None
         try:
             self.header: GGUFHeader = read_header(path, frozenset())
         except (OSError, ValueError) as exc:
@@ -70,6 +73,14 @@ class FileTensors:
         if truncated is not None:
             raise ConfigError(f"{shown(path)}: {truncated}; the file is damaged or still downloading")
         self.info = {tensor.name: tensor for tensor in self.header.tensors}
+
+    def __enter__(self) -> FileTensors:
+        self._file = open_regular(self.path)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._file, opened = None, self._file
+        opened.close()
 
     @property
     def architecture(self) -> str:
@@ -117,8 +128,12 @@ class FileTensors:
         take = rows - first if most is None else min(most, rows - first)
         count = take * row_bytes
         data = bytearray(count)
-        with open_regular(self.path) as fh:
-            got = os.preadv(fh.fileno(), [data], self.header.data_start + info.offset + first * row_bytes)
+        at = self.header.data_start + info.offset + first * row_bytes
+        if self._file is not None:
+            got = os.preadv(self._file.fileno(), [data], at)
+        else:
+            with open_regular(self.path) as fh:
+                got = os.preadv(fh.fileno(), [data], at)
         if got != count:
             raise ConfigError(f"tensor {shown(info.name)}: {got} of its {count} bytes read; the file changed")
         return torch.frombuffer(data, dtype=torch.uint8).reshape(take, row_bytes)
@@ -211,20 +226,28 @@ def _linears(model: nn.Module, tensors: FileTensors, library: KernelLibrary | No
     return choices, by_type
 
 
-def _others(model: nn.Module, tensors: FileTensors, dtype: torch.dtype) -> None:
-    """Phase 3: the embedding, the norms and an untied head, dequantized; nothing left on the meta device."""
+def _others(model: nn.Module, tensors: FileTensors, dtype: torch.dtype, head: Q8Head | None) -> None:
+    """Phase 4: the norms, an untied head and the embedding, dequantized (the embedding the rows of the q8 / q6k
+    `head` where there is one); nothing left on the meta device."""
+    from_head = head is not None and head.kernel.KIND in ("q8", "q6k")
+    if from_head:
+        wanted = tuple(model.get_input_embeddings().weight.shape)
+        _fits("model.embed_tokens.weight", "token_embd.weight", tensors, wanted)
+        embedding = HeadRowsEmbedding(head, dtype)
+        model.set_input_embeddings(embedding)
+        model.set_output_embeddings(TiedHead(embedding))
     for index in range(model.config.num_hidden_layers):
         for gguf_name, torch_name in TENSORS.items():
             if "{i}" not in gguf_name and index:
                 continue
             gguf_name, torch_name = gguf_name.format(i=index), torch_name.format(i=index)
-            if gguf_name not in tensors:
+            if gguf_name not in tensors or (from_head and gguf_name == "token_embd.weight"):
                 continue
             shape = tuple(model.get_parameter(torch_name).shape)
             _fits(torch_name, gguf_name, tensors, shape)
             chunks, rows = tensors.chunks(gguf_name, ROW_CHUNK), tensors.rows(gguf_name)
             _set(model, torch_name, dense_chunks(chunks, tensors.kind(gguf_name), rows, shape, dtype))
-    if model.config.tie_word_embeddings or "output.weight" not in tensors:
+    if not from_head and (model.config.tie_word_embeddings or "output.weight" not in tensors):
         model.lm_head.weight = model.model.embed_tokens.weight
     left = [name for name, param in model.named_parameters() if param.is_meta]
     if left:
@@ -233,10 +256,12 @@ def _others(model: nn.Module, tensors: FileTensors, dtype: torch.dtype) -> None:
 
 
 def build_from_file(path: Path, folder: str, dtype: torch.dtype, load: LibraryLoad | None) -> nn.Module:
-    """A llama, qwen2 or qwen3 GGUF's model from its header folder's config and the file's tensors (phases: the
-    module's doc)."""
+    """A llama, qwen2 or qwen3 GGUF's model from the config of `folder` (the file itself: its header's;
+    loading.load_config) and the file's tensors (phases: the module's doc)."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    from .loading import load_config
 
     tensors = FileTensors(path)
     if tensors.architecture not in ARCHITECTURES:
@@ -246,14 +271,14 @@ def build_from_file(path: Path, folder: str, dtype: torch.dtype, load: LibraryLo
         )
     library = load.library if load is not None else None
     why_not = load.reason if load is not None else "not offered"
-    config = AutoConfig.from_pretrained(folder)
+    config = load_config(folder)
     with init_empty_weights(include_buffers=False):  # 1. modules without weights
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.name_or_path = folder
-    with load_allocations():  # each tensor's intermediates returned to the system when freed
+    with load_allocations(), tensors:  # each tensor's intermediates returned to the system when freed; one open
         choices, by_type = _linears(model, tensors, library, why_not, dtype)  # 2.
-        _others(model, tensors, dtype)  # 3.
-        head = blocks.q8_head(model, tensors, library, why_not)  # 4.
+        head = blocks.q8_head(model, tensors, library, why_not)  # 3.
+        _others(model, tensors, dtype, head)  # 4.
     linears = tuple(choices.items())
     if all(choice.value == "dense" for _, choice in linears):
         kinds = ", ".join(f"{kind} ({choice.value})" for kind, choice in by_type) or "none"

@@ -1,5 +1,9 @@
-"""Load targets (bitsandbytes nf4 / int8, a GGUF's int4 blocks, none) and drafts; turn a packaged GGUF into a
-cached safetensors folder."""
+"""Load targets (bitsandbytes nf4 / int8, a GGUF's blocks as stored, none) and drafts; turn a GGUF that loads
+dequantized into a cached safetensors folder.
+
+A target's "folder" is what its config and tokenizer are read from: a transformers folder, a GGUF's dequantized
+folder (quant none), or for a GGUF target on its own blocks (quant gguf) the file itself, whose config and tokenizer
+are made in memory from its header (gguf_meta.py; load_config, load_tokenizer)."""
 
 from __future__ import annotations
 
@@ -61,61 +65,39 @@ def gguf_cache_folder(path: Path) -> Path:
     return writable_folder(cache_dir() / "gguf", "The converted GGUF model") / f"{shown(path.stem)}-{key}"
 
 
-HEADER_MARK, WEIGHTS_MARK = "header", "done"  # a header folder's mark; a whole dequantized folder's
+WEIGHTS_MARK = "done"  # a whole dequantized folder's mark
 
 
-def gguf_folder_ready(path: Path, weights: bool) -> bool:
-    """Whether the cached folder of GGUF file `path` holds what a load needs: its config and tokenizer (quant gguf
-    reads the weights from the file itself), or also its dequantized weights (weights=True: quant none)."""
+def gguf_folder_ready(path: Path) -> bool:
+    """Whether the dequantized folder of GGUF file `path` (quant none) is in the cache."""
+    return (gguf_cache_folder(path) / WEIGHTS_MARK).exists()
+
+
+def materialise_gguf(path: Path, progress: Optional[Progress] = None) -> Path:
+    """The GGUF's cached folder, for quant none: its whole model dequantized to float32 safetensors, its config and
+    tokenizer (quant gguf builds the model from the file instead, and writes nothing: gguf_model.py)."""
     folder = gguf_cache_folder(path)
-    return (folder / WEIGHTS_MARK).exists() or (not weights and (folder / HEADER_MARK).exists())
-
-
-def materialise_gguf(path: Path, progress: Optional[Progress] = None, weights: bool = True) -> Path:
-    """The GGUF's cached folder: its config and tokenizer, converted once from the header, and with weights=True its
-    whole model dequantized to float32 safetensors (what transformers loads for quant none; quant gguf builds the
-    model from the file instead: gguf_model.py)."""
-    folder = gguf_cache_folder(path)
-    if gguf_folder_ready(path, weights):
+    if gguf_folder_ready(path):
         return folder
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM
 
     tmp = folder.with_name(folder.name + ".tmp")
-    if weights:
-        _say(progress, f"First start: converting {shown(path.name)} to a cached safetensors folder (once)…")
-        packed = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        config = packed.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        plain.load_state_dict(packed.state_dict(), strict=False)
-        plain.save_pretrained(tmp)
-    else:
-        _say(progress, f"First start: reading {shown(path.name)}'s tokenizer and config (once)…")
-        config = _header_config(path)
-        config.save_pretrained(tmp)
-        GenerationConfig.from_model_config(config).save_pretrained(tmp)
+    _say(progress, f"First start: converting {shown(path.name)} to a cached safetensors folder (once)…")
+    packed = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    config = packed.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(packed.state_dict(), strict=False)
+    plain.save_pretrained(tmp)
     _header_tokenizer(path).save_pretrained(tmp)
-    (tmp / (WEIGHTS_MARK if weights else HEADER_MARK)).write_text(shown(path), encoding="utf-8")
+    (tmp / WEIGHTS_MARK).write_text(shown(path), encoding="utf-8")
     if folder.exists():
         import shutil
 
         shutil.rmtree(folder)
     tmp.rename(folder)
     return folder
-
-
-def _header_config(path: Path):
-    """The transformers config of a GGUF file, as AutoConfig.from_pretrained(gguf_file=…) makes it, from one read
-    of its header."""
-    from transformers import CONFIG_MAPPING
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    values = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
-    config = CONFIG_MAPPING[values["model_type"]].from_dict(values)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    return config
 
 
 def _header_tokenizer(path: Path):
@@ -159,8 +141,10 @@ def gguf_path(source: str) -> Optional[Path]:
 def check_gguf_loads(path: Path) -> None:
     """Refuse, before any conversion, a GGUF whose architecture or tensor types cannot be loaded, naming them."""
     from .discovery import read_gguf
+    from .gguf_meta import load_header
 
     try:
+        load_header(path)  # the arrays the load reads too, so its later reads of the header find it parsed
         found = read_gguf(path, "llama.cpp", shown(path.name))
     except Exception as exc:
         raise ConfigError(f"{shown(path)} is not a readable GGUF file: {type(exc).__name__}: {exc}") from None
@@ -171,18 +155,19 @@ def check_gguf_loads(path: Path) -> None:
 
 
 def resolve_folder(spec: ModelSpec, what: str, progress: Optional[Progress] = None) -> str:
-    """A local folder, a GGUF file's cached folder (its config and tokenizer; for any quant but gguf its dequantized
-    weights too), or a hub id (which must already be in the local cache when offline)."""
+    """A local folder, a GGUF file itself (quant gguf: its config and tokenizer are its header's, its weights its
+    blocks), a GGUF file's dequantized folder (any other quant), or a hub id (which must already be in the local
+    cache when offline)."""
     source = spec.source
     weights = spec.quant != "gguf"
     try:
         gguf = gguf_path(source)
-        if gguf is not None and not gguf_folder_ready(gguf, weights):
+        if gguf is not None and (not weights or not gguf_folder_ready(gguf)):
             check_gguf_loads(gguf)
     except ConfigError as exc:
         raise ConfigError(f"{what}: {exc}") from None
     if gguf is not None:
-        return str(materialise_gguf(gguf, progress, weights))
+        return str(materialise_gguf(gguf, progress)) if weights else str(gguf)
     if looks_like_path(source) or Path(source).exists():
         if not Path(source).exists():
             raise ConfigError(f"{what}: local model path {source} does not exist")
@@ -362,10 +347,33 @@ def share_target_embedding(draft: torch.nn.Module, target: torch.nn.Module) -> N
             )
 
 
+def _gguf_itself(folder: str) -> Optional[Path]:
+    """The GGUF file a "folder" is when resolve_folder gave the file itself (quant gguf), else None."""
+    return gguf_path(folder) if Path(folder).is_file() else None
+
+
 def load_tokenizer(folder: str, trust_remote_code: bool = False):
+    """The tokenizer of a resolved folder (a GGUF file's: made in memory from its header)."""
+    gguf = _gguf_itself(folder)
+    if gguf is not None:
+        from .gguf_meta import header_tokenizer
+
+        return header_tokenizer(gguf)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+
+
+def load_config(folder: str, trust_remote_code: bool = False):
+    """The transformers config of a resolved folder (a GGUF file's: made in memory from its header)."""
+    gguf = _gguf_itself(folder)
+    if gguf is not None:
+        from .gguf_meta import header_config
+
+        return header_config(gguf)
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
 
 
 def tokenizer_file(folder: str) -> str:
@@ -394,8 +402,6 @@ def output_rows(config) -> int:
 
 def check_draft_fits(target_folder: str, draft_folder: str, target_tok, pair: PairSpec) -> None:
     """The draft's tokenizer and config against the target's, before its weights load."""
-    from transformers import AutoConfig
-
     draft_spec = pair.draft
     try:
         draft_tok = load_tokenizer(draft_folder, draft_spec.trust_remote_code)
@@ -405,12 +411,8 @@ def check_draft_fits(target_folder: str, draft_folder: str, target_tok, pair: Pa
         ) from None
     check_same_tokenizer(target_tok, draft_tok, pair.name, tokenizer_file(draft_folder))
     try:
-        target_rows = output_rows(
-            AutoConfig.from_pretrained(target_folder, trust_remote_code=pair.target.trust_remote_code)
-        )
-        draft_rows = output_rows(
-            AutoConfig.from_pretrained(draft_folder, trust_remote_code=draft_spec.trust_remote_code)
-        )
+        target_rows = output_rows(load_config(target_folder, pair.target.trust_remote_code))
+        draft_rows = output_rows(load_config(draft_folder, draft_spec.trust_remote_code))
     except Exception as exc:
         raise ConfigError(f"{draft_folder}/config.json does not load: {type(exc).__name__}: {exc}") from None
     if draft_rows > target_rows:
@@ -472,8 +474,10 @@ def load_draft_part(
 ) -> torch.nn.Module:
     """The entry's draft (its folder already checked), on the target's device; its output layer checked too."""
     draft, _ = load_causal_lm(pair.draft, f"model pair {pair.name!r} draft", device, "draft", progress)
+    from localspec.runtime.q8_head import output_rows as model_rows
+
     share_target_embedding(draft, target)
-    target_rows = target.get_output_embeddings().weight.shape[0]
+    target_rows = model_rows(target)
     draft_rows = draft.get_output_embeddings().weight.shape[0]
     if draft_rows > target_rows:
         raise ConfigError(

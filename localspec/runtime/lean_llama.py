@@ -35,6 +35,7 @@ from localspec.config import ForwardKind
 from .attention_kernel import AttentionKernel
 from .layer_kernel import BoundLayer, LayerKernel, layer_weights
 from .plan import AttentionKind, ForwardPlan, lean_supported
+from .q8_head import embedding_format
 from .static_cache import PreallocatedCache
 from .tree import causal_mask
 
@@ -264,7 +265,8 @@ class LeanLlama(nn.Module):
         self.embed = base.embed_tokens
         self.norm = base.norm
         generator = torch.Generator().manual_seed(0)
-        probe = torch.randn(2, config.hidden_size, generator=generator).to(self.embed.weight)  # [2, H], compute dtype
+        dtype, device = embedding_format(model)
+        probe = torch.randn(2, config.hidden_size, generator=generator).to(device=device, dtype=dtype)  # [2, H]
         attention, layer_kernel = plan.attention_kernel, plan.layer
         self.layers = nn.ModuleList(LeanLayer(lay, config, probe, attention, layer_kernel) for lay in base.layers)
         rotary = base.rotary_emb

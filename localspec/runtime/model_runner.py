@@ -26,6 +26,7 @@ from .plan import (  # noqa: F401  (the setups, re-exported where callers have a
     plan_forward,
     row_invariant_layers,
 )
+from .q8_head import embedding_format, output_rows
 from .static_cache import PreallocatedCache
 from .tree import TokenTree, causal_mask, tree_attention_mask, tree_positions, tree_visibility, tree_visible_rows
 
@@ -62,7 +63,7 @@ class ModelRunner:
         self.plan = plan or plan_forward(model, setup=setup, forward=forward, cache=cache, compile=compile)
         self.setup = self.plan.setup
         self.device = next(model.parameters()).device
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = output_rows(model)
         self.max_context = int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
         output = model.get_output_embeddings()
         self._lm_head = self.plan.head if self.plan.head is not None else (
@@ -137,7 +138,7 @@ class ModelRunner:
         elif self.plan.rows_as_plain(rows) and self.tokens:
             kwargs["rows_as_plain"] = RowsAsPlain.for_chain(rows, self.setup.padded(1))
         if self.setup.explicit_mask and isinstance(self.cache, PreallocatedCache) and not on_kernel:
-            dtype = self.model.get_input_embeddings().weight.dtype
+            dtype = embedding_format(self.model)[0]
             kwargs["attention_mask"] = causal_mask(prefix_len, rows + pad, dtype, self.device)  # [1, 1, T, P+T]
         out, features = backbone_features(
             backbone,
@@ -189,7 +190,7 @@ class ModelRunner:
         self.cache.ensure_capacity(prefix_len + rows + pad)
         # sdpa takes a bool mask (or one in the query's dtype); eager adds a float mask to the scores
         sdpa = self.model.config._attn_implementation == "sdpa"
-        dtype = torch.bool if sdpa else self.model.get_input_embeddings().weight.dtype
+        dtype = torch.bool if sdpa else embedding_format(self.model)[0]
         input_ids = torch.tensor([[pending] + tree.token_ids], dtype=torch.long, device=self.device)  # [1, N+1]
         extra = {}
         on_kernel = self.plan.attention(rows + pad) == "kernel"

@@ -36,6 +36,7 @@ from localspec.config import CompileMode, Environment, ForwardKind, cache_dir
 from localspec.measured import exact_rows
 
 from .library import KernelLibrary, LibraryLoad, load_library
+from .q8_head import embedding_format
 
 AttentionPath = Literal["sdpa", "eager"]  # transformers' attention implementations the setups use
 AttentionKind = Literal["sdpa", "eager", "kernel"]  # a forward's attention (kernel: attention_kernel.py)
@@ -257,8 +258,7 @@ def _attention_kernel_fits(model: nn.Module, library: KernelLibrary | None) -> t
     if library is None or library.attention is None:
         return False, "no attention kernel here" if library is None else "; ".join(library.notes)
     config = model.config
-    dtype = model.get_input_embeddings().weight.dtype
-    device = model.get_input_embeddings().weight.device
+    dtype, device = embedding_format(model)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     if device.type != "cpu" or not library.attention.fits(heads, kv_heads, dim, dtype):
@@ -287,7 +287,7 @@ def exact_setup_for(
     kernel = env.forward == "lean" and lean_supported(model) and _attention_kernel_fits(model, library)[0]
     if row_invariant_layers(model):
         return ForwardSetup(attention="eager", explicit_mask=True, attention_kernel=kernel)
-    dtype = model.get_input_embeddings().weight.dtype
+    dtype = embedding_format(model)[0]
     return dataclasses.replace(exact_setup(dtype), attention_kernel=kernel)
 
 

@@ -14,17 +14,18 @@ from localspec.config import ModelSpec, PairSpec
 
 
 def _converts(spec: Optional[ModelSpec], weights: bool) -> bool:
-    """True when loading spec will first convert a packaged GGUF (its header folder, or with `weights` its whole
-    dequantized folder, is not in the cache yet). A target on the file's blocks (quant gguf / auto) needs the header
-    only; a draft loads dequantized."""
+    """True when loading spec will first convert a packaged GGUF (its dequantized folder is not in the cache yet). A
+    target on the file's blocks (quant gguf / auto) converts nothing; a draft loads dequantized (`weights`)."""
     from localspec.config import ConfigError
     from localspec.models.loading import gguf_file, gguf_folder_ready
     from localspec.models.registry import GGUF_PREFIX
 
     if spec is None or not str(spec.source).startswith(GGUF_PREFIX):
         return False
+    if not weights and spec.quant in ("gguf", "auto"):  # on its own blocks: config and tokenizer from the header
+        return False
     try:
-        return not gguf_folder_ready(gguf_file(spec.source), weights or spec.quant not in ("gguf", "auto"))
+        return not gguf_folder_ready(gguf_file(spec.source))
     except (ConfigError, OSError):  # the load itself will say what is wrong
         return False
 
