@@ -482,14 +482,19 @@ SLOW_WORDS = " ".join(f"w{i}" for i in range(50))  # ~5 s of streaming: a reload
 TOKENS_SHOWN = "([n]) => document.querySelectorAll('#ls-transcript .ls-assistant .tok').length >= n"
 
 
-def test_a_reload_mid_answer_shows_the_answer_streaming_on_to_its_end(chromium, window):
-    context, page = open_window(chromium, window)
+def reload_mid_answer(page, tokens: int) -> None:
+    """Send a slow answer, reload the page once `tokens` of it show, and wait for the page to follow it."""
     page.fill("#ls-message textarea", f"slow: {SLOW_WORDS}")
     page.click("#ls-send")
-    page.wait_for_function(TOKENS_SHOWN, arg=[6], timeout=30_000)
+    page.wait_for_function(TOKENS_SHOWN, arg=[tokens], timeout=30_000)
     page.reload(wait_until="load")
     page.wait_for_selector("#ls-message textarea", timeout=30_000)
     wait_status(page, "asked for before this page loaded", 15_000)  # followed, not an empty window
+
+
+def test_a_reload_mid_answer_shows_the_answer_streaming_on_to_its_end(chromium, window):
+    context, page = open_window(chromium, window)
+    reload_mid_answer(page, 6)
     assert f"slow: {SLOW_WORDS}" in page.inner_text("#ls-transcript .ls-user")
     assert page.locator("#ls-transcript .ls-cursor").count() == 1  # still streaming, not "[incomplete]"
     shown = page.locator("#ls-transcript .ls-assistant .tok").count()
@@ -509,11 +514,7 @@ def test_a_reload_mid_answer_shows_the_answer_streaming_on_to_its_end(chromium, 
 
 def test_stop_after_a_reload_stops_the_answer_that_streams_on(chromium, window):
     context, page = open_window(chromium, window)
-    page.fill("#ls-message textarea", f"slow: {SLOW_WORDS}")
-    page.click("#ls-send")
-    page.wait_for_function(TOKENS_SHOWN, arg=[4], timeout=30_000)
-    page.reload(wait_until="load")
-    wait_status(page, "asked for before this page loaded", 15_000)
+    reload_mid_answer(page, 4)
     page.click("#ls-stop")
     wait_status(page, "Stopped after", 15_000)
     told = int(re.search(r"Stopped after (\d+) token", page.inner_text("#ls-status")).group(1))

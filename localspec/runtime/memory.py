@@ -25,22 +25,22 @@ import sys
 
 
 @functools.cache
-def _malloc_trim():
-    """glibc's malloc_trim, or None where the C library has none (macOS, Windows, musl)."""
+def _libc(name: str, argtypes: tuple, restype=ctypes.c_int):
+    """glibc's function `name`, or None where the C library has none (macOS, Windows, musl)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        trim = ctypes.CDLL(None).malloc_trim
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
+    function.argtypes = list(argtypes)
+    function.restype = restype
+    return function
 
 
 def release_free_memory() -> bool:
     """Return the free pages of every malloc arena to the OS (True when the allocator could do it)."""
-    trim = _malloc_trim()
+    trim = _libc("malloc_trim", (ctypes.c_size_t,))
     if trim is None:
         return False
     trim(0)
@@ -52,26 +52,12 @@ LOAD_MMAP_THRESHOLD = 128 << 10  # glibc's starting threshold: every block of a 
 MMAP_THRESHOLD_MAX = 32 << 20  # the dynamic threshold's ceiling on 64-bit glibc (DEFAULT_MMAP_THRESHOLD_MAX)
 
 
-@functools.cache
-def _mallopt():
-    """glibc's mallopt, or None where the C library has none."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return None
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return mallopt
-
-
 @contextlib.contextmanager
 def load_allocations():
     """Within: blocks of LOAD_MMAP_THRESHOLD bytes and more are mappings of their own, returned when freed; after:
     the threshold at MMAP_THRESHOLD_MAX and the free heap trimmed (module docstring). Nothing where there is no
     mallopt."""
-    mallopt = _mallopt()
+    mallopt = _libc("mallopt", (ctypes.c_int, ctypes.c_int))
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, LOAD_MMAP_THRESHOLD)
         mallopt(M_TRIM_THRESHOLD, LOAD_MMAP_THRESHOLD)
