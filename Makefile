@@ -50,7 +50,8 @@ setup-bench-llama: $(VENV)/.installed
 	$(BIN)/python scripts/build_llama_cpp.py --cflags '$(NO_AMX)' $(ARGS)
 
 # Optional as well: ik_llama.cpp (the fastest CPU fork of llama.cpp) from the vendor tree of the pinned
-# ik-llama-cpp-python sdist, its llama-bench only: pp512 / tg128 beside llama.cpp's in `localspec bench`'s report
+# ik-llama-cpp-python sdist: its llama-server for `localspec bench --modes ik_llama.cpp` (end to end, prefill included)
+# and its llama-bench (pp512 / tg128 beside llama.cpp's in the report)
 setup-bench-ik: $(VENV)/.installed
 	$(BIN)/python scripts/build_llama_cpp.py --peer ik_llama.cpp $(ARGS)
 

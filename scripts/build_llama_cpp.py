@@ -1,6 +1,7 @@
 """Build a C++ peer's binaries for this CPU, once, where `localspec bench` finds them (localspec/bench/llama_bin.py:
 `<data folder>/<peer>/<version>-<cpu tag>/bin`): llama.cpp's llama-server, llama-bench and llama-quantize
-(`make setup-bench-llama`), or ik_llama.cpp's llama-bench (`--peer ik_llama.cpp`, `make setup-bench-ik`).
+(`make setup-bench-llama`), or ik_llama.cpp's llama-server and llama-bench (`--peer ik_llama.cpp`,
+`make setup-bench-ik`).
 
     python scripts/build_llama_cpp.py [--peer ik_llama.cpp] [--jobs 2] [--cflags '-mno-amx-int8 ...'] [--work DIR]
 

@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 args = sys.argv[1:]
 record = os.environ["STAND_IN_RECORD"]
+open("llama.log", "a").close()  # as ik_llama.cpp's server does, in its working folder
 with open(record, "a") as out:
     out.write(json.dumps({"argv": args}) + "\\n")
 if os.environ.get("STAND_IN_FAIL"):
@@ -69,8 +70,12 @@ class Handler(BaseHTTPRequestHandler):
         if "--spec-type" in args:
             timings.update(draft_n=4, draft_n_accepted=3)
         reply = {"tokens": answer, "stop_type": "eos" if answer[-1:] == [2] else "limit", "timings": timings}
-        if os.environ.get("STAND_IN_NO_TOKENS"):  # a server that ignores return_tokens
+        if os.environ.get("STAND_IN_NO_TOKENS") or TEXT_ONLY:  # a server that ignores return_tokens
             del reply["tokens"]
+        if TEXT_ONLY:  # ik_llama.cpp's answer: its text, and whether it stopped at the end token
+            # its text tokenized again merges two of its tokens: "w78"
+            reply = {"content": "w" + "".join(str(t) for t in answer if t != 2), "stopped_eos": answer[-1:] == [2],
+                     "timings": timings}
         self.reply(200, reply)
 
 
@@ -90,9 +95,9 @@ print(json.dumps({BENCH_JSON!r}))
 """
 
 
-def _executable(folder: Path, name: str, body: str) -> None:
+def _executable(folder: Path, name: str, body: str, text_only: bool = False) -> None:
     path = folder / name
-    text = f"#!{sys.executable}\nANSWER = {ANSWER!r}\n" + textwrap.dedent(body)
+    text = f"#!{sys.executable}\nANSWER = {ANSWER!r}\nTEXT_ONLY = {text_only!r}\n" + textwrap.dedent(body)
     path.write_text(text)
     path.chmod(0o755)
 
@@ -233,7 +238,8 @@ def test_missing_binaries_say_how_to_build_them(tmp_path, monkeypatch):
     target = _gguf(tmp_path, "t.gguf")
     why = available_modes(_session(_pair(str(target))))
     for mode in llama_cpp.LLAMA_MODES:
-        assert "make setup-bench-llama" in why[mode] and "llama-server" in why[mode]
+        build = "make setup-bench-ik" if mode == "ik_llama.cpp" else "make setup-bench-llama"
+        assert build in why[mode] and "llama-server" in why[mode]
     with pytest.raises(ConfigError, match="make setup-bench-llama"):
         llama_bin.binary("llama-server")
 
@@ -394,6 +400,7 @@ def test_the_report_puts_llama_bench_beside_every_mode():
                 "build_commit": "ik12345",
             }
         },
+        "peer_server_args": {"ik_llama.cpp": ["-ub", "31"]},
     }
     run = BenchRun("fake", modes, records, 100, [], machine)
     summary = summarize(run)
@@ -410,6 +417,7 @@ def test_the_report_puts_llama_bench_beside_every_mode():
     text = to_markdown(data)
     assert "pp512 320.0 ± 3.0 t/s, tg128 125.0 ± 1.0 t/s" in text
     assert "| ik_llama.cpp | ik12345 | 640.0 | 150.0 | 2.00× | 1.20× |" in text
+    assert "options added (`--peer-args`): ik_llama.cpp: `-ub 31`." in text
     # reading the prompt: llama.cpp's 10 prompt tokens in 50 ms, its first token one 10 ms decode step later
     assert summary["rows"]["llama.cpp"]["all"]["prefill"] == pytest.approx(
         {"prefill_tokens_per_s": 200.0, "mean_ttft_s": 0.06}
@@ -459,3 +467,60 @@ def test_our_prefill_rate_and_time_to_first_token_come_from_the_engines_stats():
     figures = prefill_figures([answer(0.5, 0.6), answer(1.5, 1.8)], [300, 700])
     assert figures == pytest.approx({"prefill_tokens_per_s": 500.0, "mean_ttft_s": 1.2})
     assert prefill_figures([RunResult([1], 1.0, 1.0)], [5]) is None  # transformers' modes say nothing of it
+
+
+# -- ik_llama.cpp's server as a mode --------------------------------------------------------------------------------
+
+
+class _WordTokenizer:
+    """w78 → [78]: the stand-in ik server's text read back."""
+
+    eos_token_id = 2
+
+    def encode(self, text, add_special_tokens=False):
+        return [int(word[1:]) for word in text.split()]
+
+
+def test_the_ik_mode_runs_ik_llama_cpps_own_server_and_counts_its_text(stand_ins, tmp_path, monkeypatch):
+    here = tmp_path / "here"  # the bench's working folder: nothing of the servers' lands in it
+    here.mkdir()
+    monkeypatch.chdir(here)
+    ik = tmp_path / "ik_llama.cpp"  # where the stand_ins fixture says ik_llama.cpp's binaries are
+    ik.mkdir()
+    target = _gguf(tmp_path, "t.gguf")
+    session = _session(_pair(str(target)))
+    session.tokenizer = _WordTokenizer()
+    assert "make setup-bench-ik" in available_modes(session)["ik_llama.cpp"]
+    _executable(ik, "llama-server", STAND_IN_SERVER, text_only=True)
+    _executable(ik, "llama-bench", STAND_IN_BENCH)
+    assert available_modes(session)["ik_llama.cpp"] is None
+    llama_cpp.set_peer_args({"ik_llama.cpp": ("-ub", "31")})
+    try:
+        answer = run_mode(session, Mode("ik_llama.cpp"), [1, 2, 3], 8)
+        short = run_mode(session, Mode("ik_llama.cpp"), [4], 2)
+        plain = run_mode(session, Mode("llama.cpp"), [1, 2, 3], 8)
+    finally:
+        llama_cpp.set_peer_args({})
+    assert answer.token_ids == [78, 2]  # its text tokenized again, and the end token it stopped at
+    assert short.token_ids == [78]  # stopped by max new tokens: no end token
+    assert (answer.new_tokens, short.new_tokens) == (3, 2)  # counted as the peer generated them
+    assert plain.token_ids == [7, 8, 2] and plain.new_tokens == 3
+    starts = [r["argv"] for r in _records(stand_ins) if "argv" in r]
+    ik_start, llama_start = starts
+    assert ik_start[-4:] == ["--webui", "none", "-ub", "31"] and "--no-webui" not in ik_start
+    assert llama_start[-1] == "--no-webui" and "-ub" not in llama_start  # the extra options are ik's only
+    assert llama_cpp.peer_of("ik_llama.cpp") is llama_bin.IK_LLAMA
+    folders = [server.workdir for server in llama_cpp._SERVERS.values()]
+    assert all((folder / "llama.log").exists() for folder in folders)  # each wrote its log file in its own folder
+    llama_cpp.stop_servers()
+    assert not any(folder.exists() for folder in folders) and not list(here.iterdir())
+
+
+def test_peer_args_name_a_known_peer():
+    from localspec.cli.bench import _peer_args
+
+    assert _peer_args(["ik_llama.cpp=-ub 31", "ik_llama.cpp=--no-mmap"]) == {"ik_llama.cpp": ("-ub", "31", "--no-mmap")}
+    with pytest.raises(ConfigError, match="PEER=ARGS"):
+        _peer_args(["-ub 31"])
+    with pytest.raises(ConfigError, match="no peer named ik"):
+        llama_cpp.set_peer_args({"ik": ("-ub", "31")})

@@ -97,6 +97,30 @@ def test_a_source_that_does_not_compile_is_a_reason_not_a_crash(monkeypatch, tmp
     assert load.library is None and load.reason.startswith("could not build it")
 
 
+def test_a_first_start_builds_the_library_once_in_the_background(monkeypatch, tmp_path):
+    """prebuild compiles the library in a thread while the caller goes on (the app imports torch meanwhile);
+    load_library waits for that build instead of making its own, and nothing but the library and its sha256 is
+    left in the folder (the per-source objects of the parallel compile are removed)."""
+    from localspec.runtime.library import DIGEST, target_path
+
+    if kernel_library._missing() is not None:
+        pytest.skip(f"q4 kernel: {kernel_library._missing()}")
+    builds = []
+    compile_library = kernel_library.compile_library
+    monkeypatch.setattr(kernel_library, "compile_library", lambda *a, **k: builds.append(a) or compile_library(*a, **k))
+    build = tmp_path / "kernels"
+    thread = kernel_library.prebuild(build)
+    assert thread is not None
+    load = load_library(build)
+    thread.join()
+    assert load.library is not None and load.library.q4 is not None, load.reason
+    assert len(builds) == 1
+    assert kernel_library.prebuild(build) is None  # built already: nothing to do
+    target = target_path(build)
+    assert sorted(path.name for path in build.iterdir()) == sorted([target.name, target.name + DIGEST])
+    load_library.cache_clear()
+
+
 def test_the_exact_setup_drops_the_dummy_row_only_where_every_decoder_linear_is_row_invariant(kernel):
     from torch import nn
 

@@ -29,6 +29,8 @@ class Peer:
     tools: tuple[str, ...]  # built beside them
     make_target: str
     cmake_options: tuple[str, ...]  # on top of build_llama_cpp.CMAKE_OPTIONS
+    server_options: tuple[str, ...]  # its llama-server's spelling of "no web UI"
+    returns_ids: bool  # its /completion returns the generated ids (return_tokens); else only their text
 
     @property
     def sdist(self) -> str:
@@ -53,6 +55,8 @@ LLAMA_CPP = Peer(
         "-DLLAMA_USE_PREBUILT_UI=OFF",
         "-DLLAMA_OPENSSL=OFF",  # no HTTPS: the bench talks to its server on loopback (this version has no curl option)
     ),
+    ("--no-webui",),
+    True,
 )
 IK_LLAMA = Peer(
     "ik_llama.cpp",
@@ -60,10 +64,12 @@ IK_LLAMA = Peer(
     "0.1.5",
     "vendor/ik_llama.cpp",
     "ik_llama.cpp",
-    ("llama-bench",),  # its pp512 / tg128 beside llama.cpp's in the bench report
+    ("llama-server", "llama-bench"),  # the bench's ik_llama.cpp mode; its pp512 / tg128 in the report
     (),
     "setup-bench-ik",
     ("-DLLAMA_CURL=OFF", "-DGGML_IQK_FA_ALL_QUANTS=OFF"),  # IQK flash attention for the usual KV types: a faster build
+    ("--webui", "none"),
+    False,
 )
 PEERS = {peer.name: peer for peer in (LLAMA_CPP, IK_LLAMA)}
 LLAMA_CPP_PYTHON = LLAMA_CPP.version

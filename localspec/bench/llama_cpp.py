@@ -5,7 +5,10 @@ our modes (prefill included, end to end). Modes:
 - llama.cpp: plain decoding;
 - llama.cpp-lookup: llama.cpp's prompt lookup (--spec-type ngram-simple, llama_server.LOOKUP_TOKENS per step);
 - llama.cpp-draft: llama.cpp's draft-model speculation (-md) with the pair's draft, where that is a GGUF file, K
-  tokens per step (the pair's k).
+  tokens per step (the pair's k);
+- ik_llama.cpp: ik_llama.cpp's llama-server, plain decoding, where `make setup-bench-ik` built it (the fastest CPU
+  engine as a peer, end to end). Its /completion returns text, not ids: the bench counts its answer as the text
+  tokenized again by the target's tokenizer (modes.run_llama_cpp), its own token count in its timings.
 Each mode's server starts when the mode first runs and stops when the bench run ends (runner.py calls stop_servers
 in a finally); llama-bench's pp512 and tg128 on the target's file go into the report beside them
 (`llama_bench_line`), and so do ik_llama.cpp's where `make setup-bench-ik` built it (`peer_bench_lines`).
@@ -18,8 +21,13 @@ from pathlib import Path
 from . import llama_bin
 from .llama_server import LOOKUP_TOKENS, Completion, LlamaServer, Speculation, free_port, server_command
 
-LLAMA_MODES = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-draft")
+LLAMA_MODES = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-draft", "ik_llama.cpp")
+MODE_PEERS = {"ik_llama.cpp": llama_bin.IK_LLAMA}  # the modes another peer than llama.cpp runs
 NOT_GGUF = "not a GGUF file"
+
+
+def peer_of(mode: str) -> llama_bin.Peer:
+    return MODE_PEERS.get(mode, llama_bin.LLAMA_CPP)
 
 
 def _gguf(source: str) -> tuple[Path | None, str | None]:
@@ -38,9 +46,8 @@ def why_not(pair) -> dict[str, str | None]:
     """mode → None when it can run on this pair, else why not."""
     _target, why = _gguf(pair.target.source)
     why = f"the target is {why}" if why == NOT_GGUF else why
-    why = why or llama_bin.missing()
-    reasons: dict[str, str | None] = dict.fromkeys(LLAMA_MODES, why)
-    if why is None:
+    reasons: dict[str, str | None] = {mode: why or llama_bin.missing(peer_of(mode)) for mode in LLAMA_MODES}
+    if reasons["llama.cpp-draft"] is None:
         if pair.draft is None:
             reasons["llama.cpp-draft"] = f"pair {pair.name!r} has no draft model"
         else:
@@ -63,15 +70,39 @@ def speculation(pair, mode: str) -> Speculation | None:
     return None
 
 
-_SERVERS: dict[tuple[str, int, Speculation | None], LlamaServer] = {}  # (file, threads, speculation) → its server
+_EXTRA_ARGS: dict[str, tuple[str, ...]] = {}  # peer name → more llama-server options (`bench --peer-args`)
 
 
-def server_for(model: Path, threads: int, spec: Speculation | None) -> LlamaServer:
-    key = (str(model), threads, spec)
+def set_peer_args(extra: dict[str, tuple[str, ...]]) -> None:
+    """More llama-server options for a peer's servers from now on (`localspec bench --peer-args NAME=ARGS`), e.g. a
+    smaller -ub where a peer's batched path computes a file wrongly; they are part of each server's command line."""
+    unknown = sorted(set(extra) - set(llama_bin.PEERS))
+    if unknown:
+        from localspec.config import ConfigError
+
+        raise ConfigError(f"--peer-args: no peer named {', '.join(unknown)} (peers: {', '.join(llama_bin.PEERS)})")
+    _EXTRA_ARGS.clear()
+    _EXTRA_ARGS.update(extra)
+
+
+def peer_args() -> dict[str, list[str]]:
+    return {name: list(args) for name, args in _EXTRA_ARGS.items()}
+
+
+# (peer, file, threads, speculation) → its server
+_SERVERS: dict[tuple[str, str, int, Speculation | None], LlamaServer] = {}
+
+
+def server_for(
+    model: Path, threads: int, spec: Speculation | None, peer: llama_bin.Peer = llama_bin.LLAMA_CPP
+) -> LlamaServer:
+    key = (peer.name, str(model), threads, spec)
     if key not in _SERVERS:
         port = free_port()
-        command = server_command(llama_bin.binary("llama-server"), model, threads, port, spec)
-        _SERVERS[key] = LlamaServer(command, port)
+        binary = llama_bin.binary("llama-server", peer)
+        command = server_command(binary, model, threads, port, spec, peer.server_options)
+        command += _EXTRA_ARGS.get(peer.name, ())
+        _SERVERS[key] = LlamaServer(command, port, returns_ids=peer.returns_ids)
     return _SERVERS[key]
 
 
@@ -91,8 +122,8 @@ def target_file(pair) -> Path:
 
 
 def answer(pair, mode: str, threads: int, prompt_ids: list[int], max_new_tokens: int) -> Completion:
-    """One greedy answer from llama.cpp's C++ on the pair's target file, in `mode`'s speculation."""
-    server = server_for(target_file(pair), threads, speculation(pair, mode))
+    """One greedy answer from the mode's C++ peer on the pair's target file, in `mode`'s speculation."""
+    server = server_for(target_file(pair), threads, speculation(pair, mode), peer_of(mode))
     return server.complete(prompt_ids, max_new_tokens)
 
 

@@ -169,4 +169,8 @@ def peers_markdown(data: dict) -> list[str]:
             for key, value in (("pp", pp), ("tg", tg))
         ]
         lines.append(f"| {name} | {line['build_commit']} | {pp:.1f} | {tg:.1f} | {over[0]} | {over[1]} |")
+    extra = data["machine"].get("peer_server_args") or {}
+    if extra:  # llama-bench ran with its defaults; the servers with these
+        said = "; ".join(f"{name}: `{' '.join(args)}`" for name, args in extra.items())
+        lines += ["", f"The peers' servers ran with these options added (`--peer-args`): {said}."]
     return [*lines, ""]

@@ -3,13 +3,14 @@
 One server per (file, threads, speculation), on a free loopback port, started when a mode first needs it and stopped
 by whoever started it (LlamaServer is a context manager; the bench stops every server at its end, error or Ctrl-C
 included, and on Linux the server also dies with the bench's process). Its log goes to a temporary file whose tail
-the error messages quote.
+the error messages quote; it runs in a temporary folder of its own, removed when it stops.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -75,12 +76,18 @@ class Speculation:
 
 
 def server_command(
-    binary: Path, model: Path, threads: int, port: int, speculation: Speculation | None = None
+    binary: Path,
+    model: Path,
+    threads: int,
+    port: int,
+    speculation: Speculation | None = None,
+    no_webui: tuple[str, ...] = ("--no-webui",),
 ) -> list[str]:
-    """llama-server on one GGUF file: CPU threads for decode and prefill alike, one slot, loopback only, no web UI."""
+    """llama-server on one GGUF file: CPU threads for decode and prefill alike, one slot, loopback only, no web UI
+    (`no_webui`: how this peer's server spells it)."""
     command = [str(binary), "--model", str(model), "--threads", str(threads), "--threads-batch", str(threads)]
     command += ["--ctx-size", str(CONTEXT_TOKENS), "--parallel", "1", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--no-webui"]
+    command += list(no_webui)
     if speculation is not None:
         command += speculation.args(threads)
     return command
@@ -107,14 +114,16 @@ def completion_body(prompt_ids: list[int], max_new_tokens: int) -> dict:
 
 @dataclass(frozen=True)
 class Completion:
-    """One answer: its ids, our end-to-end times (wall, and the server's CPU time meanwhile), and llama.cpp's own
-    timings (prompt_n, prompt_per_second, predicted_n, predicted_per_second, draft_n, draft_n_accepted, ...)."""
+    """One answer: its ids (None from a server that returns only text), our end-to-end times (wall, and the server's
+    CPU time meanwhile), llama.cpp's own timings (prompt_n, prompt_per_second, predicted_n, predicted_per_second,
+    draft_n, draft_n_accepted, ...), why it stopped, and its text."""
 
-    token_ids: list[int]
+    token_ids: list[int] | None
     seconds: float
     cpu_seconds: float
     timings: dict = field(default_factory=dict)
     stop_type: str = ""
+    text: str = ""
 
 
 def free_port() -> int:
@@ -147,17 +156,23 @@ def process_cpu_seconds(pid: int) -> float | None:
 class LlamaServer:
     """A running llama-server; `complete` answers one prompt. Use as a context manager, or call stop()."""
 
-    def __init__(self, command: list[str], port: int, ready_seconds: float = READY_SECONDS) -> None:
+    def __init__(
+        self, command: list[str], port: int, ready_seconds: float = READY_SECONDS, returns_ids: bool = True
+    ) -> None:
         self.command = command
+        self.returns_ids = returns_ids
         self.url = f"http://127.0.0.1:{port}"
         self._log = tempfile.NamedTemporaryFile(prefix="localspec-llama-server-", suffix=".log", delete=False)
         self.log_path = Path(self._log.name)
+        # its working folder: a server may write files there (ik_llama.cpp's llama.log), never into the user's
+        self.workdir = Path(tempfile.mkdtemp(prefix="localspec-llama-server-"))
         try:
             self.process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
+                cwd=self.workdir,
                 preexec_fn=_death_signal(),
             )
         except OSError as exc:
@@ -223,15 +238,22 @@ class LlamaServer:
         seconds = time.perf_counter() - started
         cpu_ended = process_cpu_seconds(self.process.pid)
         answer = json.loads(raw)
-        if not isinstance(answer, dict) or not isinstance(answer.get("tokens"), list):
+        if not isinstance(answer, dict):
+            raise self._failure(f"answered with something else than a JSON object: {raw[:300]!r}")
+        ids = answer.get("tokens")
+        if self.returns_ids and not isinstance(ids, list):
             raise self._failure(f"answered without token ids: {raw[:300]!r}")
+        if not self.returns_ids and not isinstance(answer.get("content"), str):
+            raise self._failure(f"answered without text: {raw[:300]!r}")
         cpu = cpu_ended - cpu_started if cpu_started is not None and cpu_ended is not None else seconds
+        stop_type = answer.get("stop_type") or ("eos" if answer.get("stopped_eos") else "")
         return Completion(
-            [int(token) for token in answer["tokens"]],
+            [int(token) for token in ids] if isinstance(ids, list) else None,
             seconds,
             cpu,
             dict(answer.get("timings") or {}),
-            str(answer.get("stop_type", "")),
+            str(stop_type),
+            str(answer.get("content") or ""),
         )
 
     def stop(self) -> None:
@@ -250,3 +272,4 @@ class LlamaServer:
         if not self._log.closed:
             self._log.close()
         self.log_path.unlink(missing_ok=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)

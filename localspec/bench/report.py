@@ -41,7 +41,7 @@ def summarize(run: BenchRun) -> dict:
         for category in categories:
             records = [r for r in run.records if category in (ALL, r.prompt.category)]
             results = [r.results[mode.label] for r in records]
-            tokens = sum(len(x.token_ids) for x in results)
+            tokens = sum(x.new_tokens for x in results)
             seconds = sum(x.seconds for x in results)
             cpu_seconds = sum(x.cpu_seconds for x in results)
             row = {
@@ -176,6 +176,8 @@ def check_targets(modes: list[Mode], rows: dict, categories: list[str], key: str
     for peer, goal in (("llama.cpp", 1.5), ("llama.cpp-lookup", 1.2)):
         if peer in by_name and default:
             add(f"{default[0].label} / {peer}, all prompts", tps(default[0].label) / tps(peer), goal)
+    if "ik_llama.cpp" in by_name and default:  # issue 50: the fastest CPU engine, end to end, prefill included
+        add(f"{default[0].label} / ik_llama.cpp, all prompts", tps(default[0].label) / tps("ik_llama.cpp"), 1.2)
     if "llama.cpp" in by_name and "none" in by_name:
         add("none / llama.cpp, all prompts", tps("none") / tps("llama.cpp"), 1.0)
     if "ngram" in by_name and "hf-pld" in by_name:
@@ -228,10 +230,10 @@ def to_json(run: BenchRun, summary: dict) -> dict:
                 "prompt_tokens": len(r.prompt_ids),
                 "results": {
                     label: {
-                        "new_tokens": len(x.token_ids),
+                        "new_tokens": x.new_tokens,
                         "seconds": x.seconds,
                         "cpu_seconds": x.cpu_seconds,
-                        "tokens_per_s": len(x.token_ids) / x.seconds if x.seconds else 0.0,
+                        "tokens_per_s": x.new_tokens / x.seconds if x.seconds else 0.0,
                         "drafted": x.stats.drafted if x.stats else None,
                         "accepted": x.stats.accepted if x.stats else None,
                         "target_forwards": x.stats.target_forwards if x.stats else None,

@@ -20,7 +20,7 @@ import torch
 from localspec.structured.grammar import Constraint, json_schema_constraint
 from localspec.verify.guarantee import guarantee_for_model
 
-from .llama_cpp import LLAMA_MODES, llama_bench_line, peer_bench_lines, stop_servers
+from .llama_cpp import LLAMA_MODES, llama_bench_line, peer_args, peer_bench_lines, stop_servers
 from .modes import Mode, RunResult, run_mode
 from .prompts import BenchPrompt
 from .schema_check import is_valid
@@ -150,6 +150,7 @@ def run_bench(
     if any(mode.name in LLAMA_MODES for mode in modes):  # llama.cpp's own pp512 / tg128 on the file, for the report
         machine["llama_bench"] = llama_bench_line(session.loaded.spec, torch.get_num_threads())
         machine["peer_benches"] = peer_bench_lines(session.loaded.spec, torch.get_num_threads())
+        machine["peer_server_args"] = peer_args()
     encoded = []
     for prompt in prompts:
         ids, _notice = session.prompt_ids(list(prompt.messages), max_new_tokens)
@@ -184,7 +185,7 @@ def run_bench(
                 if bar is not None:
                     bar.set_postfix_str(
                         f"{record.prompt.prompt_id} {mode.label}: "
-                        f"{len(result.token_ids) / max(result.seconds, 1e-9):.1f} tok/s"
+                        f"{result.new_tokens / max(result.seconds, 1e-9):.1f} tok/s"
                     )
                     bar.update(1)
             samples.append(os.getloadavg()[0])

@@ -65,7 +65,7 @@ def add_parser(sub) -> None:
         metavar="MODE",
         help=f"default: {', '.join(DEFAULT_MODES)} (those the pair supports); on request: head-tree, and llama.cpp's "
         "own C++ on a GGUF target (llama.cpp, llama.cpp-lookup, llama.cpp-draft with a GGUF draft; built once by "
-        "make setup-bench-llama)",
+        "make setup-bench-llama) and ik_llama.cpp's (ik_llama.cpp; make setup-bench-ik)",
     )
     parser.add_argument(
         "--k",
@@ -109,6 +109,14 @@ def add_parser(sub) -> None:
         help="run N busy processes beside the bench (at most the CPU count; they stop when the bench ends or fails), "
         "to measure speculation where other programs share the cores (default: 0)",
     )
+    parser.add_argument(
+        "--peer-args",
+        action="append",
+        default=[],
+        metavar="PEER=ARGS",
+        help="more options for a C++ peer's llama-server, e.g. 'ik_llama.cpp=-ub 31' (repeatable; recorded in "
+        "the report)",
+    )
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up pass")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--out", default="bench-out", help="output folder (default: %(default)s)")
@@ -125,6 +133,7 @@ def run(args) -> int:
     if getattr(args, "bench_command", None):
         return TOOLS[args.bench_command].run(args)
     from localspec.bench import load_prompts, parse_modes
+    from localspec.bench.llama_cpp import set_peer_args
     from localspec.bench.load import background_load, check_load
     from localspec.bench.modes import for_prompts
 
@@ -143,6 +152,7 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    set_peer_args(_peer_args(getattr(args, "peer_args", [])))
     prompts = load_prompts(args.prompts, args.limit, args.held_out)
     wants_draft = any(m in args.modes for m in ("draft", "hf-assisted"))
     session = load_session(args, load_draft=wants_draft)
@@ -172,6 +182,19 @@ def run(args) -> int:
         (out / "repeat.md").write_text(text + "\n")
         print(text)
     return 0
+
+
+def _peer_args(values: list[str]) -> dict[str, tuple[str, ...]]:
+    """--peer-args 'NAME=ARGS' values → {peer name: its extra llama-server options}."""
+    import shlex
+
+    extra: dict[str, tuple[str, ...]] = {}
+    for value in values:
+        name, sep, rest = value.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--peer-args takes PEER=ARGS, e.g. 'ik_llama.cpp=-ub 31' (got {value!r})")
+        extra[name.strip()] = extra.get(name.strip(), ()) + tuple(shlex.split(rest))
+    return extra
 
 
 def _runs(args, session, prompts, modes, notes, out: Path, load: int) -> list:

@@ -8,11 +8,17 @@ import os
 import signal
 import sys
 
+LOADS_A_MODEL = ("generate", "serve", "bench", "selftest")
 COMMANDS = ("generate", "selftest", "bench", "bench_sampler", "distill", "evaluate_head", "serve", "models")
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    given = sys.argv[1:] if argv is None else argv
+    if given and given[0] in LOADS_A_MODEL and not {"-h", "--help"} & set(given):
+        from localspec.runtime.library import prebuild_here
+
+        prebuild_here()  # a first start compiles the kernels' library while torch is imported and the file read
     parser = argparse.ArgumentParser(prog="localspec", description="Local speculative decoding that shows its work.")
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}

@@ -11,8 +11,9 @@ once, and handed out as one handle whose members are its kernels:
 
 Its limits (group size, lanes, head sizes, instruction set) are the C sources' own (kernels/limits.h), read from the
 built library. It needs x86-64 Linux and a C compiler; the source compiles for AVX-512 BF16 or AVX2 with FMA and F16C
-and refuses any other target with the reason. It is compiled at first use (`-march=native`, about a second) into the
-data folder's cache and loaded with ctypes; its OpenMP is torch's own libgomp (same soname, loaded first).
+and refuses any other target with the reason. It is compiled at first use (`-march=native`, the sources in parallel;
+`prebuild` starts that in the background as a command starts) into the data folder's cache and loaded with ctypes;
+its OpenMP is torch's own libgomp (same soname, loaded first).
 
 What is loaded is verified: the library is built under a temporary name in an owner-only folder, its sha256 is
 written beside it atomically (a `.sha256` sidecar), and a library whose bytes do not match its sidecar (planted,
@@ -33,6 +34,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,17 +126,40 @@ def _missing() -> str | None:
     return None
 
 
+def _compiler_error(stderr: str) -> RuntimeError:
+    lines = stderr.strip().splitlines()
+    said = next((line.partition("#error")[2].strip(' "') for line in lines if "#error" in line), None)
+    return RuntimeError(said or (lines[-1] if lines else "compiler failed"))
+
+
 def compile_library(sources, target: Path, march: str = "native") -> Path:
     """Compile kernel sources into the shared library `target` with FLAGS, for `march` (the machine's own target by
-    default; another one, e.g. "haswell", builds the AVX2 code on a machine that would run the AVX-512 one).
-    RuntimeError with the compiler's message (its #error line where there is one) when it fails."""
+    default; another one, e.g. "haswell", builds the AVX2 code on a machine that would run the AVX-512 one): each
+    source to an object beside `target`, as many at once as there are cores, then one link. RuntimeError with the
+    compiler's message (its #error line where there is one) when it fails."""
     flags = [f"-march={march}" if flag == "-march=native" else flag for flag in FLAGS]
-    command = [compiler(), *flags, *map(str, sources), "-o", str(target), "-lm"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    if result.returncode:
-        lines = result.stderr.strip().splitlines()
-        said = next((line.partition("#error")[2].strip(' "') for line in lines if "#error" in line), None)
-        raise RuntimeError(said or (lines[-1] if lines else "compiler failed"))
+    objects = [target.with_name(f"{target.stem}-{index}-{path.stem}.o") for index, path in enumerate(sources)]
+    jobs = max(1, os.cpu_count() or 1)
+    pending = [([compiler(), *flags, "-c", str(path), "-o", str(obj)]) for path, obj in zip(sources, objects)]
+    running: list[subprocess.Popen] = []
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                running.append(subprocess.Popen(pending.pop(0), stderr=subprocess.PIPE, text=True))
+            process = running.pop(0)
+            _, stderr = process.communicate(timeout=120)
+            if process.returncode:
+                raise _compiler_error(stderr)
+        command = [compiler(), *flags, *map(str, objects), "-o", str(target), "-lm"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        if result.returncode:
+            raise _compiler_error(result.stderr)
+    finally:
+        for process in running:
+            process.kill()
+            process.wait()
+        for obj in objects:
+            obj.unlink(missing_ok=True)
     return target
 
 
@@ -196,18 +221,54 @@ def _open_verified(target: Path) -> ctypes.CDLL | None:
         os.close(handle)
 
 
+_BUILDING = threading.Lock()  # one build at a time in this process: prebuild's thread, or the load that waits on it
+
+
 def _opened(build_dir: Path, march: str, sources) -> ctypes.CDLL:
     """The verified library for these sources, built first where there is none or the one there fails its check."""
-    _private(build_dir)
-    target = target_path(build_dir, march, sources)
-    library = _open_verified(target)
-    if library is None:
-        target.unlink(missing_ok=True)  # planted or stale: never loaded
-        _build(target, march, sources)
+    with _BUILDING:
+        _private(build_dir)
+        target = target_path(build_dir, march, sources)
         library = _open_verified(target)
         if library is None:
-            raise RuntimeError(f"the library built at {target} does not match its recorded sha256")
+            target.unlink(missing_ok=True)  # planted or stale: never loaded
+            _build(target, march, sources)
+            library = _open_verified(target)
+            if library is None:
+                raise RuntimeError(f"the library built at {target} does not match its recorded sha256")
     return library
+
+
+def kernels_folder() -> Path:
+    """Where this machine's library is built and kept: the data folder's cache."""
+    from localspec.config import cache_dir
+
+    return cache_dir() / "kernels"
+
+
+def prebuild_here() -> threading.Thread | None:
+    """prebuild into kernels_folder() unless the environment turns the kernels off (LOCALSPEC_Q4_KERNEL=off)."""
+    from localspec.config import Environment
+
+    return prebuild(kernels_folder()) if Environment.read().q4_kernel else None
+
+
+def prebuild(build_dir: Path) -> threading.Thread | None:
+    """Start building this machine's library in a background thread where it is not built yet, so that a first start
+    compiles it while Python imports and the model file is read (load_library waits for it). None where there is
+    nothing to build or it cannot be built here; a failure is left for load_library to report."""
+    if _missing() is not None or target_path(build_dir).is_file():
+        return None
+
+    def build() -> None:
+        try:
+            _opened(build_dir, "native", SOURCES)
+        except (OSError, RuntimeError, subprocess.SubprocessError):
+            pass  # load_library builds again and says why
+
+    thread = threading.Thread(target=build, name="localspec-kernels-build", daemon=True)
+    thread.start()
+    return thread
 
 
 def use_amx(handle: ctypes.CDLL, wanted: bool) -> int:

@@ -32,10 +32,10 @@ from typing import Literal
 import torch
 from torch import nn
 
-from localspec.config import CompileMode, Environment, ForwardKind, cache_dir
+from localspec.config import CompileMode, Environment, ForwardKind
 from localspec.measured import exact_rows
 
-from .library import KernelLibrary, LibraryLoad, load_library
+from .library import KernelLibrary, LibraryLoad, kernels_folder, load_library
 from .q8_head import embedding_format
 
 AttentionPath = Literal["sdpa", "eager"]  # transformers' attention implementations the setups use
@@ -109,7 +109,7 @@ def library_here(build_dir=None, env: Environment | None = None) -> LibraryLoad:
     """This machine's kernels' library (built into the data folder's cache, or build_dir) under the environment's
     switches (load_library caches by them, so a changed switch is read at the next load)."""
     if build_dir is None:
-        build_dir = cache_dir() / "kernels"
+        build_dir = kernels_folder()
     env = env or Environment.read()
     return load_library(build_dir, env.q4_kernel, env.layer_kernel, amx=env.amx)
 

@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"localspec: cannot serve on {args.host}:{args.port or 7860}: {exc}", file=sys.stderr)
         return 2
     print(f"localspec: starting on http://{args.host}:{starting.port}/", file=sys.stderr, flush=True)
+    from localspec.runtime.library import prebuild_here
+
+    prebuild_here()  # a first start compiles the kernels' library while Gradio and torch are imported
     catalog = Catalog(Path(args.models), scan=not args.no_scan)
     try:  # the models on this machine are read while the starting page answers (a large folder takes a while)
         auth = auth_for(args)
