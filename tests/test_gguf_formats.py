@@ -306,3 +306,32 @@ def test_a_shaped_file_has_the_shapes_heads_and_float16_weights_it_names(tmp_pat
         tensor = tensors[f"blk.1.{name}.weight"]
         assert tensor.tensor_type.name == "F16" and list(tensor.shape) == [columns, rows], name
     assert tensors["token_embd.weight"].tensor_type.name == "F16"
+
+
+def test_a_shaped_file_at_a_larger_vocabulary_loads_with_every_row_and_the_same_tokenizer(tmp_path):
+    """Qwen's 151,936 rows from the embedded tokenizer padded with unused tokens: the model scores every row, the
+    tokenizer is the embedded one for every text and knows the unused ones by their ids. Above 100,000 tokens
+    transformers looks for a config.json by the tokenizer's name (a file's path there was an OSError: every Qwen
+    and Llama 3 GGUF failed to load)."""
+    from localspec.bench.shaped_gguf import SHAPES, embedded_tokenizer, write_gguf
+    from localspec.models.gguf_meta import header_tokenizer
+
+    assert SHAPES["qwen2.5-1.5b-vocab"].vocab == 151936
+    own, vocab = len(embedded_tokenizer()["tokenizer.ggml.tokens"]), 100_032
+    small = write_gguf(tmp_path / "own.gguf", layers=1, hidden=32, heads=2, kv_heads=1)
+    large = write_gguf(
+        tmp_path / "large.gguf", layers=1, hidden=32, heads=2, kv_heads=1, vocab_size=vocab, linear_type="Q8_0"
+    )
+    tokenizer, padded = header_tokenizer(small), header_tokenizer(large)
+    assert len(padded) == vocab and len(tokenizer) == own
+    text = "The capital of Australia is Canberra. ¿Qué? 東京 <|im_start|>"
+    assert padded.encode(text) == tokenizer.encode(text)
+    assert padded.convert_ids_to_tokens(vocab - 1) == f"<|unused_{vocab - 1}|>"
+    from localspec.models.gguf_model import build_from_file
+    from localspec.runtime.library import LibraryLoad
+
+    model = build_from_file(large, str(large), torch.bfloat16, LibraryLoad(library_or_skip(), "test"))
+    assert model.config.vocab_size == vocab
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 2, 3]])).logits
+    assert logits.shape == (1, 3, vocab) and bool(torch.isfinite(logits).all())

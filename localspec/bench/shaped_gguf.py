@@ -26,14 +26,18 @@ class Shape:
     kv_heads: int
     ffn: int
     architecture: str = "llama"
+    vocab: int | None = None  # the head's rows: the embedded tokenizer's 49,152 tokens, padded with unused ones
 
 
-# real models' shapes (their config.json); the vocabulary is always the embedded tokenizer's 49,152 tokens
+# real models' shapes (their config.json): the embedded tokenizer, at the model's own vocabulary size where given
 SHAPES = {
     "smollm2-1.7b": Shape(layers=24, hidden=2048, heads=32, kv_heads=32, ffn=8192),
     "llama-3.2-1b": Shape(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192),
     "smollm2-360m": Shape(layers=32, hidden=960, heads=15, kv_heads=5, ffn=2560),
     "qwen2.5-1.5b": Shape(layers=28, hidden=1536, heads=12, kv_heads=2, ffn=8960, architecture="qwen2"),
+    "qwen2.5-1.5b-vocab": Shape(  # Qwen2.5-1.5B with its own vocabulary size: a 151,936-row tied head
+        layers=28, hidden=1536, heads=12, kv_heads=2, ffn=8960, architecture="qwen2", vocab=151936
+    ),
 }
 
 
@@ -42,6 +46,7 @@ def write_shaped(path: Path, shape: Shape, float_type: str = "F16", seed: int = 
     return write_gguf(
         path, layers=shape.layers, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads, ffn=shape.ffn,
         linear_type=float_type, embedding_type=float_type, context=4096, seed=seed, architecture=shape.architecture,
+        vocab_size=shape.vocab,
     )  # fmt: skip
 
 
@@ -104,7 +109,8 @@ def write_gguf(
     head_type: str | None = None,
     random_norms: bool = False,
 ) -> Path:
-    """A llama-shaped GGUF with random weights and SmolLM2's tokenizer (its first `vocab_size` tokens;
+    """A llama-shaped GGUF with random weights and SmolLM2's tokenizer (its first `vocab_size` tokens, or all of them
+    and unused ones up to `vocab_size`;
     `shuffle_tokens` swaps two of them, so its ids mean other tokens than the target's). The decoder linears are
     stored as `linear_type` (a gguf.GGMLQuantizationType name, quantized by gguf.quants, or random blocks of a
     K-quant: `hidden` a multiple of 256 then), `tensor_types` overriding it per tensor name; the token embedding (the
@@ -118,6 +124,9 @@ def write_gguf(
     types = list(tok["tokenizer.ggml.token_type"])
     if vocab_size is not None:
         tokens, types = tokens[:vocab_size], types[:vocab_size]
+        unused = range(len(tokens), vocab_size)  # past the tokenizer's own: tokens no merge makes, never produced
+        tokens += [f"<|unused_{index}|>" for index in unused]
+        types += [int(gguf.TokenType.NORMAL)] * len(unused)
     if shuffle_tokens:
         tokens[100], tokens[101] = tokens[101], tokens[100]
     vocab, ffn = len(tokens), ffn or hidden * 2

@@ -110,10 +110,13 @@ def tokenizer_parts(header: GGUFHeader) -> tuple[str, dict[str, Any], dict[str, 
 
 
 def header_tokenizer(path: Path):
-    """The tokenizer of the GGUF file at `path`, as TokenizersBackend.from_pretrained(gguf_file=…) makes it."""
+    """The tokenizer of the GGUF file at `path`, as TokenizersBackend.from_pretrained(folder, gguf_file=…) makes it.
+    Named by the file's folder, as from_pretrained names it: with more than 100,000 tokens (Qwen, Llama 3)
+    transformers looks for a config.json beside it by that name (its Mistral regex check), and a file's path there
+    is an error."""
     from transformers.integrations.gguf import convert_gguf_tokenizer
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     architecture, fields, config = tokenizer_parts(load_header(path))
     backend, more = convert_gguf_tokenizer(architecture, fields)
-    return TokenizersBackend(tokenizer_object=backend, name_or_path=str(path), **config, **more)
+    return TokenizersBackend(tokenizer_object=backend, name_or_path=str(Path(path).parent), **config, **more)
