@@ -7,8 +7,8 @@ our modes (prefill included, end to end). Modes:
 - llama.cpp-draft: llama.cpp's draft-model speculation (-md) with the pair's draft, where that is a GGUF file, K
   tokens per step (the pair's k);
 - ik_llama.cpp: ik_llama.cpp's llama-server, plain decoding, where `make setup-bench-ik` built it (the fastest CPU
-  engine as a peer, end to end). Its /completion returns text, not ids: the bench counts its answer as the text
-  tokenized again by the target's tokenizer (modes.run_llama_cpp), its own token count in its timings.
+  engine as a peer, end to end). Its /completion returns text, not ids: the bench counts an answer by the server's
+  own count (predicted_n) and compares answers by their text tokenized again (modes.run_llama_cpp).
 Each mode's server starts when the mode first runs and stops when the bench run ends (runner.py calls stop_servers
 in a finally); llama-bench's pp512 and tg128 on the target's file go into the report beside them
 (`llama_bench_line`), and so do ik_llama.cpp's where `make setup-bench-ik` built it (`peer_bench_lines`).
