@@ -412,3 +412,38 @@ def test_the_plan_drafts_every_certain_token_except_on_a_plain_step_that_measure
         decider.measuring_plain = True
         policy._chosen = lambda run: PLAIN
         assert policy.plan(Room()) == PLAIN
+
+
+def test_the_remembered_costs_follow_every_sample_even_one_another_controller_took():
+    """CostModel keeps plain_time / verify_ratio / ratios between samples (the controllers ask for them dozens of
+    times a step); a verify sample by any controller sharing the verify record, a proposal sample, or a new prior
+    gives the values a fresh model computes from the same record."""
+    shared = VerifyCosts()
+    one, other = CostModel(shared), CostModel(shared)
+    one.observe(0, 0, 0.0, 0.010)
+    one.observe(3, 3, 0.003, 0.016)
+
+    def fresh(model: CostModel) -> CostModel:  # nothing remembered: computed from the same record
+        copy = CostModel(model.verify)
+        copy.propose_per_token_s = model.propose_per_token_s
+        return copy
+
+    def same(model: CostModel) -> None:
+        reference = fresh(model)
+        assert model.ratios(4) == reference.ratios(4)
+        assert model.plain_time() == reference.plain_time()
+        assert [model.verify_ratio(r) for r in range(1, 6)] == [reference.verify_ratio(r) for r in range(1, 6)]
+
+    same(other)
+    before = other.ratios(4)
+    one.observe_verify(4, 0.030)  # another controller's sample moves the shared line
+    assert other.ratios(4) != before
+    same(other)
+    before = one.ratios(4)
+    one.observe(2, 2, 0.008, 0.014)  # a proposal sample moves c
+    assert one.ratios(4)[0] != before[0]
+    same(one)
+    before = one.plain_time()
+    shared.set_prior(0.010, 0.030, 5)
+    same(one)
+    assert one.verify_ratio(5) == fresh(one).verify_ratio(5) and one.plain_time() is not None and before is not None

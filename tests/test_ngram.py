@@ -76,3 +76,21 @@ def test_greedy_ngram_trees_equal_plain_decoding(tiny_models):
     assert runs[0][0] == plain and runs[6][0] == plain
     tree_events = runs[6][1]
     assert max(e.propose_token_num for e in tree_events) > 1 and tree_events[-1].stats.drafted > 0
+
+
+def test_occurrences_are_every_window_that_matches_the_suffix():
+    """The search checks only the positions where the last token occurs earlier; it finds exactly the windows a full
+    scan of the context finds (the suffix itself excluded), oldest first, on random contexts of few and many
+    distinct tokens."""
+    from localspec.proposers.ngram import last_token_ends, occurrences
+
+    rng = np.random.default_rng(7)
+    for trial in range(400):
+        length, alphabet = int(rng.integers(1, 60)), int(rng.integers(1, 6 if trial % 2 else 50))
+        context = rng.integers(0, alphabet, size=length).astype(np.int64)
+        ends = last_token_ends(context)
+        for n in range(0, 7):
+            scan = [j for j in range(0, length - n) if n > 0 and np.array_equal(context[j : j + n], context[-n:])]
+            expected = scan if 0 < n < length else []
+            assert occurrences(context, n).tolist() == expected, (context.tolist(), n)
+            assert occurrences(context, n, ends).tolist() == expected

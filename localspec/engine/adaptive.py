@@ -19,6 +19,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from localspec.runtime.speedup import PRIOR_ACCEPTANCE, expected_tokens, predicted_speedups
 
@@ -127,6 +128,8 @@ class VerifyCosts:
     drifted: bool = False
     # line()'s result until a sample or the prior changes it: the controllers ask for it dozens of times a step
     _line: tuple[float, float] | None = field(default=None, init=False, repr=False, compare=False)
+    # counts those changes, so that what is derived from this record (CostModel's ratios) is kept until the next one
+    generation: int = field(default=0, init=False, repr=False, compare=False)
 
     @property
     def prior_weight(self) -> float:
@@ -139,6 +142,7 @@ class VerifyCosts:
         self.prior_slope = max(verify_s / plain_s - 1.0, 0.0) / max(rows - 1, 1)
         self.prior_timed = True
         self._line = None
+        self.generation += 1
 
     def add(self, rows: int, seconds: float) -> None:
         """One verify of `rows` rows took `seconds`; every size's weight ages by tuning.verify_age."""
@@ -154,6 +158,7 @@ class VerifyCosts:
         elif not 1 / self.tuning.plain_drift <= estimate.value / self.anchor[rows] <= self.tuning.plain_drift:
             self.drifted = True
         self._line = None
+        self.generation += 1
 
     def plain_due(self) -> bool:
         """Whether a speculating controller should run a plain step now, to measure what its forecasts are relative
@@ -202,6 +207,19 @@ class CostModel:
     verify: VerifyCosts = field(default_factory=VerifyCosts)
     # proposer seconds per drafted token asked for
     propose_per_token_s: RunningTime = field(default_factory=RunningTime)
+    # plain_time, verify_ratio and ratios as of (the verify record, its generation, the proposal samples): the
+    # controllers ask for them dozens of times a step, and they change only with a sample (or the prior)
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _memo_of: tuple = field(default=(), init=False, repr=False, compare=False)
+
+    def _remembered(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        state = (id(self.verify), self.verify.generation, self.propose_per_token_s.count)
+        if state != self._memo_of:
+            self._memo.clear()
+            self._memo_of = state
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def observe(self, asked: int, drafted: int, propose_s: float, verify_s: float) -> None:
         self.observe_verify(drafted + 1, verify_s)
@@ -227,6 +245,11 @@ class CostModel:
         mislead: its slope is pulled towards the prior, so when verifies turn dear its t(1) rises far above what a
         plain step measures and every verify looks cheap against it (VerifyCosts.plain_due measures the plain step
         again when a verify size drifts by that factor)."""
+        if line is None:
+            return self._remembered(("plain",), lambda: self._plain_time(None))
+        return self._plain_time(line)
+
+    def _plain_time(self, line: tuple[float, float] | None) -> float | None:
         at_one = self.verify_time(1, line)
         plain = self.verify.by_rows.get(1)
         if at_one is None or plain is None or not plain.count or plain.weight < self.verify.tuning.plain_below:
@@ -237,7 +260,11 @@ class CostModel:
     def verify_ratio(self, rows: int, line: tuple[float, float] | None = None) -> float | None:
         """v: seconds to verify `rows` positions relative to a plain step, at least the plain step plus the line's
         cost per extra row; None before any measurement."""
-        line = line or self.verify.line()
+        if line is None:
+            return self._remembered(("verify", rows), lambda: self._verify_ratio(rows, self.verify.line()))
+        return self._verify_ratio(rows, line)
+
+    def _verify_ratio(self, rows: int, line: tuple[float, float] | None) -> float | None:
         plain = self.plain_time(line)
         if line is None or plain is None or plain <= 0:
             return None
@@ -245,7 +272,11 @@ class CostModel:
         return seconds / plain
 
     def ratios(self, max_k: int) -> tuple[float, list[float]]:
-        """(c, [v(0)=1, v(1), …, v(max_k)]) relative to a plain step; the prior when nothing is measured yet."""
+        """(c, [v(0)=1, v(1), …, v(max_k)]) relative to a plain step; the prior when nothing is measured yet. The
+        list is shared until the costs change: read it, never change it."""
+        return self._remembered(("ratios", max_k), lambda: self._ratios(max_k))
+
+    def _ratios(self, max_k: int) -> tuple[float, list[float]]:
         line = self.verify.line()
         plain = self.plain_time(line)
         if plain is None or plain <= 0:

@@ -23,21 +23,33 @@ from .base import Draft, DraftNoise, Proposer
 TREE_OCCURRENCES = 32  # most recent occurrences of the matched suffix whose continuations build the tree
 
 
-def occurrences(context: np.ndarray, n: int) -> np.ndarray:
-    """Start positions of the earlier occurrences of the last n tokens, oldest first (empty when n is too long)."""
+def last_token_ends(context: np.ndarray) -> np.ndarray:
+    """Where the last token occurs earlier (positions in context[:-1], ascending): every earlier occurrence of a
+    suffix ends at one of them."""
+    return np.flatnonzero(context[: len(context) - 1] == context[-1]) if len(context) > 1 else np.zeros(0, np.int64)
+
+
+def occurrences(context: np.ndarray, n: int, ends: np.ndarray | None = None) -> np.ndarray:
+    """Start positions of the earlier occurrences of the last n tokens, oldest first (empty when n is too long).
+    Checked only where the last token occurs earlier (`ends`: last_token_ends, computed once for several n), not at
+    every window: on a miss, the common case, that is a handful of positions instead of the whole context."""
     length = len(context)
     if not 0 < n < length:
         return np.zeros(0, dtype=np.int64)
-    # windows over context[:-1] so the suffix cannot match itself; a match at j continues at j + n
-    windows = np.lib.stride_tricks.sliding_window_view(context[: length - 1], n)
-    return np.flatnonzero((windows == context[length - n :]).all(axis=1))
+    ends = last_token_ends(context) if ends is None else ends
+    # a match starting at j ends at j + n - 1 ≤ length - 2 (never the suffix itself) and continues at j + n
+    starts = ends[ends >= n - 1] - (n - 1)
+    for offset in range(n - 1):
+        starts = starts[context[starts + offset] == context[length - n + offset]]
+    return starts
 
 
 def longest_match(context: np.ndarray, min_n: int, max_n: int) -> tuple[int, np.ndarray]:
     """(n, occurrences(context, n)) for the longest n in max_n..min_n that occurs earlier; (0, empty) when none
     does."""
+    ends = last_token_ends(context)
     for n in range(min(max_n, len(context) - 1), min_n - 1, -1):
-        hits = occurrences(context, n)
+        hits = occurrences(context, n, ends)
         if hits.size:
             return n, hits
     return 0, np.zeros(0, dtype=np.int64)
