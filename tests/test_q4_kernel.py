@@ -98,16 +98,24 @@ def test_a_source_that_does_not_compile_is_a_reason_not_a_crash(monkeypatch, tmp
 
 
 def test_a_first_start_builds_the_library_once_in_the_background(monkeypatch, tmp_path):
-    """prebuild compiles the library in a thread while the caller goes on (the app imports torch meanwhile);
-    load_library waits for that build instead of making its own, and nothing but the library and its sha256 is
-    left in the folder (the per-source objects of the parallel compile are removed)."""
+    """prebuild compiles the library in a thread while the caller goes on (the app imports torch meanwhile), and
+    never loads it there (loaded before torch, it would bring another libgomp); load_library waits for that build
+    instead of making its own, and nothing but the library and its sha256 is left in the folder (the per-source
+    objects of the parallel compile are removed)."""
+    import threading
+
     from localspec.runtime.library import DIGEST, target_path
 
     if kernel_library._missing() is not None:
         pytest.skip(f"q4 kernel: {kernel_library._missing()}")
-    builds = []
-    compile_library = kernel_library.compile_library
+    builds, opened_in = [], []
+    compile_library, open_verified = kernel_library.compile_library, kernel_library._open_verified
     monkeypatch.setattr(kernel_library, "compile_library", lambda *a, **k: builds.append(a) or compile_library(*a, **k))
+    monkeypatch.setattr(
+        kernel_library,
+        "_open_verified",
+        lambda target: opened_in.append(threading.current_thread().name) or open_verified(target),
+    )
     build = tmp_path / "kernels"
     thread = kernel_library.prebuild(build)
     assert thread is not None
@@ -115,6 +123,7 @@ def test_a_first_start_builds_the_library_once_in_the_background(monkeypatch, tm
     thread.join()
     assert load.library is not None and load.library.q4 is not None, load.reason
     assert len(builds) == 1
+    assert opened_in and set(opened_in) == {threading.current_thread().name}  # loaded by the load only
     assert kernel_library.prebuild(build) is None  # built already: nothing to do
     target = target_path(build)
     assert sorted(path.name for path in build.iterdir()) == sorted([target.name, target.name + DIGEST])

@@ -255,14 +255,19 @@ def prebuild_here() -> threading.Thread | None:
 
 def prebuild(build_dir: Path) -> threading.Thread | None:
     """Start building this machine's library in a background thread where it is not built yet, so that a first start
-    compiles it while Python imports and the model file is read (load_library waits for it). None where there is
-    nothing to build or it cannot be built here; a failure is left for load_library to report."""
-    if _missing() is not None or target_path(build_dir).is_file():
+    compiles it while Python imports and the model file is read (load_library waits for it, then verifies and loads
+    it). Built, never loaded here: loaded before torch, it would bring the system's libgomp in place of torch's own.
+    None where there is nothing to build or it cannot be built here; a failure is left for load_library to report."""
+    target = target_path(build_dir)
+    if _missing() is not None or target.is_file():
         return None
 
     def build() -> None:
         try:
-            _opened(build_dir, "native", SOURCES)
+            with _BUILDING:
+                _private(build_dir)
+                if not target.is_file():
+                    _build(target, "native", SOURCES)
         except (OSError, RuntimeError, subprocess.SubprocessError):
             pass  # load_library builds again and says why
 
