@@ -126,7 +126,7 @@ def test_q4_k_on_its_own_scales_gives_the_float32_scales_bits_from_fewer_bytes(l
 
 def test_q6_k_on_its_own_scales_gives_the_float32_scales_bits_from_fewer_bytes(library):
     """q6k makes each sub-block's d·sc from the file's float16 d and int8 sc (exact in float32), so its outputs are
-    q8k's (float32 d and m per 16) bit for bit, read from 8.5625 bits a weight, not 12."""
+    q8k's (float32 d and m per 16) bit for bit, read from the file's own 6.5625 bits a weight, not 12."""
     from localspec.runtime.q8_head import Q8Linear
 
     blocks, _ = _blocks("Q6_K", 48, 512, seed=7)
@@ -139,7 +139,7 @@ def test_q6_k_on_its_own_scales_gives_the_float32_scales_bits_from_fewer_bytes(l
         name: 8 * sum(t.numel() * t.element_size() for t in (m.codes, m.scales)) / (48 * 512)
         for name, m in (("q6k", q6k), ("q8k", q8k))
     }
-    assert bits == {"q6k": 8.5625, "q8k": 12.0}
+    assert bits == {"q6k": 6.5625, "q8k": 12.0}
 
 
 def test_a_q4_0_scale_whose_minimum_overflows_float16_stays_dense_with_the_reason(library):

@@ -34,6 +34,20 @@ def test_the_layout_round_trips():
     assert torch.equal(back_codes, codes.to(torch.int32)) and torch.equal(back_d, d) and torch.equal(back_m, m)
 
 
+def test_the_q6k_planes_hold_every_6_bit_code_and_give_it_back():
+    """pack_q6k keeps Q6_K's codes q − 32 ∈ [−32, 31] in 4 + 2 bit planes (6 bits a code, as the file stores them):
+    every code of every quad and lane comes back, and the planes are three quarters of the int8 quads' bytes."""
+    from localspec.runtime.q4_kernel import _quads, six_codes, six_planes
+
+    codes = torch.randint(-32, 32, (32, 512), generator=torch.Generator().manual_seed(3)).to(torch.int8)
+    codes[0, :64] = torch.arange(-32, 32, dtype=torch.int8)  # each value at least once
+    quads = _quads(codes, 16)  # [N/16, K/16, 4, 16, 4]
+    planes = six_planes(quads)
+    assert planes.shape == (2, 32, 3, 16, 4) and planes.numel() * 4 == quads.numel() * 3
+    back = six_codes(planes.reshape(2, 32, 3, 64)).reshape(quads.shape)
+    assert torch.equal(back, quads)
+
+
 def test_a_layer_that_is_not_whole_blocks_is_refused():
     with pytest.raises(ValueError, match="16·n outputs"):
         pack_q4(*_fields(24, 64))
@@ -239,7 +253,7 @@ def test_the_avx2_build_passes_both_self_checks_on_a_machine_that_runs_the_avx51
 def test_both_builds_give_every_matmul_the_same_bits(kernel, tmp_path):
     """The matmuls' integer dot products are exact and their float steps are the same operations in both builds
     (kernels/q4_matmul.c, q8_matmul.c), so the AVX2 build and this machine's give every output the same bits: q4, q4f,
-    q8, q8k and q4k."""
+    q8, q8k, q4k and q6k."""
     import ctypes
 
     from localspec.runtime.library import SOURCES, compile_library, cpu_flags
@@ -247,10 +261,12 @@ def test_both_builds_give_every_matmul_the_same_bits(kernel, tmp_path):
         Q4FMatmul,
         Q4KMatmul,
         Q4Matmul,
+        Q6KMatmul,
         Q8KMatmul,
         Q8Matmul,
         k_scales,
         pack_q4k,
+        pack_q6k,
         pack_q8,
         pack_q8k,
     )
@@ -274,6 +290,7 @@ def test_both_builds_give_every_matmul_the_same_bits(kernel, tmp_path):
         (Q8Matmul, pack_q8(signed, d.half())),
         (Q8KMatmul, pack_q8k(signed.clamp(-32, 31), d16, m16)),
         (Q4KMatmul, pack_q4k(codes, d[:, ::8].half(), m[:, ::8].abs().half(), d16[:, ::2].long() % 64, codes[:, ::32])),
+        (Q6KMatmul, pack_q6k(signed.clamp(-32, 31), d[:, ::8].half(), signed[:, ::16])),
     ]
     for kind, (packed, scales) in cases:
         here = getattr(kernel, kind.KIND).matmul(x, packed, scales, n)

@@ -152,6 +152,12 @@ def read_header(path: Path, arrays: frozenset[str] = frozenset({"tokenizer.ggml.
     return header
 
 
+def forget() -> None:
+    """Drop the kept headers: a load calls this when it is done with them (their token and merge lists are MBs of
+    Python strings, tens of MB for a 152k-token vocabulary, that the loaded tokenizer holds in its own form)."""
+    _RECENT.clear()
+
+
 def _aligned(position: int, alignment: Any) -> int:
     step = alignment if isinstance(alignment, int) and 0 < alignment <= 1 << 20 else 32  # general.alignment
     return -(-position // step) * step

@@ -21,8 +21,8 @@ scale is that times a small integer, which float32 holds exactly (and float16 ma
   Q5_K  Q4_K's fields and 32 bytes of fifth bits (bit i of byte l: weight l of sub-block i) (176 bytes) → the q8k
         layout, d·sc and −dmin·mn per 16
   Q6_K  128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, fp16 d: w = (d·sc)·(q − 32) per 16 (210 bytes)
-        → the q8k layout's codes q − 32 ∈ [−32, 31] with d and sc as stored (the q6k kernel, which makes q8k's
-        float32 d·sc from them)
+        → the q8k layout's codes q − 32 ∈ [−32, 31], kept in 6 bits (q4_kernel.six_planes), with d and sc as
+        stored (the q6k kernel, which makes q8k's float32 d·sc from them)
 
 The q4 kernel (runtime/q4_kernel.py) runs the q4 layout as an Int4Linear (q4f: its float32 scales), the q8 kernel
 the q8 layout as a Q8Linear (runtime/q8_head.py; q8k: the q8k layout), wherever the kernels' library loads.
@@ -386,7 +386,8 @@ def _merged(choices: dict[str, Choice], name: str, choice: Choice) -> None:
         choices[name] = Choice(f"{seen.value}+{choice.value}", f"{seen.reason}; {choice.reason}")
 
 
-HEAD_CHUNK = 4096  # token embedding rows packed at a time for the head: its fields never exist whole
+HEAD_CHUNK = 1024  # token embedding rows packed at a time for the head: its fields never exist whole (their tens of MB
+# would sit on top of every weight already packed, at the load's peak)
 
 
 def q8_head(model: nn.Module, tensors, library: KernelLibrary | None, why_not: str) -> Q8Head | None:

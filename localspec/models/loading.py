@@ -24,6 +24,7 @@ from localspec.config import ConfigError, Environment, ModelSpec, PairSpec
 
 from .dtype_choice import choose_dtype, fixed_decision, format_fields
 from .exact_choice import choose_exact
+from .gguf_header import forget as forget_headers
 from .paths import cache_dir, writable_folder
 from .registry import GGUF_PREFIX, looks_like_path
 from .untrusted import shown
@@ -554,6 +555,7 @@ def load_pair(
     head = None
     if pair.head is not None:
         head = _optional_part("head", lambda: load_head_part(pair, target, dev), notices, progress)
+    forget_headers()
     _say(progress, "Ready.")
     return LoadedPair(
         pair,

@@ -34,6 +34,7 @@ from localspec.config import ForwardKind
 
 from .attention_kernel import AttentionKernel
 from .layer_kernel import BoundLayer, LayerKernel, layer_weights
+from .memory import release_free_memory
 from .plan import AttentionKind, ForwardPlan, lean_supported
 from .q8_head import embedding_format
 from .static_cache import PreallocatedCache
@@ -268,7 +269,13 @@ class LeanLlama(nn.Module):
         dtype, device = embedding_format(model)
         probe = torch.randn(2, config.hidden_size, generator=generator).to(device=device, dtype=dtype)  # [2, H]
         attention, layer_kernel = plan.attention_kernel, plan.layer
-        self.layers = nn.ModuleList(LeanLayer(lay, config, probe, attention, layer_kernel) for lay in base.layers)
+        self.layers = nn.ModuleList()
+        for layer in base.layers:
+            self.layers.append(LeanLayer(layer, config, probe, attention, layer_kernel))
+            # its fused linears' parts let go of their own codes and scales (now views of the fused ones): free heap
+            # chunks between kept weights, which glibc neither reuses for the next fused copy nor returns by itself
+            # (a 1.7B model would hold both copies, +0.15 GB, for good)
+            release_free_memory()
         rotary = base.rotary_emb
         self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)  # [D/2]
         self.attention_scaling = float(rotary.attention_scaling)

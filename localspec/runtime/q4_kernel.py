@@ -147,8 +147,9 @@ Q6K_SCALE_BYTES = 288  # pack_q6k's scales per block of 16 outputs and super-blo
 
 def pack_q6k(codes: torch.Tensor, d: torch.Tensor, sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A Q6_K tensor's fields: codes [N, K] int8 (q − 32), d [N, K/256] float16, sc [N, K/16] int8 (w = (d·sc)·q) →
-    (pack_q8k's codes, scales [N/16, K/256, 288] uint8: per block and super-block d as [16] float16, then sc as
-    [16 groups][16 lanes] int8), what q6k_matmul reads."""
+    (codes [N/16, K/16, 3, 16, 4] uint8: pack_q8k's quads as six_planes keeps them, 6 bits a code; scales
+    [N/16, K/256, 288] uint8: per block and super-block d as [16] float16, then sc as [16 groups][16 lanes] int8),
+    what q6k_matmul reads: 6.5625 bits a weight, the file's own."""
     n, k = codes.shape
     if n % LANES or k % SUPER:
         raise ValueError(f"the q6k kernel packs {LANES}·n outputs and {SUPER}·k inputs; got {n} × {k}")
@@ -159,7 +160,27 @@ def pack_q6k(codes: torch.Tensor, d: torch.Tensor, sc: torch.Tensor) -> tuple[to
         halves.view(torch.uint8).reshape(blocks, supers, -1),
         small.contiguous().view(torch.uint8).reshape(blocks, supers, -1),
     ]
-    return _quads(codes, K_GROUP), torch.cat(parts, -1).contiguous()
+    return six_planes(_quads(codes, K_GROUP)), torch.cat(parts, -1).contiguous()
+
+
+def six_planes(quads: torch.Tensor) -> torch.Tensor:
+    """Quads of codes q ∈ [−32, 31] [N/16, K/16, 4, 16, 4] int8 (_quads') → three planes [N/16, K/16, 3, 16, 4] uint8 of
+    u = q + 32 (kernels/q8_matmul.c's q6k layout): u_0 & 15 | (u_1 & 15) << 4, the same of u_2 and u_3, and
+    Σ_t (u_t >> 4) << 2t."""
+    u = (quads.to(torch.int8) + 32).view(torch.uint8)  # q + 32 ∈ [0, 63]: no int8 overflow
+    planes = u.new_empty((*u.shape[:2], 3, *u.shape[3:]))
+    planes[:, :, 0] = (u[:, :, 0] & 15) | (u[:, :, 1] << 4)  # uint8 shifts drop the high bits
+    planes[:, :, 1] = (u[:, :, 2] & 15) | (u[:, :, 3] << 4)
+    planes[:, :, 2] = (u[:, :, 0] >> 4) | (u[:, :, 1] >> 4) << 2 | (u[:, :, 2] >> 4) << 4 | (u[:, :, 3] >> 4) << 6
+    return planes
+
+
+def six_codes(planes: torch.Tensor) -> torch.Tensor:
+    """six_planes undone: planes [..., 3, X] uint8 (the plane dimension second to last) → quads [..., 4, X] int8."""
+    first, second, high = planes.unbind(-2)
+    quads = [first & 15, first >> 4, second & 15, second >> 4]
+    return torch.stack([(q | ((high >> 2 * t) & 3) << 4).to(torch.int16) - 32 for t, q in enumerate(quads)],
+                       dim=-2).to(torch.int8)  # fmt: skip
 
 
 def _quads(codes: torch.Tensor, group: int) -> torch.Tensor:

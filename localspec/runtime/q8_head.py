@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .q4_kernel import Q6KMatmul, Q8KMatmul, Q8Matmul, pack_q6k, pack_q8, pack_q8k
+from .q4_kernel import Q6KMatmul, Q8KMatmul, Q8Matmul, pack_q6k, pack_q8, pack_q8k, six_codes
 
 
 class Q8Head(nn.Module):
@@ -91,8 +91,9 @@ class Q8Linear(Q8Head):
             part.codes, part.scales = codes, scales
 
     def extra_repr(self) -> str:
-        group, kind = self.codes.shape[2] * self.codes.shape[4], self.kernel.KIND
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 codes group {group}, {kind}"
+        kind, group = self.kernel.KIND, self.in_features // self.codes.shape[1]
+        codes = f"6-bit codes in planes, group {group}" if kind == "q6k" else f"int8 codes group {group}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {codes}, {kind}"
 
 
 ROWS_CHUNK = 4096  # rows dequantized at a time where the whole dense copy is made
@@ -132,7 +133,7 @@ class HeadRowsEmbedding(nn.Module):
         codes, scales = self.head.codes, self.head.scales
         block, lane = ids // codes.shape[3], ids % codes.shape[3]
         n, count = ids.numel(), torch.arange(ids.numel(), device=ids.device)
-        picked = codes[block, :, :, lane, :]  # [n, K/g, g/4, 4]: code k = g·group + 4·quad + byte
+        picked = codes[block, :, :, lane, :]  # [n, K/g, g/4, 4]: code k = g·group + 4·quad + byte (q6k: its planes)
         if self.head.kernel.KIND == "q8":  # w = q·d (Q8_0), d per 32
             d = scales[block, :, lane]  # [n, K/32] float16
             values = picked.reshape(n, d.shape[1], -1).float() * d.float()[..., None]
@@ -142,7 +143,7 @@ class HeadRowsEmbedding(nn.Module):
             sc = packed[..., 32:].contiguous().view(torch.int8).reshape(n, -1, 16, 16)[count, :, :, lane]
             scale = (d.float()[..., None] * sc.float()).reshape(n, -1)  # [n, K/16]
             zero = torch.zeros_like(scale)[..., None]  # dequantize's + m: −0 becomes +0 as in the dense copy
-            values = picked.reshape(n, scale.shape[1], -1).float() * scale[..., None] + zero
+            values = six_codes(picked).reshape(n, scale.shape[1], -1).float() * scale[..., None] + zero
         return values.reshape(n, -1).to(self.dtype)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

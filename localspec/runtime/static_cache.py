@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
+from .memory import load_allocations
+
 INITIAL_CAPACITY = 512  # positions allocated at the first forward (more when the prompt is longer)
 
 
@@ -46,8 +48,12 @@ class PreallocatedLayer(CacheLayerMixin):
 
     def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
         batch, heads = key_states.shape[:2]
-        keys = key_states.new_zeros((batch, heads, capacity, key_states.shape[-1]))
-        values = value_states.new_zeros((batch, heads, capacity, value_states.shape[-1]))
+        # empty, not zeros, and mappings of their own (not heap blocks that may already be resident): positions are
+        # read only once written (update, append_in_place, crop keep `length`), so a buffer's pages become resident
+        # as the conversation reaches them, not all at its allocation
+        with load_allocations():
+            keys = key_states.new_empty((batch, heads, capacity, key_states.shape[-1]))
+            values = value_states.new_empty((batch, heads, capacity, value_states.shape[-1]))
         if self.keys is not None and self.length:
             keys[:, :, : self.length].copy_(self.keys[:, :, : self.length])
             values[:, :, : self.length].copy_(self.values[:, :, : self.length])

@@ -3,7 +3,8 @@
  * whose token embedding is Q8_0, read as the file stores it), q8k_matmul for groups of 16 with a float32 scale and a
  * float32 offset each, w = d·q + m (Q5_K: d·sc and q, m = −dmin·mn, each exact in float32; Q5_1: its float16 d and
  * m), and q6k_matmul for Q6_K's own scales (a float16 d per 256 and an int8 sc per 16: w = (d·sc)·(q − 32), d·sc
- * made in float32, exactly, and m = 0, so q6k gives q8k's bits from 8.56 bits a weight instead of 12).
+ * made in float32, exactly, and m = 0, so q6k gives q8k's bits from the file's own 6.5625 bits a weight instead of 12:
+ * its 6-bit codes stay in 4 + 2 bit planes, unpacked once per block and group for every row of a pass).
  *
  * The arithmetic, the same in both builds (so both round alike, bit for bit):
  *   1. each row's activations, per group (32; q8k: 16), as int8 x̂ with a scale s (scalar.h's quantize_rows);
@@ -17,6 +18,9 @@
  *               shared by every row of the pass.
  *   avx2        vpmaddubsw on |q| and x̂ with q's sign (pairs at most 2·128·127 < 32768), vpmaddwd by ones into
  *               int32, summed over the group.
+ *   q6k         both builds take its codes unsigned, u = q + 32 ∈ 0..63, as the unsigned operand (vpdpbusd; vpmaddubsw,
+ *               pairs at most 2·63·127), and Σ q·x̂ = Σ u·x̂ − 32·Σ x̂, with Σ x̂ per row and group summed once a call:
+ *               no bias on x̂ a row and no Σ q a group, the same exact int32 sums.
  *   amx         an avx512bf16 build's calls of many rows where the CPU has AMX-INT8 (amx.h): Σ q·x̂ of up to 16
  *               rows from one tdpbssd a group, the codes as they are stored as tile B; the same bits.
  *
@@ -26,7 +30,10 @@
  *        d     [N/16][K/32][16]        float16: d of outputs 16nb..16nb+15 in group g
  *   q8k  codes [N/16][K/16][4][16][4] int8: the same with groups of 16
  *        dm    [N/16][K/16][2][16]     float32: d, then m, of outputs 16nb..16nb+15 in group g
- *   q6k  codes as q8k's; scales [N/16][K/256][288] bytes: d float16 [16], then sc int8 [16 groups][16 lanes]
+ *   q6k  codes [N/16][K/16][3][16][4] uint8: per block and group of 16, three planes laid out as q8k's quads, of
+ *        u_t = q_t + 32 ∈ 0..63 (quad t's codes, q8k's q − 32 of Q6_K): plane 0 = u_0 & 15 | (u_1 & 15) << 4,
+ *        plane 1 = u_2 & 15 | (u_3 & 15) << 4, plane 2 = Σ_t (u_t >> 4) << 2t (192 bytes for 256 codes)
+ *        scales [N/16][K/256][288] bytes: d float16 [16], then sc int8 [16 groups][16 lanes]
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -41,6 +48,12 @@
 
 enum { FORM_Q8 = 0, FORM_Q8K = 1, FORM_Q6K = 2 }; /* the scales' form: q8, q8k, q6k */
 #define Q6K_BYTES 288                           /* q6k: a block's scales for one super-block of 256 */
+#define Q6K_CODES 192                           /* q6k: a block's codes for one group of 16 (three planes) */
+
+/* Bytes of a block's codes for `groups` groups (of 32 for q8, 16 otherwise). */
+static inline size_t q8_code_bytes(int form, int groups) {
+    return (size_t)groups * (form == FORM_Q6K ? Q6K_CODES : form == FORM_Q8K ? 256 : 512);
+}
 
 /* Bytes of a block's scales for `groups` groups (of 32 for q8, 16 otherwise). */
 static inline size_t q8_scale_bytes(int form, int groups) {
@@ -65,33 +78,58 @@ static inline __attribute__((always_inline)) void q8_scales(const void *scales, 
     }
 }
 
+/* A q6k group's three planes (c: 192 bytes) → its four quads of unsigned codes u = q + 32 ∈ 0..63. Each 16-bit
+ * shift moves bits across a byte only where the mask after it drops them. */
+static inline __attribute__((always_inline)) void q6k_quads(const int8_t *c, __m512i w[4]) {
+    const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
+    const __m512i a = _mm512_loadu_si512((const void *)c), b = _mm512_loadu_si512((const void *)(c + 64));
+    const __m512i h = _mm512_loadu_si512((const void *)(c + 128));
+    w[0] = _mm512_or_si512(_mm512_and_si512(a, low), _mm512_and_si512(_mm512_slli_epi16(h, 4), high));
+    w[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), low), _mm512_and_si512(_mm512_slli_epi16(h, 2), high));
+    w[2] = _mm512_or_si512(_mm512_and_si512(b, low), _mm512_and_si512(h, high));
+    w[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), low), _mm512_and_si512(_mm512_srli_epi16(h, 2), high));
+}
+
 /* form: the scales' (FORM_*); groups of 32 for q8, 16 for q8k and q6k. */
 static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *codes, const void *scales, int form,
                                                                 const int8_t *xq, const float *scale,
-                                                                const float *xsum, int k, int groups, int rows,
-                                                                float *y, int n, int n0) {
+                                                                const float *xsum, const int32_t *isum, int k,
+                                                                int groups, int rows, float *y, int n, int n0) {
     const int quads = form == FORM_Q8 ? 8 : 4;
     __m512 acc[Q8_CHUNK];
     const __m512i ones = _mm512_set1_epi8(1), bias = _mm512_set1_epi8((char)0x80);
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
-        __m512i w[8], total = _mm512_setzero_si512();
-        for (int t = 0; t < quads; t++) {
-            w[t] = _mm512_loadu_si512((const void *)(codes + ((size_t)g * quads + t) * 64));
-            total = _mm512_dpbusd_epi32(total, ones, w[t]);
+        __m512i w[8], offset = _mm512_setzero_si512();
+        if (form == FORM_Q6K) {
+            q6k_quads(codes + (size_t)g * Q6K_CODES, w); /* unsigned u: Σ u·x̂ − 32·Σ x̂ below */
+        } else {
+            __m512i total = _mm512_setzero_si512();
+            for (int t = 0; t < quads; t++) {
+                w[t] = _mm512_loadu_si512((const void *)(codes + ((size_t)g * quads + t) * 64));
+                total = _mm512_dpbusd_epi32(total, ones, w[t]);
+            }
+            offset = _mm512_slli_epi32(total, 7); /* 128·Σ q */
         }
-        const __m512i offset = _mm512_slli_epi32(total, 7); /* 128·Σ q */
         __m512 d, m;
         q8_scales(scales, form, g, &d, &m);
         for (int r = 0; r < rows; r++) {
             const int32_t *xr = (const int32_t *)(xq + (size_t)r * k + g * quads * 4);
+            const size_t at = (size_t)r * groups + g;
             __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-            for (int t = 0; t < quads; t += 2) { /* x̂ + 128 as unsigned bytes: its sign bit flipped */
-                even = _mm512_dpbusd_epi32(even, _mm512_xor_si512(_mm512_set1_epi32(xr[t]), bias), w[t]);
-                odd = _mm512_dpbusd_epi32(odd, _mm512_xor_si512(_mm512_set1_epi32(xr[t + 1]), bias), w[t + 1]);
+            if (form == FORM_Q6K) {
+                for (int t = 0; t < 4; t += 2) {
+                    even = _mm512_dpbusd_epi32(even, w[t], _mm512_set1_epi32(xr[t]));
+                    odd = _mm512_dpbusd_epi32(odd, w[t + 1], _mm512_set1_epi32(xr[t + 1]));
+                }
+                offset = _mm512_set1_epi32(32 * isum[at]);
+            } else {
+                for (int t = 0; t < quads; t += 2) { /* x̂ + 128 as unsigned bytes: its sign bit flipped */
+                    even = _mm512_dpbusd_epi32(even, _mm512_xor_si512(_mm512_set1_epi32(xr[t]), bias), w[t]);
+                    odd = _mm512_dpbusd_epi32(odd, _mm512_xor_si512(_mm512_set1_epi32(xr[t + 1]), bias), w[t + 1]);
+                }
             }
             const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(even, odd), offset));
-            const size_t at = (size_t)r * groups + g;
             acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(scale[at])), dot, acc[r]);
             if (form != FORM_Q8) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[at]), acc[r]); /* q6k: m = 0 */
         }
@@ -108,9 +146,18 @@ static inline __attribute__((always_inline)) void q8_block_rows_amx(const int8_t
     const int len = form == FORM_Q8 ? 32 : 16;
     __m512 acc[AMX_CHUNK];
     int32_t dots[AMX_CHUNK][16] __attribute__((aligned(64)));
+    int8_t six[256] __attribute__((aligned(64))); /* q6k: the group's quads unpacked, as tile B */
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
-        _tile_loadd(2, codes + (size_t)g * len * 16, 64);
+        if (form == FORM_Q6K) {
+            __m512i w[4];
+            q6k_quads(codes + (size_t)g * Q6K_CODES, w);
+            for (int t = 0; t < 4; t++) /* the signed codes q = u − 32, as tdpbssd takes them */
+                _mm512_store_si512((void *)(six + t * 64), _mm512_sub_epi8(w[t], _mm512_set1_epi8(32)));
+            _tile_loadd(2, six, 64);
+        } else {
+            _tile_loadd(2, codes + (size_t)g * len * 16, 64);
+        }
         _tile_loadd(1, xq + (size_t)g * len, k);
         _tile_zero(0);
         _tile_dpbssd(0, 1, 2);
@@ -133,8 +180,8 @@ static inline __attribute__((always_inline)) void q8_block_rows_amx(const int8_t
 /* As the AVX-512 build's q8_block_rows, one half of the block's lanes (8 outputs) at a time. */
 static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *codes, const void *scales, int form,
                                                                 const int8_t *xq, const float *scale,
-                                                                const float *xsum, int k, int groups, int rows,
-                                                                float *y, int n, int n0) {
+                                                                const float *xsum, const int32_t *isum, int k,
+                                                                int groups, int rows, float *y, int n, int n0) {
     const int quads = form == FORM_Q8 ? 8 : 4;
     const __m256i ones = _mm256_set1_epi16(1);
     for (int half = 0; half < 2; half++) {
@@ -142,9 +189,20 @@ static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *co
         for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
         for (int g = 0; g < groups; g++) {
             __m256i w[8], magnitude[8];
-            for (int t = 0; t < quads; t++) {
-                w[t] = _mm256_loadu_si256((const __m256i *)(codes + ((size_t)g * quads + t) * 64 + half * 32));
-                magnitude[t] = _mm256_abs_epi8(w[t]); /* -128 becomes 128 as an unsigned byte */
+            if (form == FORM_Q6K) { /* the AVX-512 build's q6k_quads (unsigned u), on this half's lanes */
+                const int8_t *c = codes + (size_t)g * Q6K_CODES + half * 32;
+                const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
+                const __m256i a = _mm256_loadu_si256((const __m256i *)c), b = _mm256_loadu_si256((const __m256i *)(c + 64));
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(c + 128));
+                w[0] = _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(h, 4), high));
+                w[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(_mm256_slli_epi16(h, 2), high));
+                w[2] = _mm256_or_si256(_mm256_and_si256(b, low), _mm256_and_si256(h, high));
+                w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), low), _mm256_and_si256(_mm256_srli_epi16(h, 2), high));
+            } else {
+                for (int t = 0; t < quads; t++) {
+                    w[t] = _mm256_loadu_si256((const __m256i *)(codes + ((size_t)g * quads + t) * 64 + half * 32));
+                    magnitude[t] = _mm256_abs_epi8(w[t]); /* -128 becomes 128 as an unsigned byte */
+                }
             }
             __m256 d, m = _mm256_setzero_ps();
             if (form == FORM_Q6K) {
@@ -160,12 +218,18 @@ static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *co
             }
             for (int r = 0; r < rows; r++) {
                 const int32_t *xr = (const int32_t *)(xq + (size_t)r * k + g * quads * 4);
-                __m256i sum = _mm256_setzero_si256();
-                for (int t = 0; t < quads; t++) {
-                    const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(xr[t]), w[t]);
-                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude[t], signed_x), ones));
-                }
                 const size_t at = (size_t)r * groups + g;
+                __m256i sum = _mm256_setzero_si256();
+                if (form == FORM_Q6K) {
+                    for (int t = 0; t < 4; t++)
+                        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(w[t], _mm256_set1_epi32(xr[t])), ones));
+                    sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(32 * isum[at]));
+                } else {
+                    for (int t = 0; t < quads; t++) {
+                        const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(xr[t]), w[t]);
+                        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude[t], signed_x), ones));
+                    }
+                }
                 acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(scale[at])), _mm256_cvtepi32_ps(sum), acc[r]);
                 if (form != FORM_Q8) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xsum[at]), acc[r]);
             }
@@ -181,11 +245,12 @@ static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *co
 /* The rows of a call through output block nb: on the tiles (amx) passes of AMX_CHUNK rows while at least
  * localspec_amx_min_rows are left, the rest on the dot products, up to Q8_CHUNK rows a pass. */
 static inline __attribute__((always_inline)) void q8_output_block(const int8_t *xq, const float *scale,
-                                                                  const float *xsum, const int8_t *codes,
+                                                                  const float *xsum, const int32_t *isum,
+                                                                  const int8_t *codes,
                                                                   const void *scales, int form, float *y, int rows,
                                                                   int amx, int k, int n, int nb) {
     const int len = form == FORM_Q8 ? 32 : 16, groups = k / len;
-    const int8_t *c = codes + (size_t)nb * groups * len * 16;
+    const int8_t *c = codes + (size_t)nb * q8_code_bytes(form, groups);
     const void *p = (const char *)scales + (size_t)nb * q8_scale_bytes(form, groups);
     int r0 = 0;
 #if defined(LOCALSPEC_AMX)
@@ -211,10 +276,11 @@ static inline __attribute__((always_inline)) void q8_output_block(const int8_t *
         const int count = rows - r0 < per ? rows - r0 : per;
         const int8_t *xr = xq + (size_t)r0 * k;
         const float *sr = scale + (size_t)r0 * groups, *xs = xsum + (size_t)r0 * groups;
+        const int32_t *is = isum + (size_t)r0 * groups;
         float *yr = y + (size_t)r0 * n;
         switch (count) { /* a constant row count per case keeps the accumulators in registers */
 #define ROWS(R) \
-    case R: q8_block_rows(c, p, form, xr, sr, xs, k, groups, R, yr, n, nb * 16); break;
+    case R: q8_block_rows(c, p, form, xr, sr, xs, is, k, groups, R, yr, n, nb * 16); break;
             ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
 #undef ROWS
         }
@@ -226,23 +292,31 @@ static int q8_run(const uint16_t *x, const int8_t *codes, const void *scales, in
     const int len = form == FORM_Q8 ? 32 : 16, blocks = n / 16;
     const int amx = amx_for(rows); /* 0 wherever the build or the CPU has no tiles */
     const size_t sums = (size_t)rows * (k / len), padded = (size_t)amx_padded(rows, amx) * k;
-    float *scale = malloc(sizeof(float) * 2 * sums + padded); /* s, then Σ x, then x̂ (zero rows to whole passes) */
+    /* s, then Σ x, then Σ x̂ (q6k), then x̂ (zero rows to whole passes) */
+    float *scale = malloc(sizeof(float) * 2 * sums + sizeof(int32_t) * sums + padded);
     if (scale == NULL) return -1;
     float *xsum = scale + sums;
-    int8_t *xq = (int8_t *)(xsum + sums);
+    int32_t *isum = (int32_t *)(xsum + sums);
+    int8_t *xq = (int8_t *)(isum + sums);
     quantize_rows(x, rows, k, len, xq, scale, xsum, threads);
     memset(xq + (size_t)rows * k, 0, padded - (size_t)rows * k);
+    if (form == FORM_Q6K)
+        for (size_t at = 0; at < sums; at++) {
+            int32_t total = 0;
+            for (int i = 0; i < len; i++) total += xq[at * len + i]; /* row r, group g: at = r·groups + g */
+            isum[at] = total;
+        }
 #pragma omp parallel num_threads(threads)
     {
         if (amx) amx_begin(len);
 #pragma omp for schedule(static)
         for (int nb = 0; nb < blocks; nb++) { /* a constant form per branch: each is its own specialized code */
             if (form == FORM_Q6K)
-                q8_output_block(xq, scale, xsum, codes, scales, FORM_Q6K, y, rows, amx, k, n, nb);
+                q8_output_block(xq, scale, xsum, isum, codes, scales, FORM_Q6K, y, rows, amx, k, n, nb);
             else if (form == FORM_Q8K)
-                q8_output_block(xq, scale, xsum, codes, scales, FORM_Q8K, y, rows, amx, k, n, nb);
+                q8_output_block(xq, scale, xsum, isum, codes, scales, FORM_Q8K, y, rows, amx, k, n, nb);
             else
-                q8_output_block(xq, scale, xsum, codes, scales, FORM_Q8, y, rows, amx, k, n, nb);
+                q8_output_block(xq, scale, xsum, isum, codes, scales, FORM_Q8, y, rows, amx, k, n, nb);
         }
         if (amx) amx_end();
     }
