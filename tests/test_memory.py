@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from pathlib import Path
 
@@ -37,35 +38,43 @@ def test_freed_heap_blocks_go_back_to_the_os():
     del pinned
 
 
-def _in_heap(address: int) -> bool:
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        span, *rest = line.split()
-        low, high = (int(part, 16) for part in span.split("-"))
-        if low <= address < high:
-            return rest[-1] == "[heap]" if len(rest) >= 5 else False
-    raise RuntimeError(f"{address:#x} is in no mapping")
+def _resident_pages(address: int, size: int) -> int:
+    """Pages of [address, address + size) in memory now (mincore)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = address // page * page
+    length = address + size - start
+    flags = (ctypes.c_ubyte * ((length + page - 1) // page))()
+    if libc.mincore(start, length, flags):
+        raise OSError(ctypes.get_errno(), "mincore")
+    return sum(flag & 1 for flag in flags)
 
 
 @pytest.mark.skipif(NO_TRIM, reason="needs glibc")
-def test_the_kv_caches_buffers_are_mappings_of_their_own_resident_only_where_written():
-    """A KV cache buffer (2 MiB here, under the 32 MiB threshold a load leaves) is not a heap block, which may be
-    resident whole already: its pages come in as positions are written."""
+def test_the_kv_caches_buffers_are_resident_only_where_written():
+    """A KV cache buffer (2 MiB here) comes with none of its pages in memory, even where the heap holds freed memory
+    still resident that the allocator would hand back: its pages come in as positions are written. A zeroed buffer,
+    or one made of that freed memory, fails this."""
     import torch
 
     from localspec.runtime.static_cache import PreallocatedLayer
 
-    with memory.load_allocations():  # the allocator as a model's load leaves it: 2 MiB blocks would be heap blocks
+    with memory.load_allocations():  # the allocator as a model's load leaves it (heap blocks up to 32 MiB)
         pass
-    template = torch.empty((1, 16, 0, 64), dtype=torch.bfloat16)
-    before = rss_kib()
-    layers = [PreallocatedLayer(1024, 4096) for _ in range(8)]  # 8 × 2 × 2 MiB
+    freed = [torch.ones(8 << 20, dtype=torch.uint8) for _ in range(6)]  # 48 MiB of heap, every page written
+    del freed  # free, and still resident: what a forward leaves in the heap
+    heads, positions, dim = 16, 1024, 64  # a head's rows: 1,024 × 128 bytes = 32 pages
+    template = torch.empty((1, heads, 0, dim), dtype=torch.bfloat16)
+    layers = [PreallocatedLayer(positions, 4096) for _ in range(8)]
     for layer in layers:
         layer.append_in_place(4, template)
-        layer.keys[:, :, :4] = 1.0
+        layer.keys[:, :, :4] = 1.0  # the first page of each head's rows
         layer.values[:, :, :4] = 1.0
-    assert not any(_in_heap(layer.keys.data_ptr()) or _in_heap(layer.values.data_ptr()) for layer in layers)
-    grown = rss_kib() - before
-    assert grown < 8 * 2 * 2048 / 4, f"{grown} KiB resident for 4 of 1,024 positions written"
+    for layer in layers:
+        for buffer in (layer.keys, layer.values):
+            resident = _resident_pages(buffer.data_ptr(), buffer.numel() * buffer.element_size())
+            assert resident <= 2 * heads, f"{resident} pages resident for {heads} written ({heads * 32} in all)"
 
 
 def test_the_engine_going_idle_releases_memory_and_a_busy_one_does_not(monkeypatch):
