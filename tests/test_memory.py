@@ -74,7 +74,9 @@ def test_the_kv_caches_buffers_are_resident_only_where_written():
     for layer in layers:
         for buffer in (layer.keys, layer.values):
             resident = _resident_pages(buffer.data_ptr(), buffer.numel() * buffer.element_size())
-            assert resident <= 2 * heads, f"{resident} pages resident for {heads} written ({heads * 32} in all)"
+            # a head's 4 written rows (512 bytes) may straddle two pages, and the buffer's first and last pages may
+            # be shared with other blocks of the heap
+            assert resident <= 2 * heads + 2, f"{resident} pages resident for {heads} written ({heads * 32} in all)"
 
 
 def test_the_engine_going_idle_releases_memory_and_a_busy_one_does_not(monkeypatch):
