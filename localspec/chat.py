@@ -67,6 +67,7 @@ class IncrementalDetokenizer:
         return piece
 
 
+MODEL_PROPOSERS = ("head", "draft")  # the proposers that run a model: their drafting cost is timed at load
 LOOKUP_FIRST_MIN_N = 2  # ngram+head: shortest n-gram match the lookup drafts from before the head takes over
 
 
@@ -95,6 +96,7 @@ class ChatSession:
         prior = _verify_prior(loaded, self.engine.target.plan)
         if prior is not None:  # the target's own 1-token and (K+1)-token forwards, timed on this machine
             self.engine.controllers.verify.set_prior(*prior)
+        self.engine.controllers.propose_priors.update(self._propose_priors())
         from localspec.verify.warmup import warm_up_sampler
 
         warm = warm_up_sampler(loaded.device, loaded.spec.k)  # 'auto' falls back to torch when Triton fails here
@@ -103,6 +105,24 @@ class ChatSession:
         # conversations of this pair (store/history.py); empty for the CLI, the bench and --no-save
         self.history = SuffixIndex()
         self.grammars = GrammarTokenizer(self.tokenizer, sorted(self.engine.stop_token_ids))
+
+    def _propose_priors(self) -> dict[str, float]:
+        """Seconds per drafted token of each loaded model proposer (head, draft), timed now on this machine
+        (proposers/timing.py): where one fails to draft, its controllers start without a prior, as before."""
+        from localspec.proposers.timing import seconds_per_token
+
+        priors = {}
+        for name in MODEL_PROPOSERS:
+            if name not in self.proposers:
+                continue
+            try:
+                proposer = self.make_proposer(self.default_spec(proposer=name))
+                seconds = seconds_per_token(proposer, self.vocab_size, proposer.feature_size)
+            except Exception:  # a prior only saves the first steps' trials: a part that fails runs without one
+                seconds = None
+            if seconds is not None:
+                priors[name] = seconds
+        return priors
 
     @property
     def vocab_size(self) -> int:

@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 import pytest
 
+from localspec.config import SpecConfig
 from localspec.engine.adaptive import AdaptiveController, CostModel, VerifyCosts
 from localspec.runtime.speedup import expected_tokens, predicted_speedups
 
@@ -447,3 +448,62 @@ def test_the_remembered_costs_follow_every_sample_even_one_another_controller_to
     shared.set_prior(0.010, 0.030, 5)
     same(one)
     assert one.verify_ratio(5) == fresh(one).verify_ratio(5) and one.plain_time() is not None and before is not None
+
+
+def test_while_off_the_options_are_evaluated_at_the_probes_alone(monkeypatch):
+    _, _, controller = run_world([0.5] * 8, slope=0.1, draft_c=0.6)  # off: a costly draft that never pays
+    assert not controller.speculating
+    evaluated = []
+    best = AdaptiveController.best
+    monkeypatch.setattr(AdaptiveController, "best", lambda self: evaluated.append(len(ks)) or best(self))
+    rng, ks = random.Random(1), []
+    for _ in range(200):
+        ks.append(step(controller, rng, [0.5] * 8, 0.1, 0.6)[1])
+    probes = [i for i, k in enumerate(ks) if k > 0]
+    assert len(probes) >= 3
+    # only a probe's step evaluates (its choice, and what it found); the plain steps between probes rest: plain
+    # decoding's cost, no forecast computed
+    assert set(evaluated) <= set(probes) | {0}
+    reason = controller.pause_reason()
+    assert reason is not None and reason.speedup < 1.0
+
+
+def test_the_remembered_speedups_follow_every_change_of_the_evidence():
+    rng = random.Random(3)
+    controller = AdaptiveController(6)
+    for _ in range(300):
+        asked = controller.choose_k()
+        drafted = asked if rng.random() < 0.8 else 0
+        accepted = sum(1 for _ in range(drafted) if rng.random() < 0.6)
+        controller.observe(asked, drafted, accepted, asked * 0.002, verify_seconds(drafted + 1, 0.12))
+        remembered = list(controller.speedups())
+        controller._acceptance = controller._speedups = None  # computed afresh
+        assert remembered == controller.speedups()
+
+
+def test_a_load_time_draft_cost_is_the_prior_until_the_first_draft():
+    from localspec.engine.policy import Controllers, StepPolicy
+    from localspec.proposers.ngram import NgramProposer
+
+    controllers = Controllers(propose_priors={"ngram": 0.02})
+    spec = SpecConfig(proposer="ngram", k=4, adaptive=True)
+    policy = StepPolicy(controllers, spec, NgramProposer(), 4, False)
+    costs = policy._chain_controller(None).costs
+    assert costs.propose_per_token_s.value == 0.02 and costs.propose_per_token_s.count == 1
+    costs.verify.set_prior(PLAIN_S, verify_seconds(5, 0.1), 5)
+    costs.observe_verify(1, PLAIN_S)
+    draft_c, _ = costs.ratios(4)
+    assert draft_c == pytest.approx(0.02 / PLAIN_S, rel=0.2)  # drafting is dear before anything was drafted
+    costs.observe(4, 4, 4 * 0.0001, verify_seconds(5, 0.1))
+    assert costs.propose_per_token_s.value == pytest.approx(0.0001)  # the first measured draft replaces the prior
+    unprimed = StepPolicy(Controllers(), spec, NgramProposer(), 4, False)._chain_controller(None).costs
+    assert unprimed.propose_per_token_s.count == 0
+
+
+def test_the_load_time_timing_of_a_proposer_says_none_when_it_drafts_nothing():
+    from localspec.proposers.ngram import NgramProposer
+    from localspec.proposers.timing import seconds_per_token
+
+    assert seconds_per_token(NgramProposer(2, 4), vocab_size=1_000_000) is None  # random ids: no n-gram repeats
+    seconds = seconds_per_token(NgramProposer(1, 4), vocab_size=3)  # three ids: every suffix repeats
+    assert seconds is not None and 0 < seconds < 0.1

@@ -189,3 +189,23 @@ def test_a_greedy_tree_steps_first_branch_teaches_the_chain():
     for _ in range(30):
         others.observe_tree(8, 8, 3, 0.0, PLAIN_S, depth=4)  # sampled: no first branch, nothing learned
     assert untaught.acceptance() == before
+
+
+def test_the_remembered_options_follow_every_change_of_the_state():
+    rng = random.Random(5)
+    trees = TreeSizeController(AdaptiveController(4), 16)
+    for step in range(300):
+        trees.options()  # remembered as of the state before the step
+        shape, size = trees.choose()
+        accepted = sum(rng.random() < (0.7 if step < 150 else 0.2) for _ in range(size.bit_length() if size else 0))
+        verify = PLAIN_S * (1 + 0.1 * size)
+        if shape == "tree":
+            trees.observe_tree(size, size, accepted, 3e-4, verify, depth=size.bit_length())
+        else:
+            trees.chain.observe(size, size, min(accepted, size), 2e-4 if size else 0.0, verify)
+            trees.options()  # remembered between the chain's sample and the trees' ageing, which samples nothing
+            trees.observe_chain(size)
+        remembered = dict(trees.options()), trees.best()
+        trees._options = None  # computed afresh
+        trees.chain._acceptance = trees.chain._speedups = None
+        assert remembered == (trees.options(), trees.best())

@@ -47,6 +47,8 @@ def test_generate_json_tiny(tiny_pair, proposer):
     kinds = {e["kind"] for e in out["events"]}
     assert (kinds == {"target"}) if proposer == "none" else kinds <= {"accepted", "resampled", "bonus", "target"}
     assert len(out["token_ids"]) <= 16
+    if proposer == "draft":  # the draft model's cost, timed at load: its controllers' prior
+        assert out["propose_priors"]["draft"] > 0
     plan = out["plan"]  # the target's forward plan: each choice with its reason
     assert plan["setup"] in ("fast", "exact", "exact-kernels", "exact-attention") and plan["summary"].startswith(
         plan["setup"]

@@ -104,6 +104,8 @@ def run(args) -> int:
                     "exact": session.loaded.exact.to_dict() if session.loaded.exact is not None else None,
                     "int4_kernel": _int4_kernel(session),
                     "plan": session.engine.target.plan.to_dict(),  # each choice of the target's forwards and why
+                    # seconds per drafted token of each model proposer, timed at load: the controllers' prior
+                    "propose_priors": dict(session.engine.controllers.propose_priors),
                     "text": "".join(text),
                     "token_ids": [t.token_id for t in tokens],
                     "events": [t.to_dict() for t in tokens],

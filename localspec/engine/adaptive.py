@@ -59,6 +59,14 @@ class RunningTime:
         self.count = 0
         self.value = 0.0
 
+    @classmethod
+    def prior(cls, seconds: float, memory: float = 3.0) -> RunningTime:
+        """An estimate of `seconds` from outside the answers (a load-time timing): read as a measurement until the
+        first sample, which replaces it (its weight is 0)."""
+        estimate = cls(memory)
+        estimate.value, estimate.count = seconds, 1
+        return estimate
+
     def age(self, factor: float) -> None:
         self.weight *= factor
 
@@ -212,8 +220,12 @@ class CostModel:
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _memo_of: tuple = field(default=(), init=False, repr=False, compare=False)
 
+    def state(self) -> tuple:
+        """What every figure derived from this model depends on: equal states, equal figures."""
+        return (id(self.verify), self.verify.generation, self.propose_per_token_s.count)
+
     def _remembered(self, key: tuple, compute: Callable[[], Any]) -> Any:
-        state = (id(self.verify), self.verify.generation, self.propose_per_token_s.count)
+        state = self.state()
         if state != self._memo_of:
             self._memo.clear()
             self._memo_of = state
@@ -293,7 +305,9 @@ class OnOffSwitch:
     on: switch off when the best predicted speedup drops below tuning.off_below; a plain step when the verify costs
     ask for one (VerifyCosts.plain_due: every forecast is relative to a plain step, so it is measured as the machine
     goes, not only at load). off: plain steps until `probe_every()` of them have passed, then one probe step; back on
-    when it rises above tuning.on_above.
+    when it rises above tuning.on_above. The options are evaluated while off only when a probe may be due (rest):
+    a plain step changes nothing a forecast reads but the plain step's own cost, so the plain steps between probes
+    cost what plain decoding's do.
     """
 
     tuning: Tuning
@@ -302,6 +316,29 @@ class OnOffSwitch:
     steps_off: int
     probing: bool
     measuring_plain: bool  # this step is a plain step taken while speculating
+    rested: bool = False  # this step was decided plain by rest(), no option evaluated
+    due_every: int = 0  # steps between probes, as of the last evaluation while off (0: none since switching off)
+    paused: PauseReason | None = None  # pause_reason() as of the last evaluation while off
+
+    def rest(self) -> bool:
+        """Whether this step is plain without evaluating anything: off, and the next probe not due yet."""
+        self.rested = not self.speculating and self.steps_off + 1 < self.due_every
+        if self.rested:
+            self.probing = self.measuring_plain = False
+            self.steps_off += 1
+        return self.rested
+
+    def pause_reason(self) -> PauseReason | None:
+        """Why speculation is off, in the controller's own numbers (PauseReason); None while it speculates. After a
+        step rest() decided, the reason as of the last evaluation."""
+        if self.speculating:
+            return None
+        if not self.rested or self.paused is None:
+            self.paused = self._pause_now()
+        return self.paused
+
+    def _pause_now(self) -> PauseReason:
+        raise NotImplementedError
 
     def switch(self, speedup: float, probe_every: Callable[[], int]) -> bool:
         """Given the best option's predicted speedup: does this step draft (speculating, or probing)?"""
@@ -313,7 +350,8 @@ class OnOffSwitch:
             self.speculating = True
         if not self.speculating:
             self.steps_off += 1
-            if self.steps_off < probe_every():
+            self.due_every = probe_every()
+            if self.steps_off < self.due_every:
                 return False
             self.probing = True
         elif self.costs.verify.plain_due():
@@ -350,6 +388,9 @@ class AdaptiveController(OnOffSwitch):
         self.accepted = [0.0] * max_k  # … of which position i was accepted
         self.position_prior: list[float] | None = None  # the previous answer's acceptance, once there was one
         self.speculating = True
+        # acceptance() and speedups() as of the state they were computed from (asked several times a step)
+        self._acceptance: tuple[tuple, list[float]] | None = None
+        self._speedups: tuple[tuple, list[float]] | None = None
         self.begin()
 
     def begin(self) -> None:
@@ -360,14 +401,27 @@ class AdaptiveController(OnOffSwitch):
         self.reached = [0.0] * self.max_k
         self.accepted = [0.0] * self.max_k
         self.steps_off = 0
-        self.probing = self.measuring_plain = False
+        self.probing = self.measuring_plain = self.rested = False
+        self.due_every = 0  # the answer's first step evaluates its options
         self.last_k = 0
         self.last_predicted = 1.0
 
     # -- estimates -------------------------------------------------------------------------------------------------
+    def evidence(self) -> tuple:
+        """What acceptance() depends on: equal evidence, equal rates."""
+        prior = None if self.position_prior is None else tuple(self.position_prior)
+        return (tuple(self.reached), tuple(self.accepted), prior, self.prior_acceptance, self.tuning.prior_weight)
+
     def acceptance(self) -> list[float]:
         """Per-position conditional acceptance, each shrunk towards its prior: the previous answer's estimate for
-        that position when there was one, else the estimate of the position before it."""
+        that position when there was one, else the estimate of the position before it. The list is shared until the
+        evidence changes: read it, never change it."""
+        evidence = self.evidence()
+        if self._acceptance is None or self._acceptance[0] != evidence:
+            self._acceptance = (evidence, self._rates())
+        return self._acceptance[1]
+
+    def _rates(self) -> list[float]:
         rates, prior = [], self.prior_acceptance
         for position, (reached, accepted) in enumerate(zip(self.reached, self.accepted)):
             if self.position_prior is not None:
@@ -378,8 +432,12 @@ class AdaptiveController(OnOffSwitch):
         return rates
 
     def speedups(self) -> list[float]:
-        draft_c, verify = self.costs.ratios(self.max_k)
-        return predicted_speedups(self.acceptance(), draft_c, verify)
+        """Predicted speedup of each K (index 0: a plain step); shared until the evidence or the costs change."""
+        state = (self.evidence(), self.costs.state())
+        if self._speedups is None or self._speedups[0] != state:
+            draft_c, verify = self.costs.ratios(self.max_k)
+            self._speedups = (state, predicted_speedups(self.acceptance(), draft_c, verify))
+        return self._speedups[1]
 
     def predicted(self, k: int) -> float:
         """Predicted speedup of drafting k tokens per step (1.0 for a plain step), from what is measured so far."""
@@ -397,11 +455,8 @@ class AdaptiveController(OnOffSwitch):
         loss = max(k * draft_c + verify[k] - 1.0, 0.0)
         return self.tuning.probe_every(loss)
 
-    def pause_reason(self) -> PauseReason | None:
-        """Why speculation is off, in the controller's own numbers (k: the best draft length); None while it
-        speculates."""
-        if self.speculating:
-            return None
+    def _pause_now(self) -> PauseReason:
+        """Why speculation is off (k: the best draft length)."""
         k, speedup = self.best()
         draft_c, verify = self.costs.ratios(self.max_k)
         cost = k * draft_c + verify[k]
@@ -409,6 +464,9 @@ class AdaptiveController(OnOffSwitch):
 
     # -- the two calls the engine makes ----------------------------------------------------------------------------
     def choose_k(self) -> int:
+        if self.rest():
+            self.last_k, self.last_predicted = 0, 1.0
+            return 0
         k, speedup = self.best()
         if not self.switch(speedup, lambda: self.probe_every(k)):
             self.last_k, self.last_predicted = 0, 1.0

@@ -56,12 +56,14 @@ class TreeSizeController(OnOffSwitch):
         self.steps = {n: 0.0 for n in self.sizes}  # decayed count of tree steps of size n
         self.accepted = {n: 0.0 for n in self.sizes}  # … and of the nodes they accepted
         self.speculating = True
+        self._options: tuple[tuple, dict[Choice, float], tuple[Choice, float]] | None = None  # as of a state
         self.begin()
 
     def begin(self) -> None:
         """A new answer: keep the costs and the (decayed) acceptance evidence; reset the on/off state's counters."""
         self.steps_off = 0
-        self.probing = self.measuring_plain = False
+        self.probing = self.measuring_plain = self.rested = False
+        self.due_every = 0  # the answer's first step evaluates its options
 
     def _forget(self, factor: float) -> None:
         for m in self.sizes:
@@ -109,17 +111,34 @@ class TreeSizeController(OnOffSwitch):
         """Predicted speedup of a tree of n nodes (one of self.sizes)."""
         return (1.0 + self.accepted_per_step(n)) / self.cost(n)
 
+    def _state(self) -> tuple:
+        """What options() and best() depend on: equal states, equal answers."""
+        measured = tuple((self.propose_s[n].count, self.propose_s[n].value, self.depth[n].count, self.depth[n].value)
+                         for n in self.sizes)  # fmt: skip
+        mine = (tuple(self.steps.values()), tuple(self.accepted.values()), measured, self.tuning)
+        return (mine, self.chain.evidence(), self.costs.state())
+
+    def _evaluated(self) -> tuple[dict[Choice, float], tuple[Choice, float]]:
+        """(options, best) as of the current state, computed once per state (the engine asks several times a
+        step)."""
+        state = self._state()
+        if self._options is None or self._options[0] != state:
+            k, chain_speedup = self.chain.best()
+            found: dict[Choice, float] = {("plain", 0): 1.0, ("chain", k): chain_speedup}
+            found.update({("tree", n): self.predicted(n) for n in self.sizes})
+            drafting = [(choice, s) for choice, s in found.items() if choice[0] != "plain"]
+            best = max(drafting, key=lambda item: (item[1], -self._cost_of(item[0])))
+            self._options = (state, found, best)
+        return self._options[1], self._options[2]
+
     def options(self) -> dict[Choice, float]:
-        """Every shape this controller chooses among, with its predicted speedup (plain: 1)."""
-        k, chain_speedup = self.chain.best()
-        found: dict[Choice, float] = {("plain", 0): 1.0, ("chain", k): chain_speedup}
-        found.update({("tree", n): self.predicted(n) for n in self.sizes})
-        return found
+        """Every shape this controller chooses among, with its predicted speedup (plain: 1). Shared until the state
+        changes: read it, never change it."""
+        return self._evaluated()[0]
 
     def best(self) -> tuple[Choice, float]:
         """The drafting shape (chain or tree) with the highest predicted speedup; ties go to the cheaper."""
-        drafting = [(choice, s) for choice, s in self.options().items() if choice[0] != "plain"]
-        return max(drafting, key=lambda item: (item[1], -self._cost_of(item[0])))
+        return self._evaluated()[1]
 
     def _cost_of(self, choice: Choice) -> float:
         if choice[0] == "tree":
@@ -131,11 +150,9 @@ class TreeSizeController(OnOffSwitch):
         loss = max(self._cost_of(choice) - 1.0, 0.0)
         return self.tuning.probe_every(loss)
 
-    def pause_reason(self) -> PauseReason | None:
-        """Why speculation is off, in the record of AdaptiveController.pause_reason (k: the tokens or nodes the best
-        option drafts); None while it speculates."""
-        if self.speculating:
-            return None
+    def _pause_now(self) -> PauseReason:
+        """Why speculation is off, in the record of AdaptiveController's (k: the tokens or nodes the best option
+        drafts)."""
         (shape, size), speedup = self.best()
         cost = self._cost_of((shape, size))
         drafting = "tree" if shape == "tree" else "chain"
@@ -143,6 +160,8 @@ class TreeSizeController(OnOffSwitch):
 
     # -- the two calls the engine makes ----------------------------------------------------------------------------
     def choose(self) -> Choice:
+        if self.rest():
+            return ("plain", 0)
         choice, speedup = self.best()
         return choice if self.switch(speedup, lambda: self.probe_every(choice)) else ("plain", 0)
 

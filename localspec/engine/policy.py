@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Optional
 from localspec.config import SpecConfig
 from localspec.proposers.base import Proposer
 
-from .adaptive import AdaptiveController, CostModel, Tuning, VerifyCosts
+from .adaptive import AdaptiveController, CostModel, RunningTime, Tuning, VerifyCosts
 from .adaptive_tree import TreeSizeController
 from .metrics import PauseReason
 from .plan import PLAIN, StepOutcome, StepPlan
@@ -36,6 +36,9 @@ class Controllers:
     tree: dict[TreeControllerKey, TreeSizeController] = field(default_factory=dict)
     verify: VerifyCosts = field(default_factory=VerifyCosts)  # the target's, shared by all of them
     tuning: Tuning = Tuning()
+    # a model proposer's (head, draft) seconds per drafted token, timed at load (proposers/timing.py): the prior of
+    # the drafting cost of every controller of that part, until it has drafted
+    propose_priors: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.verify.tuning = self.tuning
@@ -43,7 +46,8 @@ class Controllers:
     @classmethod
     def retuned(cls, start: Controllers, tuning: Tuning) -> Controllers:
         """Fresh controllers that learn with `tuning`, from `start`'s verify costs (what the load timed)."""
-        return cls(verify=dataclasses.replace(start.verify, by_rows={}, anchor={}, drifted=False), tuning=tuning)
+        verify = dataclasses.replace(start.verify, by_rows={}, anchor={}, drifted=False)
+        return cls(verify=verify, tuning=tuning, propose_priors=dict(start.propose_priors))
 
 
 def drafts_trees(spec: SpecConfig, proposer: Optional[Proposer], target_supports_tree: bool) -> bool:
@@ -181,9 +185,11 @@ class StepPolicy:
         key = (name, self.max_k, self.spec.adaptive)
         found = self.controllers.chain.get(key)
         if found is None:
-            found = self.controllers.chain[key] = AdaptiveController(
-                self.max_k, CostModel(self.controllers.verify), tuning=self.controllers.tuning
-            )
+            costs = CostModel(self.controllers.verify)
+            prior = self.controllers.propose_priors.get(part or self.proposer.name)
+            if prior is not None:
+                costs.propose_per_token_s = RunningTime.prior(prior, self.controllers.tuning.memory)
+            found = self.controllers.chain[key] = AdaptiveController(self.max_k, costs, tuning=self.controllers.tuning)
         if name not in self.begun:
             found.begin()
             self.begun.add(name)

@@ -91,8 +91,12 @@ class HeadModule(nn.Module):
         if self.kind == "eagle3":
             x = self.fc_norm(linear(self.fc_proj, torch.cat([anchor, prev_hidden], dim=-1)))
             return torch.cat([self.input_norm(embedding), x], dim=-1), x
-        x = linear(self.eh_proj, torch.cat([self.enorm(embedding), self.hnorm(prev_hidden)], dim=-1))
+        x = self.fused(prev_hidden, embedding)
         return self.input_layernorm(x), x
+
+    def fused(self, prev_hidden: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+        """eagle / mtp: [..., T, H] each → x [..., T, H], the residual the decoder layer starts from."""
+        return linear(self.eh_proj, torch.cat([self.enorm(embedding), self.hnorm(prev_hidden)], dim=-1))
 
     def qkv(self, attn_input: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """attn_input [B, T, A] → q [B, heads, T, d], k, v [B, kv_heads, T, d] (rotary applied to q and k)."""
@@ -145,8 +149,7 @@ class KVCache:
         self.values = torch.zeros_like(self.keys)  # [1, kv, capacity, d]
         self.length = 0
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        new = keys.shape[2]
+    def _room(self, new: int) -> None:
         if self.length + new > self.keys.shape[2]:
             capacity = max(2 * self.keys.shape[2], self.length + new)
             grown_k = self.keys.new_zeros((*self.keys.shape[:2], capacity, self.keys.shape[3]))
@@ -154,6 +157,18 @@ class KVCache:
             grown_k[:, :, : self.length] = self.keys[:, :, : self.length]
             grown_v[:, :, : self.length] = self.values[:, :, : self.length]
             self.keys, self.values = grown_k, grown_v
+
+    def append_in_place(self, rows: int, template: torch.Tensor) -> int:
+        """Room for `rows` more positions, which the caller writes into keys and values (the layer kernel does);
+        returns where they start."""
+        self._room(rows)
+        start = self.length
+        self.length += rows
+        return start
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        new = keys.shape[2]
+        self._room(new)
         self.keys[:, :, self.length : self.length + new] = keys
         self.values[:, :, self.length : self.length + new] = values
         self.length += new

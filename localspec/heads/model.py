@@ -15,8 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from localspec.runtime.q4_kernel import Q8Matmul
+
 from .config import HeadConfig
 from .layers import HeadModule, KVCache, RMSNorm, linear, rope_cos_sin
+from .on_kernels import DraftLM, KernelModule, fits
 
 
 class FeatureHead(nn.Module):
@@ -40,21 +43,38 @@ class FeatureHead(nn.Module):
         self.lm_weight = embedding.detach()  # [V, H]
         self._draft_lm_weight = None
         self._draft_lm = ()  # (draft_lm_weight, an nn.Linear over it) once built: a tuple, so not a submodule
+        # on the kernels' library (on_kernels.py, use_kernels): each module's layer (None: on the torch ops), the q8
+        # matmul, and (draft_lm_weight, its Q8_0 blocks) once built; tuples, so not submodules
+        self._kernel_layers: tuple = ()
+        self._q8: tuple = ()
+        self._draft_q8: tuple = ()
 
     def _apply(self, fn, recurse: bool = True):
         """.float(), .to(device) and the like reach the frozen target matrices too: they are not parameters."""
         super()._apply(fn, recurse)
         self.embedding, self.lm_weight = fn(self.embedding), fn(self.lm_weight)
         self._draft_lm_weight, self._draft_lm = None, ()
+        self._kernel_layers, self._q8, self._draft_q8 = (), (), ()  # the weights they copied may have changed
         return self
+
+    def use_kernels(self, layer_kernel, q8: Q8Matmul) -> int:
+        """Run inference on the kernels' library (on_kernels.py): each module whose layer fits the layer kernel,
+        and the draft vocabulary's LM rows on the q8 matmul. Returns how many modules run on the kernel."""
+        dtype, c = next(self.parameters()).dtype, self.config
+        self._kernel_layers = tuple(
+            KernelModule.of(module, layer_kernel, c.rms_eps, c.rope_theta) if fits(module, dtype) else None
+            for module in self.layers
+        )
+        self._q8, self._draft_q8 = (q8,), ()
+        return sum(layer is not None for layer in self._kernel_layers)
 
     def set_lm_weight(self, weight: torch.Tensor) -> None:
         self.lm_weight = weight.detach()
-        self._draft_lm_weight, self._draft_lm = None, ()
+        self._draft_lm_weight, self._draft_lm, self._draft_q8 = None, (), ()
 
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
         self.draft_token_ids = token_ids.to(torch.long).to(self.draft_token_ids.device)
-        self._draft_lm_weight, self._draft_lm = None, ()
+        self._draft_lm_weight, self._draft_lm, self._draft_q8 = None, (), ()
 
     @property
     def draft_lm_weight(self) -> torch.Tensor:
@@ -91,6 +111,11 @@ class FeatureHead(nn.Module):
         if not torch.is_inference_mode_enabled():
             return hidden @ self.draft_lm_weight.T
         weight = self.draft_lm_weight
+        if self._q8 and hidden.device.type == "cpu":  # float32 logits from its Q8_0 blocks
+            if not self._draft_q8 or self._draft_q8[0] is not weight:
+                self._draft_q8 = (weight, DraftLM.of(weight, self._q8[0]))
+            if self._draft_q8[1] is not None:
+                return self._draft_q8[1](hidden)
         if not self._draft_lm or self._draft_lm[0] is not weight:
             layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
             layer.weight = nn.Parameter(weight, requires_grad=False)
@@ -113,6 +138,10 @@ class FeatureHead(nn.Module):
         ([T, cache length + T] bool, True = visible: a token tree's rows) allows."""
         layer = self.layers[module_index]
         embedding = self.embedding[token_ids]  # [T, H]
+        kernel = self._kernel_layers[module_index] if self._kernel_layers else None
+        if kernel is not None and mask is None and torch.is_inference_mode_enabled():
+            x = layer.fused(prev_hidden, embedding)  # [T, H]
+            return self.norms[module_index](kernel.run(x, positions, cache))
         attn_input, residual = layer.fuse(prev_hidden[None], embedding[None], anchor[None])
         cos, sin = self.rope(positions)
         q, k, v = layer.qkv(attn_input, cos, sin)

@@ -69,6 +69,7 @@ class Proposer(Protocol):
     name: str
     wants_hidden: bool = False
     feature_layers: tuple[int, ...] = ()
+    feature_size: int = 0  # F, the width of the features it is given (wants_hidden)
     supports_tree: bool = False
     context_only: bool = False
 

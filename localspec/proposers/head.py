@@ -37,6 +37,7 @@ class HeadProposer(Proposer):
         self.device = head.draft_token_ids.device
         self.dtype = next(head.parameters()).dtype
         self.feature_layers = tuple(head.config.feature_layers)  # the engine asks the target for these
+        self.feature_size = head.config.feature_size
         self.begin([], None)
 
     def begin(self, prompt_ids: list[int], prompt_hidden: Optional[torch.Tensor]) -> None:
@@ -224,8 +225,21 @@ def cached_head(folder, target_model: torch.nn.Module, device=None) -> FeatureHe
     key = (str(path.resolve()), config_path.stat().st_mtime, device)
     heads = _HEADS.setdefault(target_model, {})
     if key not in heads:
-        heads[key] = load_head(path, target_model, device)
+        heads[key] = on_kernels_where_they_run(load_head(path, target_model, device))
     return heads[key]
+
+
+def on_kernels_where_they_run(head: FeatureHead) -> FeatureHead:
+    """The head's inference on the kernels' library where it loads here with its layer kernel (as the target's
+    layers: the same LOCALSPEC_Q4_KERNEL / LOCALSPEC_LAYER_KERNEL switches), else on the torch ops."""
+    if head.draft_token_ids.device.type != "cpu":
+        return head
+    from localspec.runtime.plan import library_here
+
+    library = library_here().library
+    if library is not None and library.layer is not None:
+        head.use_kernels(library.layer, library.q8)
+    return head
 
 
 def clear_head_cache() -> None:

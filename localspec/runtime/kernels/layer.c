@@ -46,6 +46,9 @@ int exact_attention_bf16(const uint16_t *q, long q_row, long q_head, const uint1
 
 enum { LINEAR_Q4 = 0, LINEAR_Q4F = 1, LINEAR_Q8 = 2, LINEAR_Q8K = 3, LINEAR_Q4K = 4, LINEAR_Q6K = 5 };
 #define MAX_PARTS 3
+/* Rows from which the row-by-row steps (norms, rotary, silu) split over the threads, each row on one of them (the
+ * same bits): below it a thread's share is shorter than waking the other. */
+#define ROWS_IN_PARALLEL 2
 
 /* One linear's weights in its kernel's layout. Shared with runtime/layer_kernel.py, as LayerArgs is. */
 typedef struct {
@@ -88,14 +91,22 @@ static void rms_norm(const uint16_t *x, const uint16_t *weight, float eps, int h
         out[i] = float_to_bf16(bf16_to_float(weight[i]) * bf16_round(bf16_to_float(x[i]) * inverse));
 }
 
-/* head [D] in place: bf16(bf16(x·cos) + bf16(roll(x, D/2)·sin)); roll(x, D/2)[i] = x[(i + D/2) mod D] */
-static void rotate(uint16_t *head, const uint16_t *cos, const uint16_t *sin, int dim, uint16_t *into) {
-    const int half = dim / 2;
-    for (int i = 0; i < dim; i++) {
-        const float a = bf16_round(bf16_to_float(head[i]) * bf16_to_float(cos[i]));
-        const float b = bf16_round(bf16_to_float(head[(i + half) % dim]) * bf16_to_float(sin[i]));
+/* into[i] = bf16(bf16(x[i]·cos[i]) + bf16(partner[i]·sin[i])) for i < len: lane by lane, so the compiler's vectors
+ * give the same bits as one element at a time. */
+static void rotate_half(const uint16_t *restrict x, const uint16_t *restrict partner, const uint16_t *restrict cos,
+                        const uint16_t *restrict sin, int len, uint16_t *restrict into) {
+    for (int i = 0; i < len; i++) {
+        const float a = bf16_round(bf16_to_float(x[i]) * bf16_to_float(cos[i]));
+        const float b = bf16_round(bf16_to_float(partner[i]) * bf16_to_float(sin[i]));
         into[i] = float_to_bf16(a + b);
     }
+}
+
+/* into [D] = bf16(bf16(head·cos) + bf16(roll(head, D/2)·sin)); roll(head, D/2)[i] = head[(i + D/2) mod D] */
+static void rotate(const uint16_t *head, const uint16_t *cos, const uint16_t *sin, int dim, uint16_t *into) {
+    const int half = dim / 2;
+    rotate_half(head, head + half, cos, sin, half, into);
+    rotate_half(head + half, head, cos + half, sin + half, dim - half, into + half);
 }
 
 static float silu(float g) {
@@ -163,23 +174,25 @@ int lean_layer(const LayerArgs *a) {
     uint16_t *att = qkv + (size_t)rows * width;       /* [T, H·D] */
     uint16_t *gate_up = att + (size_t)rows * q_width; /* [T, 2I] */
     uint16_t *act = gate_up + (size_t)rows * 2 * inter; /* [T, I] */
-    uint16_t *turned = act + (size_t)rows * inter;    /* [D]: a head after rotary */
+    uint16_t *turned = act + (size_t)rows * inter;    /* [T, D]: each row's head after rotary */
     int status = 0;
+#pragma omp parallel for schedule(static) num_threads(a->threads) if (rows >= ROWS_IN_PARALLEL)
     for (int t = 0; t < rows; t++)
         rms_norm(a->x + (size_t)t * hidden, a->input_norm, a->input_eps, hidden, h + (size_t)t * hidden);
     if ((status = projection(a->qkv, a->qkv_parts, h, qkv, part, sums, rows, hidden, a->threads))) goto done;
+#pragma omp parallel for schedule(static) num_threads(a->threads) if (rows >= ROWS_IN_PARALLEL)
     for (int t = 0; t < rows; t++) {
-        uint16_t *row = qkv + (size_t)t * width;
+        uint16_t *row = qkv + (size_t)t * width, *spare = turned + (size_t)t * dim;
         const uint16_t *cos = a->cos + (size_t)t * dim, *sin = a->sin + (size_t)t * dim;
         const size_t at = (size_t)(a->prefix + t) * dim;
         if (a->q_norm != NULL)
             for (int j = 0; j < a->heads + a->kv_heads; j++) { /* q heads, then k heads */
-                rms_norm(row + (size_t)j * dim, j < a->heads ? a->q_norm : a->k_norm, a->qk_eps, dim, turned);
-                memcpy(row + (size_t)j * dim, turned, sizeof(uint16_t) * dim);
+                rms_norm(row + (size_t)j * dim, j < a->heads ? a->q_norm : a->k_norm, a->qk_eps, dim, spare);
+                memcpy(row + (size_t)j * dim, spare, sizeof(uint16_t) * dim);
             }
         for (int j = 0; j < a->heads; j++) {
-            rotate(row + (size_t)j * dim, cos, sin, dim, turned);
-            memcpy(row + (size_t)j * dim, turned, sizeof(uint16_t) * dim);
+            rotate(row + (size_t)j * dim, cos, sin, dim, spare);
+            memcpy(row + (size_t)j * dim, spare, sizeof(uint16_t) * dim);
         }
         for (int g = 0; g < a->kv_heads; g++) {
             rotate(row + q_width + (size_t)g * dim, cos, sin, dim, a->keys + (size_t)g * a->kv_head + at);
@@ -192,10 +205,12 @@ int lean_layer(const LayerArgs *a) {
     if (status) goto done;
     if ((status = projection(a->o, a->o_parts, att, mid, part, sums, rows, q_width, a->threads))) goto done;
     for (size_t i = 0; i < (size_t)rows * hidden; i++) mid[i] = float_to_bf16(bf16_to_float(a->x[i]) + bf16_to_float(mid[i]));
+#pragma omp parallel for schedule(static) num_threads(a->threads) if (rows >= ROWS_IN_PARALLEL)
     for (int t = 0; t < rows; t++)
         rms_norm(mid + (size_t)t * hidden, a->post_norm, a->post_eps, hidden, h + (size_t)t * hidden);
     if ((status = projection(a->gate_up, a->gate_up_parts, h, gate_up, part, sums, rows, hidden, a->threads)))
         goto done;
+#pragma omp parallel for schedule(static) num_threads(a->threads) if (rows >= ROWS_IN_PARALLEL)
     for (int t = 0; t < rows; t++) {
         const uint16_t *g = gate_up + (size_t)t * 2 * inter, *u = g + inter;
         for (int i = 0; i < inter; i++)
