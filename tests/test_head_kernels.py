@@ -13,7 +13,7 @@ from localspec.models.gguf_linear import library_here_now
 from localspec.proposers.head import HeadProposer
 
 from .support import make_head
-from .test_heads import run_engine
+from .test_heads import PROMPT, run_engine
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +97,52 @@ def test_a_head_on_the_kernels_drafts_through_them_and_stays_lossless(tiny_model
     assert calls and max(calls) > 1  # catch-ups of several rows and single draft steps both ran on the kernel
     head.float()  # moved: its kernel copies are dropped, the torch ops run again
     assert head._kernel_layers == ()
+
+
+def test_a_tree_depth_recomputes_the_rows_before_it_bitwise(tiny_models, library):
+    target, _ = tiny_models
+    head = make_head(target, "eagle").to(torch.bfloat16)
+    config = head.config
+    on_kernel = KernelModule.of(head.layers[0], library.layer, config.rms_eps, config.rope_theta)
+    cache = KVCache(config.num_kv_heads, config.head_dim, torch.bfloat16, torch.device("cpu"))
+    generator = torch.Generator().manual_seed(2)
+    on_kernel.run(torch.randn(6, config.hidden_size, generator=generator).to(torch.bfloat16), torch.arange(1, 7), cache)
+    x = torch.randn(5, config.hidden_size, generator=generator).to(torch.bfloat16)
+    # a tree: two depth-1 nodes (rows 0, 1), then three children: of 0, of 0 and of 1 (rows 2, 3, 4)
+    parents = [-1, -1, 0, 0, 1]
+    visible = torch.zeros(5, 5, dtype=torch.bool)
+    for j in range(5):
+        walk = j
+        while walk >= 0:
+            visible[j, walk], walk = True, parents[walk]
+    positions = torch.tensor([7, 7, 8, 8, 8])
+    first = on_kernel.run(x[:2], positions[:2], cache, visible[:2, :2])
+    cache.crop(6)
+    again = on_kernel.run(x, positions, cache, visible)
+    assert torch.equal(again[:2], first)  # a row is a function of what it sees
+    cache.crop(6)
+    alone = on_kernel.run(x[[0, 3]], positions[[0, 3]], cache, torch.tensor([[True, False], [True, True]]))
+    assert torch.equal(alone[1], again[3])  # a node sees its ancestors and itself only, not its sibling
+    assert not torch.equal(again[2], again[3])
+
+
+def test_a_head_on_the_kernels_drafts_trees_that_stay_lossless(tiny_models, library, monkeypatch):
+    from localspec.config import SamplingParams, SpecConfig
+    from localspec.engine.loop import Engine
+
+    target, _ = tiny_models
+    head = make_head(target, "eagle").to(torch.bfloat16)
+    head.use_kernels(library.layer, library.q8)
+    masked = []
+    run = KernelModule.run
+    monkeypatch.setattr(KernelModule, "run", lambda self, *a: masked.append(len(a) > 3) or run(self, *a))
+    engine = Engine(target, {2})
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=40)
+    plain = [t.token_id for e in engine.generate(list(PROMPT), sampling, SpecConfig(proposer="none")) for t in e.tokens]
+    spec = SpecConfig(proposer="head", k=4, tree_nodes=8, adaptive=False)
+    trees, last = [], None
+    for event in engine.generate(list(PROMPT), sampling, spec, HeadProposer(head)):
+        trees.extend(t.token_id for t in event.tokens)
+        last = event
+    assert trees == plain and last.stats.drafted > 0
+    assert any(masked)  # the trees' depths ran on the kernel under their masks

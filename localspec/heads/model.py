@@ -152,6 +152,25 @@ class FeatureHead(nn.Module):
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.norms[module_index](layer.finish(out, residual))[0]
 
+    def on_kernel(self, module_index: int) -> bool:
+        """Whether this module's inference runs on the layer kernel (use_kernels)."""
+        layers = self._kernel_layers
+        return bool(layers) and layers[module_index] is not None and torch.is_inference_mode_enabled()
+
+    def run_rows(
+        self,
+        module_index: int,
+        cache: KVCache,
+        prev_hidden: torch.Tensor,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+    ) -> torch.Tensor:
+        """run_module on the layer kernel (on_kernel) for rows that see the whole cache and, among themselves, what
+        `visible` [T, T] bool marks; prev_hidden [T, H], token_ids and positions [T] → [T, H]. Appends T entries."""
+        x = self.layers[module_index].fused(prev_hidden, self.embedding[token_ids])  # [T, H]
+        return self.norms[module_index](self._kernel_layers[module_index].run(x, positions, cache, visible))
+
     def new_caches(self) -> list[KVCache]:
         p = next(self.parameters())
         return [

@@ -4,8 +4,11 @@ weight, per 32: d = max |w| / 127, q = rint(w / d)). A drafted token then costs 
 calls instead of ~40 torch ops: on the embedded pair's head about a quarter of the time (docs/performance.md).
 
 The drafts' numbers change by the Q8_0 rounding and the kernel's bfloat16 steps, so a draft may differ from the
-torch head's; the answer never does (the target verifies every draft). Token trees still expand on the torch ops:
-their draft rows see their ancestors only, which the layer kernel's causal and tree masks do not express.
+torch head's; the answer never does (the target verifies every draft). A token tree's depths run on the kernel too:
+each depth's call recomputes the rows of the nodes expanded before it (their ancestors among them) after the
+verified positions alone, under the tree's mask among the call's rows, since the kernel's mask covers the rows of
+its call and nothing of the cache; a row is a function of what it sees, so the recomputed rows are the earlier ones
+bitwise.
 """
 
 from __future__ import annotations
@@ -73,14 +76,19 @@ class KernelModule:
         )
         return cls(kernel.bind(weights), dim, theta)
 
-    def run(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def run(
+        self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, visible: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """x [T, H] bf16 (the fused input, before the input norm), positions [T] → the layer's output [T, H];
-        appends the T rows' keys and values to the cache (causal: each row sees the cache and the rows before it)."""
+        appends the T rows' keys and values to the cache. Each row sees the cache and the rows before it, or those
+        `visible` [T, T] bool marks (a tree's ancestors and itself)."""
         cos, sin = rope_cos_sin(positions, self.head_dim, self.theta)  # [T, D] float32
         half = self.head_dim // 2
         sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # rotate_half's sign folded in, as the kernel reads
         cos, sin = cos.to(torch.bfloat16)[None, None], sin.to(torch.bfloat16)[None, None]  # [1, 1, T, D]
-        return self.bound.run(x[None].contiguous(), cos.contiguous(), sin.contiguous(), cache, None)[0]
+        if visible is not None:
+            visible = visible.to(torch.uint8).contiguous()  # as the kernel reads it
+        return self.bound.run(x[None].contiguous(), cos.contiguous(), sin.contiguous(), cache, visible)[0]
 
 
 @dataclass(frozen=True)

@@ -156,7 +156,8 @@ class HeadProposer(Proposer):
             frontier = [i for i in frontier[:TREE_WIDTH] if scores[i] > cutoff]
             if not frontier:
                 break
-            add_children(frontier, self._expand_tree(frontier, tokens, parents, producers, rows, depth, n), depth + 1)
+            expanded = self._expand_tree(frontier, tokens, parents, depths, producers, rows, depth, n)
+            add_children(frontier, expanded, depth + 1)
         for cache in self.caches:
             cache.crop(n)  # drop the draft rows: the cache holds verified positions only
         kept = sorted(range(len(tokens)), key=lambda i: (-scores[i], depths[i], i))[:n_nodes]
@@ -169,6 +170,7 @@ class HeadProposer(Proposer):
         frontier: list[int],
         tokens: list[int],
         parents: list[int],
+        depths: list[int],
         producers: list[torch.Tensor],
         rows: list[list[int]],
         depth: int,
@@ -179,6 +181,26 @@ class HeadProposer(Proposer):
         their hiddens [T, H], whose logits draft their children."""
         module = self.config.module_for_step(depth + 1)
         cache, module_rows = self.caches[module], rows[module]
+        if self.head.on_kernel(module):  # the module's expanded nodes and the frontier again, after the verified rows
+            called = module_rows + frontier
+            at = {node: j for j, node in enumerate(called)}
+            visible = torch.zeros((len(called), len(called)), dtype=torch.bool)
+            for j, node in enumerate(called):
+                walk = node
+                while walk >= 0:
+                    if walk in at:
+                        visible[j, at[walk]] = True
+                    walk = parents[walk]
+            module_rows.extend(frontier)
+            cache.crop(n)
+            return self.head.run_rows(
+                module,
+                cache,
+                torch.stack([producers[i] for i in called]),  # [T, H]
+                torch.tensor([tokens[i] for i in called], dtype=torch.long, device=self.device),  # [T]
+                torch.tensor([n + depths[i] for i in called], device=self.device),  # [T]
+                visible.to(self.device),
+            )[len(called) - len(frontier) :]
         visible = torch.zeros((len(frontier), n + len(module_rows) + len(frontier)), dtype=torch.bool)
         visible[:, :n] = True
         for j, node in enumerate(frontier):
