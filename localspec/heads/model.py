@@ -136,12 +136,10 @@ class FeatureHead(nn.Module):
         """prev_hidden, anchor [T, H]; token_ids, positions [T] → the head's hidden [T, H] (after its norm).
         Appends T entries to the cache; the queries see the cache and themselves causally, or what `mask`
         ([T, cache length + T] bool, True = visible: a token tree's rows) allows."""
+        if mask is None and self.on_kernel(module_index):
+            return self.run_rows(module_index, cache, prev_hidden, token_ids, positions)
         layer = self.layers[module_index]
         embedding = self.embedding[token_ids]  # [T, H]
-        kernel = self._kernel_layers[module_index] if self._kernel_layers else None
-        if kernel is not None and mask is None and torch.is_inference_mode_enabled():
-            x = layer.fused(prev_hidden, embedding)  # [T, H]
-            return self.norms[module_index](kernel.run(x, positions, cache))
         attn_input, residual = layer.fuse(prev_hidden[None], embedding[None], anchor[None])
         cos, sin = self.rope(positions)
         q, k, v = layer.qkv(attn_input, cos, sin)
@@ -157,17 +155,11 @@ class FeatureHead(nn.Module):
         layers = self._kernel_layers
         return bool(layers) and layers[module_index] is not None and torch.is_inference_mode_enabled()
 
-    def run_rows(
-        self,
-        module_index: int,
-        cache: KVCache,
-        prev_hidden: torch.Tensor,
-        token_ids: torch.Tensor,
-        positions: torch.Tensor,
-        visible: torch.Tensor,
-    ) -> torch.Tensor:
-        """run_module on the layer kernel (on_kernel) for rows that see the whole cache and, among themselves, what
-        `visible` [T, T] bool marks; prev_hidden [T, H], token_ids and positions [T] → [T, H]. Appends T entries."""
+    def run_rows(self, module_index: int, cache: KVCache, *rows: torch.Tensor, visible=None) -> torch.Tensor:
+        """run_module on the layer kernel (on_kernel) for rows (prev_hidden [T, H], token_ids [T], positions [T])
+        that see the whole cache and, among themselves, the rows before them or what `visible` [T, T] bool marks
+        → [T, H]. Appends T entries."""
+        prev_hidden, token_ids, positions = rows
         x = self.layers[module_index].fused(prev_hidden, self.embedding[token_ids])  # [T, H]
         return self.norms[module_index](self._kernel_layers[module_index].run(x, positions, cache, visible))
 

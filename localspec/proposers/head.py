@@ -199,7 +199,7 @@ class HeadProposer(Proposer):
                 torch.stack([producers[i] for i in called]),  # [T, H]
                 torch.tensor([tokens[i] for i in called], dtype=torch.long, device=self.device),  # [T]
                 torch.tensor([n + depths[i] for i in called], device=self.device),  # [T]
-                visible.to(self.device),
+                visible=visible.to(self.device),
             )[len(called) - len(frontier) :]
         visible = torch.zeros((len(frontier), n + len(module_rows) + len(frontier)), dtype=torch.bool)
         visible[:, :n] = True
