@@ -1,7 +1,7 @@
 """What a model proposer's drafts cost on this machine, timed once when a pair loads: the prior of the adaptive
 controllers' drafting cost (engine/adaptive.py's CostModel), which the answers' own timings replace as they come.
-Without it a controller takes drafting as free until it has drafted, so a model that drafts slowly (a head whose
-draft token costs half a target forward) is tried in the first steps of every session at a loss."""
+Without it a controller takes drafting as free until it has drafted, so a model that drafts slowly (a draft model
+whose token costs more than a target forward) is tried in the first steps of every session at a loss."""
 
 from __future__ import annotations
 
