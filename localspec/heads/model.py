@@ -44,9 +44,9 @@ class FeatureHead(nn.Module):
         self._draft_lm_weight = None
         self._draft_lm = ()  # (draft_lm_weight, an nn.Linear over it) once built: a tuple, so not a submodule
         # on the kernels' library (on_kernels.py, use_kernels): each module's layer (None: on the torch ops), the q8
-        # matmul, and (draft_lm_weight, its Q8_0 blocks) once built; tuples, so not submodules
+        # matmul, and (draft_lm_weight, its Q8_0 blocks) once built
         self._kernel_layers: tuple = ()
-        self._q8: tuple = ()
+        self._q8: Q8Matmul | None = None
         self._draft_q8: tuple = ()
 
     def _apply(self, fn, recurse: bool = True):
@@ -54,7 +54,7 @@ class FeatureHead(nn.Module):
         super()._apply(fn, recurse)
         self.embedding, self.lm_weight = fn(self.embedding), fn(self.lm_weight)
         self._draft_lm_weight, self._draft_lm = None, ()
-        self._kernel_layers, self._q8, self._draft_q8 = (), (), ()  # the weights they copied may have changed
+        self._kernel_layers, self._q8, self._draft_q8 = (), None, ()  # the weights they copied may have changed
         return self
 
     def use_kernels(self, layer_kernel, q8: Q8Matmul) -> int:
@@ -65,7 +65,7 @@ class FeatureHead(nn.Module):
             KernelModule.of(module, layer_kernel, c.rms_eps, c.rope_theta) if fits(module, dtype) else None
             for module in self.layers
         )
-        self._q8, self._draft_q8 = (q8,), ()
+        self._q8, self._draft_q8 = q8, ()
         return sum(layer is not None for layer in self._kernel_layers)
 
     def set_lm_weight(self, weight: torch.Tensor) -> None:
@@ -111,9 +111,9 @@ class FeatureHead(nn.Module):
         if not torch.is_inference_mode_enabled():
             return hidden @ self.draft_lm_weight.T
         weight = self.draft_lm_weight
-        if self._q8 and hidden.device.type == "cpu":  # float32 logits from its Q8_0 blocks
+        if self._q8 is not None and hidden.device.type == "cpu":  # float32 logits from its Q8_0 blocks
             if not self._draft_q8 or self._draft_q8[0] is not weight:
-                self._draft_q8 = (weight, DraftLM.of(weight, self._q8[0]))
+                self._draft_q8 = (weight, DraftLM.of(weight, self._q8))
             if self._draft_q8[1] is not None:
                 return self._draft_q8[1](hidden)
         if not self._draft_lm or self._draft_lm[0] is not weight:

@@ -183,14 +183,8 @@ class HeadProposer(Proposer):
         cache, module_rows = self.caches[module], rows[module]
         if self.head.on_kernel(module):  # the module's expanded nodes and the frontier again, after the verified rows
             called = module_rows + frontier
-            at = {node: j for j, node in enumerate(called)}
-            visible = torch.zeros((len(called), len(called)), dtype=torch.bool)
-            for j, node in enumerate(called):
-                walk = node
-                while walk >= 0:
-                    if walk in at:
-                        visible[j, at[walk]] = True
-                    walk = parents[walk]
+            lines = [lineage(node, parents) for node in called]  # each row sees its own line of the tree
+            visible = torch.tensor([[other in line for other in called] for line in lines])
             module_rows.extend(frontier)
             cache.crop(n)
             return self.head.run_rows(
@@ -204,10 +198,7 @@ class HeadProposer(Proposer):
         visible = torch.zeros((len(frontier), n + len(module_rows) + len(frontier)), dtype=torch.bool)
         visible[:, :n] = True
         for j, node in enumerate(frontier):
-            ancestors, walk = set(), node
-            while walk >= 0:
-                ancestors.add(walk)
-                walk = parents[walk]
+            ancestors = lineage(node, parents)
             for r, owner in enumerate(module_rows):
                 visible[j, n + r] = owner in ancestors
             visible[j, n + len(module_rows) + j] = True
@@ -225,6 +216,15 @@ class HeadProposer(Proposer):
 
     def on_verified(self, num_accepted: int, emitted_ids: list[int], target_hidden: Optional[torch.Tensor]) -> None:
         self._add_pending(target_hidden)
+
+
+def lineage(node: int, parents: list[int]) -> set[int]:
+    """A tree node and its ancestors (parents[i]: i's parent, -1 for the root's children)."""
+    found = set()
+    while node >= 0:
+        found.add(node)
+        node = parents[node]
+    return found
 
 
 # target model → {(folder, mtime, device): head}; keyed weakly, so a switched-away target (and its heads) is freed

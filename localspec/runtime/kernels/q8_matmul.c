@@ -177,6 +177,17 @@ static inline __attribute__((always_inline)) void q8_block_rows_amx(const int8_t
 
 #elif defined(LOCALSPEC_AVX2)
 
+/* The AVX-512 build's q6k_quads on one half of a group's lanes (c: the group's planes, offset to the half). */
+static inline __attribute__((always_inline)) void q6k_quads(const int8_t *c, __m256i w[4]) {
+    const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)c), b = _mm256_loadu_si256((const __m256i *)(c + 64));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(c + 128));
+    w[0] = _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(h, 4), high));
+    w[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(_mm256_slli_epi16(h, 2), high));
+    w[2] = _mm256_or_si256(_mm256_and_si256(b, low), _mm256_and_si256(h, high));
+    w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), low), _mm256_and_si256(_mm256_srli_epi16(h, 2), high));
+}
+
 /* As the AVX-512 build's q8_block_rows, one half of the block's lanes (8 outputs) at a time. */
 static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *codes, const void *scales, int form,
                                                                 const int8_t *xq, const float *scale,
@@ -189,15 +200,8 @@ static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *co
         for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
         for (int g = 0; g < groups; g++) {
             __m256i w[8], magnitude[8];
-            if (form == FORM_Q6K) { /* the AVX-512 build's q6k_quads (unsigned u), on this half's lanes */
-                const int8_t *c = codes + (size_t)g * Q6K_CODES + half * 32;
-                const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
-                const __m256i a = _mm256_loadu_si256((const __m256i *)c), b = _mm256_loadu_si256((const __m256i *)(c + 64));
-                const __m256i h = _mm256_loadu_si256((const __m256i *)(c + 128));
-                w[0] = _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(h, 4), high));
-                w[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(_mm256_slli_epi16(h, 2), high));
-                w[2] = _mm256_or_si256(_mm256_and_si256(b, low), _mm256_and_si256(h, high));
-                w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), low), _mm256_and_si256(_mm256_srli_epi16(h, 2), high));
+            if (form == FORM_Q6K) {
+                q6k_quads(codes + (size_t)g * Q6K_CODES + half * 32, w);
             } else {
                 for (int t = 0; t < quads; t++) {
                     w[t] = _mm256_loadu_si256((const __m256i *)(codes + ((size_t)g * quads + t) * 64 + half * 32));
