@@ -424,6 +424,18 @@ def stop_strings_box(page):
     return box
 
 
+KEPT_SETTINGS = "localStorage.getItem('localspec-settings')"
+
+
+def change_setting(page, change) -> None:
+    """Make a change to a setting, leave its box, and wait until the window has it: the browser keeps the settings
+    on each change the app sees, so a send after this one carries the new value."""
+    before = page.evaluate(KEPT_SETTINGS)
+    change()
+    page.keyboard.press("Tab")
+    page.wait_for_function(f"{KEPT_SETTINGS} !== {json.dumps(before)}", timeout=10_000)
+
+
 def test_a_system_prompt_made_default_starts_the_next_new_chat_and_stop_strings_cut_the_answer(chromium, window):
     context, page = open_window(chromium, window)
     page.fill("#ls-system textarea", "Answer in French.")
@@ -436,7 +448,7 @@ def test_a_system_prompt_made_default_starts_the_next_new_chat_and_stop_strings_
     assert page.locator("#ls-system textarea").input_value() == "Answer in French."
     send_and_wait(page, COUNT, 0)
     assert "I see 2 messages" in page.inner_text("#ls-transcript")
-    stop_strings_box(page).fill("HALT")
+    change_setting(page, lambda: stop_strings_box(page).fill("HALT"))
     send_and_wait(page, "kept words HALT dropped words", 1)
     answer = page.locator("#ls-transcript .ls-assistant").last.inner_text()
     assert "kept words" in answer and "HALT" not in answer and "dropped" not in answer, answer
@@ -445,16 +457,12 @@ def test_a_system_prompt_made_default_starts_the_next_new_chat_and_stop_strings_
 
 def test_the_settings_survive_a_reload(chromium, window):
     context, page = open_window(chromium, window)
-    kept = "localStorage.getItem('localspec-settings')"
     for change in (
         lambda: page.locator("#ls-max-new input").fill("77"),
         lambda: page.get_by_label("Full token colours").check(),
         lambda: stop_strings_box(page).fill("HALT"),
     ):
-        before = page.evaluate(kept)
-        change()
-        page.keyboard.press("Tab")
-        page.wait_for_function(f"{kept} !== {json.dumps(before)}", timeout=10_000)  # kept as each one changes
+        change_setting(page, change)  # kept as each one changes
     page.reload(wait_until="load")
     wait_status(page, "ready")
     stop_strings_box(page)
