@@ -27,31 +27,30 @@ MODES = {
 }
 
 
+DEFAULT = "adaptive tree (ngram+head, K≤8, N≤8)"
+RATIOS = (("head tree ÷ lookup tree", HEAD_TREE, LOOKUP_TREE), ("default ÷ llama.cpp", DEFAULT, "llama.cpp"))
+
+
 def main() -> int:
     folder = Path(sys.argv[1])
     runs = [json.loads(p.read_text())["summary"]["rows"] for p in sorted(folder.glob("run-*/results.json"))]
     labels = [label for label in MODES if all(label in run for run in runs)]
+    ratios = [ratio for ratio in RATIOS if {ratio[1], ratio[2]} <= set(labels)]  # those the runs have both modes of
     categories = list(runs[0][labels[0]])
 
     def median(fn) -> float:
         return statistics.median(fn(run) for run in runs)
 
     print(f"{len(runs)} runs; medians")
-    print(
-        "| task type | " + " | ".join(MODES[m] for m in labels) + " | head tree ÷ lookup tree | default ÷ llama.cpp |"
-    )
-    print("| --- |" + " ---: |" * (len(labels) + 2))
+    print("| task type | " + " | ".join([MODES[m] for m in labels] + [name for name, _, _ in ratios]) + " |")
+    print("| --- |" + " ---: |" * (len(labels) + len(ratios)))
     for cat in categories:
         cells = [f"{median(lambda r, m=m, c=cat: r[m][c]['tokens_per_s']):.1f}" for m in labels]
-        head = median(
-            lambda r, c=cat: r["ngram+head-tree N=8"][c]["tokens_per_s"] / r["ngram-tree N=8"][c]["tokens_per_s"]
-        )
-        default = median(
-            lambda r, c=cat: (
-                r["adaptive tree (ngram+head, K≤8, N≤8)"][c]["tokens_per_s"] / r["llama.cpp"][c]["tokens_per_s"]
-            )
-        )
-        print(f"| {cat} | " + " | ".join(cells) + f" | {head:.2f} | {default:.2f} |")
+        cells += [
+            f"{median(lambda r, c=cat, a=a, b=b: r[a][c]['tokens_per_s'] / r[b][c]['tokens_per_s']):.2f}"
+            for _, a, b in ratios
+        ]
+        print(f"| {cat} | " + " | ".join(cells) + " |")
     print()
     step_table(folder)
     return 0

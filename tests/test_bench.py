@@ -257,11 +257,11 @@ def test_bench_reports_the_dtype_decision_the_float32_baseline_and_per_row_costs
     per_row_setups = []
 
     def fake_timer(
-        models, sizes, setups=None
-    ):  # the dtype decision: bf16 twice as fast; the per-row table: 10 ms a row
+        models, sizes, setups=None, context=64
+    ):  # the dtype decision: bf16 twice as fast; the per-row table: 10 ms a row, 20 on the long cache
         if sizes == tuple(range(1, 10)):
             per_row_setups.append(setups)
-            return {name: {s: 0.01 * s for s in sizes} for name in models}
+            return {name: {s: 0.01 * s * (2 if context > 64 else 1) for s in sizes} for name in models}
         return {name: {s: 0.02 if m.dtype == torch.bfloat16 else 0.04 for s in sizes} for name, m in models.items()}
 
     monkeypatch.setattr(dtype_choice, "time_forwards", fake_timer)
@@ -302,12 +302,15 @@ def test_bench_reports_the_dtype_decision_the_float32_baseline_and_per_row_costs
     assert data["machine"]["dtype"]["dtype"] == "bfloat16" and data["machine"]["dtype"]["how"] == "measured"
     assert list(data["machine"]["verify_ms"]) == [str(t) for t in range(1, 10)]
     assert data["machine"]["verify_ms"]["9"] == pytest.approx(90.0)
+    assert data["machine"]["verify_ms_long"]["context"] == 512
+    assert data["machine"]["verify_ms_long"]["ms"]["9"] == pytest.approx(180.0)
+    assert "| ms, 512 cached | 20.0 |" in (out / "results.md").read_text()
     from localspec.models.gguf_linear import library_here_now
 
     load = library_here_now()  # where the attention kernel loads, the loader offered it: the exact setup runs on it
     on_kernel = load.library is not None and load.library.attention is not None
     engine_setup = dataclasses.replace(exact_setup(torch.bfloat16), attention_kernel=on_kernel)
-    assert per_row_setups == [{"target": engine_setup}]  # the rows timed as the engine runs them
+    assert per_row_setups == [{"target": engine_setup}] * 2  # the rows timed as the engine runs them, on each cache
     for prompt in data["prompts"]:
         assert 1 <= len(prompt["results"]["hf-fp32"]["token_ids"]) <= 8
     table = (out / "results.md").read_text()

@@ -330,20 +330,24 @@ def to_markdown(data: dict) -> str:
     if machine.get("plan"):
         lines += [f"Forward plan: {machine['plan']['summary']}.", ""]
     if machine.get("verify_ms"):
-        rows_ms = machine["verify_ms"]
-        values = list(rows_ms.values())
+        rows_ms, long = machine["verify_ms"], machine.get("verify_ms_long")
         lines += [
             (
-                "Verify cost per row count (median ms of a T-token target forward on a 64-token cache, in the "
-                "forward setup the engine runs, measured before the run):"
+                "Verify cost per row count (median ms of a T-token target forward on a 64-token cache"
+                + (f", then on a {long['context']}-token one" if long else "")
+                + ", in the forward setup the engine runs, measured before the run):"
             ),
             "",
             "| T tokens | " + " | ".join(rows_ms) + " |",
             "|---|" + "---:|" * len(rows_ms),
-            "| ms | " + " | ".join(f"{v:.1f}" for v in values) + " |",
-            "| × T=1 | " + " | ".join(f"{v / rows_ms['1']:.2f}" for v in values) + " |",
-            "",
         ]
+        for label, costs in [("", rows_ms)] + ([(f", {long['context']} cached", long["ms"])] if long else []):
+            values = list(costs.values())
+            lines += [
+                f"| ms{label} | " + " | ".join(f"{v:.1f}" for v in values) + " |",
+                f"| × T=1{label} | " + " | ".join(f"{v / costs['1']:.2f}" for v in values) + " |",
+            ]
+        lines += [""]
     if machine.get("bound") and machine.get("verify_ms"):
         bound = machine["bound"]
         lines += [

@@ -109,16 +109,23 @@ def _progress_bar(total: int, enabled: bool):
 
 
 VERIFY_ROWS = tuple(range(1, 10))  # T-token forwards timed for the report's per-row verify costs
+# cached positions those forwards are timed on: the load-time timings' short cache, and one as long as a chat's
+# prompt and answer reach (the attention over it is the part of a row's cost that grows with the answer)
+VERIFY_CONTEXTS = (64, 512)
 
 
-def verify_costs(session) -> dict[str, float]:
-    """Median ms of a T-token target forward on a 64-token cache, T = 1..9 (models/dtype_choice.time_forwards), in
-    the setup the session's engine runs its target in (the exact one on the default entry)."""
+def verify_costs(session) -> dict[int, dict[str, float]]:
+    """Median ms of a T-token target forward, T = 1..9 (models/dtype_choice.time_forwards), on each cache length of
+    VERIFY_CONTEXTS ({64: {"1": ms, …}, 512: …}), in the setup the session's engine runs its target in (the exact
+    one on the default entry)."""
     from localspec.models.dtype_choice import time_forwards
 
     setups = {"target": session.engine.target.setup}
-    measured = time_forwards({"target": session.loaded.target}, VERIFY_ROWS, setups).get("target", {})
-    return {str(t): s * 1e3 for t, s in measured.items()}
+    costs = {}
+    for context in VERIFY_CONTEXTS:
+        timed = time_forwards({"target": session.loaded.target}, VERIFY_ROWS, setups, context=context)
+        costs[context] = {str(t): s * 1e3 for t, s in timed.get("target", {}).items()}
+    return costs
 
 
 def run_bench(
@@ -142,7 +149,10 @@ def run_bench(
     )
     plan = getattr(session.engine.target, "plan", None)  # a stand-in target has none
     machine["plan"] = plan.to_dict() if plan is not None else None  # the target's forward plan, each choice and why
-    machine["verify_ms"] = verify_costs(session) if measure_rows else {}
+    costs = verify_costs(session) if measure_rows else {}
+    short, long = VERIFY_CONTEXTS
+    machine["verify_ms"] = costs.get(short, {})  # on the short cache: what the bytes-read bound and peers compare
+    machine["verify_ms_long"] = {"context": long, "ms": costs[long]} if costs.get(long) else None
     if measure_rows:
         from .costs import forward_bound
 

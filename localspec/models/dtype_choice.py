@@ -177,9 +177,12 @@ def cache_key(device: torch.device, source: str, folder: str, quant: str = "none
 # -- timing -------------------------------------------------------------------------------------------------------
 @torch.inference_mode()
 def time_forwards(
-    models: dict[str, torch.nn.Module], sizes: tuple[int, ...], setups: dict | None = None
+    models: dict[str, torch.nn.Module],
+    sizes: tuple[int, ...],
+    setups: dict | None = None,
+    context: int = CONTEXT_TOKENS,
 ) -> dict[str, dict[int, float]]:
-    """Median seconds of a T-token forward (logits for every row, as a verify step) on a CONTEXT_TOKENS-long cache,
+    """Median seconds of a T-token forward (logits for every row, as a verify step) on a `context`-long cache,
     per model and T, interleaved round by round over models and sizes (a busy minute hits them all alike). A model
     whose logits are not finite is left out of the result. setups: {name: ForwardSetup} for the runners (the fast
     one by default; one model may be timed under two names and setups)."""
@@ -189,19 +192,19 @@ def time_forwards(
     runners = {name: ModelRunner(model, setup=setups.get(name, FAST)) for name, model in models.items()}
     vocab = min(runner.vocab_size for runner in runners.values())
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (CONTEXT_TOKENS + max(sizes),), generator=generator).tolist()
+    ids = torch.randint(0, vocab, (context + max(sizes),), generator=generator).tolist()
     for runner in runners.values():
         runner.reset()
-        runner.extend(ids[:CONTEXT_TOKENS], logits_to_keep=0)
+        runner.extend(ids[:context], logits_to_keep=0)
     samples = {name: {size: [] for size in sizes} for name in runners}
     for round_ in range(-WARMUP_ROUNDS, REPEATS):
         for size in sizes:
             for name, runner in list(runners.items()):
                 started = time.perf_counter()
-                logits = runner.extend(ids[CONTEXT_TOKENS : CONTEXT_TOKENS + size]).logits
+                logits = runner.extend(ids[context : context + size]).logits
                 finite = bool(torch.isfinite(logits).all())
                 elapsed = time.perf_counter() - started
-                runner.crop(CONTEXT_TOKENS)
+                runner.crop(context)
                 if not finite:
                     del runners[name], samples[name]
                 elif round_ >= 0:

@@ -41,28 +41,29 @@ static inline void NAME(key_tile)(const ELEM *keys, int n, int dim, float *rows,
 #endif
 }
 
-/* One row (a decode step, or a one-node tree) by the same rule, laid out for a single row: the block layout below
- * puts (row, head) pairs in the vector lanes, and a lone row fills only heads / kv_heads of them, and gives each
- * thread whole key-value heads (3 of them on 2 threads: one thread does two). Here, in three passes split evenly
- * over the threads:
+/* The rule for every row of a call, in three passes split evenly over the threads, a vector holding VW keys' (or
+ * output dims') sums of one (row, query head) pair:
  *   1. s_i for every (key-value head, tile of VW keys): the keys are the lanes, each lane summing its key's
- *      products in dim order (from the tile transposed), HEAD_CHUNK query heads' chains side by side;
- *   2. per query head: scale or mask, the max, e_i = exp_fixed(s_i − max) and Σ e_i in key order;
+ *      products in dim order (from the tile transposed), HEAD_CHUNK pairs' chains side by side;
+ *   2. per pair: scale or mask, the max, e_i = exp_fixed(s_i − max); then Σ e_i in key order, a chunk's pairs'
+ *      sums side by side;
  *   3. Σ e_i·v_i for every (key-value head, VW output dims): the dims are the lanes, each adding its terms in key
- *      order, HEAD_CHUNK query heads' sums in registers; then divided and rounded.
- * Every number is the rule's, computed by one thread in the rule's order, so each output has exactly the bits the
- * block layout gives the same row, which the self-check compares (a row alone against the same row inside calls of
- * 2..13 rows). */
-static int NAME(decode_attention)(const ELEM *q, long q_head, const ELEM *keys, const ELEM *values,
-                                  long kv_head, const uint8_t *visible, ELEM *out, int heads, int kv_heads, int dim,
-                                  int prefix, float scaling, int threads) {
-    const int groups = heads / kv_heads, most = prefix + 1, tiles = (most + VW - 1) / VW;
-    const int chunks = (groups + HEAD_CHUNK - 1) / HEAD_CHUNK, padded = chunks * HEAD_CHUNK;
-    const int stride = tiles * VW, dim_blocks = dim / VW; /* a head's scores, whole vectors */
-    const int sees_itself = visible == NULL || visible[0];
-    float *query = malloc(sizeof(float) * (size_t)kv_heads * padded * dim);    /* [kv head][head][dim], zero padded */
-    float *scores = malloc(sizeof(float) * (size_t)kv_heads * padded * stride); /* [kv head][head][key]: s, then e */
-    float *totals = malloc(sizeof(float) * (size_t)heads);                      /* Σ e_i per query head */
+ *      order over every key of the call (a masked key's e_i = 0 leaves the sum as it was), HEAD_CHUNK pairs' sums in
+ *      registers; then divided and rounded.
+ * Every number is the rule's, computed by one thread in the rule's order, whatever the rows beside it; the
+ * self-check compares a row alone against the same row inside a tree-masked call of 9 rows. Pair p of key-value
+ * head g is row p / groups, query head g · groups + p % groups. (The pairs in the lanes instead would fill few of
+ * them on a few rows of a grouped-query model, 3 of 16 for 2 rows of a 9-head, 3-group model split over 2 threads:
+ * that layout cost 2–2.6× these passes on 400–1,000 cached positions.) */
+static int NAME(key_lanes)(const ELEM *q, long q_row, long q_head, const ELEM *keys, const ELEM *values,
+                           long kv_head, const uint8_t *visible, ELEM *out, int rows, int heads, int kv_heads,
+                           int dim, int prefix, float scaling, int threads) {
+    const int groups = heads / kv_heads, pairs = rows * groups, most = prefix + rows, tiles = (most + VW - 1) / VW;
+    const int chunks = (pairs + HEAD_CHUNK - 1) / HEAD_CHUNK, padded = chunks * HEAD_CHUNK;
+    const int stride = tiles * VW, dim_blocks = dim / VW; /* a pair's scores, whole vectors */
+    float *query = malloc(sizeof(float) * (size_t)kv_heads * padded * dim);    /* [kv head][pair][dim], zero padded */
+    float *scores = malloc(sizeof(float) * (size_t)kv_heads * padded * stride); /* [kv head][pair][key]: s, then e */
+    float *totals = malloc(sizeof(float) * (size_t)kv_heads * padded);         /* Σ e_i per pair */
     if (query == NULL || scores == NULL || totals == NULL) {
         free(query);
         free(scores);
@@ -70,16 +71,18 @@ static int NAME(decode_attention)(const ELEM *q, long q_head, const ELEM *keys, 
         return -1;
     }
     for (int g = 0; g < kv_heads; g++)
-        for (int h = 0; h < padded; h++)
+        for (int p = 0; p < padded; p++)
             for (int d = 0; d < dim; d++)
-                query[((size_t)g * padded + h) * dim + d] =
-                    h < groups ? TO_FLOAT(q[(size_t)(g * groups + h) * q_head + d]) : 0.0f;
+                query[((size_t)g * padded + p) * dim + d] =
+                    p < pairs ? TO_FLOAT(q[(size_t)(p / groups) * q_row + (size_t)(g * groups + p % groups) * q_head + d])
+                              : 0.0f;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
         float *tile = malloc(sizeof(float) * (size_t)dim * VW);     /* [dim][key in tile]: keys, float32 */
         float *key_rows = malloc(sizeof(float) * (size_t)VW * dim); /* a tile's keys [key][dim], float32 */
-        const int ready = tile && key_rows;
+        float *lane_values = malloc(sizeof(float) * (size_t)most * VW); /* [key][dim in block]: values, float32 */
+        const int ready = tile && key_rows && lane_values;
         if (!ready) {
 #pragma omp atomic write
             failed = 1;
@@ -102,44 +105,70 @@ static int NAME(decode_attention)(const ELEM *q, long q_head, const ELEM *keys, 
                     vstore(scores + ((size_t)g * padded + c * HEAD_CHUNK + h) * stride + i0, sum[h]);
             }
         }
-        /* 2. scaled or masked, e_i = exp(s_i - max s) (exactly 0 where masked), Σ e_i in key order */
+        /* 2. scaled or masked, the max (the same whatever order it is taken in), e_i = exp(s_i - max s) (exactly 0
+         * where masked), and Σ e_i in key order: a chunk's pairs' sums side by side (each its own chain) */
 #pragma omp for schedule(static)
-        for (int head = 0; head < heads; head++) {
-            float *sh = scores + ((size_t)(head / groups) * padded + head % groups) * stride, top = -INFINITY;
-            float total = 0.0f;
-            for (int i = 0; i < most; i++) {
-                sh[i] = i < prefix || sees_itself ? scaling * sh[i] : -INFINITY;
-                top = sh[i] > top ? sh[i] : top;
+        for (int item = 0; item < kv_heads * chunks; item++) {
+            const int g = item / chunks, c = item % chunks;
+            float *first = scores + ((size_t)g * padded + (size_t)c * HEAD_CHUNK) * stride;
+            float sum[HEAD_CHUNK];
+            for (int h = 0; h < HEAD_CHUNK; h++) {
+                const int p = c * HEAD_CHUNK + h, t = p / groups;
+                float *sh = first + (size_t)h * stride, top = -INFINITY;
+                sum[h] = 0.0f;
+                if (p >= pairs) continue; /* a padding pair: its scores are never read */
+                int i = 0;
+                vfloat tops = vbroadcast(-INFINITY);
+                for (; i + VW <= prefix; i += VW) { /* the cached keys: seen by every row */
+                    const vfloat s = vmul(vbroadcast(scaling), vload(sh + i));
+                    vstore(sh + i, s);
+                    tops = vmax(s, tops);
+                }
+                float lanes[VW];
+                vstore(lanes, tops);
+                for (int l = 0; l < VW; l++) top = lanes[l] > top ? lanes[l] : top;
+                for (; i < most; i++) {
+                    const int j = i - prefix;
+                    const int seen = j < 0 || (visible == NULL ? j <= t : visible[(size_t)t * rows + j]);
+                    sh[i] = seen ? scaling * sh[i] : -INFINITY;
+                    top = sh[i] > top ? sh[i] : top;
+                }
+                for (i = 0; i < most; i++) sh[i] = exp_fixed(sh[i] - top);
             }
-            for (int i = 0; i < most; i++) sh[i] = exp_fixed(sh[i] - top);
-            for (int i = 0; i < most; i++) total = total + sh[i];
-            totals[head] = total;
+            for (int i = 0; i < most; i++)
+                for (int h = 0; h < HEAD_CHUNK; h++) sum[h] = sum[h] + first[(size_t)h * stride + i];
+            for (int h = 0; h < HEAD_CHUNK && c * HEAD_CHUNK + h < pairs; h++)
+                totals[(size_t)g * padded + c * HEAD_CHUNK + h] = sum[h];
         }
         /* 3. Σ e_i·v_i in key order, divided by Σ e_i, rounded */
 #pragma omp for schedule(static)
         for (int item = 0; item < kv_heads * dim_blocks; item++) {
+            if (!ready) continue;
             const int g = item / dim_blocks, d0 = (item % dim_blocks) * VW;
             const ELEM *vh = values + (size_t)g * kv_head + d0;
+            for (int i = 0; i < most; i++) /* converted once for every chunk of pairs */
+                for (int l = 0; l < VW; l++) lane_values[(size_t)i * VW + l] = TO_FLOAT(vh[(size_t)i * dim + l]);
             for (int c = 0; c < chunks; c++) {
                 const float *ec = scores + ((size_t)g * padded + (size_t)c * HEAD_CHUNK) * stride;
                 vfloat acc[HEAD_CHUNK];
                 for (int h = 0; h < HEAD_CHUNK; h++) acc[h] = vzero();
                 for (int i = 0; i < most; i++) {
-                    float v[VW];
-                    for (int l = 0; l < VW; l++) v[l] = TO_FLOAT(vh[(size_t)i * dim + l]);
-                    const vfloat vi = vload(v);
+                    const vfloat vi = vload(lane_values + (size_t)i * VW);
                     for (int h = 0; h < HEAD_CHUNK; h++) acc[h] = vfma(vbroadcast(ec[(size_t)h * stride + i]), vi, acc[h]);
                 }
-                for (int h = 0; h < HEAD_CHUNK && c * HEAD_CHUNK + h < groups; h++) {
-                    const int head = g * groups + c * HEAD_CHUNK + h;
+                for (int h = 0; h < HEAD_CHUNK && c * HEAD_CHUNK + h < pairs; h++) {
+                    const int p = c * HEAD_CHUNK + h, head = g * groups + p % groups;
+                    const float total = totals[(size_t)g * padded + p];
                     float a[VW];
                     vstore(a, acc[h]);
-                    for (int l = 0; l < VW; l++) out[(size_t)head * dim + d0 + l] = FROM_FLOAT(a[l] / totals[head]);
+                    for (int l = 0; l < VW; l++)
+                        out[((size_t)(p / groups) * heads + head) * dim + d0 + l] = FROM_FLOAT(a[l] / total);
                 }
             }
         }
         free(tile);
         free(key_rows);
+        free(lane_values);
     }
     free(query);
     free(scores);
@@ -152,117 +181,6 @@ int NAME(exact_attention)(const ELEM *q, long q_row, long q_head, const ELEM *ke
                           long kv_head, const uint8_t *visible, ELEM *out, int rows, int heads, int kv_heads,
                           int dim, int prefix, float scaling, int threads) {
     if (dim % LANES || dim > MAX_DIM || heads % kv_heads || heads / kv_heads > MAX_GROUP) return -2;
-    if (rows == 1)
-        return NAME(decode_attention)(q, q_head, keys, values, kv_head, visible, out, heads, kv_heads, dim, prefix,
-                                      scaling, threads);
-    const int groups = heads / kv_heads, most = prefix + rows, blocks = row_blocks(rows, kv_heads, threads);
-    const int per_block = (rows + blocks - 1) / blocks, width = per_block * groups; /* (row, head) pairs a block */
-    const int padded = (width + VW - 1) / VW * VW; /* the pairs as whole vectors (zero queries past the last) */
-    int failed = 0;
-#pragma omp parallel num_threads(threads)
-    {
-        /* per (block of rows, key-value head): every (row, query head) pair of it together, a vector lane each, so
-         * each key and value is read and converted once for all of them; each lane's arithmetic and key order are
-         * the rule above, whatever the grouping */
-        float *scores = malloc(sizeof(float) * (size_t)(most + TILE) * padded); /* [key position][pair]: s, then e */
-        float *query = malloc(sizeof(float) * (size_t)dim * padded);            /* [dim][pair] */
-        float *acc = malloc(sizeof(float) * (size_t)dim * padded);              /* [dim][pair]: Σ e·v */
-        float *top = malloc(sizeof(float) * (size_t)padded), *total = malloc(sizeof(float) * (size_t)padded);
-        float *kv = malloc(sizeof(float) * (size_t)TILE * dim); /* [key in tile][dim]: keys, then values, float32 */
-        const int ready = scores && query && acc && top && total && kv;
-        if (!ready) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(static)
-        for (int item = 0; item < blocks * kv_heads; item++) {
-            if (!ready) continue;
-            const int b = item / kv_heads, g = item % kv_heads;
-            const int first = b * per_block, last = first + per_block < rows ? first + per_block : rows;
-            const int count = last - first, pairs = count * groups, lanes = (pairs + VW - 1) / VW * VW;
-            if (count <= 0) continue;
-            const ELEM *kh = keys + (size_t)g * kv_head, *vh = values + (size_t)g * kv_head;
-            for (int z = 0; z < dim * lanes; z++) query[z] = 0.0f, acc[z] = 0.0f;
-            for (int r = 0; r < count; r++)
-                for (int j = 0; j < groups; j++)
-                    for (int d = 0; d < dim; d++)
-                        query[(size_t)d * lanes + r * groups + j] =
-                            TO_FLOAT(q[(size_t)(first + r) * q_row + (size_t)(g * groups + j) * q_head + d]);
-            for (int x = 0; x < lanes; x++) top[x] = x < pairs ? -INFINITY : 0.0f, total[x] = 0.0f;
-            /* 1. s_i, TILE keys at a time in ascending position (the prefix, then this call's rows): for each dim in
-             * order, every (key, pair) sum takes its fused multiply-add; then scaled, or -inf where masked */
-            for (int i0 = 0; i0 < most; i0 += TILE) {
-                const int n = most - i0 < TILE ? most - i0 : TILE;
-                for (int l = 0; l < TILE; l++) /* keys past the end: zeros, their sums unused */
-                    for (int d = 0; d < dim; d++)
-                        kv[l * dim + d] = l < n ? TO_FLOAT(kh[(size_t)(i0 + l) * dim + d]) : 0.0f;
-                for (int l0 = 0; l0 < n; l0 += KEYS)
-                    for (int x0 = 0; x0 < lanes; x0 += VW) {
-                        vfloat sum[KEYS];
-                        for (int c = 0; c < KEYS; c++) sum[c] = vzero();
-                        for (int d = 0; d < dim; d++) {
-                            const vfloat qd = vload(query + (size_t)d * lanes + x0);
-                            const float *kd = kv + l0 * dim + d;
-                            for (int c = 0; c < KEYS; c++) sum[c] = vfma(qd, vbroadcast(kd[c * dim]), sum[c]);
-                        }
-                        for (int c = 0; c < KEYS; c++) vstore(scores + (size_t)(i0 + l0 + c) * lanes + x0, sum[c]);
-                    }
-                for (int l = 0; l < n; l++) {
-                    const int j = i0 + l - prefix;
-                    float *s = scores + (size_t)(i0 + l) * lanes;
-                    for (int r = 0; r < count; r++) {
-                        const int t = first + r;
-                        const int seen = j < 0 || (visible == NULL ? j <= t : visible[(size_t)t * rows + j]);
-                        for (int h = 0; h < groups; h++) {
-                            const int x = r * groups + h;
-                            s[x] = seen ? scaling * s[x] : -INFINITY;
-                            top[x] = s[x] > top[x] ? s[x] : top[x];
-                        }
-                    }
-                }
-            }
-            /* 2. e_i = exp(s_i - max s) in place, exactly 0 where masked (lanes past the pairs: unused) */
-            for (int i = 0; i < most; i++) {
-                float *e = scores + (size_t)i * lanes;
-                for (int x = 0; x < lanes; x++) e[x] = exp_fixed(e[x] - top[x]);
-            }
-            /* 3. Σ e_i and Σ e_i·v_i in ascending position over every key: a masked key's e_i = 0 leaves both sums
-             * exactly as they were (x + 0 = x, and no sum is -0), so each is the sum over the keys its pair sees */
-            for (int i0 = 0; i0 < most; i0 += TILE) {
-                const int n = most - i0 < TILE ? most - i0 : TILE;
-                for (int l = 0; l < n; l++)
-                    for (int d = 0; d < dim; d++) kv[l * dim + d] = TO_FLOAT(vh[(size_t)(i0 + l) * dim + d]);
-                const float *e = scores + (size_t)i0 * lanes;
-                for (int x0 = 0; x0 < lanes; x0 += VW) {
-                    vfloat sum = vload(total + x0);
-                    for (int l = 0; l < n; l++) sum = vadd(sum, vload(e + (size_t)l * lanes + x0));
-                    vstore(total + x0, sum);
-                }
-                for (int d0 = 0; d0 < dim; d0 += DIMS)
-                    for (int x0 = 0; x0 < lanes; x0 += VW) {
-                        vfloat sum[DIMS];
-                        for (int c = 0; c < DIMS; c++) sum[c] = vload(acc + (size_t)(d0 + c) * lanes + x0);
-                        for (int l = 0; l < n; l++) {
-                            const vfloat el = vload(e + (size_t)l * lanes + x0);
-                            const float *vl = kv + l * dim + d0;
-                            for (int c = 0; c < DIMS; c++) sum[c] = vfma(el, vbroadcast(vl[c]), sum[c]);
-                        }
-                        for (int c = 0; c < DIMS; c++) vstore(acc + (size_t)(d0 + c) * lanes + x0, sum[c]);
-                    }
-            }
-            for (int r = 0; r < count; r++)
-                for (int h = 0; h < groups; h++) {
-                    const int x = r * groups + h;
-                    ELEM *o = out + ((size_t)(first + r) * heads + g * groups + h) * dim;
-                    for (int d = 0; d < dim; d++) o[d] = FROM_FLOAT(acc[(size_t)d * lanes + x] / total[x]);
-                }
-        }
-        free(scores);
-        free(query);
-        free(acc);
-        free(top);
-        free(total);
-        free(kv);
-    }
-    return failed ? -1 : 0;
+    return NAME(key_lanes)(q, q_row, q_head, keys, values, kv_head, visible, out, rows, heads, kv_heads, dim, prefix,
+                           scaling, threads);
 }
