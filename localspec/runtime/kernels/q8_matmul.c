@@ -13,9 +13,9 @@
  * One thread computes one output in one fixed order whatever the row count, so a row's logits do not depend on the
  * other rows of the call (bitwise); the codes of 16 outputs are loaded once for up to Q8_CHUNK rows.
  *
- *   avx512bf16  vpdpbusd takes its unsigned operand from the activations, x̂ + 128 (1..255), and the codes as they
- *               are: Σ q·x̂ = Σ q·(x̂ + 128) − 128·Σ q, where Σ q comes from one more vpdpbusd per 4 codes a group,
- *               shared by every row of the pass.
+ *   avx512bf16  vpdpbusd takes its unsigned operand from the activations, x̂ + 128 (1..255, a copy made once a
+ *               call), and the codes as they are: Σ q·x̂ = Σ q·(x̂ + 128) − 128·Σ q, where Σ q comes from one more
+ *               vpdpbusd per 4 codes a group, shared by every row of the pass.
  *   avx2        vpmaddubsw on |q| and x̂ with q's sign (pairs at most 2·128·127 < 32768), vpmaddwd by ones into
  *               int32, summed over the group.
  *   q6k         both builds take its codes unsigned, u = q + 32 ∈ 0..63, as the unsigned operand (vpdpbusd; vpmaddubsw,
@@ -92,12 +92,13 @@ static inline __attribute__((always_inline)) void q6k_quads(const int8_t *c, __m
 
 /* form: the scales' (FORM_*); groups of 32 for q8, 16 for q8k and q6k. */
 static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *codes, const void *scales, int form,
-                                                                const int8_t *xq, const float *scale,
-                                                                const float *xsum, const int32_t *isum, int k,
-                                                                int groups, int rows, float *y, int n, int n0) {
+                                                                const int8_t *xq, const uint8_t *xb,
+                                                                const float *scale, const float *xsum,
+                                                                const int32_t *isum, int k, int groups, int rows,
+                                                                float *y, int n, int n0) {
     const int quads = form == FORM_Q8 ? 8 : 4;
     __m512 acc[Q8_CHUNK];
-    const __m512i ones = _mm512_set1_epi8(1), bias = _mm512_set1_epi8((char)0x80);
+    const __m512i ones = _mm512_set1_epi8(1);
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
         __m512i w[8], offset = _mm512_setzero_si512();
@@ -114,19 +115,20 @@ static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *co
         __m512 d, m;
         q8_scales(scales, form, g, &d, &m);
         for (int r = 0; r < rows; r++) {
-            const int32_t *xr = (const int32_t *)(xq + (size_t)r * k + g * quads * 4);
             const size_t at = (size_t)r * groups + g;
             __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
             if (form == FORM_Q6K) {
+                const int32_t *xr = (const int32_t *)(xq + (size_t)r * k + g * quads * 4);
                 for (int t = 0; t < 4; t += 2) {
                     even = _mm512_dpbusd_epi32(even, w[t], _mm512_set1_epi32(xr[t]));
                     odd = _mm512_dpbusd_epi32(odd, w[t + 1], _mm512_set1_epi32(xr[t + 1]));
                 }
                 offset = _mm512_set1_epi32(32 * isum[at]);
-            } else {
-                for (int t = 0; t < quads; t += 2) { /* x̂ + 128 as unsigned bytes: its sign bit flipped */
-                    even = _mm512_dpbusd_epi32(even, _mm512_xor_si512(_mm512_set1_epi32(xr[t]), bias), w[t]);
-                    odd = _mm512_dpbusd_epi32(odd, _mm512_xor_si512(_mm512_set1_epi32(xr[t + 1]), bias), w[t + 1]);
+            } else { /* x̂ + 128 as unsigned bytes, made once a call (q8_run) */
+                const int32_t *xr = (const int32_t *)(xb + (size_t)r * k + g * quads * 4);
+                for (int t = 0; t < quads; t += 2) {
+                    even = _mm512_dpbusd_epi32(even, _mm512_set1_epi32(xr[t]), w[t]);
+                    odd = _mm512_dpbusd_epi32(odd, _mm512_set1_epi32(xr[t + 1]), w[t + 1]);
                 }
             }
             const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(even, odd), offset));
@@ -188,11 +190,14 @@ static inline __attribute__((always_inline)) void q6k_quads(const int8_t *c, __m
     w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), low), _mm256_and_si256(_mm256_srli_epi16(h, 2), high));
 }
 
-/* As the AVX-512 build's q8_block_rows, one half of the block's lanes (8 outputs) at a time. */
+/* As the AVX-512 build's q8_block_rows, one half of the block's lanes (8 outputs) at a time (vpmaddubsw takes x̂
+ * signed: no biased copy, xb is NULL). */
 static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *codes, const void *scales, int form,
-                                                                const int8_t *xq, const float *scale,
-                                                                const float *xsum, const int32_t *isum, int k,
-                                                                int groups, int rows, float *y, int n, int n0) {
+                                                                const int8_t *xq, const uint8_t *xb,
+                                                                const float *scale, const float *xsum,
+                                                                const int32_t *isum, int k, int groups, int rows,
+                                                                float *y, int n, int n0) {
+    (void)xb;
     const int quads = form == FORM_Q8 ? 8 : 4;
     const __m256i ones = _mm256_set1_epi16(1);
     for (int half = 0; half < 2; half++) {
@@ -248,9 +253,9 @@ static inline __attribute__((always_inline)) void q8_block_rows(const int8_t *co
 
 /* The rows of a call through output block nb: on the tiles (amx) passes of AMX_CHUNK rows while at least
  * localspec_amx_min_rows are left, the rest on the dot products, up to Q8_CHUNK rows a pass. */
-static inline __attribute__((always_inline)) void q8_output_block(const int8_t *xq, const float *scale,
-                                                                  const float *xsum, const int32_t *isum,
-                                                                  const int8_t *codes,
+static inline __attribute__((always_inline)) void q8_output_block(const int8_t *xq, const uint8_t *xb,
+                                                                  const float *scale, const float *xsum,
+                                                                  const int32_t *isum, const int8_t *codes,
                                                                   const void *scales, int form, float *y, int rows,
                                                                   int amx, int k, int n, int nb) {
     const int len = form == FORM_Q8 ? 32 : 16, groups = k / len;
@@ -279,12 +284,13 @@ static inline __attribute__((always_inline)) void q8_output_block(const int8_t *
     for (; r0 < rows; r0 += per) {
         const int count = rows - r0 < per ? rows - r0 : per;
         const int8_t *xr = xq + (size_t)r0 * k;
+        const uint8_t *br = xb == NULL ? NULL : xb + (size_t)r0 * k;
         const float *sr = scale + (size_t)r0 * groups, *xs = xsum + (size_t)r0 * groups;
         const int32_t *is = isum + (size_t)r0 * groups;
         float *yr = y + (size_t)r0 * n;
         switch (count) { /* a constant row count per case keeps the accumulators in registers */
 #define ROWS(R) \
-    case R: q8_block_rows(c, p, form, xr, sr, xs, is, k, groups, R, yr, n, nb * 16); break;
+    case R: q8_block_rows(c, p, form, xr, br, sr, xs, is, k, groups, R, yr, n, nb * 16); break;
             ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
 #undef ROWS
         }
@@ -296,14 +302,21 @@ static int q8_run(const uint16_t *x, const int8_t *codes, const void *scales, in
     const int len = form == FORM_Q8 ? 32 : 16, blocks = n / 16;
     const int amx = amx_for(rows); /* 0 wherever the build or the CPU has no tiles */
     const size_t sums = (size_t)rows * (k / len), padded = (size_t)amx_padded(rows, amx) * k;
-    /* s, then Σ x, then Σ x̂ (q6k), then x̂ (zero rows to whole passes) */
-    float *scale = malloc(sizeof(float) * 2 * sums + sizeof(int32_t) * sums + padded);
+#if defined(LOCALSPEC_AVX512BF16)
+    const size_t biased = form == FORM_Q6K ? 0 : (size_t)rows * k; /* vpdpbusd's unsigned x̂ + 128 */
+#else
+    const size_t biased = 0;
+#endif
+    /* s, then Σ x, then Σ x̂ (q6k), then x̂ (zero rows to whole passes), then x̂ + 128 */
+    float *scale = malloc(sizeof(float) * 2 * sums + sizeof(int32_t) * sums + padded + biased);
     if (scale == NULL) return -1;
     float *xsum = scale + sums;
     int32_t *isum = (int32_t *)(xsum + sums);
     int8_t *xq = (int8_t *)(isum + sums);
+    uint8_t *xb = biased ? (uint8_t *)(xq + padded) : NULL;
     quantize_rows(x, rows, k, len, xq, scale, xsum, threads);
     memset(xq + (size_t)rows * k, 0, padded - (size_t)rows * k);
+    for (size_t i = 0; i < biased; i++) xb[i] = (uint8_t)xq[i] ^ 0x80; /* the sign bit flipped: x̂ + 128 */
     if (form == FORM_Q6K)
         for (size_t at = 0; at < sums; at++) {
             int32_t total = 0;
@@ -316,11 +329,11 @@ static int q8_run(const uint16_t *x, const int8_t *codes, const void *scales, in
 #pragma omp for schedule(static)
         for (int nb = 0; nb < blocks; nb++) { /* a constant form per branch: each is its own specialized code */
             if (form == FORM_Q6K)
-                q8_output_block(xq, scale, xsum, isum, codes, scales, FORM_Q6K, y, rows, amx, k, n, nb);
+                q8_output_block(xq, xb, scale, xsum, isum, codes, scales, FORM_Q6K, y, rows, amx, k, n, nb);
             else if (form == FORM_Q8K)
-                q8_output_block(xq, scale, xsum, isum, codes, scales, FORM_Q8K, y, rows, amx, k, n, nb);
+                q8_output_block(xq, xb, scale, xsum, isum, codes, scales, FORM_Q8K, y, rows, amx, k, n, nb);
             else
-                q8_output_block(xq, scale, xsum, isum, codes, scales, FORM_Q8, y, rows, amx, k, n, nb);
+                q8_output_block(xq, xb, scale, xsum, isum, codes, scales, FORM_Q8, y, rows, amx, k, n, nb);
         }
         if (amx) amx_end();
     }
