@@ -48,9 +48,15 @@ def test_outputs_are_within_the_rounding_bound_of_float64(kernel, prefix, rows, 
     assert bool(((out.double() - reference).abs() <= bound).all())
 
 
+# the kernel's two layouts of a call (attention.c KEY_LANES): the keys in the lanes for a few rows over a cache at least
+# as long as they are (and for every single row), the (row, head) pairs in the lanes for more rows than the cache
+LAYOUTS = pytest.mark.parametrize("prefix", [120, 4], ids=["keys-in-lanes", "pairs-in-lanes"])
+
+
+@LAYOUTS
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_chain_row_is_the_row_alone_and_a_tree_row_ignores_what_its_siblings_hold(kernel, dtype):
-    prefix, rows, scaling = 120, 9, DIM**-0.5
+def test_a_chain_row_is_the_row_alone_and_a_tree_row_ignores_what_its_siblings_hold(kernel, dtype, prefix):
+    rows, scaling = 9, DIM**-0.5
     q, keys, values = _inputs(prefix, rows, seed=5, dtype=dtype)
     length = prefix + rows
     chain = kernel.attend(q, keys[:, :, :length], values[:, :, :length], prefix, None, scaling)
@@ -68,11 +74,12 @@ def test_a_chain_row_is_the_row_alone_and_a_tree_row_ignores_what_its_siblings_h
     assert torch.equal(again[0, 5], tree[0, 5]) and not torch.equal(again[0, 1], tree[0, 1])
 
 
+@pytest.mark.parametrize("prefix", [50, 10], ids=["keys-in-lanes", "pairs-in-lanes"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_rows_are_the_same_whatever_the_blocks_of_rows_and_the_thread_count(kernel, threads):
-    # 40 rows: more than one block of 16 rows per key-value head at every thread count; the work split changes
-    # with the thread count and the row count, a row's output must not
-    prefix, rows, scaling = 50, 40, DIM**-0.5
+def test_rows_are_the_same_whatever_the_blocks_of_rows_and_the_thread_count(kernel, threads, prefix):
+    # 40 rows: in the pairs' layout more than one block of 16 rows per key-value head at every thread count; the
+    # work split changes with the thread count, the row count and the layout, a row's output must not
+    rows, scaling = 40, DIM**-0.5
     q, keys, values = _inputs(prefix, rows, seed=8)
     length = prefix + rows
     before = torch.get_num_threads()

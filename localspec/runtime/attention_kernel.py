@@ -22,6 +22,9 @@ import math
 import torch
 
 CHECK_ROWS = 9  # the self-check's forward: a pending token and 8 tree nodes
+# cached positions before it: the kernel's two layouts of a call (keys in the lanes where the cache is at least as
+# long as the rows, (row, head) pairs in the lanes where it is shorter), each against the rows alone
+CHECK_PREFIXES = (21, 3)
 FLOAT32_EPS = 2.0**-24
 DTYPES = (torch.bfloat16, torch.float32, torch.float16)  # kernels/attention.c: exact_attention_bf16 / _f32 / _f16
 SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32", torch.float16: "f16"}
@@ -125,9 +128,10 @@ def reference_and_bound(
 
 
 def self_check(kernel: AttentionKernel, seed: int = 0) -> str | None:
-    """None when, in each element type, each row of a tree-masked 9-row call is bitwise the same row computed alone
-    on the keys it sees (the plain decode of that position), the chain form agrees with the tree form of a chain,
-    and every output is within reference_and_bound of float64; otherwise what failed."""
+    """None when, in each element type and on each cache length of CHECK_PREFIXES, each row of a tree-masked 9-row
+    call is bitwise the same row computed alone on the keys it sees (the plain decode of that position), the chain
+    form agrees with the tree form of a chain, and every output is within reference_and_bound of float64; otherwise
+    what failed."""
     for dtype in DTYPES:
         problem = _self_check_in(kernel, seed, dtype)
         if problem is not None:
@@ -137,7 +141,15 @@ def self_check(kernel: AttentionKernel, seed: int = 0) -> str | None:
 
 def _self_check_in(kernel: AttentionKernel, seed: int, dtype: torch.dtype) -> str | None:
     generator = torch.Generator().manual_seed(seed)
-    heads, kv_heads, dim, prefix, rows = 6, 2, 64, 21, CHECK_ROWS
+    for prefix in CHECK_PREFIXES:
+        problem = _tree_check(kernel, generator, dtype, prefix)
+        if problem is not None:
+            return f"{prefix} cached: {problem}"
+    return None
+
+
+def _tree_check(kernel: AttentionKernel, generator: torch.Generator, dtype: torch.dtype, prefix: int) -> str | None:
+    heads, kv_heads, dim, rows = 6, 2, 64, CHECK_ROWS
     scaling = dim**-0.5
     capacity = prefix + rows + 3
     keys = torch.randn(1, kv_heads, capacity, dim, generator=generator).to(dtype)  # [1, Hkv, cap, D]

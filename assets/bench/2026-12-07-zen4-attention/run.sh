@@ -9,6 +9,9 @@ for cached in 64 600; do
   .venv/bin/localspec bench kernels --against cca7ffa --kernels attention layer --rows 1 2 3 5 9 17 --cached $cached \
     --repeats 25 --out $OUT/kernels-$cached.md
 done
+.venv/bin/localspec bench kernels --against cca7ffa --kernels attention --rows 9 64 1024 --cached 0 --repeats 5 \
+  --out $OUT/kernels-0.md
+.venv/bin/localspec bench kernels --against cca7ffa --kernels q8 --rows 1 2 5 9 17 64 --repeats 40 --out $OUT/kernels-q8.md
 EVAL="--threads 2 --no-progress --prompts $PWD/assets/prompts/eval/*.jsonl --limit 2 --max-new-tokens 128 --modes none adaptive-tree"
 JSON="--threads 2 --no-progress --prompts json-schema-held-out --limit 12 --max-new-tokens 256 --modes none ngram adaptive-tree"
 run() {  # run <side: head (BEFORE) | main (this checkout)> <name> <args>

@@ -9,9 +9,9 @@
  *                                    same bits whether the compiler runs it 16 lanes at a time or one
  *   out = (Σ_i e_i · v_i) / Σ_i e_i  both sums in key order (Σ e_i·v_i: a fused multiply-add per key and dim)
  * then rounded to the element type (nearest, ties to even; float32 as it is). Nothing depends on the row count, on
- * which rows are masked or on the thread count (each number is computed by one thread in that order, the passes of
- * attention_body.h's key_lanes), so a row's output is a function of its query and the keys and values it sees
- * alone.
+ * which rows are masked, on the thread count or on the layout a call takes (attention_body.h's key_lanes or
+ * pair_lanes: each number is computed by one thread in that order), so a row's output is a function of its query
+ * and the keys and values it sees alone.
  * A masked key adds nothing to any sum (its e_i is exactly 0, and x + 0 = x), so a tree node's sums run over the
  * same sequence as the plain row's for the same position once the accepted path is moved down in the cache.
  *
@@ -42,6 +42,7 @@ typedef __m512 vfloat;
 #define vstore(p, v) _mm512_storeu_ps(p, v)
 #define vbroadcast(x) _mm512_set1_ps(x)
 #define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define vadd(a, b) _mm512_add_ps(a, b)
 #define vmul(a, b) _mm512_mul_ps(a, b)
 #define vmax(a, b) _mm512_max_ps(a, b) /* a > b ? a : b, lane by lane */
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -52,6 +53,7 @@ typedef __m256 vfloat;
 #define vstore(p, v) _mm256_storeu_ps(p, v)
 #define vbroadcast(x) _mm256_set1_ps(x)
 #define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define vadd(a, b) _mm256_add_ps(a, b)
 #define vmul(a, b) _mm256_mul_ps(a, b)
 #define vmax(a, b) _mm256_max_ps(a, b)
 #else
@@ -62,6 +64,7 @@ typedef float vfloat;
 #define vstore(p, v) (*(p) = (v))
 #define vbroadcast(x) (x)
 #define vfma(a, b, c) fmaf(a, b, c)
+#define vadd(a, b) ((a) + (b))
 #define vmul(a, b) ((a) * (b))
 #define vmax(a, b) ((a) > (b) ? (a) : (b))
 #endif
@@ -69,7 +72,29 @@ typedef float vfloat;
 #define LANES LOCALSPEC_LANES
 #define MAX_DIM LOCALSPEC_MAX_DIM
 #define MAX_GROUP LOCALSPEC_MAX_GROUP /* query heads per key-value head */
-#define HEAD_CHUNK 4 /* (row, head) pairs whose chains run side by side, in registers */
+#define HEAD_CHUNK 4 /* key_lanes: (row, head) pairs whose chains run side by side, in registers */
+#define TILE 16      /* pair_lanes: keys whose dot products one pass over the pairs' queries sums */
+#define KEYS 8       /* of them side by side, in registers */
+#define DIMS 8       /* output dims whose value sums run side by side, in registers */
+#define MAX_BLOCK 16 /* rows of one call computed together (each key read once for all of them) */
+/* Which layout a call takes (the same bits either way): the keys in the lanes (key_lanes) for one row, and for a
+ * verify's few rows over a cache at least as long as they are; the pairs in the lanes (pair_lanes) for many rows
+ * on a short cache (a head's catch-up over a prompt, 1,024 rows: 21 ms a layer against 41, whose scores the key
+ * layout holds for the whole call). Measured on the Zen 4 EPYC, 2026-12-07, 9 / 12 / 32 query heads over 3 / 2 /
+ * 8 / 32: the keys' layout 1.0–2.5× the pairs' from 5 to 64 rows on 64–600 cached positions (0.9× on the 12-head,
+ * 6-group shape at 64), the pairs' 1.1–2× the keys' on an empty cache. */
+#define KEY_LANE_ROWS 64
+#define KEY_LANES(rows, prefix) ((rows) == 1 || ((rows) <= KEY_LANE_ROWS && (prefix) >= (rows)))
+
+/* How many blocks of rows each key-value head's rows are split into (pair_lanes): enough that every thread gets the
+ * same number of (block, key-value head) items where it can, and no block over MAX_BLOCK rows. Only the work split
+ * depends on this, never a row's arithmetic. */
+static int row_blocks(int rows, int kv_heads, int threads) {
+    int blocks = 1;
+    while (blocks < rows && (blocks * kv_heads) % threads) blocks++;
+    while ((rows + blocks - 1) / blocks > MAX_BLOCK) blocks++;
+    return blocks;
+}
 
 
 /* float16 through the compiler's _Float16 (IEEE binary16; the conversions are exact one way and round to nearest

@@ -50,11 +50,13 @@ static inline void NAME(key_tile)(const ELEM *keys, int n, int dim, float *rows,
  *   3. Σ e_i·v_i for every (key-value head, VW output dims): the dims are the lanes, each adding its terms in key
  *      order over every key of the call (a masked key's e_i = 0 leaves the sum as it was), HEAD_CHUNK pairs' sums in
  *      registers; then divided and rounded.
- * Every number is the rule's, computed by one thread in the rule's order, whatever the rows beside it; the
- * self-check compares a row alone against the same row inside a tree-masked call of 9 rows. Pair p of key-value
- * head g is row p / groups, query head g · groups + p % groups. (The pairs in the lanes instead would fill few of
- * them on a few rows of a grouped-query model, 3 of 16 for 2 rows of a 9-head, 3-group model split over 2 threads:
- * that layout cost 2–2.6× these passes on 400–1,000 cached positions.) */
+ * Every number is the rule's, computed by one thread in the rule's order, whatever the rows beside it and whichever
+ * layout the call takes; the self-check compares a row alone against the same row inside tree-masked calls of 9
+ * rows in both layouts. Pair p of key-value
+ * head g is row p / groups, query head g · groups + p % groups. (pair_lanes below fills few lanes on a few rows
+ * of a grouped-query model, 3 of 16 for 2 rows of a 9-head, 3-group model split over 2 threads: it cost 2–2.6× these
+ * passes on 400–1,000 cached positions. These hold the whole call's scores, which pair_lanes does not: attention.c
+ * KEY_LANES picks.) */
 static int NAME(key_lanes)(const ELEM *q, long q_row, long q_head, const ELEM *keys, const ELEM *values,
                            long kv_head, const uint8_t *visible, ELEM *out, int rows, int heads, int kv_heads,
                            int dim, int prefix, float scaling, int threads) {
@@ -176,11 +178,132 @@ static int NAME(key_lanes)(const ELEM *q, long q_row, long q_head, const ELEM *k
     return failed ? -1 : 0;
 }
 
+/* The rule for a call of many rows, with (row, head) pairs in the vector lanes: per (block of up to MAX_BLOCK rows,
+ * key-value head), every pair of the block together, so each key and value is read and converted once for all of
+ * them, and the scores held are a block's, not the call's. */
+static int NAME(pair_lanes)(const ELEM *q, long q_row, long q_head, const ELEM *keys, const ELEM *values,
+                            long kv_head, const uint8_t *visible, ELEM *out, int rows, int heads, int kv_heads,
+                            int dim, int prefix, float scaling, int threads) {
+    const int groups = heads / kv_heads, most = prefix + rows, blocks = row_blocks(rows, kv_heads, threads);
+    const int per_block = (rows + blocks - 1) / blocks, width = per_block * groups; /* (row, head) pairs a block */
+    const int padded = (width + VW - 1) / VW * VW; /* the pairs as whole vectors (zero queries past the last) */
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        /* per (block of rows, key-value head): every (row, query head) pair of it together, a vector lane each, so
+         * each key and value is read and converted once for all of them; each lane's arithmetic and key order are
+         * the rule above, whatever the grouping */
+        float *scores = malloc(sizeof(float) * (size_t)(most + TILE) * padded); /* [key position][pair]: s, then e */
+        float *query = malloc(sizeof(float) * (size_t)dim * padded);            /* [dim][pair] */
+        float *acc = malloc(sizeof(float) * (size_t)dim * padded);              /* [dim][pair]: Σ e·v */
+        float *top = malloc(sizeof(float) * (size_t)padded), *total = malloc(sizeof(float) * (size_t)padded);
+        float *kv = malloc(sizeof(float) * (size_t)TILE * dim); /* [key in tile][dim]: keys, then values, float32 */
+        const int ready = scores && query && acc && top && total && kv;
+        if (!ready) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int item = 0; item < blocks * kv_heads; item++) {
+            if (!ready) continue;
+            const int b = item / kv_heads, g = item % kv_heads;
+            const int first = b * per_block, last = first + per_block < rows ? first + per_block : rows;
+            const int count = last - first, pairs = count * groups, lanes = (pairs + VW - 1) / VW * VW;
+            if (count <= 0) continue;
+            const ELEM *kh = keys + (size_t)g * kv_head, *vh = values + (size_t)g * kv_head;
+            for (int z = 0; z < dim * lanes; z++) query[z] = 0.0f, acc[z] = 0.0f;
+            for (int r = 0; r < count; r++)
+                for (int j = 0; j < groups; j++)
+                    for (int d = 0; d < dim; d++)
+                        query[(size_t)d * lanes + r * groups + j] =
+                            TO_FLOAT(q[(size_t)(first + r) * q_row + (size_t)(g * groups + j) * q_head + d]);
+            for (int x = 0; x < lanes; x++) top[x] = x < pairs ? -INFINITY : 0.0f, total[x] = 0.0f;
+            /* 1. s_i, TILE keys at a time in ascending position (the prefix, then this call's rows): for each dim in
+             * order, every (key, pair) sum takes its fused multiply-add; then scaled, or -inf where masked */
+            for (int i0 = 0; i0 < most; i0 += TILE) {
+                const int n = most - i0 < TILE ? most - i0 : TILE;
+                for (int l = 0; l < TILE; l++) /* keys past the end: zeros, their sums unused */
+                    for (int d = 0; d < dim; d++)
+                        kv[l * dim + d] = l < n ? TO_FLOAT(kh[(size_t)(i0 + l) * dim + d]) : 0.0f;
+                for (int l0 = 0; l0 < n; l0 += KEYS)
+                    for (int x0 = 0; x0 < lanes; x0 += VW) {
+                        vfloat sum[KEYS];
+                        for (int c = 0; c < KEYS; c++) sum[c] = vzero();
+                        for (int d = 0; d < dim; d++) {
+                            const vfloat qd = vload(query + (size_t)d * lanes + x0);
+                            const float *kd = kv + l0 * dim + d;
+                            for (int c = 0; c < KEYS; c++) sum[c] = vfma(qd, vbroadcast(kd[c * dim]), sum[c]);
+                        }
+                        for (int c = 0; c < KEYS; c++) vstore(scores + (size_t)(i0 + l0 + c) * lanes + x0, sum[c]);
+                    }
+                for (int l = 0; l < n; l++) {
+                    const int j = i0 + l - prefix;
+                    float *s = scores + (size_t)(i0 + l) * lanes;
+                    for (int r = 0; r < count; r++) {
+                        const int t = first + r;
+                        const int seen = j < 0 || (visible == NULL ? j <= t : visible[(size_t)t * rows + j]);
+                        for (int h = 0; h < groups; h++) {
+                            const int x = r * groups + h;
+                            s[x] = seen ? scaling * s[x] : -INFINITY;
+                            top[x] = s[x] > top[x] ? s[x] : top[x];
+                        }
+                    }
+                }
+            }
+            /* 2. e_i = exp(s_i - max s) in place, exactly 0 where masked (lanes past the pairs: unused) */
+            for (int i = 0; i < most; i++) {
+                float *e = scores + (size_t)i * lanes;
+                for (int x = 0; x < lanes; x++) e[x] = exp_fixed(e[x] - top[x]);
+            }
+            /* 3. Σ e_i and Σ e_i·v_i in ascending position over every key: a masked key's e_i = 0 leaves both sums
+             * exactly as they were (x + 0 = x, and no sum is -0), so each is the sum over the keys its pair sees */
+            for (int i0 = 0; i0 < most; i0 += TILE) {
+                const int n = most - i0 < TILE ? most - i0 : TILE;
+                for (int l = 0; l < n; l++)
+                    for (int d = 0; d < dim; d++) kv[l * dim + d] = TO_FLOAT(vh[(size_t)(i0 + l) * dim + d]);
+                const float *e = scores + (size_t)i0 * lanes;
+                for (int x0 = 0; x0 < lanes; x0 += VW) {
+                    vfloat sum = vload(total + x0);
+                    for (int l = 0; l < n; l++) sum = vadd(sum, vload(e + (size_t)l * lanes + x0));
+                    vstore(total + x0, sum);
+                }
+                for (int d0 = 0; d0 < dim; d0 += DIMS)
+                    for (int x0 = 0; x0 < lanes; x0 += VW) {
+                        vfloat sum[DIMS];
+                        for (int c = 0; c < DIMS; c++) sum[c] = vload(acc + (size_t)(d0 + c) * lanes + x0);
+                        for (int l = 0; l < n; l++) {
+                            const vfloat el = vload(e + (size_t)l * lanes + x0);
+                            const float *vl = kv + l * dim + d0;
+                            for (int c = 0; c < DIMS; c++) sum[c] = vfma(el, vbroadcast(vl[c]), sum[c]);
+                        }
+                        for (int c = 0; c < DIMS; c++) vstore(acc + (size_t)(d0 + c) * lanes + x0, sum[c]);
+                    }
+            }
+            for (int r = 0; r < count; r++)
+                for (int h = 0; h < groups; h++) {
+                    const int x = r * groups + h;
+                    ELEM *o = out + ((size_t)(first + r) * heads + g * groups + h) * dim;
+                    for (int d = 0; d < dim; d++) o[d] = FROM_FLOAT(acc[(size_t)d * lanes + x] / total[x]);
+                }
+        }
+        free(scores);
+        free(query);
+        free(acc);
+        free(top);
+        free(total);
+        free(kv);
+    }
+    return failed ? -1 : 0;
+}
+
 /* Returns 0, -1 when out of memory, -2 for a shape it does not take. */
 int NAME(exact_attention)(const ELEM *q, long q_row, long q_head, const ELEM *keys, const ELEM *values,
                           long kv_head, const uint8_t *visible, ELEM *out, int rows, int heads, int kv_heads,
                           int dim, int prefix, float scaling, int threads) {
     if (dim % LANES || dim > MAX_DIM || heads % kv_heads || heads / kv_heads > MAX_GROUP) return -2;
-    return NAME(key_lanes)(q, q_row, q_head, keys, values, kv_head, visible, out, rows, heads, kv_heads, dim, prefix,
-                           scaling, threads);
+    if (KEY_LANES(rows, prefix))
+        return NAME(key_lanes)(q, q_row, q_head, keys, values, kv_head, visible, out, rows, heads, kv_heads, dim,
+                               prefix, scaling, threads);
+    return NAME(pair_lanes)(q, q_row, q_head, keys, values, kv_head, visible, out, rows, heads, kv_heads, dim, prefix,
+                            scaling, threads);
 }
