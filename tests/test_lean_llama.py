@@ -302,3 +302,40 @@ def test_a_long_prefill_runs_sdpa_in_the_exact_setup_and_the_rows_after_it_stay_
     runner.crop(prompt_len)
     chained = torch.cat([runner.extend(ids[i : i + 5]).logits for i in range(prompt_len, prompt_len + 20, 5)])
     assert torch.equal(chained, plain) and len(calls) == model.config.num_hidden_layers  # decode rows stay eager
+
+
+def test_a_prompt_on_an_empty_cache_runs_sdpas_causal_attention_with_the_masks_bits(tiny_by_dtype, monkeypatch):
+    # sdpa's own causal attention skips the blocks above the diagonal that a mask tensor makes it compute and drop;
+    # a masked key adds exactly 0, so the outputs are the mask's bit for bit. A prompt read on top of a cache (a
+    # later turn) keeps the mask: sdpa's is_causal aligns the diagonal to the top left
+    from localspec.runtime.plan import DECODE_MAX_ROWS
+    from localspec.runtime.tree import causal_mask
+
+    model = tiny_by_dtype["bfloat16"]
+    masks = []
+    sdpa = lean_llama._sdpa
+    monkeypatch.setattr(lean_llama, "_sdpa", lambda q, k, v, mask: masks.append(mask) or sdpa(q, k, v, mask))
+    runner = ModelRunner(model, compile="off", setup=exact_setup(model.dtype), forward="lean")
+    prompt_len, layers = DECODE_MAX_ROWS + 36, model.config.num_hidden_layers
+    ids = _ids(2 * prompt_len, model.config.vocab_size, seed=6)
+    runner.reset()
+    runner.extend(ids[:prompt_len], logits_to_keep=0)  # as the engine reads a prompt
+    assert len(masks) == layers and all(mask is lean_llama.CAUSAL for mask in masks)
+    runner.extend(ids[prompt_len:], logits_to_keep=0)  # a second prompt on top of the first
+    assert len(masks) == 2 * layers and all(isinstance(mask, torch.Tensor) for mask in masks[layers:])
+
+    @torch.inference_mode()
+    def prompt_read(mask):  # the backbone on the prompt alone, as the runner calls it
+        runner.reset()
+        out = runner._backbone(
+            input_ids=torch.tensor([ids[:prompt_len]]),
+            attention_mask=mask,
+            attention="sdpa",
+            output_hidden_states=True,
+            **{runner._cache_kwarg: runner.cache},
+        )
+        return torch.stack(out.hidden_states), runner.cache.layers[-1].keys[:, :, :prompt_len].clone()
+
+    causal, masked = prompt_read(None), prompt_read(causal_mask(0, prompt_len, torch.bool, torch.device("cpu")))
+    assert masks[-1] is not lean_llama.CAUSAL and masks[-layers - 1] is lean_llama.CAUSAL
+    assert torch.equal(causal[0], masked[0]) and torch.equal(causal[1], masked[1])  # every layer's rows, the keys

@@ -249,8 +249,16 @@ def _rows_as_plain(q, keys, values, plan: RowsAsPlain, groups: list[_RowGroup], 
     return out
 
 
+# the mask of a prompt read from an empty cache: sdpa's own causal attention (is_causal), which skips the blocks above
+# the diagonal that a mask tensor would have it compute and drop (the same outputs: a masked key adds exactly 0)
+CAUSAL = "causal"
+
+
 def _sdpa(q, keys, values, mask):  # grouped-query attention without copying the keys and values per query head
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1])
+    gqa = q.shape[1] != keys.shape[1]
+    if mask is CAUSAL:
+        return F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
 
 
 class LeanLlama(nn.Module):
@@ -339,9 +347,11 @@ class LeanLlama(nn.Module):
             raise ValueError("the attention kernel is not loaded for this model's layers (see attention_kernel.py)")
         eager = path == "eager"
         mask = None if path == "kernel" else attention_mask
-        if mask is None and rows > 1 and path != "kernel":  # a chain: row i sees the cache and rows ≤ i
+        if mask is None and rows > 1 and path == "sdpa" and prefix == 0 and rows_as_plain is None:
+            mask = CAUSAL  # a prompt on an empty cache: row i sees rows ≤ i
+        elif mask is None and rows > 1 and path != "kernel":  # a chain: row i sees the cache and rows ≤ i
             mask = causal_mask(prefix, rows, x.dtype if eager else torch.bool, x.device)  # [1, 1, T, P+T]
-        if mask is not None and not eager and mask.dtype != torch.bool:
+        if mask is not None and mask is not CAUSAL and not eager and mask.dtype != torch.bool:
             mask = mask.to(x.dtype)
         as_plain = None
         if eager and rows_as_plain is not None:
