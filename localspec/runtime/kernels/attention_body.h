@@ -203,13 +203,15 @@ static int NAME(pair_lanes)(const ELEM *q, long q_row, long q_head, const ELEM *
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(static)
+#pragma omp for schedule(static, 1) /* round robin: a chain's later blocks read more keys */
         for (int item = 0; item < blocks * kv_heads; item++) {
             if (!ready) continue;
             const int b = item / kv_heads, g = item % kv_heads;
             const int first = b * per_block, last = first + per_block < rows ? first + per_block : rows;
             const int count = last - first, pairs = count * groups, lanes = (pairs + VW - 1) / VW * VW;
             if (count <= 0) continue;
+            /* a chain's block sees no key past its last row: those would add exactly 0 to every sum of the block */
+            const int end = visible == NULL ? prefix + last : most;
             const ELEM *kh = keys + (size_t)g * kv_head, *vh = values + (size_t)g * kv_head;
             for (int z = 0; z < dim * lanes; z++) query[z] = 0.0f, acc[z] = 0.0f;
             for (int r = 0; r < count; r++)
@@ -220,8 +222,8 @@ static int NAME(pair_lanes)(const ELEM *q, long q_row, long q_head, const ELEM *
             for (int x = 0; x < lanes; x++) top[x] = x < pairs ? -INFINITY : 0.0f, total[x] = 0.0f;
             /* 1. s_i, TILE keys at a time in ascending position (the prefix, then this call's rows): for each dim in
              * order, every (key, pair) sum takes its fused multiply-add; then scaled, or -inf where masked */
-            for (int i0 = 0; i0 < most; i0 += TILE) {
-                const int n = most - i0 < TILE ? most - i0 : TILE;
+            for (int i0 = 0; i0 < end; i0 += TILE) {
+                const int n = end - i0 < TILE ? end - i0 : TILE;
                 for (int l = 0; l < TILE; l++) /* keys past the end: zeros, their sums unused */
                     for (int d = 0; d < dim; d++)
                         kv[l * dim + d] = l < n ? TO_FLOAT(kh[(size_t)(i0 + l) * dim + d]) : 0.0f;
@@ -251,14 +253,14 @@ static int NAME(pair_lanes)(const ELEM *q, long q_row, long q_head, const ELEM *
                 }
             }
             /* 2. e_i = exp(s_i - max s) in place, exactly 0 where masked (lanes past the pairs: unused) */
-            for (int i = 0; i < most; i++) {
+            for (int i = 0; i < end; i++) {
                 float *e = scores + (size_t)i * lanes;
                 for (int x = 0; x < lanes; x++) e[x] = exp_fixed(e[x] - top[x]);
             }
             /* 3. Σ e_i and Σ e_i·v_i in ascending position over every key: a masked key's e_i = 0 leaves both sums
              * exactly as they were (x + 0 = x, and no sum is -0), so each is the sum over the keys its pair sees */
-            for (int i0 = 0; i0 < most; i0 += TILE) {
-                const int n = most - i0 < TILE ? most - i0 : TILE;
+            for (int i0 = 0; i0 < end; i0 += TILE) {
+                const int n = end - i0 < TILE ? end - i0 : TILE;
                 for (int l = 0; l < n; l++)
                     for (int d = 0; d < dim; d++) kv[l * dim + d] = TO_FLOAT(vh[(size_t)(i0 + l) * dim + d]);
                 const float *e = scores + (size_t)i0 * lanes;
