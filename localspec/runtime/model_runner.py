@@ -138,7 +138,7 @@ class ModelRunner:
         elif self.plan.rows_as_plain(rows) and self.tokens:
             kwargs["rows_as_plain"] = RowsAsPlain.for_chain(rows, self.setup.padded(1))
         # a prompt on an empty cache in sdpa needs no mask tensor: the lean forward runs sdpa's own causal attention
-        masked = not on_kernel and not (attention == "sdpa" and not prefix_len and self.forward_kind == "lean")
+        masked = not on_kernel and not (attention == "sdpa" and not prefix_len)  # attention: the lean forward's
         if self.setup.explicit_mask and isinstance(self.cache, PreallocatedCache) and masked:
             dtype = embedding_format(self.model)[0]
             kwargs["attention_mask"] = causal_mask(prefix_len, rows + pad, dtype, self.device)  # [1, 1, T, P+T]

@@ -79,8 +79,8 @@ typedef float vfloat;
 #define MAX_BLOCK 16 /* rows of one call computed together (each key read once for all of them) */
 /* Which layout a call takes (the same bits either way): the keys in the lanes (key_lanes) for one row, and for a
  * verify's few rows over a cache at least as long as they are; the pairs in the lanes (pair_lanes) for many rows
- * on a short cache (a head's catch-up over a prompt, 1,024 rows: 21 ms a layer against 41, whose scores the key
- * layout holds for the whole call). Measured on the Zen 4 EPYC, 2026-12-07, 9 / 12 / 32 query heads over 3 / 2 /
+ * on a short cache (a head's catch-up over a prompt, 1,024 rows on an empty cache: 10.4 ms a layer against 41 in
+ * the keys' layout, which holds the whole call's scores). Measured on the Zen 4 EPYC, 2026-12-07, 9 / 12 / 32 query heads over 3 / 2 /
  * 8 / 32: the keys' layout 1.0–2.5× the pairs' from 5 to 64 rows on 64–600 cached positions (0.9× on the 12-head,
  * 6-group shape at 64), the pairs' 1.1–2× the keys' on an empty cache. */
 #define KEY_LANE_ROWS 64

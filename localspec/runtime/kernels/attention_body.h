@@ -41,8 +41,9 @@ static inline void NAME(key_tile)(const ELEM *keys, int n, int dim, float *rows,
 #endif
 }
 
-/* The rule for every row of a call, in three passes split evenly over the threads, a vector holding VW keys' (or
- * output dims') sums of one (row, query head) pair:
+/* The rule for one row, and for a verify's few rows over a cache at least as long as they are (attention.c
+ * KEY_LANES), in three passes split evenly over the threads, a vector holding VW keys' (or output dims') sums of one
+ * (row, query head) pair:
  *   1. s_i for every (key-value head, tile of VW keys): the keys are the lanes, each lane summing its key's
  *      products in dim order (from the tile transposed), HEAD_CHUNK pairs' chains side by side;
  *   2. per pair: scale or mask, the max, e_i = exp_fixed(s_i − max); then Σ e_i in key order, a chunk's pairs'
@@ -52,11 +53,10 @@ static inline void NAME(key_tile)(const ELEM *keys, int n, int dim, float *rows,
  *      registers; then divided and rounded.
  * Every number is the rule's, computed by one thread in the rule's order, whatever the rows beside it and whichever
  * layout the call takes; the self-check compares a row alone against the same row inside tree-masked calls of 9
- * rows in both layouts. Pair p of key-value
- * head g is row p / groups, query head g · groups + p % groups. (pair_lanes below fills few lanes on a few rows
- * of a grouped-query model, 3 of 16 for 2 rows of a 9-head, 3-group model split over 2 threads: it cost 2–2.6× these
- * passes on 400–1,000 cached positions. These hold the whole call's scores, which pair_lanes does not: attention.c
- * KEY_LANES picks.) */
+ * rows in both layouts. Pair p of key-value head g is row p / groups, query head g · groups + p % groups. These
+ * passes hold the whole call's scores, which pair_lanes below does not; pair_lanes fills few lanes on a few rows of
+ * a grouped-query model (3 of 16 for 2 rows of a 9-head, 3-group model split over 2 threads), and cost 2–2.6× these
+ * passes on 400–1,000 cached positions. */
 static int NAME(key_lanes)(const ELEM *q, long q_row, long q_head, const ELEM *keys, const ELEM *values,
                            long kv_head, const uint8_t *visible, ELEM *out, int rows, int heads, int kv_heads,
                            int dim, int prefix, float scaling, int threads) {
@@ -190,9 +190,7 @@ static int NAME(pair_lanes)(const ELEM *q, long q_row, long q_head, const ELEM *
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        /* per (block of rows, key-value head): every (row, query head) pair of it together, a vector lane each, so
-         * each key and value is read and converted once for all of them; each lane's arithmetic and key order are
-         * the rule above, whatever the grouping */
+        /* each lane's arithmetic and key order are the rule (attention.c), whatever the grouping */
         float *scores = malloc(sizeof(float) * (size_t)(most + TILE) * padded); /* [key position][pair]: s, then e */
         float *query = malloc(sizeof(float) * (size_t)dim * padded);            /* [dim][pair] */
         float *acc = malloc(sizeof(float) * (size_t)dim * padded);              /* [dim][pair]: Σ e·v */
