@@ -133,3 +133,36 @@ def test_the_embedded_targets_chains_and_trees_on_it_are_plain_decodings_rows_bi
     for layer in _layers(model):
         monkeypatch.setattr(layer, "layer_kernel", _OffByOneInCalls(kernels[0]).bind(layer.layer_kernel.weights))
     assert unequal_chain_rows(model, setup) > 0 and unequal_tree_rows(model, setup) > 0
+
+
+def test_the_embedded_targets_prompt_is_read_on_it_as_its_rows_alone_and_a_longer_one_on_sdpa(
+    embedded_session, kernels, monkeypatch
+):
+    # a prompt past the decode-sized rows runs on the layer kernel too, up to PREFILL_KERNEL_MAX_ROWS: a row there
+    # does not depend on the rows beside it, so the prompt read in one forward gives the logits of the same prompt
+    # read in pieces (60 rows, then a token at a time) bit for bit; past that bound the prompt is sdpa's
+    from localspec.runtime import layer_kernel, lean_llama, plan
+    from localspec.runtime.model_runner import ModelRunner, exact_setup_for
+
+    model = embedded_session.engine.target.model
+    runner = ModelRunner(model, compile="off", setup=exact_setup_for(model), forward="lean")
+    assert runner.plan.prefill_attention.value == "kernel"
+    calls, sdpa_calls, run, sdpa = [], [], layer_kernel.BoundLayer.run, lean_llama._sdpa
+    monkeypatch.setattr(
+        layer_kernel.BoundLayer, "run", lambda self, x, *a: calls.append(x.shape[1]) or run(self, x, *a)
+    )
+    monkeypatch.setattr(lean_llama, "_sdpa", lambda q, *a: sdpa_calls.append(q.shape[2]) or sdpa(q, *a))
+    generator = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 30000, (plan.DECODE_MAX_ROWS + 36,), generator=generator).tolist()
+    layers = model.config.num_hidden_layers
+    runner.reset()
+    whole = runner.extend(ids).logits  # [100, V]
+    assert calls == [len(ids)] * layers and not sdpa_calls
+    runner.reset()
+    pieces = [runner.extend(ids[:60]).logits] + [runner.extend([token]).logits for token in ids[60:]]
+    assert torch.equal(whole, torch.cat(pieces))
+    monkeypatch.setattr(plan, "PREFILL_KERNEL_MAX_ROWS", len(ids) - 1)
+    calls.clear()
+    runner.reset()
+    runner.extend(ids, logits_to_keep=1)
+    assert sdpa_calls == [len(ids)] * layers and not calls

@@ -189,3 +189,23 @@ def test_embedded_model_json_schema_answer_validates_and_speculation_equals_plai
     assert fast == plain
     value = json.loads(session.tokenizer.decode(plain, skip_special_tokens=True))
     assert set(value) == {"city", "country", "population"} and isinstance(value["population"], int)
+
+
+def test_a_constrained_answer_under_the_adaptive_default_drafts_its_free_parts_by_lookup_a_chosen_head_stays(
+    embedded_session,
+):
+    # measured: the head's drafts of a constrained answer's free parts cost more than they add (chat.answer_parts);
+    # a user who names the head for a fixed K still gets it
+    from localspec.proposers.head import HeadProposer
+    from localspec.proposers.ngram import NgramProposer
+
+    session = embedded_session
+    constraint = json_schema_constraint({"type": "object"}, "response_format")
+    default = session.default_spec()
+    assert default.adaptive and "head" in default.proposer
+    proposer, processors = session.answer_parts(default, constraint=constraint)
+    assert len(processors) == 1 and isinstance(proposer.inner, NgramProposer) and not proposer.wants_hidden
+    fixed, _ = session.answer_parts(session.default_spec(proposer="head", adaptive=False, k=2), constraint=constraint)
+    assert isinstance(fixed.inner, HeadProposer) and fixed.wants_hidden
+    free, none = session.answer_parts(default)  # no constraint: the setting's own proposer
+    assert not none and free.wants_hidden

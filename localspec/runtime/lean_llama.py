@@ -13,7 +13,7 @@ for the same attention (tests/test_lean_llama.py), and adds two things:
                  same layout): one kernel call where there were three and two; each output column is computed as
                  before (checked bitwise at build, else the layers stay separate)
 
-Per-forward choices come from the runner: `attention` (a prompt's prefill runs sdpa in every setup; "kernel" runs
+Per-forward choices come from the runner: `attention` (a long prompt's prefill runs sdpa in every setup; "kernel" runs
 attention_kernel.py, each row as plain decoding computes it, with `visible` for a tree, and where it loads the whole
 layer in one C call: layer_kernel.py) and `rows_as_plain` (each
 decode / verify row's eager attention in plain decoding's shapes, RowsAsPlain).

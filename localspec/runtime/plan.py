@@ -10,8 +10,8 @@ setting (exact or fast forwards) and the environment (config.Environment), and r
                      plain one
   decode / verify    the attention of 1..DECODE_MAX_ROWS-row forwards: the attention kernel (each row as plain
                      decoding computes it), eager with the explicit mask, or sdpa; the layer kernel where it runs
-  prefill            a longer forward's attention (sdpa in every setup: plain decoding and speculation run a
-                     prompt alike)
+  prefill            a longer forward's attention (plain decoding and speculation run a prompt alike): the layer
+                     kernel up to PREFILL_KERNEL_MAX_ROWS rows where the layers run on it, else sdpa
   dummy rows         the rows a forward is padded with so each row rounds as in any other row count
   forward, cache,    the lean llama forward or transformers', the preallocated cache or a dynamic one, and
   compile            torch.compile's mode
@@ -192,8 +192,13 @@ class ForwardSetup:
 
 # forwards of up to this many real rows are decode / verify-sized: in the exact setup those are the rows that must
 # round as plain decoding's. A longer forward is a prompt's prefill, which plain decoding and speculation run alike on
-# the same prompt, so the lean forward runs its attention on sdpa in every setup (1.5x eager at 1,024 tokens)
+# the same prompt, so the lean forward runs its attention on sdpa in every setup (1.5x eager at 1,024 tokens) except:
 DECODE_MAX_ROWS = 64
+# a forward of up to this many rows on a model whose layers run on the layer kernel runs there too, so a prompt (read
+# in the engine's 512-token forwards) does: 1.14-1.9x sdpa's on the embedded model and its Q4_K_M requantization
+# from 65 to 4,096 prompt tokens, 0.95-1.10x on a 1.7B-shaped Q4_K_M file; one forward of 2,048 rows or more is
+# sdpa's causal attention's (Zen 4, assets/bench/2026-12-08-zen4-prefill/)
+PREFILL_KERNEL_MAX_ROWS = 1024
 FAST = ForwardSetup()  # transformers' defaults: sdpa, its own mask, 1-row decode forwards
 # (min_rows, row_multiple) per compute dtype: the fewest rows per forward, and their multiple, from which a row's result
 # was measured not to depend on the row count; what was measured where is in assets/rounding/exact_rows.json
@@ -359,7 +364,7 @@ class ForwardPlan:
         if self.forward != "lean":
             return None
         if rows > DECODE_MAX_ROWS:
-            return "sdpa"
+            return "kernel" if self.prefill_attention.value == "kernel" and rows <= PREFILL_KERNEL_MAX_ROWS else "sdpa"
         return "kernel" if self.on_attention_kernel else None
 
     def rows_as_plain(self, rows: int) -> bool:
@@ -442,11 +447,6 @@ def plan_forward(
         decode = Choice("eager, rows as plain", "each row's eager attention in plain decoding's shapes")
     else:
         decode = Choice(setup.attention, "the fast setup" if setup == FAST else f"exact setup ({why_kernel})")
-    prefill = (
-        Choice("sdpa", f"over {DECODE_MAX_ROWS} rows: a prompt, run alike in every setup")
-        if lean
-        else Choice(setup.attention, "the setup's attention")
-    )
     if setup.min_rows == 1 and setup.row_multiple == 1:
         rows_why = "every decoder linear is row-invariant" if row_invariant and setup != FAST else "the fast setup"
         dummy = Choice("no dummy rows", rows_why)
@@ -463,6 +463,15 @@ def plan_forward(
         )
     else:
         layer = Choice("off", "; ".join(library.notes))
+    if not lean:
+        prefill = Choice(setup.attention, "the setup's attention")
+    elif layer_on:
+        prefill = Choice(
+            "kernel",
+            f"the layer kernel up to {PREFILL_KERNEL_MAX_ROWS} rows, sdpa over: a prompt, run alike in every setup",
+        )
+    else:
+        prefill = Choice("sdpa", f"over {DECODE_MAX_ROWS} rows: a prompt, run alike in every setup")
     if record.head is not None:
         kind = record.head.kernel.KIND  # one block type a kernel serves as the head (KERNELS' lm_head role)
         row = next(r for r in KERNELS.values() if r.kernel == kind and "lm_head" in r.roles)
