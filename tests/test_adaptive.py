@@ -250,6 +250,35 @@ def test_fixed_k_runs_get_the_break_even_prediction_too(tiny_models):
     assert all(ev.stats.k == min(3, 24 - sum(len(e.tokens) for e in fixed[:i]) - 1) for i, ev in enumerate(fixed))
 
 
+def test_the_answers_forecast_weights_each_steps_forecast_by_its_tokens_with_the_prefill(tiny_models):
+    import math
+
+    from localspec.config import SamplingParams, SpecConfig
+    from localspec.engine.loop import Engine
+    from localspec.engine.metrics import StatsSnapshot
+    from localspec.proposers import NgramProposer
+
+    # 10 tokens in steps forecast as 5 plain steps, a 0.1 s prefill, 0.01 s plain steps: (0.1 + 0.1) / (0.1 + 0.05)
+    stats = StatsSnapshot(emitted=10, prefill_s=0.1, plain_step_s=0.01, forecast_plain_steps=5.0)
+    assert (
+        math.isclose(stats.answer_forecast, 0.2 / 0.15) and stats.to_dict()["answer_forecast"] == stats.answer_forecast
+    )
+    assert StatsSnapshot(emitted=10, forecast_plain_steps=5.0).answer_forecast is None  # no plain step measured
+    target, _ = tiny_models
+    engine = Engine(target, stop_token_ids={2})
+    prompt = [1, 97, 98, 97, 98, 97, 98]
+    events = list(engine.generate(prompt, SamplingParams(max_new_tokens=24), SpecConfig(proposer="ngram", k=3),
+                                  NgramProposer(1, 3)))  # fmt: skip
+    expected = 0.0  # each step: its tokens over its forecast after it, a step that drafted nothing at 1
+    for event in events:
+        drafted = event.propose_token_num > 0 and event.stats.predicted_speedup is not None
+        expected += len(event.tokens) / (event.stats.predicted_speedup if drafted else 1.0)
+    last = events[-1].stats
+    assert math.isclose(last.forecast_plain_steps, expected) and last.emitted == sum(len(e.tokens) for e in events)
+    plain = list(engine.generate(prompt, SamplingParams(max_new_tokens=24), SpecConfig(proposer="none")))
+    assert plain[-1].stats.forecast_plain_steps == plain[-1].stats.emitted  # no forecast: every step plain
+
+
 def test_a_new_answer_with_predictable_text_is_probed_within_a_few_steps():
     rng = random.Random(3)
     controller = AdaptiveController(4)

@@ -50,7 +50,10 @@ def test_the_bench_checks_each_answers_forecast_against_its_measured_speedup():
     from localspec.engine.metrics import StatsSnapshot
 
     def result(tokens: int, seconds: float, forecast=None):
-        stats = StatsSnapshot(predicted_speedup=forecast)
+        # an answer's forecast: its tokens over its steps' forecast in plain steps (no prefill here)
+        stats = StatsSnapshot(
+            emitted=tokens, plain_step_s=0.01, forecast_plain_steps=tokens / forecast if forecast else 0
+        )
         return SimpleNamespace(token_ids=[0] * tokens, seconds=seconds, stats=stats)
 
     modes = [SimpleNamespace(name="none", label="none"), SimpleNamespace(name="ngram", label="ngram K=4")]

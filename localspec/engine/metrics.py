@@ -47,6 +47,9 @@ class StatsSnapshot:
     # the controllers' running estimate of a plain step (score + sample of a 1-token forward) measured on this
     # machine, as of this step; None without a proposer or before a plain step was measured
     plain_step_s: Optional[float] = None
+    # the answer's steps as the controllers forecast them, in plain steps: Σ emitted / the step's forecast speedup
+    # (1 for a step that drafted nothing), for answer_forecast
+    forecast_plain_steps: float = 0.0
 
     @classmethod
     def from_dict(cls, data: dict) -> StatsSnapshot:
@@ -141,6 +144,16 @@ class StatsSnapshot:
         return 1.0 / self.plain_step_s if self.plain_step_s else None
 
     @property
+    def answer_forecast(self) -> Optional[float]:
+        """The controllers' forecast of this answer's speedup over plain decoding of the same prompt: each step's
+        forecast (predicted_speedup after it, 1 where it drafted nothing) weighted by the tokens it emitted, with the
+        prompt's prefill, which both read alike, on both sides. None before a plain step's cost is known."""
+        if not self.plain_step_s or self.forecast_plain_steps <= 0:
+            return None
+        plain = self.plain_step_s
+        return (self.prefill_s + self.emitted * plain) / (self.prefill_s + self.forecast_plain_steps * plain)
+
+    @property
     def per_position_acceptance(self) -> tuple[float, ...]:
         return tuple(a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted))
 
@@ -157,5 +170,6 @@ class StatsSnapshot:
             other_s=self.other_s,
             step_tokens_per_s=self.step_tokens_per_s,
             plain_tokens_per_s=self.plain_tokens_per_s,
+            answer_forecast=self.answer_forecast,
         )
         return data

@@ -102,6 +102,10 @@ class Run:
             if reading.predicted_speedup is not None:
                 stats = replace(stats, predicted_speedup=reading.predicted_speedup)
         if counted:
+            forecast = reading.predicted_speedup if reading is not None and outcome.drafted else None
+            stats = replace(
+                stats, forecast_plain_steps=stats.forecast_plain_steps + outcome.emitted / (forecast or 1.0)
+            )
             stats = stats.after_step(
                 outcome.drafted,
                 outcome.num_accepted,
