@@ -213,16 +213,20 @@ def test_the_stats_table_shows_measured_figures_and_the_forecast_only_among_the_
         predicted_speedup=5.21,
         first_token_s=0.15,
         plain_step_s=0.02,
+        forecast_plain_steps=20.0,  # the answer's forecast: (0.1 + 50 · 0.02) / (0.1 + 20 · 0.02) = 2.20
     )
     markup = stats_html(stats, "n-gram", 3)
     table = " ".join(parse(markup.split('<details class="ls-help">')[0]).text)
-    assert "5.21" not in table and "forecast" not in table  # a forecast never sits among the measured figures
+    assert "5.21" not in table and "2.20" not in table and "forecast" not in table  # never among the measured
     assert "time to first token 150 ms" in table
     # 50 tokens over 0.7 s of steps against a plain step of 20 ms (50 tok/s): 71.4 / 50
     assert "against plain decoding 1.43× (71.4 tok/s of steps; plain steps on this machine 50.0 tok/s" in table
     explained = " ".join(parse(markup.split('<details class="ls-help">')[1]).text)
     assert "controller's forecast : 5.21× — a forecast, not a measurement" in explained.replace(
         "forecast:", "forecast :"
+    )
+    assert "forecast for this answer : 2.20× — a forecast, not a measurement" in explained.replace(
+        "answer:", "answer :"
     )
     # the split adds up to the time after prefill (0.9 s): prefill + propose + score + sample + other = elapsed
     assert "other 200 ms (22%)" in " ".join(parse(markup).text)

@@ -225,6 +225,9 @@ DEFINITIONS: dict[str, str] = {
     "forecast speedup": "a forecast, not a measurement: the adaptive controller's expected speedup for its current "
     "K from its running estimates of acceptance and step costs, E / (K·c + v). The measured figures above are what "
     "happened; Compare with baseline measures the real speedup",
+    "answer forecast": "a forecast, not a measurement: the controllers' forecast of this answer's speed against plain "
+    "decoding of the same prompt, each step's forecast weighted by the tokens it emitted (a step that drafted "
+    "nothing at 1×) with the prompt's reading on both sides; `localspec bench` checks it against the measured speedup",
 }
 
 
@@ -293,6 +296,11 @@ def stats_html(
         help_items += (
             f'<li class="ls-forecast"><b>controller\'s forecast</b>: {data["predicted_speedup"]:.2f}× — '
             f"{escape(DEFINITIONS['forecast speedup'])}</li>"
+        )
+    if drafting and data.get("answer_forecast") is not None:
+        help_items += (
+            f'<li class="ls-answer-forecast"><b>forecast for this answer</b>: {data["answer_forecast"]:.2f}× — '
+            f"{escape(DEFINITIONS['answer forecast'])}</li>"
         )
     help_html = f'<details class="ls-help"><summary>what these figures mean</summary><ul>{help_items}</ul></details>'
     paused = ""
