@@ -288,6 +288,8 @@ ENVIRONMENT = {
     "LOCALSPEC_BENCH_DATA": "the folder of the benchmark prompts (bench/prompts.py)",
     "LOCALSPEC_Q4_KERNEL": "switch, on: the kernels' library (runtime/library.py); off keeps torch's kernels",
     "LOCALSPEC_LAYER_KERNEL": "switch, on: the whole-layer kernel (runtime/layer_kernel.py); off keeps torch ops",
+    "LOCALSPEC_THREADS_FOLLOW_LOAD": "switch, on: fewer threads while other processes keep cores busy, where every "
+    "forward runs on the kernels (engine/threads.py)",
     "LOCALSPEC_AMX": "switch, on: the q4 matmuls' AMX tiles for many-row calls where the CPU has AMX-INT8",
     "LOCALSPEC_PACKED": "switch, on: oneDNN-prepacked bf16 linears (runtime/packed_linear.py)",
     "LOCALSPEC_FORWARD": "lean (default) | transformers: the backbone forward (runtime/lean_llama.py)",
@@ -360,6 +362,10 @@ class Environment:
     @property
     def layer_kernel(self) -> bool:
         return env_switch(dict(self.raw), "LOCALSPEC_LAYER_KERNEL", True)
+
+    @property
+    def threads_follow_load(self) -> bool:
+        return env_switch(dict(self.raw), "LOCALSPEC_THREADS_FOLLOW_LOAD", True)
 
     @property
     def amx(self) -> bool:

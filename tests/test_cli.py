@@ -60,6 +60,7 @@ def test_generate_json_tiny(tiny_pair, proposer):
         "prefill_attention",
         "dummy_rows",
         "layer_kernel",
+        "threads",
         "forward",
     ):
         assert plan[name]["value"] and plan[name]["reason"], name

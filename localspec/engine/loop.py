@@ -30,6 +30,7 @@ from .plan import StepPlan
 from .policy import Controllers, StepPolicy
 from .run import Run
 from .step import step
+from .threads import ThreadGovernor
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill forward: a cancel is looked at, and progress told, between them
 
@@ -47,6 +48,10 @@ class Engine:
         self.stop_token_ids = frozenset(stop_token_ids)
         self.lock = threading.Lock()
         self.controllers = Controllers()  # measured costs and acceptance, kept across answers
+        # the forwards' thread count where the plan lets it follow the load (threads.py), else torch's as set
+        follow = self.target.plan.threads.value == "follow load"
+        self.governor = ThreadGovernor(torch.get_num_threads()) if follow else None
+        self._owed: Optional[int] = None  # the caller's thread count while the governor holds another
 
     @property
     def max_context(self) -> int:
@@ -71,12 +76,30 @@ class Engine:
         )
         try:
             with self.lock:
+                self._give_back_threads()  # an answer left unfinished (its stream dropped) may still hold them
+                if self.governor is not None:
+                    self.governor.configured = torch.get_num_threads()  # the caller's: the most it uses
                 if not (yield from self._prefill(run, prompt_ids, cancel)):
                     yield StepEvent.finished_early(run.snapshot(), "cancelled")
                     return
                 yield from self._steps(run, policy, cancel)
         except Exception as exc:  # a model that breaks mid-answer ends the answer with a message, not a traceback
             yield StepEvent.finished_early(run.snapshot(), "error", f"generation failed: {type(exc).__name__}: {exc}")
+        finally:
+            self._give_back_threads()
+
+    def _follow_load(self) -> None:
+        """Before a forward: the governor's thread count, where the plan lets it follow the load."""
+        if self.governor is not None:
+            count = self.governor.threads()
+            if count != torch.get_num_threads():
+                self._owed = torch.get_num_threads() if self._owed is None else self._owed
+                torch.set_num_threads(count)
+
+    def _give_back_threads(self) -> None:
+        if self._owed is not None:
+            torch.set_num_threads(self._owed)
+            self._owed = None
 
     def _start(
         self,
@@ -104,6 +127,7 @@ class Engine:
         hiddens = []
         for start in range(0, len(cached), chunk):
             piece = cached[start : start + chunk]
+            self._follow_load()
             hiddens.append(self.target.extend(piece, run.wants_hidden, 0, run.feature_layers).hidden)
             if start + chunk < len(cached):
                 if cancel is not None and cancel.is_set():
@@ -123,6 +147,7 @@ class Engine:
                 yield StepEvent.finished_early(run.snapshot(), "cancelled")
                 return
             # 1. plan
+            self._follow_load()
             plan, draft = planned_draft(run, policy)
             # 2. step
             result = step(self.target, run, draft, self.stop_token_ids)

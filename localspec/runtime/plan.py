@@ -344,6 +344,7 @@ class ForwardPlan:
     prefill_attention: Choice
     dummy_rows: Choice
     layer_kernel: Choice
+    threads: Choice  # "follow load" (engine/threads.py: fewer threads while other processes keep cores busy) | "fixed"
     kernels: KernelLibrary | None = field(default=None, compare=False, repr=False)
     head: nn.Module | None = field(default=None, compare=False, repr=False)  # the LM head module (lm_head q8 / q8k)
     # the kernels the model's lean layers are built with, where they take them (a runner of another setup of the same
@@ -391,6 +392,7 @@ class ForwardPlan:
             "prefill_attention": self.prefill_attention,
             "dummy_rows": self.dummy_rows,
             "layer_kernel": self.layer_kernel,
+            "threads": self.threads,
         }
         out = {name: {"value": c.value, "reason": c.reason} for name, c in choices.items()}
         out["linears"] = {name: {"value": c.value, "reason": c.reason} for name, c in self.linears}
@@ -472,6 +474,12 @@ def plan_forward(
         )
     else:
         prefill = Choice("sdpa", f"over {DECODE_MAX_ROWS} rows: a prompt, run alike in every setup")
+    if not layer_on:
+        threads = Choice("fixed", "not every forward on the kernels: torch's may round by the thread count")
+    elif env.threads_follow_load:
+        threads = Choice("follow load", "every forward on the kernels, the same bits at any thread count")
+    else:
+        threads = Choice("fixed", "LOCALSPEC_THREADS_FOLLOW_LOAD is off")
     if record.head is not None:
         kind = record.head.kernel.KIND  # one block type a kernel serves as the head (KERNELS' lm_head role)
         row = next(r for r in KERNELS.values() if r.kernel == kind and "lm_head" in r.roles)
@@ -496,6 +504,7 @@ def plan_forward(
         prefill_attention=prefill,
         dummy_rows=dummy,
         layer_kernel=layer,
+        threads=threads,
         kernels=library,
         head=record.head,
         attention_kernel=library.attention if lean and fits else None,
